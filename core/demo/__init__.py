@@ -1,0 +1,1 @@
+"""The demo: real transcripts replayed by simulated agents, with SIGKILLs."""

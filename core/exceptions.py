@@ -1,0 +1,32 @@
+"""turnlog's exception tree.
+
+Every error turnlog raises derives from :class:`TurnlogError`. Each subpackage
+keeps its own ``exceptions.py``; driver and broker errors are converted to these
+classes once, at the boundary, with ``raise ... from e``::
+
+    TurnlogError
+    ├── ConfigurationError                 (turnlog.exceptions)
+    ├── SchemaError                        (turnlog.schemas.exceptions)
+    │   └── EventValidationError
+    ├── RecorderError                      (turnlog.producers.exceptions)
+    │   ├── InvalidTurnError
+    │   ├── SessionClosedError
+    │   ├── DeliveryError
+    │   ├── SessionNotFoundError
+    │   └── ResumeBarrierTimeout
+    ├── StoreError                         (turnlog.sinks.exceptions)
+    │   └── StoreUnavailableError
+    └── ServiceError                       (turnlog.stream_processors.exceptions)
+"""
+
+from __future__ import annotations
+
+__all__ = ["TurnlogError", "ConfigurationError"]
+
+
+class TurnlogError(Exception):
+    """Root of every error raised by turnlog."""
+
+
+class ConfigurationError(TurnlogError):
+    """A setting is missing or has a value turnlog cannot use."""

@@ -1,0 +1,109 @@
+"""Typed settings, read once from the environment (prefix ``TURNLOG_``).
+
+Every setting is declared here once, with its type, default and meaning. A bad
+value fails at start-up with pydantic's error naming the key.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from pydantic import Field, field_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+__all__ = ["TurnlogSettings", "TopicNames", "load_settings"]
+
+
+class TopicNames:
+    """The topic names derived from a prefix: ``<prefix>.events`` and so on."""
+
+    def __init__(self, prefix: str) -> None:
+        self.events = f"{prefix}.events"
+        self.transcript = f"{prefix}.transcript"
+        self.dlq = f"{prefix}.dlq"
+
+    def all(self) -> tuple[str, str, str]:
+        return (self.events, self.transcript, self.dlq)
+
+
+class TurnlogSettings(BaseSettings):
+    """All of turnlog's configuration. Environment names are ``TURNLOG_<FIELD>``."""
+
+    model_config = SettingsConfigDict(env_prefix="TURNLOG_", frozen=True, extra="ignore")
+
+    bootstrap_servers: str = Field(
+        "127.0.0.1:9092", description="Kafka bootstrap servers, comma separated host:port."
+    )
+    database_url: str = Field(
+        "sqlite:///turnlog.db",
+        description="SQLAlchemy URL of the store: sqlite:///PATH (WAL mode, the embedded "
+        "default) or postgresql+psycopg://user:pass@host:port/db.",
+    )
+    topic_prefix: str = Field(
+        "turnlog", description="Topics are <prefix>.events, <prefix>.transcript, <prefix>.dlq."
+    )
+    partitions: int = Field(
+        6, ge=1, description="Partition count shared by the co-partitioned topics (set once)."
+    )
+    replication_factor: int = Field(1, ge=1, description="Replication factor of created topics.")
+    events_retention_ms: int = Field(
+        30 * 24 * 3600 * 1000,
+        ge=-1,
+        description="retention.ms of <prefix>.events (milliseconds; -1 keeps forever). "
+        "The store can be rebuilt from the log only as far back as this.",
+    )
+    transcript_retention_ms: int = Field(
+        7 * 24 * 3600 * 1000, ge=-1, description="retention.ms of <prefix>.transcript (ms)."
+    )
+    dlq_retention_ms: int = Field(
+        30 * 24 * 3600 * 1000, ge=-1, description="retention.ms of <prefix>.dlq (ms)."
+    )
+    flush_interval_seconds: float = Field(
+        5.0,
+        gt=0,
+        description="Recorder timer: the in-progress partial is flushed this often (seconds). "
+        "Bounds what a SIGKILL can lose of an unfinished turn.",
+    )
+    max_text_bytes: int = Field(
+        65_536, ge=1, le=262_144, description="Largest turn text the recorder accepts (UTF-8 bytes)."
+    )
+    delivery_timeout_seconds: float = Field(
+        30.0, gt=0, description="How long the producer retries one event before failing it (seconds)."
+    )
+    sequencer_group: str = Field("turnlog-sequencer", description="Consumer group (Faust app id) of the sequencer.")
+    sink_group: str = Field("turnlog-sink", description="Consumer group of the SQL sink.")
+    finalizer_group: str = Field("turnlog-finalizer", description="Consumer group (Faust app id) of the finalizer.")
+    reorder_buffer_size: int = Field(
+        1024, ge=1, description="Events the sequencer buffers per session while waiting for a missing seq."
+    )
+    sink_batch_size: int = Field(500, ge=1, description="Most events the sink writes in one transaction.")
+    sink_batch_wait_seconds: float = Field(
+        0.05, gt=0, description="Longest the sink waits to fill a batch (seconds)."
+    )
+    finalizer_sweep_seconds: float = Field(
+        2.0, gt=0, description="How often the finalizer sweeps for ended sessions it can finalize (seconds)."
+    )
+    resume_timeout_seconds: float = Field(
+        120.0, gt=0, description="Longest resume() waits at the resume barrier (seconds)."
+    )
+    faust_data_dir: str = Field(
+        ".turnlog-faust", description="Folder for Faust's local table files (one subfolder per app)."
+    )
+    log_level: str = Field("INFO", description="Python logging level for the CLI's services.")
+
+    @field_validator("topic_prefix")
+    @classmethod
+    def _topic_prefix_is_legal(cls, value: str) -> str:
+        allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-")
+        if not value or not set(value) <= allowed:
+            raise ValueError("topic_prefix may use only letters, digits, '.', '_' and '-'")
+        return value
+
+    @cached_property
+    def topics(self) -> TopicNames:
+        return TopicNames(self.topic_prefix)
+
+
+def load_settings(**overrides: object) -> TurnlogSettings:
+    """Settings from the environment, with explicit keyword overrides on top."""
+    return TurnlogSettings(**{k: v for k, v in overrides.items() if v is not None})

@@ -1,0 +1,138 @@
+"""Event model, version 1 (see DESIGN.md, "Events").
+
+Every event carries the envelope ``schema_version``, ``event_id``, ``type``,
+``session_id``, ``seq``, ``epoch``, ``producer_id`` and ``emitted_at`` (UTC).
+``seq`` is the per-session order key, strictly increasing from 0; ``epoch``
+grows by one each time a new process resumes the session (fencing).
+
+Events travel as JSON; :func:`decode_event` validates bytes against this model
+(the checked-in JSON Schema files in ``schemas/json/`` are generated from it by
+``python -m turnlog.schemas.generate``).
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+from typing import Annotated, Any, Final, Literal, Union
+
+import msgspec
+
+from turnlog.schemas.exceptions import EventValidationError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "MAX_TEXT_CHARS",
+    "Event",
+    "SessionStarted",
+    "TurnPartial",
+    "TurnCompleted",
+    "SessionEnded",
+    "ToolCall",
+    "encode_event",
+    "decode_event",
+    "EVENT_TYPES",
+]
+
+SCHEMA_VERSION: Final = 1
+#: Hard limit of the schema on a turn's text, in characters. The producer's own
+#: (configurable, lower) limit is in bytes: ``TurnlogSettings.max_text_bytes``.
+MAX_TEXT_CHARS: Final = 262_144
+
+SessionId = Annotated[
+    str,
+    msgspec.Meta(
+        min_length=1,
+        max_length=200,
+        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$",
+        description="Opaque session id; the Kafka key of every event of the session.",
+    ),
+]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
+UtcTime = Annotated[dt.datetime, msgspec.Meta(tz=True, description="RFC 3339 timestamp with offset (UTC)")]
+
+
+class _Envelope(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
+    schema_version: Literal[1] = SCHEMA_VERSION
+    event_id: uuid.UUID
+    session_id: SessionId
+    seq: NonNegative
+    epoch: NonNegative
+    producer_id: Name
+    emitted_at: UtcTime
+
+
+class SessionStarted(_Envelope, frozen=True, kw_only=True, tag="session.started"):
+    """First event of a session (seq 0)."""
+
+    fleet: Name
+    agent_id: Name
+    started_at: UtcTime
+    metadata: dict[str, Any] = {}
+
+
+class TurnPartial(_Envelope, frozen=True, kw_only=True, tag="turn.partial"):
+    """The whole text of an unfinished turn so far (not a delta)."""
+
+    turn_index: NonNegative
+    speaker: Name
+    text: Text
+    started_at: UtcTime
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    name: Name
+    arguments: dict[str, Any] = {}
+    result: Any = None
+
+
+class TurnCompleted(_Envelope, frozen=True, kw_only=True, tag="turn.completed"):
+    """A finished turn; ``input_tokens``/``output_tokens`` are counts, not bytes."""
+
+    turn_index: NonNegative
+    speaker: Name
+    text: Text
+    started_at: UtcTime
+    ended_at: UtcTime
+    input_tokens: NonNegative = 0
+    output_tokens: NonNegative = 0
+    tool_calls: list[ToolCall] | None = None
+
+    def __post_init__(self) -> None:
+        if self.ended_at < self.started_at:
+            raise ValueError("ended_at is before started_at")
+
+
+class SessionEnded(_Envelope, frozen=True, kw_only=True, tag="session.ended"):
+    """Last event of a session; ``last_turn_index`` is None for a session without turns."""
+
+    ended_at: UtcTime
+    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
+    last_turn_index: NonNegative | None = None
+
+
+Event = Union[SessionStarted, TurnPartial, TurnCompleted, SessionEnded]
+EVENT_TYPES: Final = (SessionStarted, TurnPartial, TurnCompleted, SessionEnded)
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(Event)
+
+
+def encode_event(event: Event) -> bytes:
+    """Serialize one event to compact JSON bytes (UTF-8)."""
+    return _encoder.encode(event)
+
+
+def decode_event(data: bytes | bytearray | memoryview | str) -> Event:
+    """Parse and validate one event.
+
+    Raises:
+        EventValidationError: not JSON, not a v1 event, or a field out of range;
+            ``reason`` names the field (msgspec's path, e.g. ``$.seq``).
+    """
+    try:
+        return _decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise EventValidationError(str(e)) from e

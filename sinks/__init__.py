@@ -1,0 +1,47 @@
+"""The SQL sink: batched idempotent upserts with the consumed offsets in the same transaction."""
+
+from __future__ import annotations
+
+from sqlalchemy.engine import make_url
+from sqlalchemy.exc import ArgumentError
+
+from turnlog.sinks.base import BatchResult, SessionPosition, SqlStore
+from turnlog.sinks.batch import SourceMessage
+from turnlog.sinks.exceptions import StoreError, StoreUnavailableError, UnsupportedDatabaseError
+
+__all__ = [
+    "BatchResult",
+    "SessionPosition",
+    "SourceMessage",
+    "SqlStore",
+    "StoreError",
+    "StoreUnavailableError",
+    "UnsupportedDatabaseError",
+    "open_store",
+]
+
+
+def open_store(url: str) -> SqlStore:
+    """A store for ``url`` (``sqlite:///PATH`` or ``postgresql+psycopg://...``).
+
+    No connection is made here; the engine connects on first use.
+
+    Raises:
+        UnsupportedDatabaseError: the URL is malformed or names another backend.
+    """
+    try:
+        parsed = make_url(url)
+    except ArgumentError as e:
+        raise UnsupportedDatabaseError(f"not a database URL: {url!r}") from e
+    backend = parsed.get_backend_name()
+    if backend == "sqlite":
+        from turnlog.sinks.sqlite import SqliteStore
+
+        return SqliteStore.from_url(url)
+    if backend == "postgresql":
+        from turnlog.sinks.postgres import PostgresStore
+
+        if parsed.drivername == "postgresql":  # plain URL: use psycopg 3, the driver turnlog ships
+            parsed = parsed.set(drivername="postgresql+psycopg")
+        return PostgresStore.from_url(parsed.render_as_string(hide_password=False))
+    raise UnsupportedDatabaseError(f"no turnlog store for {backend!r} (use sqlite:/// or postgresql+psycopg://)")

@@ -1,0 +1,282 @@
+"""The SQL store: one transaction per batch, rows and offsets together.
+
+:class:`SqlStore` holds everything the backends share; ``postgres.py`` and
+``sqlite.py`` supply the dialect's ``INSERT ... ON CONFLICT`` construct, row
+locking and connection set-up.
+
+Order inside :meth:`SqlStore.apply_batch` (one transaction, so all or nothing):
+
+1. lock this consumer group's ``sink_offsets`` rows for the batch's partitions
+   and drop records below the stored offsets (a paused, zombie sink re-sending
+   an old batch writes nothing);
+2. insert ``session_events`` (dedupe by primary key ``(session_id, seq)``);
+3. upsert ``sessions`` (``last_seq`` = highest contiguous seq applied);
+4. upsert ``transcript_turns`` under the ``(epoch, seq)`` and status guard;
+5. mark partial turns ``interrupted`` when their writer's epoch is superseded
+   or their session has ended;
+6. move ``sink_offsets`` forward (never backward).
+
+The Kafka consumer (``sinks/service.py``) never commits offsets to Kafka; on
+partition assignment it seeks to the offsets stored here.
+"""
+
+from __future__ import annotations
+
+import abc
+import datetime as dt
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import Engine, and_, case, func, literal, or_, select, update
+from sqlalchemy.engine import Connection
+from sqlalchemy.sql import Select
+
+from turnlog.sinks.batch import (
+    TURN_COMPLETE,
+    TURN_INTERRUPTED,
+    TURN_PARTIAL,
+    SourceMessage,
+    advance_contiguous,
+    merge_session,
+    plan_batch,
+)
+from turnlog.sinks.tables import SecondsBetween, session_events, sessions, sink_offsets, transcript_turns
+
+__all__ = ["SqlStore", "BatchResult", "SessionPosition"]
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """What :meth:`SqlStore.apply_batch` did: counts of records."""
+
+    applied: int
+    stale: int
+    rejected: int
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPosition:
+    """A session's durable position in the store (the resume point)."""
+
+    session_id: str
+    status: str
+    epoch: int
+    last_seq: int
+    max_turn_index: int | None
+
+
+class SqlStore(abc.ABC):
+    """Store operations over one SQLAlchemy engine. Helpers never commit: every
+    method takes the caller's connection, whose ``engine.begin()`` block is the
+    transaction."""
+
+    def __init__(self, engine: Engine) -> None:
+        self.engine = engine
+
+    # -- dialect hooks -----------------------------------------------------
+    @abc.abstractmethod
+    def insert(self, table: Any) -> Any:
+        """The dialect's ``INSERT`` construct with ``on_conflict_do_*``."""
+
+    @abc.abstractmethod
+    def lock(self, query: Select[Any]) -> Select[Any]:
+        """``query`` with row locks held to the end of the transaction."""
+
+    # -- the batch ---------------------------------------------------------
+    def apply_batch(self, conn: Connection, consumer_group: str, messages: Sequence[SourceMessage]) -> BatchResult:
+        """Write one batch of transcript records and their offsets, in ``conn``'s transaction.
+
+        Records below the group's stored offset are skipped (counted ``stale``).
+        Applying the same batch twice leaves the store as applying it once.
+        """
+        partitions = {(m.topic, m.partition) for m in messages}
+        stored = self.stored_offsets(conn, consumer_group, partitions, lock=True)
+        fresh = [m for m in messages if m.offset >= stored.get((m.topic, m.partition), 0)]
+        plan = plan_batch(fresh)
+        for rejected in plan.rejected:
+            m = rejected.message
+            logger.error(
+                "skipping undecodable record %s[%d]@%d: %s", m.topic, m.partition, m.offset, rejected.reason
+            )
+        if plan.event_rows:
+            self._insert_events(conn, plan.event_rows)
+        if plan.sessions:
+            self._upsert_sessions(conn, plan.sessions)
+        if plan.turns:
+            self._upsert_turns(conn, [t.as_row() for t in plan.turns])
+        self._mark_interrupted(conn, plan.sessions)
+        self._advance_offsets(conn, consumer_group, plan.next_offsets, stored)
+        return BatchResult(
+            applied=len(fresh) - len(plan.rejected), stale=len(messages) - len(fresh), rejected=len(plan.rejected)
+        )
+
+    def _insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        stmt = self.insert(session_events)
+        # A higher epoch replaces a fenced writer's event at the same seq; an
+        # equal one is a duplicate and changes nothing.
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[session_events.c.session_id, session_events.c.seq],
+            set_={c: stmt.excluded[c] for c in ("epoch", "event_id", "type", "emitted_at", "payload")},
+            where=stmt.excluded.epoch > session_events.c.epoch,
+        )
+        conn.execute(stmt, rows)
+
+    def _upsert_sessions(self, conn: Connection, changes_by_id: Mapping[str, Any]) -> None:
+        ids = sorted(changes_by_id)
+        query = self.lock(select(sessions).where(sessions.c.id.in_(ids)).order_by(sessions.c.id))
+        stored = {row.id: row._mapping for row in conn.execute(query)}
+        rows = []
+        for session_id in ids:
+            changes = changes_by_id[session_id]
+            current = stored.get(session_id)
+            last_seq = current["last_seq"] if current is not None else -1
+            reached = advance_contiguous(last_seq, changes.seqs)
+            if reached < max(changes.seqs):
+                # A gap in this batch: an earlier batch may hold the seqs past it.
+                reached = self._contiguous_from_log(conn, session_id, reached)
+            rows.append(merge_session(current, changes, reached))
+        stmt = self.insert(sessions)
+        writable = ("fleet", "agent_id", "started_at", "ended_at", "end_reason", "epoch", "last_seq", "end_seq", "metadata")
+        status_kept = sessions.c.status.in_(("finalized", "abandoned"))
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[sessions.c.id],
+            set_={
+                **{c: stmt.excluded[c] for c in writable},
+                "status": case((status_kept, sessions.c.status), else_=stmt.excluded.status),
+            },
+        )
+        conn.execute(stmt, rows)
+
+    def _contiguous_from_log(self, conn: Connection, session_id: str, last_seq: int) -> int:
+        later = conn.execute(
+            select(session_events.c.seq)
+            .where(session_events.c.session_id == session_id, session_events.c.seq > last_seq)
+            .order_by(session_events.c.seq)
+        ).scalars()
+        return advance_contiguous(last_seq, later)
+
+    def _upsert_turns(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        stmt = self.insert(transcript_turns)
+        t = transcript_turns.c
+        new = stmt.excluded
+        newer = or_(new.epoch > t.epoch, and_(new.epoch == t.epoch, new.seq > t.seq))
+        no_downgrade = or_(t.status != TURN_COMPLETE, new.status != TURN_PARTIAL)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[t.session_id, t.turn_index],
+            set_={c.name: new[c.name] for c in transcript_turns.c if not c.primary_key},
+            where=and_(newer, no_downgrade),
+        )
+        conn.execute(stmt, rows)
+
+    def _mark_interrupted(self, conn: Connection, changes_by_id: Mapping[str, Any]) -> None:
+        t = transcript_turns.c
+        for session_id, changes in changes_by_id.items():
+            if changes.ended is not None:
+                superseded = literal(True)
+            elif changes.max_epoch > 0:
+                superseded = t.epoch < changes.max_epoch
+            else:
+                continue
+            conn.execute(
+                update(transcript_turns)
+                .where(t.session_id == session_id, t.status == TURN_PARTIAL, superseded)
+                .values(status=TURN_INTERRUPTED)
+            )
+
+    def _advance_offsets(
+        self,
+        conn: Connection,
+        consumer_group: str,
+        next_offsets: Mapping[tuple[str, int], int],
+        stored: Mapping[tuple[str, int], int],
+    ) -> None:
+        rows = [
+            {"consumer_group": consumer_group, "topic": topic, "partition": partition, "next_offset": offset}
+            for (topic, partition), offset in sorted(next_offsets.items())
+            if offset > stored.get((topic, partition), -1)
+        ]
+        if not rows:
+            return
+        stmt = self.insert(sink_offsets)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[sink_offsets.c.consumer_group, sink_offsets.c.topic, sink_offsets.c.partition],
+            set_={"next_offset": stmt.excluded.next_offset},
+            where=stmt.excluded.next_offset > sink_offsets.c.next_offset,
+        )
+        conn.execute(stmt, rows)
+
+    # -- reads ---------------------------------------------------------------
+    def stored_offsets(
+        self, conn: Connection, consumer_group: str, partitions: Iterable[tuple[str, int]], *, lock: bool = False
+    ) -> dict[tuple[str, int], int]:
+        """``{(topic, partition): next offset}`` stored for ``consumer_group``."""
+        wanted = set(partitions)
+        if not wanted:
+            return {}
+        topics = sorted({topic for topic, _ in wanted})
+        query = (
+            select(sink_offsets.c.topic, sink_offsets.c.partition, sink_offsets.c.next_offset)
+            .where(sink_offsets.c.consumer_group == consumer_group, sink_offsets.c.topic.in_(topics))
+            .order_by(sink_offsets.c.topic, sink_offsets.c.partition)
+        )
+        if lock:
+            query = self.lock(query)
+        return {(r.topic, r.partition): r.next_offset for r in conn.execute(query) if (r.topic, r.partition) in wanted}
+
+    def session_position(self, conn: Connection, session_id: str) -> SessionPosition | None:
+        """Where ``session_id`` stands in the store, or None if it has no row."""
+        row = conn.execute(
+            select(sessions.c.status, sessions.c.epoch, sessions.c.last_seq).where(sessions.c.id == session_id)
+        ).first()
+        if row is None:
+            return None
+        max_turn = conn.execute(
+            select(func.max(transcript_turns.c.turn_index)).where(transcript_turns.c.session_id == session_id)
+        ).scalar()
+        return SessionPosition(session_id, row.status, row.epoch, row.last_seq, max_turn)
+
+    # -- finalization --------------------------------------------------------
+    def finalize_session(self, conn: Connection, session_id: str, finalized_at: dt.datetime) -> bool:
+        """Compute a session's aggregates from its persisted rows, exactly once.
+
+        The guarded ``UPDATE ... WHERE status = 'ended' AND last_seq >= end_seq``
+        matches one row only while the session is ended, complete in the store
+        and not yet finalized: True means this call finalized it; False means it
+        was finalized already or is not complete yet (DESIGN.md, "finalize once").
+        """
+        t = transcript_turns.c
+        of_session = t.session_id == sessions.c.id
+        figures = {
+            "turn_count": select(func.count()).where(of_session).scalar_subquery(),
+            "interrupted_turn_count": select(func.count())
+            .where(of_session, t.status == TURN_INTERRUPTED)
+            .scalar_subquery(),
+            "input_tokens": select(func.coalesce(func.sum(t.input_tokens), 0)).where(of_session).scalar_subquery(),
+            "output_tokens": select(func.coalesce(func.sum(t.output_tokens), 0)).where(of_session).scalar_subquery(),
+            "duration_seconds": SecondsBetween(sessions.c.started_at, sessions.c.ended_at),
+        }
+        result = conn.execute(
+            update(sessions)
+            .where(
+                sessions.c.id == session_id,
+                sessions.c.status == "ended",
+                sessions.c.end_seq.is_not(None),
+                sessions.c.last_seq >= sessions.c.end_seq,
+            )
+            .values(status="finalized", finalized_at=finalized_at, **figures)
+        )
+        return result.rowcount == 1
+
+    def finalizable_sessions(self, conn: Connection, limit: int = 100) -> list[str]:
+        """Ids of sessions that are ended and complete in the store but not finalized."""
+        query = (
+            select(sessions.c.id)
+            .where(sessions.c.status == "ended", sessions.c.last_seq >= sessions.c.end_seq)
+            .order_by(sessions.c.id)
+            .limit(limit)
+        )
+        return list(conn.execute(query).scalars())

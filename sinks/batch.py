@@ -1,0 +1,254 @@
+"""Pure planning of one sink batch: which rows to write, and which update wins.
+
+No I/O here: :func:`plan_batch` turns consumed messages into rows; the store
+(``sinks/base.py``) writes the plan in one transaction. The rules are the ones
+of DESIGN.md ("Guarantees"): dedupe by ``(session_id, seq)``, a turn is only
+overwritten by a newer ``(epoch, seq)``, and a partial never downgrades a
+completed turn.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from turnlog.schemas import (
+    Event,
+    EventValidationError,
+    SessionEnded,
+    SessionStarted,
+    TurnCompleted,
+    TurnPartial,
+    decode_event,
+)
+
+__all__ = [
+    "SourceMessage",
+    "TurnRow",
+    "SessionChanges",
+    "BatchPlan",
+    "plan_batch",
+    "turn_update_wins",
+    "advance_contiguous",
+    "merge_session",
+    "TURN_PARTIAL",
+    "TURN_COMPLETE",
+    "TURN_INTERRUPTED",
+]
+
+TURN_PARTIAL = "partial"
+TURN_COMPLETE = "complete"
+TURN_INTERRUPTED = "interrupted"
+
+
+@dataclass(frozen=True, slots=True)
+class SourceMessage:
+    """One consumed Kafka record: where it came from and its raw value (bytes)."""
+
+    topic: str
+    partition: int
+    offset: int
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRow:
+    """A ``transcript_turns`` row as one event leaves it."""
+
+    session_id: str
+    turn_index: int
+    speaker: str
+    text: str
+    status: str
+    started_at: dt.datetime
+    ended_at: dt.datetime | None
+    input_tokens: int
+    output_tokens: int
+    tool_calls: list[dict[str, Any]] | None
+    epoch: int
+    seq: int
+
+    @classmethod
+    def from_event(cls, event: TurnPartial | TurnCompleted) -> TurnRow:
+        if isinstance(event, TurnCompleted):
+            return cls(
+                session_id=event.session_id,
+                turn_index=event.turn_index,
+                speaker=event.speaker,
+                text=event.text,
+                status=TURN_COMPLETE,
+                started_at=event.started_at,
+                ended_at=event.ended_at,
+                input_tokens=event.input_tokens,
+                output_tokens=event.output_tokens,
+                tool_calls=(
+                    [{"name": c.name, "arguments": c.arguments, "result": c.result} for c in event.tool_calls]
+                    if event.tool_calls is not None
+                    else None
+                ),
+                epoch=event.epoch,
+                seq=event.seq,
+            )
+        return cls(
+            session_id=event.session_id,
+            turn_index=event.turn_index,
+            speaker=event.speaker,
+            text=event.text,
+            status=TURN_PARTIAL,
+            started_at=event.started_at,
+            ended_at=None,
+            input_tokens=0,
+            output_tokens=0,
+            tool_calls=None,
+            epoch=event.epoch,
+            seq=event.seq,
+        )
+
+    def as_row(self) -> dict[str, Any]:
+        return {name: getattr(self, name) for name in self.__slots__}
+
+
+def turn_update_wins(current_status: str, current_epoch: int, current_seq: int, candidate: TurnRow) -> bool:
+    """Whether ``candidate`` may overwrite a stored turn.
+
+    It must be newer by ``(epoch, seq)`` (a stale writer never overwrites), and a
+    partial never downgrades a completed turn. The SQL upsert guard in
+    ``sinks/base.py`` states the same rule; tests hold the two together.
+    """
+    newer = (candidate.epoch, candidate.seq) > (current_epoch, current_seq)
+    downgrade = current_status == TURN_COMPLETE and candidate.status == TURN_PARTIAL
+    return newer and not downgrade
+
+
+@dataclass(slots=True)
+class SessionChanges:
+    """What one batch says about one session."""
+
+    session_id: str
+    started: SessionStarted | None = None
+    ended: SessionEnded | None = None
+    max_epoch: int = 0
+    seqs: set[int] = field(default_factory=set)
+
+
+@dataclass(frozen=True, slots=True)
+class RejectedMessage:
+    message: SourceMessage
+    reason: str
+
+
+@dataclass(frozen=True, slots=True)
+class BatchPlan:
+    """Rows to write for one batch, each already deduplicated within the batch."""
+
+    event_rows: list[dict[str, Any]]
+    turns: list[TurnRow]
+    sessions: dict[str, SessionChanges]
+    next_offsets: dict[tuple[str, int], int]
+    rejected: list[RejectedMessage]
+
+
+def plan_batch(messages: Iterable[SourceMessage]) -> BatchPlan:
+    """Decode ``messages`` (in consumption order) and plan their rows.
+
+    Undecodable messages are listed in ``rejected`` and still advance the
+    offsets: they were validated upstream, so one here is logged, not retried.
+    """
+    events: dict[tuple[str, int], tuple[Event, bytes]] = {}
+    turns: dict[tuple[str, int], TurnRow] = {}
+    sessions: dict[str, SessionChanges] = {}
+    next_offsets: dict[tuple[str, int], int] = {}
+    rejected: list[RejectedMessage] = []
+    for message in messages:
+        key = (message.topic, message.partition)
+        next_offsets[key] = max(next_offsets.get(key, 0), message.offset + 1)
+        try:
+            event = decode_event(message.value)
+        except EventValidationError as e:
+            rejected.append(RejectedMessage(message, e.reason))
+            continue
+        event_key = (event.session_id, event.seq)
+        held = events.get(event_key)
+        if held is None or event.epoch > held[0].epoch:
+            events[event_key] = (event, message.value)
+        changes = sessions.get(event.session_id)
+        if changes is None:
+            changes = sessions[event.session_id] = SessionChanges(event.session_id)
+        changes.max_epoch = max(changes.max_epoch, event.epoch)
+        changes.seqs.add(event.seq)
+        if isinstance(event, SessionStarted):
+            changes.started = event
+        elif isinstance(event, SessionEnded):
+            changes.ended = event
+        else:
+            row = TurnRow.from_event(event)
+            turn_key = (row.session_id, row.turn_index)
+            current = turns.get(turn_key)
+            if current is None or turn_update_wins(current.status, current.epoch, current.seq, row):
+                turns[turn_key] = row
+    event_rows = [
+        {
+            "session_id": event.session_id,
+            "seq": event.seq,
+            "epoch": event.epoch,
+            "event_id": str(event.event_id),
+            "type": type(event).__struct_config__.tag,
+            "emitted_at": event.emitted_at,
+            "payload": raw.decode("utf-8"),
+        }
+        for event, raw in events.values()
+    ]
+    return BatchPlan(event_rows, list(turns.values()), sessions, next_offsets, rejected)
+
+
+def advance_contiguous(last_seq: int, seqs: Iterable[int]) -> int:
+    """The highest seq reachable from ``last_seq`` through consecutive ``seqs``.
+
+    >>> advance_contiguous(4, {3, 5, 6, 8})
+    6
+    """
+    present = set(seqs)
+    while last_seq + 1 in present:
+        last_seq += 1
+    return last_seq
+
+
+def merge_session(stored: Mapping[str, Any] | None, changes: SessionChanges, last_seq: int) -> dict[str, Any]:
+    """The ``sessions`` row after a batch: stored values, overlaid by the batch's.
+
+    Status only moves forward (active -> ended; finalized and abandoned stay);
+    the aggregate columns are the finalizer's and are never written here.
+    """
+    row: dict[str, Any] = {
+        "id": changes.session_id,
+        "fleet": None,
+        "agent_id": None,
+        "status": "active",
+        "started_at": None,
+        "ended_at": None,
+        "end_reason": None,
+        "epoch": 0,
+        "last_seq": -1,
+        "end_seq": None,
+        "metadata": None,
+    }
+    if stored is not None:
+        row.update({key: stored[key] for key in row})
+    if changes.started is not None and row["started_at"] is None:
+        started = changes.started
+        row.update(
+            fleet=started.fleet,
+            agent_id=started.agent_id,
+            started_at=started.started_at,
+            metadata=started.metadata,
+        )
+    if changes.ended is not None and row["end_seq"] is None:
+        ended = changes.ended
+        row.update(ended_at=ended.ended_at, end_reason=ended.reason, end_seq=ended.seq)
+        if row["status"] == "active":
+            row["status"] = "ended"
+    row["epoch"] = max(row["epoch"], changes.max_epoch)
+    row["last_seq"] = max(row["last_seq"], last_seq)
+    return row

@@ -1,0 +1,158 @@
+"""The store's tables (SQLAlchemy Core), as created by the Alembic migrations.
+
+``sessions``, ``session_events``, ``transcript_turns`` and ``sink_offsets``, as
+DESIGN.md ("Store") describes them. The migrations in ``sinks/migrations`` are
+the history; a test checks that a migrated database matches this metadata.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import (
+    JSON,
+    BigInteger,
+    Column,
+    DateTime,
+    Float,
+    Index,
+    Integer,
+    MetaData,
+    String,
+    Table,
+    Text,
+    TypeDecorator,
+)
+from sqlalchemy.ext.compiler import compiles
+from sqlalchemy.sql.expression import ColumnElement
+from sqlalchemy.types import Float as FloatType
+
+__all__ = [
+    "metadata",
+    "sessions",
+    "session_events",
+    "transcript_turns",
+    "sink_offsets",
+    "UtcDateTime",
+    "SecondsBetween",
+]
+
+
+class UtcDateTime(TypeDecorator[dt.datetime]):
+    """A timezone-aware UTC timestamp on every backend.
+
+    Postgres stores ``timestamptz``; SQLite has no time zones, so values are
+    stored as naive UTC and given ``tzinfo=UTC`` again when read.
+    """
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            raise ValueError("naive datetime given to a UTC column")
+        value = value.astimezone(dt.timezone.utc)
+        return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
+
+    def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
+        if value is None:
+            return None
+        if value.tzinfo is None:
+            return value.replace(tzinfo=dt.timezone.utc)
+        return value.astimezone(dt.timezone.utc)
+
+
+class SecondsBetween(ColumnElement[float]):
+    """``end - start`` in seconds, rounded to milliseconds, computed by the database."""
+
+    type = FloatType()
+    inherit_cache = True
+
+    def __init__(self, start: ColumnElement[Any], end: ColumnElement[Any]) -> None:
+        self.start = start
+        self.end = end
+
+
+@compiles(SecondsBetween, "postgresql")
+def _seconds_between_pg(element: SecondsBetween, compiler: Any, **kw: Any) -> str:
+    end, start = compiler.process(element.end, **kw), compiler.process(element.start, **kw)
+    return f"CAST(ROUND(EXTRACT(EPOCH FROM ({end} - {start})), 3) AS DOUBLE PRECISION)"
+
+
+@compiles(SecondsBetween, "sqlite")
+def _seconds_between_sqlite(element: SecondsBetween, compiler: Any, **kw: Any) -> str:
+    end, start = compiler.process(element.end, **kw), compiler.process(element.start, **kw)
+    return f"ROUND((julianday({end}) - julianday({start})) * 86400.0, 3)"
+
+
+metadata = MetaData()
+
+sessions = Table(
+    "sessions",
+    metadata,
+    Column("id", String(200), primary_key=True),
+    Column("fleet", String(200)),
+    Column("agent_id", String(200)),
+    # active -> ended -> finalized; abandoned is set by operators.
+    Column("status", String(16), nullable=False),
+    Column("started_at", UtcDateTime),
+    Column("ended_at", UtcDateTime),
+    Column("end_reason", String(200)),
+    Column("epoch", Integer, nullable=False),
+    # Highest seq such that every seq from 0 up to it has been applied (-1: none).
+    Column("last_seq", BigInteger, nullable=False),
+    Column("end_seq", BigInteger),
+    Column("turn_count", Integer),
+    Column("interrupted_turn_count", Integer),
+    Column("duration_seconds", Float),
+    Column("input_tokens", BigInteger),
+    Column("output_tokens", BigInteger),
+    Column("finalized_at", UtcDateTime),
+    Column("metadata", JSON(none_as_null=True)),
+    Index("ix_sessions_status", "status"),
+)
+
+session_events = Table(
+    "session_events",
+    metadata,
+    Column("session_id", String(200), primary_key=True),
+    Column("seq", BigInteger, primary_key=True),
+    Column("epoch", Integer, nullable=False),
+    Column("event_id", String(36), nullable=False),
+    Column("type", String(32), nullable=False),
+    Column("emitted_at", UtcDateTime, nullable=False),
+    # The event exactly as it crossed Kafka (UTF-8 JSON), for audit and replay.
+    Column("payload", Text, nullable=False),
+)
+
+transcript_turns = Table(
+    "transcript_turns",
+    metadata,
+    Column("session_id", String(200), primary_key=True),
+    Column("turn_index", Integer, primary_key=True),
+    Column("speaker", String(200), nullable=False),
+    Column("text", Text, nullable=False),
+    # partial | complete | interrupted
+    Column("status", String(16), nullable=False),
+    Column("started_at", UtcDateTime, nullable=False),
+    Column("ended_at", UtcDateTime),
+    Column("input_tokens", BigInteger, nullable=False),
+    Column("output_tokens", BigInteger, nullable=False),
+    Column("tool_calls", JSON(none_as_null=True)),
+    # The (epoch, seq) of the event last applied to this row: the upsert guard.
+    Column("epoch", Integer, nullable=False),
+    Column("seq", BigInteger, nullable=False),
+)
+
+sink_offsets = Table(
+    "sink_offsets",
+    metadata,
+    Column("consumer_group", String(200), primary_key=True),
+    Column("topic", String(249), primary_key=True),
+    Column("partition", Integer, primary_key=True),
+    # The next offset to consume; only ever moves forward.
+    Column("next_offset", BigInteger, nullable=False),
+)
