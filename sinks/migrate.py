@@ -7,19 +7,44 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
+from alembic.runtime.migration import MigrationContext
+from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-__all__ = ["upgrade_to_head", "MIGRATIONS_DIR"]
+from turnlog.sinks.errors import store_errors
+from turnlog.sinks.exceptions import StoreError
+
+__all__ = ["upgrade_to_head", "require_head", "MIGRATIONS_DIR"]
 
 logger = logging.getLogger(__name__)
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
 
 
-def upgrade_to_head(engine: Engine) -> None:
-    """Bring the database behind ``engine`` to the newest schema (idempotent)."""
+def _config() -> Config:
     config = Config()
     config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    return config
+
+
+def upgrade_to_head(engine: Engine) -> None:
+    """Bring the database behind ``engine`` to the newest schema (idempotent)."""
+    config = _config()
     with engine.begin() as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
     logger.info("store schema is at head (%s)", engine.url.render_as_string(hide_password=True))
+
+
+def require_head(engine: Engine) -> None:
+    """Check, at a service's start, that the schema is at the newest revision.
+
+    Raises:
+        StoreUnavailableError: the database does not answer.
+        StoreError: the schema is missing or older; the message says to run ``turnlog migrate``.
+    """
+    head = ScriptDirectory.from_config(_config()).get_current_head()
+    with store_errors(), engine.connect() as conn:
+        current = MigrationContext.configure(conn).get_current_revision()
+    if current != head:
+        where = engine.url.render_as_string(hide_password=True)
+        raise StoreError(f"store {where} is at schema revision {current or 'none'}, not {head}: run `turnlog migrate`")

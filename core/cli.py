@@ -1,0 +1,148 @@
+"""The ``turnlog`` command line: one subcommand per service and operator tool."""
+
+from __future__ import annotations
+
+import logging
+import signal
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from turnlog.settings import TurnlogSettings, load_settings
+
+app = typer.Typer(help="turnlog: crash-safe, incremental persistence for long-lived agent sessions.", no_args_is_help=True)
+topics_app = typer.Typer(help="Manage turnlog's Kafka topics.", no_args_is_help=True)
+app.add_typer(topics_app, name="topics")
+
+DatabaseUrl = Annotated[
+    Optional[str], typer.Option("--database-url", envvar="TURNLOG_DATABASE_URL", help="Store URL (sqlite:///PATH or postgresql+psycopg://...).")
+]
+Bootstrap = Annotated[
+    Optional[str], typer.Option("--bootstrap-servers", envvar="TURNLOG_BOOTSTRAP_SERVERS", help="Kafka bootstrap servers.")
+]
+
+
+def _settings(**overrides: object) -> TurnlogSettings:
+    settings = load_settings(**overrides)
+    logging.basicConfig(
+        level=settings.log_level.upper(),
+        format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
+        stream=sys.stderr,
+    )
+    return settings
+
+
+@topics_app.command("create")
+def topics_create(bootstrap_servers: Bootstrap = None) -> None:
+    """Create <prefix>.events, <prefix>.transcript and <prefix>.dlq with explicit partitions and retention."""
+    from turnlog.deploy.topics import create_topics
+
+    settings = _settings(bootstrap_servers=bootstrap_servers)
+    created = create_topics(settings)
+    for name in settings.topics.all():
+        typer.echo(f"{name}: {'created' if name in created else 'exists'} ({settings.partitions} partitions)")
+
+
+@app.command()
+def migrate(database_url: DatabaseUrl = None) -> None:
+    """Bring the store's schema to the newest Alembic revision."""
+    from turnlog.sinks import open_store
+    from turnlog.sinks.migrate import upgrade_to_head
+
+    settings = _settings(database_url=database_url)
+    upgrade_to_head(open_store(settings.database_url).engine)
+
+
+def _run_faust(faust_app: object, settings: TurnlogSettings) -> None:
+    from faust import Worker
+
+    worker = Worker(faust_app, loglevel=settings.log_level.lower(), quiet=True)
+    worker.execute_from_commandline()
+
+
+@app.command()
+def sequencer(bootstrap_servers: Bootstrap = None) -> None:
+    """Run a sequencer worker (order, dedupe, fence, DLQ). Scale by starting more."""
+    from turnlog.stream_processors.sequencer import build_sequencer
+
+    settings = _settings(bootstrap_servers=bootstrap_servers)
+    _run_faust(build_sequencer(settings), settings)
+
+
+@app.command()
+def finalizer(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = None) -> None:
+    """Run a finalizer worker (guarded exactly-once aggregates)."""
+    from turnlog.sinks import open_store
+    from turnlog.sinks.migrate import require_head
+    from turnlog.stream_processors.finalizer import build_finalizer
+
+    settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
+    store = open_store(settings.database_url)
+    require_head(store.engine)
+    _run_faust(build_finalizer(settings, store), settings)
+
+
+@app.command()
+def sink(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = None) -> None:
+    """Run a SQL sink worker (batched idempotent upserts, offsets in the same transaction)."""
+    from turnlog.sinks import open_store
+    from turnlog.sinks.service import SinkService
+
+    from turnlog.sinks.migrate import require_head
+
+    settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
+    store = open_store(settings.database_url)
+    require_head(store.engine)
+    service = SinkService(settings, store)
+    # SIGTERM only shortens the stop; correctness never depends on it.
+    signal.signal(signal.SIGTERM, lambda *_: service.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: service.stopping.set())
+    service.run()
+
+
+@app.command("replay-agent", hidden=True)
+def replay_agent(
+    transcript: Annotated[Path, typer.Argument(help="A sessions/*.jsonl file.")],
+    session_id: Annotated[str, typer.Option(help="Session id to record under.")],
+    speed: Annotated[float, typer.Option(help="Time compression factor.")] = 40.0,
+    resume: Annotated[bool, typer.Option(help="Resume the session (new epoch) instead of starting it.")] = False,
+    from_turn: Annotated[int, typer.Option(help="First input turn to replay.")] = 0,
+    fleet: Annotated[str, typer.Option()] = "demo",
+) -> None:
+    """A simulated agent for the demo: replays one transcript through SessionRecorder."""
+    import asyncio
+
+    from turnlog.demo.agent import replay_transcript
+
+    settings = _settings()
+    asyncio.run(replay_transcript(settings, transcript, session_id, speed=speed, resume=resume, from_turn=from_turn, fleet=fleet))
+
+
+@app.command()
+def demo(
+    sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("../shared/data/sessions"),
+    database_url: DatabaseUrl = None,
+    bootstrap_servers: Bootstrap = None,
+    report: Annotated[Optional[Path], typer.Option("--report", help="Write the per-session report as JSON here.")] = None,
+    speed: Annotated[float, typer.Option(help="Time compression: input seconds per real second.")] = 40.0,
+    kills: Annotated[int, typer.Option(help="Agents to SIGKILL mid-turn and resume.")] = 2,
+    seed: Annotated[int, typer.Option(help="Seed for choosing the killed agents and moments.")] = 7,
+    timeout: Annotated[float, typer.Option(help="Longest wait for finalization after the replay (seconds).")] = 180.0,
+) -> None:
+    """Replay real transcripts as concurrent agents, SIGKILL some mid-turn, resume them, verify the store."""
+    from turnlog.demo.runner import DemoOptions, run_demo
+
+    settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
+    options = DemoOptions(sessions_dir=sessions, speed=speed, kills=kills, seed=seed, report_path=report, timeout=timeout)
+    ok = run_demo(settings, options)
+    raise typer.Exit(0 if ok else 1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,76 @@
+"""Create turnlog's topics explicitly (``turnlog topics create``), never by broker auto-creation.
+
+``<prefix>.events`` and ``<prefix>.transcript`` are co-partitioned (same
+partition count, same murmur2 key hashing), so a session's events and its
+ordered transcript live on the same partition number.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from confluent_kafka import KafkaError, KafkaException
+from confluent_kafka.admin import AdminClient, NewTopic
+
+from turnlog.exceptions import ConfigurationError
+from turnlog.settings import TurnlogSettings
+
+__all__ = ["topic_specs", "create_topics"]
+
+logger = logging.getLogger(__name__)
+
+
+def topic_specs(settings: TurnlogSettings) -> list[NewTopic]:
+    """The topics with their partitions and configs (retention in milliseconds)."""
+    topics = settings.topics
+    common = {"cleanup.policy": "delete", "min.insync.replicas": "1"}
+    return [
+        NewTopic(topics.events, settings.partitions, settings.replication_factor,
+                 config={**common, "retention.ms": str(settings.events_retention_ms)}),
+        NewTopic(topics.transcript, settings.partitions, settings.replication_factor,
+                 config={**common, "retention.ms": str(settings.transcript_retention_ms)}),
+        NewTopic(topics.dlq, settings.partitions, settings.replication_factor,
+                 config={**common, "retention.ms": str(settings.dlq_retention_ms)}),
+    ]
+
+
+def create_topics(settings: TurnlogSettings, *, timeout: float = 30.0) -> list[str]:
+    """Create the missing topics; returns the names created.
+
+    Raises:
+        ConfigurationError: an existing topic has another partition count than
+            ``settings.partitions`` (co-partitioning would break), or the broker
+            refused the request.
+    """
+    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    specs = topic_specs(settings)
+    created = []
+    for name, future in admin.create_topics(specs, request_timeout=timeout, operation_timeout=timeout).items():
+        try:
+            future.result()
+            created.append(name)
+            logger.info("created topic %s", name)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
+                raise ConfigurationError(f"cannot create topic {name}: {e.args[0].str()}") from e
+    for spec in specs:
+        partitions = _partition_count(admin, spec.topic, timeout)
+        if partitions != settings.partitions:
+            raise ConfigurationError(
+                f"topic {spec.topic} has {partitions} partitions but TURNLOG_PARTITIONS is {settings.partitions}; "
+                "co-partitioned topics must agree"
+            )
+    return created
+
+
+def _partition_count(admin: AdminClient, topic: str, timeout: float) -> int:
+    """The topic's partition count, polling until new metadata has propagated."""
+    deadline = time.monotonic() + timeout
+    while True:
+        found = admin.list_topics(topic=topic, timeout=timeout).topics.get(topic)
+        if found is not None and found.error is None and found.partitions:
+            return len(found.partitions)
+        if time.monotonic() >= deadline:
+            return 0
+        time.sleep(0.2)

@@ -1,0 +1,45 @@
+"""Errors of the producer library (SessionRecorder)."""
+
+from __future__ import annotations
+
+from turnlog.exceptions import TurnlogError
+
+__all__ = [
+    "RecorderError",
+    "InvalidTurnError",
+    "SessionClosedError",
+    "SessionNotFoundError",
+    "DeliveryError",
+    "ResumeBarrierTimeout",
+]
+
+
+class RecorderError(TurnlogError):
+    """Base of the recorder's errors."""
+
+
+class InvalidTurnError(RecorderError, ValueError):
+    """A turn's values are wrong (type, range, size); nothing was sent."""
+
+
+class SessionClosedError(RecorderError):
+    """The session has ended (or was never opened here); nothing was sent."""
+
+
+class SessionNotFoundError(RecorderError):
+    """resume() found no such session in the store."""
+
+
+class DeliveryError(RecorderError):
+    """The broker did not acknowledge an event within the delivery timeout.
+
+    ``kafka_error`` is confluent-kafka's ``KafkaError``.
+    """
+
+    def __init__(self, message: str, kafka_error: object | None = None) -> None:
+        super().__init__(message)
+        self.kafka_error = kafka_error
+
+
+class ResumeBarrierTimeout(RecorderError, TimeoutError):
+    """resume() waited longer than its timeout for the pipeline to catch up."""

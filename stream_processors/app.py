@@ -1,0 +1,38 @@
+"""Faust app factory shared by the sequencer and the finalizer."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import faust
+
+from turnlog.settings import TurnlogSettings
+
+__all__ = ["make_app", "raw_topic"]
+
+
+def make_app(settings: TurnlogSettings, app_id: str) -> faust.App:
+    """A Faust app whose id is the consumer group ``app_id``; at-least-once,
+    producer ``acks=all``, offsets committed only after the producer flushed."""
+    datadir = Path(settings.faust_data_dir) / app_id
+    datadir.parent.mkdir(parents=True, exist_ok=True)
+    brokers = [f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")]
+    return faust.App(
+        app_id,
+        broker=brokers,
+        store="memory://",
+        datadir=str(datadir),
+        topic_partitions=settings.partitions,
+        topic_replication_factor=settings.replication_factor,
+        topic_allow_declare=True,
+        producer_acks=-1,
+        consumer_auto_offset_reset="earliest",
+        broker_commit_interval=1.0,
+        web_enabled=False,
+        table_standby_replicas=0,
+    )
+
+
+def raw_topic(app: faust.App, name: str) -> faust.TopicT:
+    """A topic of raw bytes keys and values (turnlog validates JSON itself)."""
+    return app.topic(name, key_type=bytes, value_type=bytes, key_serializer="raw", value_serializer="raw")
