@@ -141,7 +141,8 @@ class SqlStore(abc.ABC):
             rows.append(merge_session(current, changes, reached))
         stmt = self.insert(sessions)
         writable = ("fleet", "agent_id", "started_at", "ended_at", "end_reason", "epoch", "last_seq", "end_seq", "metadata")
-        status_kept = sessions.c.status.in_(("finalized", "abandoned"))
+        # No IN (...) here: expanding parameters cannot be used with executemany.
+        status_kept = or_(sessions.c.status == "finalized", sessions.c.status == "abandoned")
         stmt = stmt.on_conflict_do_update(
             index_elements=[sessions.c.id],
             set_={

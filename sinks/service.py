@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
-from tenacity import retry, retry_if_exception_type, stop_never, wait_exponential
+from tenacity import RetryCallState, retry, retry_if_exception_type, wait_exponential
 
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import BatchResult, SqlStore
@@ -91,7 +91,7 @@ class SinkService:
     @retry(
         retry=retry_if_exception_type(StoreUnavailableError),
         wait=wait_exponential(multiplier=0.2, max=5.0),
-        stop=stop_never,
+        stop=lambda state: _service_of(state).stopping.is_set(),
         before_sleep=lambda state: logger.warning(
             "store unavailable (attempt %d): %s", state.attempt_number, state.outcome.exception() if state.outcome else ""
         ),
@@ -105,7 +105,7 @@ class SinkService:
     @retry(
         retry=retry_if_exception_type(StoreUnavailableError),
         wait=wait_exponential(multiplier=0.2, max=5.0),
-        stop=stop_never,
+        stop=lambda state: _service_of(state).stopping.is_set(),
         before_sleep=lambda state: logger.warning(
             "batch not written, retrying (attempt %d): %s",
             state.attempt_number,
@@ -117,3 +117,8 @@ class SinkService:
         with store_errors():
             with self.store.engine.begin() as conn:
                 return self.store.apply_batch(conn, self.settings.sink_group, batch)
+
+
+def _service_of(state: RetryCallState) -> SinkService:
+    # tenacity passes the bound method's arguments; ``self`` comes first.
+    return state.args[0]

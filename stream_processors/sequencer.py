@@ -38,7 +38,7 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
     states = app.Table(
         TABLE_NAME,
         default=None,
-        schema=faust.Schema(key_type=bytes, key_serializer="raw", value_serializer="json"),
+        key_type=bytes,  # raw keys; values (no value_type) are JSON
         partitions=settings.partitions,
         help="SessionSequence per session id (JSON).",
     )
