@@ -110,14 +110,21 @@ def replay_agent(
     resume: Annotated[bool, typer.Option(help="Resume the session (new epoch) instead of starting it.")] = False,
     from_turn: Annotated[int, typer.Option(help="First input turn to replay.")] = 0,
     fleet: Annotated[str, typer.Option()] = "demo",
+    base_time: Annotated[str, typer.Option(help="ISO timestamp of second 0 of the recording.")] = "2026-01-01T00:00:00+00:00",
 ) -> None:
     """A simulated agent for the demo: replays one transcript through SessionRecorder."""
     import asyncio
+    import datetime as dt
 
     from turnlog.demo.agent import replay_transcript
 
     settings = _settings()
-    asyncio.run(replay_transcript(settings, transcript, session_id, speed=speed, resume=resume, from_turn=from_turn, fleet=fleet))
+    base = dt.datetime.fromisoformat(base_time)
+    asyncio.run(
+        replay_transcript(
+            settings, transcript, session_id, speed=speed, base_time=base, resume=resume, from_turn=from_turn, fleet=fleet
+        )
+    )
 
 
 @app.command()
@@ -130,12 +137,16 @@ def demo(
     kills: Annotated[int, typer.Option(help="Agents to SIGKILL mid-turn and resume.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed for choosing the killed agents and moments.")] = 7,
     timeout: Annotated[float, typer.Option(help="Longest wait for finalization after the replay (seconds).")] = 180.0,
+    flush_interval: Annotated[float, typer.Option(help="Agents' partial flush timer (seconds, replay time).")] = 0.2,
 ) -> None:
     """Replay real transcripts as concurrent agents, SIGKILL some mid-turn, resume them, verify the store."""
     from turnlog.demo.runner import DemoOptions, run_demo
 
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
-    options = DemoOptions(sessions_dir=sessions, speed=speed, kills=kills, seed=seed, report_path=report, timeout=timeout)
+    options = DemoOptions(
+        sessions_dir=sessions, speed=speed, kills=kills, seed=seed, report_path=report, timeout=timeout,
+        flush_interval_seconds=flush_interval,
+    )
     ok = run_demo(settings, options)
     raise typer.Exit(0 if ok else 1)
 

@@ -103,6 +103,10 @@ class TurnlogSettings(BaseSettings):
     def topics(self) -> TopicNames:
         return TopicNames(self.topic_prefix)
 
+    def as_environment(self) -> dict[str, str]:
+        """These settings as ``TURNLOG_*`` variables, for a child process."""
+        return {f"TURNLOG_{name.upper()}": str(value) for name, value in self.model_dump().items()}
+
 
 def load_settings(**overrides: object) -> TurnlogSettings:
     """Settings from the environment, with explicit keyword overrides on top."""

@@ -1,0 +1,236 @@
+"""``turnlog demo``: real transcripts, concurrent agents, SIGKILLs, resume, verdict.
+
+1. migrate the store and create the topics;
+2. start the sequencer, sink and finalizer as separate processes;
+3. start one agent process per transcript (time-compressed replay);
+4. SIGKILL ``kills`` agents in the middle of a long turn and resume each
+   session in a new process (which passes the resume barrier first);
+5. wait until every session is finalized, then judge each one
+   (``turnlog.demo.verdict``) and print a table and a verdict.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import logging
+import random
+import threading
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import msgspec
+from sqlalchemy import func, select
+
+from turnlog.demo.transcripts import InputTurn, find_transcripts, load_transcript
+from turnlog.demo.verdict import SessionVerdict, judge_session
+from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command
+from turnlog.deploy.topics import create_topics
+from turnlog.settings import TurnlogSettings
+from turnlog.sinks import SqlStore, open_store
+from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.sinks.tables import session_events, sessions
+
+__all__ = ["DemoOptions", "run_demo", "choose_kills"]
+
+logger = logging.getLogger(__name__)
+POLL_SECONDS = 0.5
+
+
+@dataclass(frozen=True, slots=True)
+class DemoOptions:
+    sessions_dir: Path
+    speed: float = 40.0
+    kills: int = 2
+    seed: int = 7
+    report_path: Path | None = None
+    timeout: float = 180.0
+    flush_interval_seconds: float = 0.2
+    log_dir: Path = Path(".turnlog-demo")
+
+
+@dataclass(frozen=True, slots=True)
+class KillPlan:
+    session_id: str
+    input_turn: int
+    #: fraction of the turn's real duration after which SIGKILL lands
+    at_fraction: float
+
+
+def choose_kills(transcripts: dict[str, list[InputTurn]], count: int, speed: float, flush_interval: float, seed: int) -> list[KillPlan]:
+    """Pick ``count`` sessions and, in each, a turn long enough that at least two
+    timer flushes happen before the kill (so an interrupted partial is stored),
+    from the middle of the session."""
+    rng = random.Random(seed)
+    candidates = {}
+    for session_id, turns in transcripts.items():
+        middle = turns[len(turns) // 5 : len(turns) * 4 // 5]
+        long_turns = [t.turn_index for t in middle if (t.end_s - t.start_s) / speed >= 4 * flush_interval]
+        if long_turns:
+            candidates[session_id] = long_turns
+    chosen = rng.sample(sorted(candidates), min(count, len(candidates)))
+    return [KillPlan(s, rng.choice(candidates[s]), rng.uniform(0.5, 0.8)) for s in chosen]
+
+
+class _Agent:
+    """One agent process and a thread reading its JSON progress lines."""
+
+    def __init__(self, process: ServiceProcess, on_line: object) -> None:
+        self.process = process
+        self.lines: list[dict[str, object]] = []
+        self._on_line = on_line
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.popen.stdout is not None
+        for raw in self.process.popen.stdout:
+            try:
+                line = json.loads(raw)
+            except ValueError:
+                continue
+            self.lines.append(line)
+            if callable(self._on_line):
+                self._on_line(self, line)
+
+
+def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
+    """Run the demo; print the table and verdict; return True when every session is intact."""
+    settings = settings.model_copy(update={"flush_interval_seconds": options.flush_interval_seconds})
+    files = find_transcripts(options.sessions_dir)
+    run_id = uuid.uuid4().hex[:8]
+    transcripts = {f"{path.stem}.{run_id}": load_transcript(path) for path in files}
+    paths = {f"{path.stem}.{run_id}": path for path in files}
+    kills = choose_kills(transcripts, options.kills, options.speed, options.flush_interval_seconds, options.seed)
+    log_dir = options.log_dir / run_id
+    base_time = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    print(f"turnlog demo {run_id}: {len(files)} sessions, {sum(map(len, transcripts.values()))} turns, speed x{options.speed:g}")
+    print(f"store {open_store(settings.database_url).engine.url.render_as_string(hide_password=True)}, logs in {log_dir}")
+
+    store = open_store(settings.database_url)
+    upgrade_to_head(store.engine)
+    create_topics(settings)
+    started = time.monotonic()
+    services = start_pipeline(settings, log_dir)
+    agents: list[_Agent] = []
+    killed: list[dict[str, object]] = []
+    lock = threading.Lock()
+    env = settings.as_environment()
+
+    def spawn(session_id: str, *extra: str) -> _Agent:
+        argv = turnlog_command(
+            "replay-agent", str(paths[session_id]), "--session-id", session_id, "--speed", str(options.speed),
+            "--base-time", base_time.isoformat(), *extra,
+        )
+        name = f"agent-{session_id}" + ("-resumed" if extra else "")
+        process = ServiceProcess(name, argv, env, log_dir / f"{name}.log", stdout_pipe=True)
+        agent = _Agent(process, on_progress)
+        with lock:
+            agents.append(agent)
+        return agent
+
+    plans = {plan.session_id: plan for plan in kills}
+
+    def on_progress(agent: _Agent, line: dict[str, object]) -> None:
+        plan = plans.get(agent.process.name.removeprefix("agent-"))
+        if plan is None or line.get("type") != "turn" or line.get("input_turn") != plan.input_turn:
+            return
+        delay = float(line["real_seconds"]) * plan.at_fraction  # type: ignore[arg-type]
+
+        def kill_and_resume() -> None:
+            agent.process.kill()
+            print(f"  SIGKILL agent of {plan.session_id} (pid {agent.process.pid}) {delay:.2f}s into input turn {plan.input_turn}; resuming in a new process")
+            killed.append({"session_id": plan.session_id, "input_turn": plan.input_turn, "after_seconds": round(delay, 3)})
+            spawn(plan.session_id, "--resume", "--from-turn", str(plan.input_turn))
+
+        threading.Timer(delay, kill_and_resume).start()
+
+    try:
+        for session_id in transcripts:
+            spawn(session_id)
+        _wait_for_agents(agents, lock, len(transcripts) + len(kills), started + options.timeout + 600)
+        replay_seconds = time.monotonic() - started
+        finalized_in = _wait_for_finalized(store, list(transcripts), time.monotonic() + options.timeout)
+    finally:
+        stop_all(services)
+        for agent in agents:
+            agent.process.stop(5)
+    wall = time.monotonic() - started
+
+    kills_by_session = {k["session_id"]: 1 for k in killed}
+    verdicts = [judge_session(store, sid, turns, kills_by_session.get(sid, 0)) for sid, turns in transcripts.items()]
+    for plan in kills:
+        if plan.session_id not in kills_by_session:
+            verdicts_by_id = {v.session_id: v for v in verdicts}
+            verdicts_by_id[plan.session_id].problems.append("the planned SIGKILL did not happen")
+    events = _count_events(store, list(transcripts))
+    failed_agents = [a.process.name for a in agents if a.process.popen.returncode not in (0, -9)]
+    ok = all(v.ok for v in verdicts) and not failed_agents and len(killed) == len(kills)
+    _print_table(verdicts)
+    rate = events / wall if wall else 0.0
+    print(
+        f"\n{events} events in {wall:.1f}s wall ({rate:.0f} events/s end to end; replay {replay_seconds:.1f}s, "
+        f"finalized {finalized_in:.1f}s after the last agent); {len(killed)} agents SIGKILLed and resumed"
+    )
+    if failed_agents:
+        print(f"agents that failed: {', '.join(failed_agents)} (logs in {log_dir})")
+    print("VERDICT: " + ("every session intact: all turns stored exactly once, in order, finalized, aggregates equal a recomputation" if ok else "FAILED: see the problems above"))
+    if options.report_path is not None:
+        report = {
+            "run_id": run_id,
+            "ok": ok,
+            "verdict": "intact" if ok else "failed",
+            "wall_seconds": round(wall, 3),
+            "events": events,
+            "events_per_second": round(rate, 1),
+            "speed": options.speed,
+            "kills": killed,
+            "failed_agents": failed_agents,
+            "database": store.engine.url.render_as_string(hide_password=True),
+            "sessions": [v.as_json() for v in verdicts],
+        }
+        options.report_path.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n")
+        print(f"report written to {options.report_path}")
+    return ok
+
+
+def _wait_for_agents(agents: list[_Agent], lock: threading.Lock, expected: int, deadline: float) -> None:
+    while time.monotonic() < deadline:
+        with lock:
+            running = [a for a in agents if a.process.alive()]
+            count = len(agents)
+        if count >= expected and not running:
+            return
+        time.sleep(POLL_SECONDS)
+    raise TimeoutError("agents did not finish in time")
+
+
+def _wait_for_finalized(store: SqlStore, session_ids: list[str], deadline: float) -> float:
+    """Poll until every session is finalized or the deadline passes; returns seconds waited."""
+    begun = time.monotonic()
+    while time.monotonic() < deadline:
+        with store.engine.connect() as conn:
+            done = conn.execute(
+                select(func.count()).where(sessions.c.id.in_(session_ids), sessions.c.status == "finalized")
+            ).scalar_one()
+        if done == len(session_ids):
+            break
+        time.sleep(POLL_SECONDS)
+    return time.monotonic() - begun
+
+
+def _count_events(store: SqlStore, session_ids: list[str]) -> int:
+    with store.engine.connect() as conn:
+        return conn.execute(select(func.count()).where(session_events.c.session_id.in_(session_ids))).scalar_one()
+
+
+def _print_table(verdicts: list[SessionVerdict]) -> None:
+    header = f"{'session':<26} {'input':>6} {'stored':>6} {'intr':>4} {'status':<10} {'duration s':>10} {'events':>7}  problems"
+    print("\n" + header)
+    print("-" * len(header))
+    for v in verdicts:
+        duration = f"{v.duration_seconds:.1f}" if v.duration_seconds is not None else "-"
+        problems = "; ".join(v.problems) or "ok"
+        print(f"{v.session_id:<26} {v.input_turns:>6} {v.stored_turns:>6} {v.interrupted_turns:>4} {v.status:<10} {duration:>10} {v.events:>7}  {problems}")
