@@ -134,10 +134,9 @@ class SqlStore(abc.ABC):
             changes = changes_by_id[session_id]
             current = stored.get(session_id)
             last_seq = current["last_seq"] if current is not None else -1
-            reached = advance_contiguous(last_seq, changes.seqs)
-            if reached < max(changes.seqs):
-                # A gap in this batch: an earlier batch may hold the seqs past it.
-                reached = self._contiguous_from_log(conn, session_id, reached)
+            # The events are in the log already (step 2), so the log also holds
+            # seqs that arrived past a gap in earlier batches.
+            reached = self._contiguous_from_log(conn, session_id, advance_contiguous(last_seq, changes.seqs))
             rows.append(merge_session(current, changes, reached))
         stmt = self.insert(sessions)
         writable = ("fleet", "agent_id", "started_at", "ended_at", "end_reason", "epoch", "last_seq", "end_seq", "metadata")

@@ -235,7 +235,7 @@ def merge_session(stored: Mapping[str, Any] | None, changes: SessionChanges, las
         "metadata": None,
     }
     if stored is not None:
-        row.update({key: stored[key] for key in row})
+        row.update({key: stored[key] for key in row if key != "id"})
     if changes.started is not None and row["started_at"] is None:
         started = changes.started
         row.update(

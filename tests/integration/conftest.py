@@ -1,0 +1,72 @@
+"""The pipeline fixture: sequencer, sink and finalizer as real processes on the
+real broker and Postgres, with topics and consumer groups unique to the run."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all
+from turnlog.deploy.topics import create_topics
+from turnlog.settings import TurnlogSettings
+from turnlog.sinks import SqlStore, open_store
+from turnlog.sinks.migrate import upgrade_to_head
+
+
+def isolated_settings(kafka_bootstrap: str, database_url: str, tmp: Path, **overrides: object) -> TurnlogSettings:
+    """Settings with their own topics, consumer groups and Faust data dir."""
+    run = uuid.uuid4().hex[:10]
+    return TurnlogSettings(
+        bootstrap_servers=kafka_bootstrap,
+        database_url=database_url,
+        topic_prefix=f"test-{run}",
+        partitions=3,
+        sequencer_group=f"test-{run}-sequencer",
+        sink_group=f"test-{run}-sink",
+        finalizer_group=f"test-{run}-finalizer",
+        flush_interval_seconds=0.2,
+        finalizer_sweep_seconds=0.5,
+        faust_data_dir=str(tmp / "faust"),
+        **overrides,
+    )
+
+
+@dataclass
+class Pipeline:
+    settings: TurnlogSettings
+    store: SqlStore
+    processes: dict[str, ServiceProcess]
+    log_dir: Path
+
+    def start(self, *services: str) -> None:
+        self.processes.update(start_pipeline(self.settings, self.log_dir, services=services))
+
+    def stop(self, *services: str) -> None:
+        stop_all([self.processes.pop(name) for name in services])
+
+    def logs(self) -> str:
+        return "\n".join(f"--- {name}\n{p.log_path.read_text(errors='replace')[-3000:]}" for name, p in self.processes.items())
+
+
+def make_pipeline(kafka_bootstrap: str, database_url: str, tmp: Path, services: tuple[str, ...]) -> Pipeline:
+    settings = isolated_settings(kafka_bootstrap, database_url, tmp)
+    store = open_store(settings.database_url)
+    upgrade_to_head(store.engine)
+    create_topics(settings)
+    pipeline = Pipeline(settings, store, {}, tmp / "logs")
+    pipeline.start(*services)
+    return pipeline
+
+
+@pytest.fixture(scope="module")
+def pipeline(kafka_bootstrap: str, postgres_databases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
+    """The whole pipeline on a fresh Postgres database, shared by a module's tests."""
+    tmp = tmp_path_factory.mktemp("pipeline")
+    running = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp, ("sequencer", "sink", "finalizer"))
+    yield running
+    stop_all(running.processes)
+    running.store.engine.dispose()

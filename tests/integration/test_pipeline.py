@@ -1,0 +1,142 @@
+"""End to end on the real broker and Postgres: recorder -> Kafka -> sequencer -> sink -> finalizer."""
+
+from __future__ import annotations
+
+import uuid
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+from sqlalchemy import select
+
+from turnlog.audit import fold_events
+from turnlog.producers import SessionRecorder, partition_for
+from turnlog.producers.kafka import idempotent_config
+from turnlog.schemas import decode_event, encode_event
+from turnlog.sinks.tables import session_events, sessions, transcript_turns
+from tests.support import EventFactory, wait_until
+
+TIMEOUT = 90
+
+
+def session_row(pipeline, session_id):
+    with pipeline.store.engine.connect() as conn:
+        return conn.execute(select(sessions).where(sessions.c.id == session_id)).mappings().first()
+
+
+def finalized(pipeline, session_id):
+    row = session_row(pipeline, session_id)
+    return row if row is not None and row["status"] == "finalized" else None
+
+
+def stored_turns(pipeline, session_id):
+    with pipeline.store.engine.connect() as conn:
+        return conn.execute(
+            select(transcript_turns.c.turn_index, transcript_turns.c.speaker, transcript_turns.c.text, transcript_turns.c.status)
+            .where(transcript_turns.c.session_id == session_id)
+            .order_by(transcript_turns.c.turn_index)
+        ).all()
+
+
+def logged_payloads(pipeline, session_id):
+    with pipeline.store.engine.connect() as conn:
+        return conn.execute(
+            select(session_events.c.payload).where(session_events.c.session_id == session_id).order_by(session_events.c.seq)
+        ).scalars().all()
+
+
+async def test_round_trip_stores_every_turn_in_order_and_finalizes(pipeline):
+    session_id = f"rt-{uuid.uuid4().hex[:8]}"
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await recorder.start_session(session_id, fleet="tests", agent_id="a1", metadata={"k": "v"})
+        session.update_partial(0, "user", "I would")
+        await session.flush_partial()
+        await session.complete_turn(0, "user", "I would like to cancel", input_tokens=5)
+        await session.complete_turn(1, "agent", "Sure, which plan?", output_tokens=4)
+        session.update_partial(2, "user", "The premium")
+        await session.end("hangup")
+    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
+        (0, "user", "I would like to cancel", "complete"),
+        (1, "agent", "Sure, which plan?", "complete"),
+        (2, "user", "The premium", "interrupted"),
+    ]
+    folded = fold_events(logged_payloads(pipeline, session_id))
+    assert folded.seqs == list(range(6))
+    assert (row["turn_count"], row["interrupted_turn_count"], row["input_tokens"], row["output_tokens"]) == (3, 1, 5, 4)
+    assert row["duration_seconds"] == folded.duration_seconds
+    assert (row["fleet"], row["agent_id"], row["metadata"], row["last_seq"], row["end_seq"]) == ("tests", "a1", {"k": "v"}, 5, 5)
+
+
+def test_an_app_level_resend_with_a_fresh_produce_is_stored_once(pipeline):
+    f = EventFactory(f"resend-{uuid.uuid4().hex[:8]}")
+    events = [f.started(), f.completed(1, 0, "only once"), f.ended(2, last_turn=0)]
+    producer = Producer(idempotent_config(pipeline.settings.bootstrap_servers, client_id="test-resend", delivery_timeout_seconds=10))
+    topic = pipeline.settings.topics.events
+    for event in [events[0], events[1], events[1], events[1], events[2]]:  # three separate produce() calls of seq 1
+        producer.produce(topic, key=f.session_id.encode(), value=encode_event(event))
+    assert producer.flush(10) == 0
+
+    wait_until(lambda: finalized(pipeline, f.session_id), timeout=TIMEOUT, what="the session finalized")
+    assert [tuple(t) for t in stored_turns(pipeline, f.session_id)] == [(0, "A", "only once", "complete")]
+    assert len(logged_payloads(pipeline, f.session_id)) == 3
+    assert finalized(pipeline, f.session_id)["turn_count"] == 1
+    # The sequencer dropped the duplicates: the ordered transcript holds seq 1 once.
+    seqs = [decode_event(v).seq for v in read_partition(pipeline, pipeline.settings.topics.transcript, f.session_id)]
+    assert seqs == [0, 1, 2]
+
+
+def test_invalid_and_fenced_events_go_to_the_dlq_and_the_pipeline_goes_on(pipeline):
+    f = EventFactory(f"dlq-{uuid.uuid4().hex[:8]}")
+    producer = Producer({"bootstrap.servers": pipeline.settings.bootstrap_servers, "partitioner": "murmur2_random"})
+    topic = pipeline.settings.topics.events
+    key = f.session_id.encode()
+    producer.produce(topic, key=key, value=b"{this is not json")
+    producer.produce(topic, key=key, value=encode_event(f.started()))
+    producer.produce(topic, key=key, value=encode_event(f.completed(1, 0, "owner", epoch=1)))
+    producer.produce(topic, key=key, value=encode_event(f.completed(2, 1, "zombie", epoch=0)))
+    producer.produce(topic, key=key, value=encode_event(f.ended(2, epoch=1, last_turn=0)))
+    assert producer.flush(10) == 0
+
+    wait_until(lambda: finalized(pipeline, f.session_id), timeout=TIMEOUT, what="the session finalized after bad input")
+    assert [tuple(t) for t in stored_turns(pipeline, f.session_id)] == [(0, "A", "owner", "complete")]
+    rejects = wait_until(
+        lambda: (r := read_partition(pipeline, pipeline.settings.topics.dlq, f.session_id, with_headers=True)) and len(r) >= 2 and r,
+        timeout=TIMEOUT, what="two DLQ records",
+    )
+    reasons = sorted(dict(headers)["turnlog-reason"].decode() for _, headers in rejects)
+    assert reasons[0].startswith("fenced: epoch 0") and reasons[1].startswith("invalid:")
+    assert {value for value, _ in rejects} >= {b"{this is not json"}
+
+
+def test_our_partition_for_agrees_with_the_idempotent_producers_murmur2(pipeline):
+    producer = Producer(idempotent_config(pipeline.settings.bootstrap_servers, client_id="test-partitioner", delivery_timeout_seconds=10))
+    delivered = {}
+    keys = [f"key-{i}-{uuid.uuid4().hex[:6]}" for i in range(30)]
+    for key in keys:
+        producer.produce(
+            pipeline.settings.topics.dlq, key=key.encode(), value=b"x",
+            on_delivery=lambda err, msg, key=key: delivered.__setitem__(key, msg.partition()),
+        )
+    assert producer.flush(10) == 0
+    assert delivered == {key: partition_for(key, pipeline.settings.partitions) for key in keys}
+
+
+def read_partition(pipeline, topic, session_id, *, with_headers=False):
+    """Every record of ``session_id`` in ``topic`` (its partition, from the start)."""
+    consumer = Consumer({"bootstrap.servers": pipeline.settings.bootstrap_servers, "group.id": f"test-reader-{uuid.uuid4()}", "enable.auto.commit": False})
+    partition = partition_for(session_id, pipeline.settings.partitions)
+    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+    consumer.assign([TopicPartition(topic, partition, low)])
+    found, position = [], low
+    try:
+        while position < high:
+            record = consumer.poll(5)
+            if record is None:
+                break
+            if record.error():
+                continue
+            position = record.offset() + 1
+            if record.key() == session_id.encode():
+                found.append((record.value(), record.headers() or []) if with_headers else record.value())
+    finally:
+        consumer.close()
+    return found

@@ -1,0 +1,155 @@
+"""The store's contract, run on SQLite and on the real Postgres (parametrized ``store`` fixture)."""
+
+import datetime as dt
+import threading
+
+from alembic.autogenerate import compare_metadata
+from alembic.runtime.migration import MigrationContext
+
+from turnlog.audit import fold_events
+from turnlog.schemas import encode_event
+from turnlog.sinks.tables import metadata, session_events, sessions, sink_offsets, transcript_turns
+from tests.support import EventFactory, dump_store, messages
+from sqlalchemy import select
+
+GROUP = "sink-test"
+NOW = dt.datetime(2026, 2, 1, tzinfo=dt.timezone.utc)
+
+
+def apply(store, batch, group=GROUP):
+    with store.engine.begin() as conn:
+        return store.apply_batch(conn, group, batch)
+
+
+def whole_session(f):
+    return [
+        f.started(),
+        f.partial(1, 0, "good"),
+        f.completed(2, 0, "good morning", tokens=2),
+        f.partial(3, 1, "how can"),
+        f.completed(4, 1, "how can I help", tokens=4),
+        f.partial(5, 2, "I wanted to"),
+        f.ended(6, last_turn=2, seconds=42.125),
+    ]
+
+
+def test_migrations_produce_exactly_the_declared_schema(store):
+    with store.engine.connect() as conn:
+        diff = compare_metadata(MigrationContext.configure(conn), metadata)
+    assert diff == []
+
+
+def test_the_same_batch_applied_twice_leaves_an_identical_store(store):
+    batch = messages(whole_session(EventFactory()))
+    first = apply(store, batch)
+    once = dump_store(store)
+    second = apply(store, batch)
+    assert (first.applied, second.applied, second.stale) == (7, 0, 7)
+    assert dump_store(store) == once
+
+
+def test_the_same_events_at_new_offsets_change_nothing(store):
+    f = EventFactory()
+    apply(store, messages(whole_session(f)))
+    once = dump_store(store, skip_columns=("finalized_at", "next_offset"))
+    result = apply(store, messages(whole_session(f), first_offset=100))
+    assert result.applied == 7
+    assert dump_store(store, skip_columns=("finalized_at", "next_offset")) == once
+
+
+def test_a_stale_lower_seq_update_in_the_same_batch_loses(store):
+    f = EventFactory()
+    apply(store, messages([f.started(), f.completed(2, 0, "the final text"), f.partial(1, 0, "the fin")]))
+    with store.engine.connect() as conn:
+        turn = conn.execute(select(transcript_turns)).mappings().one()
+        logged = conn.execute(select(session_events.c.seq).order_by(session_events.c.seq)).scalars().all()
+    assert (turn["text"], turn["status"], turn["seq"]) == ("the final text", "complete", 2)
+    assert logged == [0, 1, 2]
+
+
+def test_a_partial_never_downgrades_a_completed_turn_across_batches(store):
+    f = EventFactory()
+    apply(store, messages([f.started(), f.completed(1, 0, "done")]))
+    apply(store, messages([f.partial(2, 0, "do")], first_offset=2))
+    with store.engine.connect() as conn:
+        turn = conn.execute(select(transcript_turns)).mappings().one()
+    assert (turn["status"], turn["text"]) == ("complete", "done")
+
+
+def test_finalize_twice_gives_one_result_equal_to_a_recomputation_from_the_log(store):
+    f = EventFactory()
+    apply(store, messages(whole_session(f)))
+    with store.engine.begin() as conn:
+        first = store.finalize_session(conn, f.session_id, NOW)
+    with store.engine.begin() as conn:
+        second = store.finalize_session(conn, f.session_id, NOW + dt.timedelta(hours=1))
+    assert (first, second) == (True, False)
+    with store.engine.connect() as conn:
+        row = conn.execute(select(sessions).where(sessions.c.id == f.session_id)).mappings().one()
+        payloads = conn.execute(select(session_events.c.payload)).scalars().all()
+    folded = fold_events(payloads)
+    assert row["status"] == "finalized" and row["finalized_at"] == NOW
+    assert (row["turn_count"], row["interrupted_turn_count"]) == (folded.turn_count, folded.interrupted_turn_count) == (3, 1)
+    assert (row["input_tokens"], row["output_tokens"]) == (folded.input_tokens, folded.output_tokens) == (6, 2)
+    assert row["duration_seconds"] == folded.duration_seconds == 42.125
+
+
+def test_racing_finalizers_finalize_once(store):
+    f = EventFactory()
+    apply(store, messages(whole_session(f)))
+    results, barrier = [], threading.Barrier(4)
+
+    def finalize():
+        barrier.wait()
+        with store.engine.begin() as conn:
+            results.append(store.finalize_session(conn, f.session_id, NOW))
+
+    threads = [threading.Thread(target=finalize) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == [False, False, False, True]
+
+
+def test_an_incomplete_session_is_not_finalized(store):
+    f = EventFactory()
+    events = whole_session(f)
+    apply(store, messages(events[:3] + events[4:]))  # seq 3 never arrived
+    with store.engine.begin() as conn:
+        assert store.finalize_session(conn, f.session_id, NOW) is False
+        assert store.finalizable_sessions(conn) == []
+        row = conn.execute(select(sessions.c.status, sessions.c.last_seq)).one()
+    assert tuple(row) == ("ended", 2)
+    apply(store, messages([events[3]], first_offset=50))  # the gap fills later
+    with store.engine.begin() as conn:
+        assert store.finalize_session(conn, f.session_id, NOW) is True
+
+
+def test_sink_offsets_never_move_backward(store):
+    f = EventFactory()
+    apply(store, messages([f.started(), f.completed(1, 0, "a")], first_offset=10))
+    result = apply(store, messages([f.started()], first_offset=3))  # a paused (zombie) sink's old batch
+    with store.engine.connect() as conn:
+        offset = conn.execute(select(sink_offsets.c.next_offset)).scalar_one()
+    assert result.stale == 1 and offset == 12
+
+
+def test_a_new_epoch_marks_the_old_writers_partial_interrupted_and_keeps_its_completed_turns(store):
+    f = EventFactory()
+    apply(store, messages([f.started(), f.completed(1, 0, "kept"), f.partial(2, 1, "half a sen")]))
+    apply(store, messages([f.completed(3, 2, "half a sentence", epoch=1)], first_offset=3))
+    with store.engine.connect() as conn:
+        turns = conn.execute(select(transcript_turns.c.turn_index, transcript_turns.c.status, transcript_turns.c.text).order_by("turn_index")).all()
+        epoch = conn.execute(select(sessions.c.epoch)).scalar_one()
+    assert [tuple(t) for t in turns] == [(0, "complete", "kept"), (1, "interrupted", "half a sen"), (2, "complete", "half a sentence")]
+    assert epoch == 1
+
+
+def test_events_round_trip_byte_for_byte_into_the_log(store):
+    f = EventFactory()
+    events = whole_session(f)
+    apply(store, messages(events))
+    with store.engine.connect() as conn:
+        payloads = conn.execute(select(session_events.c.payload).order_by(session_events.c.seq)).scalars().all()
+    assert payloads == [encode_event(e).decode() for e in events]

@@ -1,0 +1,74 @@
+"""Test helpers: polling with a deadline (never bare sleeps), event builders, table dumps."""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from sqlalchemy import select
+
+from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, encode_event
+from turnlog.sinks import SourceMessage, SqlStore
+from turnlog.sinks.tables import metadata
+
+T = TypeVar("T")
+BASE = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+
+def wait_until(probe: Callable[[], T], *, timeout: float, what: str, interval: float = 0.1) -> T:
+    """Call ``probe`` until it returns a truthy value; fail after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = probe()
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        time.sleep(interval)
+
+
+class EventFactory:
+    """Builds one session's events with explicit seq/epoch (for store and sequencer tests)."""
+
+    def __init__(self, session_id: str | None = None) -> None:
+        self.session_id = session_id or f"s-{uuid.uuid4().hex[:10]}"
+
+    def _env(self, seq: int, epoch: int) -> dict[str, Any]:
+        return dict(
+            event_id=uuid.uuid4(), session_id=self.session_id, seq=seq, epoch=epoch,
+            producer_id="test", emitted_at=BASE + dt.timedelta(seconds=seq),
+        )
+
+    def started(self, seq: int = 0, epoch: int = 0) -> SessionStarted:
+        return SessionStarted(fleet="tests", agent_id="agent", started_at=BASE, **self._env(seq, epoch))
+
+    def partial(self, seq: int, turn: int, text: str, epoch: int = 0, speaker: str = "A") -> TurnPartial:
+        return TurnPartial(turn_index=turn, speaker=speaker, text=text, started_at=BASE + dt.timedelta(seconds=turn), **self._env(seq, epoch))
+
+    def completed(self, seq: int, turn: int, text: str, epoch: int = 0, speaker: str = "A", tokens: int = 3) -> TurnCompleted:
+        return TurnCompleted(
+            turn_index=turn, speaker=speaker, text=text, started_at=BASE + dt.timedelta(seconds=turn),
+            ended_at=BASE + dt.timedelta(seconds=turn, milliseconds=900), input_tokens=tokens, output_tokens=1,
+            **self._env(seq, epoch),
+        )
+
+    def ended(self, seq: int, epoch: int = 0, last_turn: int | None = None, seconds: float = 60.5) -> SessionEnded:
+        return SessionEnded(ended_at=BASE + dt.timedelta(seconds=seconds), reason="done", last_turn_index=last_turn, **self._env(seq, epoch))
+
+
+def messages(events: list[Any], *, topic: str = "t.transcript", partition: int = 0, first_offset: int = 0) -> list[SourceMessage]:
+    return [SourceMessage(topic, partition, first_offset + i, encode_event(e)) for i, e in enumerate(events)]
+
+
+def dump_store(store: SqlStore, *, skip_columns: tuple[str, ...] = ("finalized_at",)) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of every table, ordered by primary key (for identical-store comparisons)."""
+    dump = {}
+    with store.engine.connect() as conn:
+        for table in metadata.sorted_tables:
+            columns = [c for c in table.columns if c.name not in skip_columns]
+            rows = conn.execute(select(*columns).order_by(*table.primary_key.columns)).all()
+            dump[table.name] = [tuple(row) for row in rows]
+    return dump

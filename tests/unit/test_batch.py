@@ -1,0 +1,78 @@
+import pytest
+
+from turnlog.sinks.batch import (
+    TURN_COMPLETE,
+    TURN_INTERRUPTED,
+    TURN_PARTIAL,
+    SessionChanges,
+    TurnRow,
+    advance_contiguous,
+    merge_session,
+    plan_batch,
+    turn_update_wins,
+)
+from tests.support import EventFactory, messages
+
+
+def row(status, epoch, seq):
+    f = EventFactory("s")
+    event = f.completed(seq, 0, "x", epoch=epoch) if status == TURN_COMPLETE else f.partial(seq, 0, "x", epoch=epoch)
+    return TurnRow.from_event(event)
+
+
+@pytest.mark.parametrize(
+    ("current", "candidate", "wins"),
+    [
+        ((TURN_PARTIAL, 0, 3), (TURN_PARTIAL, 0, 4), True),
+        ((TURN_PARTIAL, 0, 4), (TURN_PARTIAL, 0, 3), False),
+        ((TURN_PARTIAL, 0, 4), (TURN_PARTIAL, 0, 4), False),
+        ((TURN_PARTIAL, 0, 4), (TURN_COMPLETE, 0, 5), True),
+        ((TURN_COMPLETE, 0, 5), (TURN_PARTIAL, 0, 6), False),
+        ((TURN_COMPLETE, 0, 5), (TURN_COMPLETE, 0, 6), True),
+        ((TURN_INTERRUPTED, 0, 5), (TURN_COMPLETE, 1, 6), True),
+        ((TURN_PARTIAL, 1, 2), (TURN_PARTIAL, 0, 9), False),
+        ((TURN_COMPLETE, 0, 9), (TURN_COMPLETE, 1, 9), True),
+    ],
+)
+def test_turn_update_guard(current, candidate, wins):
+    assert turn_update_wins(*current, row(*candidate)) is wins
+
+
+def test_a_stale_update_in_the_same_batch_loses():
+    f = EventFactory("s")
+    plan = plan_batch(messages([f.started(), f.completed(5, 0, "final"), f.partial(4, 0, "fin")]))
+    [turn] = plan.turns
+    assert (turn.text, turn.status, turn.seq) == ("final", TURN_COMPLETE, 5)
+
+
+def test_duplicates_in_a_batch_become_one_event_row_and_offsets_advance_past_all():
+    f = EventFactory("s")
+    event = f.completed(1, 0, "x")
+    plan = plan_batch(messages([f.started(), event, event], first_offset=10))
+    assert sorted(r["seq"] for r in plan.event_rows) == [0, 1]
+    assert plan.next_offsets == {("t.transcript", 0): 13}
+
+
+def test_undecodable_records_are_rejected_but_consumed():
+    from turnlog.sinks import SourceMessage
+
+    plan = plan_batch([SourceMessage("t", 1, 7, b"{not json")])
+    assert len(plan.rejected) == 1 and plan.next_offsets == {("t", 1): 8}
+
+
+def test_advance_contiguous_stops_at_a_gap():
+    assert advance_contiguous(-1, {0, 1, 2, 4}) == 2
+    assert advance_contiguous(5, {3, 4}) == 5
+
+
+def test_merge_session_never_moves_status_backward():
+    f = EventFactory("s")
+    changes = SessionChanges("s", ended=f.ended(9), max_epoch=0, seqs={9})
+    stored = {
+        "fleet": "x", "agent_id": "y", "status": "finalized", "started_at": None, "ended_at": None,
+        "end_reason": None, "epoch": 2, "last_seq": 9, "end_seq": 9, "metadata": None,
+    }
+    merged = merge_session(stored, changes, last_seq=3)
+    assert merged["status"] == "finalized" and merged["epoch"] == 2 and merged["last_seq"] == 9
+    fresh = merge_session(None, changes, last_seq=-1)
+    assert fresh["status"] == "ended" and fresh["end_seq"] == 9

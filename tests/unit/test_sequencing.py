@@ -1,0 +1,105 @@
+from turnlog.schemas import encode_event
+from turnlog.stream_processors.sequencing import SessionSequence, sequence
+from tests.support import EventFactory
+
+MAX = 4
+
+
+def feed(state, events, first_offset=0):
+    """Apply events in the given order; returns (emitted seqs, dlq reasons, decisions)."""
+    emitted, dlq, decisions = [], [], []
+    for i, event in enumerate(events):
+        decision = sequence(state, event, encode_event(event), first_offset + i, max_buffer=MAX)
+        emitted += [raw for raw in decision.emit]
+        dlq += [reason for _, reason in decision.dlq]
+        decisions.append(decision)
+    return [_seq(raw) for raw in emitted], dlq, decisions
+
+
+def _seq(raw):
+    from turnlog.schemas import decode_event
+
+    return decode_event(raw).seq
+
+
+def test_in_order_events_pass_through():
+    f = EventFactory()
+    state = SessionSequence()
+    emitted, dlq, _ = feed(state, [f.started(), f.partial(1, 0, "a"), f.completed(2, 0, "a b")])
+    assert emitted == [0, 1, 2] and dlq == [] and state.next_seq == 3
+
+
+def test_a_resent_event_is_dropped_as_duplicate():
+    f = EventFactory()
+    started, turn = f.started(), f.completed(1, 0, "x")
+    state = SessionSequence()
+    emitted, _, decisions = feed(state, [started, turn, turn])
+    assert emitted == [0, 1]
+    assert decisions[-1].duplicate
+
+
+def test_out_of_order_events_are_buffered_and_released_in_seq_order():
+    f = EventFactory()
+    state = SessionSequence()
+    emitted, dlq, decisions = feed(state, [f.started(), f.completed(3, 2, "c"), f.completed(2, 1, "b"), f.completed(1, 0, "a")])
+    assert emitted == [0, 1, 2, 3] and dlq == []
+    assert decisions[1].gap_opened and not state.buffer
+
+
+def test_a_stale_epoch_is_fenced_to_the_dlq():
+    f = EventFactory()
+    state = SessionSequence()
+    emitted, dlq, _ = feed(state, [f.started(), f.completed(1, 0, "old", epoch=0), f.completed(2, 1, "new", epoch=1), f.completed(3, 2, "zombie", epoch=0)])
+    assert emitted == [0, 1, 2]
+    assert len(dlq) == 1 and dlq[0].startswith("fenced: epoch 0")
+
+
+def test_a_new_epoch_fences_the_old_epochs_buffered_events():
+    f = EventFactory()
+    state = SessionSequence()
+    emitted, dlq, _ = feed(state, [f.started(), f.completed(5, 4, "old gap", epoch=0), f.completed(1, 0, "new", epoch=1)])
+    assert emitted == [0, 1]
+    assert dlq and "superseded by epoch 1" in dlq[0] and not state.buffer
+
+
+def test_a_new_owner_wins_seqs_a_zombie_took_after_the_barrier():
+    f = EventFactory()
+    state = SessionSequence()
+    emitted, dlq, _ = feed(state, [f.started(), f.completed(1, 0, "zombie", epoch=0), f.completed(1, 0, "owner", epoch=1)])
+    assert emitted == [0, 1, 1] and dlq == []
+    assert state.epoch == 1 and state.owner_of(1) == 1
+
+
+def test_a_full_reorder_buffer_rejects_to_the_dlq():
+    f = EventFactory()
+    state = SessionSequence()
+    late = [f.completed(seq, seq - 1, "x") for seq in range(2, 2 + MAX + 1)]
+    emitted, dlq, _ = feed(state, [f.started(), *late])
+    assert emitted == [0]
+    assert len(dlq) == 1 and dlq[0].startswith("reorder buffer full")
+
+
+def test_events_after_the_end_go_to_the_dlq():
+    f = EventFactory()
+    state = SessionSequence()
+    emitted, dlq, _ = feed(state, [f.started(), f.ended(1), f.completed(2, 0, "late")])
+    assert emitted == [0, 1]
+    assert dlq == ["after session.ended: seq 2 follows the end of the session"]
+
+
+def test_redelivered_records_after_a_crash_are_emitted_again():
+    f = EventFactory()
+    events = [f.started(), f.completed(1, 0, "a"), f.completed(2, 1, "b")]
+    state = SessionSequence()
+    feed(state, events)
+    # The changelog kept the state, but the offset commit was lost: the same records again.
+    emitted, dlq, decisions = feed(state, events)
+    assert emitted == [0, 1, 2] and dlq == []
+    assert all(d.replayed for d in decisions)
+
+
+def test_state_survives_its_json_form():
+    f = EventFactory()
+    state = SessionSequence()
+    feed(state, [f.started(), f.completed(3, 2, "c"), f.completed(1, 0, "a", epoch=1)])
+    assert SessionSequence.from_json(state.to_json()) == state
