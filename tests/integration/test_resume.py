@@ -1,0 +1,62 @@
+"""The resume barrier on the real broker and Postgres."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+
+from turnlog.producers import ResumeBarrierTimeout, SessionClosedError, SessionRecorder
+from tests.integration.conftest import make_pipeline
+from tests.integration.test_pipeline import finalized, stored_turns
+from tests.support import wait_until
+
+TIMEOUT = 90
+
+
+@pytest.fixture
+def pipeline_without_sink(kafka_bootstrap, postgres_databases, tmp_path):
+    running = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp_path, ("sequencer", "finalizer"))
+    yield running
+    for process in running.processes.values():
+        process.stop()
+    running.store.engine.dispose()
+
+
+async def test_a_resumed_agent_does_not_overwrite_its_predecessors_in_flight_turn(pipeline_without_sink):
+    pipeline = pipeline_without_sink
+    session_id = f"resume-{uuid.uuid4().hex[:8]}"
+    # The predecessor's turns are acknowledged by the broker, but no sink runs:
+    # they are still in flight, nowhere in the store.
+    predecessor = SessionRecorder(pipeline.settings)
+    await predecessor.start()
+    session = await predecessor.start_session(session_id, fleet="tests", agent_id="first")
+    for index, text in enumerate(["zero", "one", "the last completed turn"]):
+        await session.complete_turn(index, "agent", text)
+    session.update_partial(3, "user", "half of a")
+    await session.flush_partial()
+    # The predecessor dies here (no end, no close).
+
+    async with SessionRecorder(pipeline.settings) as successor:
+        with pytest.raises(ResumeBarrierTimeout, match="sink"):
+            await successor.resume(session_id, timeout=3)
+        pipeline.start("sink")
+        resumed = await successor.resume(session_id, timeout=TIMEOUT)
+        assert (resumed.epoch, resumed.next_seq, resumed.next_turn_index) == (1, 5, 4)
+        await resumed.complete_turn(4, "user", "half of a sentence, said again")
+        await resumed.end("completed")
+
+    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the resumed session finalized")
+    assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
+        (0, "agent", "zero", "complete"),
+        (1, "agent", "one", "complete"),
+        (2, "agent", "the last completed turn", "complete"),
+        (3, "user", "half of a", "interrupted"),
+        (4, "user", "half of a sentence, said again", "complete"),
+    ]
+    assert (row["epoch"], row["turn_count"], row["interrupted_turn_count"]) == (1, 5, 1)
+    await predecessor._producer.close()
+
+    async with SessionRecorder(pipeline.settings) as late:
+        with pytest.raises(SessionClosedError):
+            await late.resume(session_id, timeout=TIMEOUT)

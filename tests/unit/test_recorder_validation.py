@@ -1,0 +1,99 @@
+"""The recorder rejects bad input before anything is sent (pure validation; no broker)."""
+
+import asyncio
+import datetime as dt
+
+import pytest
+
+from turnlog.producers import InvalidTurnError, SessionClosedError
+from turnlog.producers.recorder import RecordedSession
+from turnlog.settings import TurnlogSettings
+
+
+class RecordingSend:
+    """Stands in for SessionRecorder: records what would be produced."""
+
+    def __init__(self):
+        self.settings = TurnlogSettings(max_text_bytes=32)
+        self.producer_id = "unit"
+        self.sent = []
+
+    def _send(self, session_id, payload):
+        self.sent.append(payload)
+        future = asyncio.get_running_loop().create_future()
+        future.set_result(None)
+        return future
+
+    def _forget(self, session):
+        pass
+
+
+@pytest.fixture
+def session():
+    return RecordedSession(RecordingSend(), "s-1", epoch=0, next_seq=1, next_turn_index=0)
+
+
+@pytest.mark.parametrize(
+    ("args", "match"),
+    [
+        ((-1, "A", "hi"), "turn_index"),
+        ((True, "A", "hi"), "turn_index"),
+        (("0", "A", "hi"), "turn_index"),
+        ((0, "", "hi"), "speaker"),
+        ((0, 7, "hi"), "speaker"),
+        ((0, "A", b"hi"), "text must be a str"),
+        ((0, "A", "é" * 17), "34 bytes; the limit is 32 bytes"),
+    ],
+)
+async def test_invalid_turns_raise_before_sending(session, args, match):
+    with pytest.raises(InvalidTurnError, match=match):
+        await session.complete_turn(*args)
+    with pytest.raises(InvalidTurnError, match=match):
+        session.update_partial(*args)
+    assert session._recorder.sent == [] and session.next_seq == 1
+
+
+async def test_tokens_and_times_are_checked(session):
+    with pytest.raises(InvalidTurnError, match="input_tokens"):
+        await session.complete_turn(0, "A", "x", input_tokens=-1)
+    with pytest.raises(InvalidTurnError, match="timezone-aware"):
+        await session.complete_turn(0, "A", "x", started_at=dt.datetime(2026, 1, 1))
+    now = dt.datetime.now(dt.timezone.utc)
+    with pytest.raises(InvalidTurnError, match="before started_at"):
+        await session.complete_turn(0, "A", "x", started_at=now, ended_at=now - dt.timedelta(seconds=1))
+    assert session._recorder.sent == []
+
+
+async def test_turn_order_and_one_open_turn(session):
+    await session.complete_turn(0, "A", "first")
+    with pytest.raises(InvalidTurnError, match="already recorded"):
+        await session.complete_turn(0, "A", "again")
+    session.update_partial(1, "B", "open")
+    with pytest.raises(InvalidTurnError, match="still open"):
+        session.update_partial(2, "A", "another")
+    with pytest.raises(InvalidTurnError, match="spoken by"):
+        session.update_partial(1, "A", "open more")
+    assert len(session._recorder.sent) == 1
+
+
+async def test_nothing_is_sent_after_the_end(session):
+    session.update_partial(0, "A", "bye")
+    await session.end("hangup")
+    sent = len(session._recorder.sent)
+    assert sent == 2  # the open partial, then session.ended
+    with pytest.raises(SessionClosedError):
+        await session.complete_turn(1, "A", "late")
+    with pytest.raises(SessionClosedError):
+        await session.end()
+    assert len(session._recorder.sent) == sent
+
+
+async def test_seq_is_strictly_increasing(session):
+    from turnlog.schemas import decode_event
+
+    session.update_partial(0, "A", "a")
+    await session.flush_partial()
+    await session.flush_partial()  # unchanged text: nothing new
+    session.update_partial(0, "A", "a b")
+    await session.complete_turn(0, "A", "a b c")
+    assert [decode_event(p).seq for p in session._recorder.sent] == [1, 2]
