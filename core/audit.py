@@ -9,6 +9,7 @@ other. Used by the demo's verdict, by tests and by operators.
 from __future__ import annotations
 
 import datetime as dt
+from decimal import ROUND_HALF_UP, Decimal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -64,7 +65,9 @@ class FoldedSession:
     def duration_seconds(self) -> float | None:
         if self.started_at is None or self.ended_at is None:
             return None
-        return round((self.ended_at - self.started_at).total_seconds(), 3)
+        micros = (self.ended_at - self.started_at) // dt.timedelta(microseconds=1)
+        seconds = Decimal(micros) / 1_000_000
+        return float(seconds.quantize(Decimal("0.001"), rounding=ROUND_HALF_UP))  # half away from zero
 
 
 def fold_events(payloads: Iterable[str | bytes]) -> FoldedSession:

@@ -34,6 +34,17 @@ def _settings(**overrides: object) -> TurnlogSettings:
     return settings
 
 
+def _service_settings(**overrides: object) -> TurnlogSettings:
+    """Settings for a long-running service: also serves metrics when TURNLOG_METRICS_PORT is set."""
+    settings = _settings(**overrides)
+    if settings.metrics_port is not None:
+        from prometheus_client import start_http_server
+
+        start_http_server(settings.metrics_port)
+        logging.getLogger(__name__).info("metrics on :%d/metrics", settings.metrics_port)
+    return settings
+
+
 @topics_app.command("create")
 def topics_create(bootstrap_servers: Bootstrap = None) -> None:
     """Create <prefix>.events, <prefix>.transcript and <prefix>.dlq with explicit partitions and retention."""
@@ -67,7 +78,7 @@ def sequencer(bootstrap_servers: Bootstrap = None) -> None:
     """Run a sequencer worker (order, dedupe, fence, DLQ). Scale by starting more."""
     from turnlog.stream_processors.sequencer import build_sequencer
 
-    settings = _settings(bootstrap_servers=bootstrap_servers)
+    settings = _service_settings(bootstrap_servers=bootstrap_servers)
     _run_faust(build_sequencer(settings), settings)
 
 
@@ -78,7 +89,7 @@ def finalizer(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = N
     from turnlog.sinks.migrate import require_head
     from turnlog.stream_processors.finalizer import build_finalizer
 
-    settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
+    settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
     require_head(store.engine)
     _run_faust(build_finalizer(settings, store), settings)
@@ -92,7 +103,7 @@ def sink(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = None) 
 
     from turnlog.sinks.migrate import require_head
 
-    settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
+    settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
     require_head(store.engine)
     service = SinkService(settings, store)

@@ -90,6 +90,9 @@ class TurnlogSettings(BaseSettings):
         ".turnlog-faust", description="Folder for Faust's local table files (one subfolder per app)."
     )
     log_level: str = Field("INFO", description="Python logging level for the CLI's services.")
+    metrics_port: int | None = Field(
+        None, ge=1, le=65535, description="Serve Prometheus metrics on this port (services only; unset: off)."
+    )
 
     @field_validator("topic_prefix")
     @classmethod
@@ -105,7 +108,9 @@ class TurnlogSettings(BaseSettings):
 
     def as_environment(self) -> dict[str, str]:
         """These settings as ``TURNLOG_*`` variables, for a child process."""
-        return {f"TURNLOG_{name.upper()}": str(value) for name, value in self.model_dump().items()}
+        return {
+            f"TURNLOG_{name.upper()}": str(value) for name, value in self.model_dump().items() if value is not None
+        }
 
 
 def load_settings(**overrides: object) -> TurnlogSettings:

@@ -20,7 +20,7 @@ install() {
   command -v "$python" >/dev/null || die "$python not found: install Python 3.11+"
   "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "turnlog needs Python 3.11+ ($python is $("$python" --version 2>&1))"
   echo "dev.sh: installing turnlog and its test dependencies (pip install -e '.[test]')"
-  "$python" -m pip install --quiet --disable-pip-version-check -e "$root[test]"
+  "$python" -m pip install --quiet --disable-pip-version-check -e "${root}[test]"
 }
 
 setup() {

@@ -44,8 +44,9 @@ LOG_FILE=$KDIR/kafka.log
 PID_FILE=$KDIR/kafka.pid
 CLUSTER_ID_FILE=$KDIR/cluster.id
 
-log() { printf 'kafka: %s\n' "$*"; }
-die() { printf 'kafka: ERROR: %s\n' "$*" >&2; exit 1; }
+SERVICE=kafka
+# shellcheck source=deploy/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
     echo "usage: $0 {start|stop|restart|status|logs [-f]}" >&2
@@ -53,19 +54,6 @@ usage() {
 }
 
 # ---------------------------------------------------------------- helpers
-
-# True when something accepts TCP connections on $HOST:$1.
-port_open() {
-    # shellcheck disable=SC2016  # $0/$1 are expanded by the inner bash
-    timeout 3 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$HOST" "$1" 2>/dev/null
-}
-
-# Describe whoever listens on port $1 (best effort).
-port_owner() {
-    if command -v ss >/dev/null 2>&1; then
-        ss -ltnpH "sport = :$1" 2>/dev/null || true
-    fi
-}
 
 # Is $1 a live process running *this* broker (guards against pid reuse)?
 is_our_broker() {
@@ -253,14 +241,6 @@ EOF
     fi
 }
 
-print_log_tail() {
-    if [[ -f $LOG_FILE ]]; then
-        echo "---- last 40 lines of $LOG_FILE ----" >&2
-        tail -n 40 "$LOG_FILE" >&2
-        echo "----" >&2
-    fi
-}
-
 # Wait until the broker accepts connections and answers, or fail.
 wait_ready() {
     local pid=$1 deadline=$((SECONDS + START_TIMEOUT))
@@ -378,20 +358,13 @@ cmd_logs() {
 }
 
 # Serialize concurrent start/stop calls on the same state dir.
-take_lock() {
-    mkdir -p "$KDIR"
-    if command -v flock >/dev/null 2>&1; then
-        exec 9>"$KDIR/.lock"
-        flock -w 180 9 || die "another kafka.sh is busy with $KDIR (lock $KDIR/.lock)"
-    fi
-}
 
 main() {
     [[ $# -ge 1 ]] || usage
     case $1 in
-        start) take_lock; cmd_start ;;
-        stop) take_lock; cmd_stop ;;
-        restart) take_lock; cmd_stop; cmd_start ;;
+        start) take_lock "$KDIR" "$KDIR/.lock"; cmd_start ;;
+        stop) take_lock "$KDIR" "$KDIR/.lock"; cmd_stop ;;
+        restart) take_lock "$KDIR" "$KDIR/.lock"; cmd_stop; cmd_start ;;
         status) cmd_status ;;
         logs) shift; cmd_logs "$@" ;;
         *) usage ;;

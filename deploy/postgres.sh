@@ -39,8 +39,9 @@ RUN_DIR=$STATE/postgres-run
 LOG_FILE=$STATE/postgres.log
 DSN="postgresql+psycopg://$DB_USER:$DB_PASSWORD@$HOST:$PORT/$DB_NAME"
 
-log() { printf 'postgres: %s\n' "$*"; }
-die() { printf 'postgres: ERROR: %s\n' "$*" >&2; exit 1; }
+SERVICE=postgres
+# shellcheck source=deploy/lib.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
     echo "usage: $0 {start|stop|restart|status}" >&2
@@ -48,17 +49,6 @@ usage() {
 }
 
 # ---------------------------------------------------------------- helpers
-
-port_open() {
-    # shellcheck disable=SC2016  # $0/$1 are expanded by the inner bash
-    timeout 3 bash -c 'exec 3<>"/dev/tcp/$0/$1"' "$HOST" "$1" 2>/dev/null
-}
-
-port_owner() {
-    if command -v ss >/dev/null 2>&1; then
-        ss -ltnpH "sport = :$1" 2>/dev/null || true
-    fi
-}
 
 # OS user that owns the cluster and runs the server.
 if [[ $EUID -eq 0 ]]; then
@@ -211,14 +201,6 @@ server_pid() {
     head -n1 "$PGDATA_DIR/postmaster.pid" 2>/dev/null || true
 }
 
-print_log_tail() {
-    if [[ -s $LOG_FILE ]]; then
-        echo "---- last 40 lines of $LOG_FILE ----" >&2
-        tail -n 40 "$LOG_FILE" >&2
-        echo "----" >&2
-    fi
-}
-
 wait_ready() {
     local t0=$SECONDS deadline=$((SECONDS + START_TIMEOUT))
     while true; do
@@ -353,20 +335,12 @@ cmd_status() {
     return 3
 }
 
-take_lock() {
-    mkdir -p "$STATE"
-    if command -v flock >/dev/null 2>&1; then
-        exec 9>"$STATE/.postgres.lock"
-        flock -w 180 9 || die "another postgres.sh is busy with $STATE (lock $STATE/.postgres.lock)"
-    fi
-}
-
 main() {
     [[ $# -ge 1 ]] || usage
     case $1 in
-        start) take_lock; cmd_start ;;
-        stop) take_lock; cmd_stop ;;
-        restart) take_lock; cmd_stop; cmd_start ;;
+        start) take_lock "$STATE" "$STATE/.postgres.lock"; cmd_start ;;
+        stop) take_lock "$STATE" "$STATE/.postgres.lock"; cmd_stop ;;
+        restart) take_lock "$STATE" "$STATE/.postgres.lock"; cmd_stop; cmd_start ;;
         status) cmd_status ;;
         *) usage ;;
     esac

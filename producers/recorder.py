@@ -30,12 +30,15 @@ import msgspec
 from confluent_kafka import Message
 
 from turnlog.producers.exceptions import (
+    DeliveryError,
     InvalidTurnError,
+    RecorderError,
     SessionClosedError,
     SessionNotFoundError,
 )
 from turnlog.producers.kafka import AsyncProducer, idempotent_config
 from turnlog.producers.resume import ResumeBarrier
+from turnlog.schemas.events import EARLIEST_YEAR, LATEST_YEAR
 from turnlog.schemas import (
     Event,
     EventValidationError,
@@ -54,6 +57,7 @@ __all__ = ["SessionRecorder", "RecordedSession"]
 
 logger = logging.getLogger(__name__)
 MAX_NAME_CHARS = 200
+MAX_TURN_INDEX = 2**31 - 1  # the schema's (and the store's integer column's) bound
 
 
 def _utcnow() -> dt.datetime:
@@ -77,6 +81,8 @@ class RecordedSession:
         self._open_dirty = False
         self._pending: set[asyncio.Future[Message]] = set()
         self.closed = False
+        #: The first DeliveryError of this session, if any: its seqs now have a gap.
+        self.failed: DeliveryError | None = None
 
     @property
     def next_seq(self) -> int:
@@ -164,7 +170,11 @@ class RecordedSession:
         )
         self._open, self._open_dirty = None, False
         self._next_turn_index = turn_index + 1
-        await future
+        try:
+            await future
+        except DeliveryError as e:
+            self._mark_failed(e)
+            raise
 
     async def flush_partial(self) -> None:
         """Send the open turn's newest text now, if it changed, and wait for the ack."""
@@ -176,8 +186,7 @@ class RecordedSession:
         """Send ``session.ended`` (after the open partial, which is then kept as
         interrupted) and wait until every event of the session is acknowledged."""
         self._check_open()
-        if not isinstance(reason, str) or not 0 < len(reason) <= MAX_NAME_CHARS:
-            raise InvalidTurnError(f"reason must be a non-empty str of at most {MAX_NAME_CHARS} chars")
+        _check_name("reason", reason)
         self._emit_partial()
         last = self._next_turn_index - 1 if self._open is None else self._open["turn_index"]
         self._emit(
@@ -228,25 +237,46 @@ class RecordedSession:
         future = self._recorder._send(self.session_id, payload)
         self._next_seq += 1
         self._pending.add(future)
-        future.add_done_callback(self._pending.discard)
+        future.add_done_callback(self._on_delivery)
         return future
+
+    def _on_delivery(self, future: asyncio.Future[Message]) -> None:
+        self._pending.discard(future)
+        if future.cancelled():
+            return
+        error = future.exception()
+        if isinstance(error, DeliveryError):
+            self._mark_failed(error)
+
+    def _mark_failed(self, error: DeliveryError) -> None:
+        # A lost seq is a gap the sequencer will wait on: nothing more may be
+        # sent in this epoch. resume() continues from what the store holds.
+        if self.failed is not None:
+            return
+        self.failed = error
+        self._recorder._forget(self)
+        logger.error("session %s: event not delivered (%s); resume() it to continue", self.session_id, error)
 
     def _check_open(self) -> None:
         if self.closed:
             raise SessionClosedError(f"session {self.session_id} has ended; no more events can be recorded")
+        if self.failed is not None:
+            raise SessionClosedError(
+                f"session {self.session_id}: an event was not delivered ({self.failed}); "
+                "resume() the session to continue in a new epoch"
+            )
 
     def _check_turn(self, turn_index: int, speaker: str, text: str) -> None:
-        if not _is_int(turn_index) or turn_index < 0:
-            raise InvalidTurnError(f"turn_index must be an int >= 0, got {turn_index!r}")
+        if not _is_int(turn_index) or not 0 <= turn_index <= MAX_TURN_INDEX:
+            raise InvalidTurnError(f"turn_index must be an int from 0 to {MAX_TURN_INDEX}, got {turn_index!r}")
         if turn_index < self._next_turn_index:
             raise InvalidTurnError(
                 f"turn {turn_index} of {self.session_id} is already recorded; the next turn is {self._next_turn_index}"
             )
-        if not isinstance(speaker, str) or not 0 < len(speaker) <= MAX_NAME_CHARS:
-            raise InvalidTurnError(f"speaker must be a non-empty str of at most {MAX_NAME_CHARS} chars, got {speaker!r}")
+        _check_name("speaker", speaker)
         if not isinstance(text, str):
             raise InvalidTurnError(f"text must be a str, got {type(text).__name__}")
-        size = len(text.encode("utf-8"))
+        size = _utf8_size("text", text)
         limit = self._recorder.settings.max_text_bytes
         if size > limit:
             raise InvalidTurnError(f"text is {size} bytes; the limit is {limit} bytes (TURNLOG_MAX_TEXT_BYTES)")
@@ -310,6 +340,8 @@ class SessionRecorder:
         """
         if session_id in self._sessions:
             raise SessionClosedError(f"session {session_id} is already being recorded here")
+        _check_name("fleet", fleet)
+        _check_name("agent_id", agent_id)
         session = RecordedSession(self, session_id, epoch=0, next_seq=0, next_turn_index=0)
         future = session._emit(
             SessionStarted,
@@ -337,18 +369,21 @@ class SessionRecorder:
             SessionNotFoundError: the store has no such session.
             SessionClosedError: the session has ended.
         """
+        if session_id in self._sessions:
+            raise SessionClosedError(f"session {session_id} is being recorded by this recorder already")
         if self._store is None:
             self._store = open_store(self.settings.database_url)
         barrier = ResumeBarrier(self.settings, self._store)
         wait = timeout if timeout is not None else self.settings.resume_timeout_seconds
-        position = await asyncio.to_thread(barrier.wait, session_id, wait)
-        if position is None:
+        claimed = await asyncio.to_thread(barrier.wait, session_id, wait)
+        if claimed is None:
             raise SessionNotFoundError(f"no session {session_id} in the store")
+        epoch, position = claimed
         if position.status != "active":
             raise SessionClosedError(f"session {session_id} is {position.status}; it cannot be resumed")
         next_turn = 0 if position.max_turn_index is None else position.max_turn_index + 1
         session = RecordedSession(
-            self, session_id, epoch=position.epoch + 1, next_seq=position.last_seq + 1, next_turn_index=next_turn
+            self, session_id, epoch=epoch, next_seq=position.last_seq + 1, next_turn_index=next_turn
         )
         self._sessions[session_id] = session
         logger.info(
@@ -384,6 +419,8 @@ class SessionRecorder:
                 await self._timer
             except asyncio.CancelledError:
                 pass
+            except Exception:  # the timer must not keep close() from draining
+                logger.exception("the partial timer had failed")
             self._timer = None
         await self.drain()
         await self._producer.close()
@@ -401,14 +438,26 @@ class SessionRecorder:
         while True:
             await asyncio.sleep(interval)
             for session in list(self._sessions.values()):
-                future = session._emit_partial()
-                if future is not None:
-                    future.add_done_callback(_log_failed_partial)
+                try:
+                    session._emit_partial()  # a failed delivery marks the session failed
+                except RecorderError as e:  # one session's problem must not stop the others' flushes
+                    logger.error("session %s: partial not flushed: %s", session.session_id, e)
 
 
-def _log_failed_partial(future: asyncio.Future[Message]) -> None:
-    if not future.cancelled() and future.exception() is not None:
-        logger.error("a timer-flushed partial was not delivered: %s", future.exception())
+def _utf8_size(name: str, value: str) -> int:
+    """Bytes of ``value`` in UTF-8; NUL and lone surrogates are refused (the store cannot hold them)."""
+    if "\x00" in value:
+        raise InvalidTurnError(f"{name} contains a NUL character")
+    try:
+        return len(value.encode("utf-8"))
+    except UnicodeEncodeError as e:
+        raise InvalidTurnError(f"{name} is not valid Unicode text: {e.reason} at {e.start}") from e
+
+
+def _check_name(name: str, value: object) -> None:
+    if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME_CHARS:
+        raise InvalidTurnError(f"{name} must be a non-empty str of at most {MAX_NAME_CHARS} chars, got {value!r}")
+    _utf8_size(name, value)
 
 
 def _is_int(value: object) -> bool:
@@ -416,8 +465,10 @@ def _is_int(value: object) -> bool:
 
 
 def _checked_time(value: object, name: str) -> dt.datetime:
-    if not isinstance(value, dt.datetime) or value.tzinfo is None:
+    if not isinstance(value, dt.datetime) or value.tzinfo is None or value.utcoffset() is None:
         raise InvalidTurnError(f"{name} must be a timezone-aware datetime, got {value!r}")
+    if not EARLIEST_YEAR <= value.year <= LATEST_YEAR:
+        raise InvalidTurnError(f"{name} must fall in the years {EARLIEST_YEAR}..{LATEST_YEAR}, got {value!r}")
     return value.astimezone(dt.timezone.utc)
 
 
@@ -426,4 +477,7 @@ def _tool_call(call: ToolCall | Mapping[str, Any]) -> ToolCall:
         return call
     if not isinstance(call, Mapping) or "name" not in call:
         raise InvalidTurnError(f"a tool call must be a ToolCall or a mapping with 'name', got {call!r}")
-    return ToolCall(name=call["name"], arguments=dict(call.get("arguments", {})), result=call.get("result"))
+    arguments = call.get("arguments", {})
+    if not isinstance(arguments, Mapping):
+        raise InvalidTurnError(f"a tool call's arguments must be a mapping, got {type(arguments).__name__}")
+    return ToolCall(name=call["name"], arguments=dict(arguments), result=call.get("result"))

@@ -23,6 +23,7 @@ from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.partitioning import partition_for
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SessionPosition, SqlStore, StoreUnavailableError
+from turnlog.sinks.errors import store_errors
 
 __all__ = ["ResumeBarrier"]
 
@@ -37,12 +38,13 @@ class ResumeBarrier:
         self._settings = settings
         self._store = store
 
-    def wait(self, session_id: str, timeout: float) -> SessionPosition | None:
-        """Pass the barrier for ``session_id`` and return its stored position (None: unknown).
+    def wait(self, session_id: str, timeout: float) -> tuple[int, SessionPosition] | None:
+        """Pass the barrier for ``session_id``, claim its next epoch, and return
+        ``(new epoch, stored position)``; None if the store does not know the session.
 
         Raises:
-            ResumeBarrierTimeout: the sequencer or the sink did not catch up
-                within ``timeout`` seconds (is it running?).
+            ResumeBarrierTimeout: the sequencer or the sink did not catch up, or
+                the store did not answer, within ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
         topics = self._settings.topics
@@ -72,8 +74,14 @@ class ResumeBarrier:
             f"the sink ({self._settings.sink_group}) to store {topics.transcript}[{partition}] "
             f"up to offset {transcript_end}",
         )
-        with self._store.engine.connect() as conn:
-            return self._store.session_position(conn, session_id)
+        while True:
+            try:
+                with store_errors(), self._store.engine.begin() as conn:
+                    return self._store.claim_epoch(conn, session_id)
+            except StoreUnavailableError as e:
+                if time.monotonic() >= deadline:
+                    raise ResumeBarrierTimeout(f"resume barrier: the store did not answer: {e}") from e
+                time.sleep(POLL_INTERVAL_SECONDS)
 
     def _consumer_config(self, group_id: str) -> dict[str, object]:
         return {
@@ -84,9 +92,10 @@ class ResumeBarrier:
 
     def _sink_offset(self, topic: str, partition: int) -> int:
         try:
-            with self._store.engine.connect() as conn:
+            with store_errors(), self._store.engine.connect() as conn:
                 stored = self._store.stored_offsets(conn, self._settings.sink_group, [(topic, partition)])
-        except StoreUnavailableError:
+        except StoreUnavailableError as e:
+            logger.warning("resume barrier: store unavailable, polling on: %s", e)
             return -1
         return stored.get((topic, partition), 0)
 

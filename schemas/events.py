@@ -48,20 +48,37 @@ SessionId = Annotated[
         description="Opaque session id; the Kafka key of every event of the session.",
     ),
 ]
-NonNegative = Annotated[int, msgspec.Meta(ge=0)]
-Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
-Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS)]
+# Bounded by the store's column types (Postgres integer and bigint).
+Int32 = Annotated[int, msgspec.Meta(ge=0, le=2**31 - 1)]
+Int64 = Annotated[int, msgspec.Meta(ge=0, le=2**63 - 1)]
+# No NUL characters: SQL text columns (Postgres TEXT) cannot store them.
+_NO_NUL = r"^[^\x00]*$"
+Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=_NO_NUL)]
+Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS, pattern=_NO_NUL)]
 UtcTime = Annotated[dt.datetime, msgspec.Meta(tz=True, description="RFC 3339 timestamp with offset (UTC)")]
+
+
+#: Timestamps must fall in these years, so any UTC offset converts without overflow.
+EARLIEST_YEAR, LATEST_YEAR = 1900, 9000
 
 
 class _Envelope(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
     schema_version: Literal[1] = SCHEMA_VERSION
     event_id: uuid.UUID
     session_id: SessionId
-    seq: NonNegative
-    epoch: NonNegative
+    seq: Int64
+    epoch: Int32
     producer_id: Name
     emitted_at: UtcTime
+
+    def __post_init__(self) -> None:
+        # Python's "$" also matches before a final newline; JSON Schema's does not.
+        if self.session_id.endswith("\n"):
+            raise ValueError("session_id ends with a newline")
+        for name in self.__struct_fields__:
+            value = getattr(self, name)
+            if isinstance(value, dt.datetime) and not EARLIEST_YEAR <= value.year <= LATEST_YEAR:
+                raise ValueError(f"{name} is outside the years {EARLIEST_YEAR}..{LATEST_YEAR}")
 
 
 class SessionStarted(_Envelope, frozen=True, kw_only=True, tag="session.started"):
@@ -76,7 +93,7 @@ class SessionStarted(_Envelope, frozen=True, kw_only=True, tag="session.started"
 class TurnPartial(_Envelope, frozen=True, kw_only=True, tag="turn.partial"):
     """The whole text of an unfinished turn so far (not a delta)."""
 
-    turn_index: NonNegative
+    turn_index: Int32
     speaker: Name
     text: Text
     started_at: UtcTime
@@ -91,16 +108,17 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
 class TurnCompleted(_Envelope, frozen=True, kw_only=True, tag="turn.completed"):
     """A finished turn; ``input_tokens``/``output_tokens`` are counts, not bytes."""
 
-    turn_index: NonNegative
+    turn_index: Int32
     speaker: Name
     text: Text
     started_at: UtcTime
     ended_at: UtcTime
-    input_tokens: NonNegative = 0
-    output_tokens: NonNegative = 0
+    input_tokens: Int64 = 0
+    output_tokens: Int64 = 0
     tool_calls: list[ToolCall] | None = None
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.ended_at < self.started_at:
             raise ValueError("ended_at is before started_at")
 
@@ -109,8 +127,8 @@ class SessionEnded(_Envelope, frozen=True, kw_only=True, tag="session.ended"):
     """Last event of a session; ``last_turn_index`` is None for a session without turns."""
 
     ended_at: UtcTime
-    reason: Annotated[str, msgspec.Meta(min_length=1, max_length=200)]
-    last_turn_index: NonNegative | None = None
+    reason: Name
+    last_turn_index: Int32 | None = None
 
 
 Event = Union[SessionStarted, TurnPartial, TurnCompleted, SessionEnded]

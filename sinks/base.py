@@ -25,7 +25,7 @@ from __future__ import annotations
 import abc
 import datetime as dt
 import logging
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -87,11 +87,21 @@ class SqlStore(abc.ABC):
         """``query`` with row locks held to the end of the transaction."""
 
     # -- the batch ---------------------------------------------------------
-    def apply_batch(self, conn: Connection, consumer_group: str, messages: Sequence[SourceMessage]) -> BatchResult:
+    def apply_batch(
+        self,
+        conn: Connection,
+        consumer_group: str,
+        messages: Sequence[SourceMessage],
+        *,
+        on_rejected: Callable[[SourceMessage, str], None] | None = None,
+    ) -> BatchResult:
         """Write one batch of transcript records and their offsets, in ``conn``'s transaction.
 
         Records below the group's stored offset are skipped (counted ``stale``).
-        Applying the same batch twice leaves the store as applying it once.
+        Undecodable records are handed to ``on_rejected(message, reason)``
+        before the offsets move past them (the sink dead-letters them there);
+        without it they are logged. Applying the same batch twice leaves the
+        store as applying it once.
         """
         partitions = {(m.topic, m.partition) for m in messages}
         stored = self.stored_offsets(conn, consumer_group, partitions, lock=True)
@@ -99,9 +109,10 @@ class SqlStore(abc.ABC):
         plan = plan_batch(fresh)
         for rejected in plan.rejected:
             m = rejected.message
-            logger.error(
-                "skipping undecodable record %s[%d]@%d: %s", m.topic, m.partition, m.offset, rejected.reason
-            )
+            if on_rejected is not None:
+                on_rejected(m, f"invalid: {rejected.reason}")
+            else:
+                logger.error("skipping undecodable record %s[%d]@%d: %s", m.topic, m.partition, m.offset, rejected.reason)
         if plan.event_rows:
             self._insert_events(conn, plan.event_rows)
         if plan.sessions:
@@ -209,6 +220,17 @@ class SqlStore(abc.ABC):
         )
         conn.execute(stmt, rows)
 
+    def skip_records(self, conn: Connection, consumer_group: str, messages: Sequence[SourceMessage]) -> None:
+        """Move the group's offsets past ``messages`` without writing their rows
+        (for records dead-lettered by the sink)."""
+        partitions = {(m.topic, m.partition) for m in messages}
+        stored = self.stored_offsets(conn, consumer_group, partitions, lock=True)
+        next_offsets: dict[tuple[str, int], int] = {}
+        for m in messages:
+            key = (m.topic, m.partition)
+            next_offsets[key] = max(next_offsets.get(key, 0), m.offset + 1)
+        self._advance_offsets(conn, consumer_group, next_offsets, stored)
+
     # -- reads ---------------------------------------------------------------
     def stored_offsets(
         self, conn: Connection, consumer_group: str, partitions: Iterable[tuple[str, int]], *, lock: bool = False
@@ -238,6 +260,27 @@ class SqlStore(abc.ABC):
             select(func.max(transcript_turns.c.turn_index)).where(transcript_turns.c.session_id == session_id)
         ).scalar()
         return SessionPosition(session_id, row.status, row.epoch, row.last_seq, max_turn)
+
+    def claim_epoch(self, conn: Connection, session_id: str) -> tuple[int, SessionPosition] | None:
+        """Hand out the next epoch of an active session, atomically (row lock).
+
+        The new epoch is above both the applied ``epoch`` and every epoch claimed
+        before, so two concurrent resumers get different epochs and the higher
+        one fences the other. Returns None if the session has no row.
+        """
+        row = conn.execute(
+            self.lock(
+                select(sessions.c.status, sessions.c.epoch, sessions.c.claimed_epoch).where(sessions.c.id == session_id)
+            )
+        ).first()
+        if row is None:
+            return None
+        epoch = max(row.epoch, row.claimed_epoch) + 1
+        if row.status == "active":  # an ended session cannot be resumed: claim nothing
+            conn.execute(update(sessions).where(sessions.c.id == session_id).values(claimed_epoch=epoch))
+        position = self.session_position(conn, session_id)
+        assert position is not None
+        return epoch, position
 
     # -- finalization --------------------------------------------------------
     def finalize_session(self, conn: Connection, session_id: str, finalized_at: dt.datetime) -> bool:

@@ -45,12 +45,13 @@ TURN_INTERRUPTED = "interrupted"
 
 @dataclass(frozen=True, slots=True)
 class SourceMessage:
-    """One consumed Kafka record: where it came from and its raw value (bytes)."""
+    """One consumed Kafka record: where it came from, its raw value and key (bytes)."""
 
     topic: str
     partition: int
     offset: int
     value: bytes
+    key: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)

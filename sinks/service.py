@@ -9,6 +9,11 @@ so a crash at any point replays only what the store does not hold yet.
 A database outage is retried with capped exponential backoff (the same batch,
 until it commits or the service is asked to stop); the consumer may leave the
 group meanwhile, and on rejoining it seeks to the stored offsets again.
+
+A batch the database refuses for good (a data or integrity error) is applied
+again record by record; a record refused on its own goes to ``<prefix>.dlq``
+with the reason and its original bytes, and only then is its offset skipped,
+so one bad record never stops the pipeline or takes other sessions' rows with it.
 """
 
 from __future__ import annotations
@@ -18,18 +23,42 @@ import threading
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, TopicPartition
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from tenacity import RetryCallState, retry, retry_if_exception_type, wait_exponential
 
+from turnlog import metrics
+from turnlog.dlq import dlq_headers, reason_class
+from turnlog.producers.kafka import idempotent_config
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import BatchResult, SqlStore
 from turnlog.sinks.batch import SourceMessage
 from turnlog.sinks.errors import store_errors
-from turnlog.sinks.exceptions import StoreUnavailableError
+from turnlog.sinks.exceptions import RecordRejectedError, StoreError, StoreUnavailableError
 
 __all__ = ["SinkService"]
 
 logger = logging.getLogger(__name__)
+DLQ_FLUSH_TIMEOUT_SECONDS = 30.0
+
+
+def _service_of(state: RetryCallState) -> SinkService:
+    # tenacity passes the bound method's arguments; ``self`` comes first.
+    return state.args[0]
+
+
+def _log_retry(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    logger.warning("store unavailable, retrying (attempt %d): %s", state.attempt_number, error)
+
+
+# Retry while the store is unavailable, until it answers or the service stops.
+_while_store_unavailable = retry(
+    retry=retry_if_exception_type(StoreUnavailableError),
+    wait=wait_exponential(multiplier=0.2, max=5.0),
+    stop=lambda state: _service_of(state).stopping.is_set(),
+    before_sleep=_log_retry,
+    reraise=True,
+)
 
 
 class SinkService:
@@ -57,6 +86,7 @@ class SinkService:
             **(consumer_config or {}),
         }
         self._on_batch = on_batch
+        self._dlq: Producer | None = None
         self.stopping = threading.Event()
 
     def run(self) -> None:
@@ -73,13 +103,42 @@ class SinkService:
                         if error.code() != KafkaError._PARTITION_EOF:
                             logger.warning("consumer: %s", error.str())
                         continue
-                    batch.append(SourceMessage(record.topic(), record.partition(), record.offset(), record.value()))
+                    batch.append(
+                        SourceMessage(record.topic(), record.partition(), record.offset(), record.value(), record.key())
+                    )
                 if batch:
-                    result = self._apply_with_retries(batch)
+                    result = self.apply(batch)
                     if self._on_batch is not None:
                         self._on_batch(result)
         finally:
             consumer.close()
+            if self._dlq is not None:
+                self._dlq.flush(DLQ_FLUSH_TIMEOUT_SECONDS)
+
+    def apply(self, batch: list[SourceMessage]) -> BatchResult:
+        """Apply one batch (retrying while the store is down); dead-letter records the store refuses."""
+        with metrics.SINK_BATCH_SECONDS.time():
+            result = self._apply_or_split(batch)
+        metrics.SINK_RECORDS.labels("applied").inc(result.applied)
+        metrics.SINK_RECORDS.labels("stale").inc(result.stale)
+        metrics.SINK_RECORDS.labels("rejected").inc(result.rejected)
+        return result
+
+    def _apply_or_split(self, batch: list[SourceMessage]) -> BatchResult:
+        try:
+            return self._apply_batch(batch)
+        except RecordRejectedError as e:
+            logger.warning("batch of %d refused (%s); applying record by record", len(batch), e)
+        applied = stale = rejected = 0
+        for message in batch:
+            try:
+                result = self._apply_batch([message])
+                applied, stale = applied + result.applied, stale + result.stale
+            except RecordRejectedError as e:
+                self._dead_letter(message, f"sink: {e}")
+                self._skip(message)
+                rejected += 1
+        return BatchResult(applied=applied, stale=stale, rejected=rejected)
 
     def _seek_to_stored(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         stored = self._stored_offsets([(tp.topic, tp.partition) for tp in partitions])
@@ -88,37 +147,36 @@ class SinkService:
         logger.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in partitions))
         consumer.assign(partitions)
 
-    @retry(
-        retry=retry_if_exception_type(StoreUnavailableError),
-        wait=wait_exponential(multiplier=0.2, max=5.0),
-        stop=lambda state: _service_of(state).stopping.is_set(),
-        before_sleep=lambda state: logger.warning(
-            "store unavailable (attempt %d): %s", state.attempt_number, state.outcome.exception() if state.outcome else ""
-        ),
-        reraise=True,
-    )
+    @_while_store_unavailable
     def _stored_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
-        with store_errors():
-            with self.store.engine.connect() as conn:
-                return self.store.stored_offsets(conn, self.settings.sink_group, partitions)
+        with store_errors(), self.store.engine.connect() as conn:
+            return self.store.stored_offsets(conn, self.settings.sink_group, partitions)
 
-    @retry(
-        retry=retry_if_exception_type(StoreUnavailableError),
-        wait=wait_exponential(multiplier=0.2, max=5.0),
-        stop=lambda state: _service_of(state).stopping.is_set(),
-        before_sleep=lambda state: logger.warning(
-            "batch not written, retrying (attempt %d): %s",
-            state.attempt_number,
-            state.outcome.exception() if state.outcome else "",
-        ),
-        reraise=True,
-    )
-    def _apply_with_retries(self, batch: list[SourceMessage]) -> BatchResult:
-        with store_errors():
-            with self.store.engine.begin() as conn:
-                return self.store.apply_batch(conn, self.settings.sink_group, batch)
+    @_while_store_unavailable
+    def _apply_batch(self, batch: list[SourceMessage]) -> BatchResult:
+        with store_errors(), self.store.engine.begin() as conn:
+            return self.store.apply_batch(conn, self.settings.sink_group, batch, on_rejected=self._dead_letter)
 
+    @_while_store_unavailable
+    def _skip(self, message: SourceMessage) -> None:
+        with store_errors(), self.store.engine.begin() as conn:
+            self.store.skip_records(conn, self.settings.sink_group, [message])
 
-def _service_of(state: RetryCallState) -> SinkService:
-    # tenacity passes the bound method's arguments; ``self`` comes first.
-    return state.args[0]
+    def _dead_letter(self, message: SourceMessage, reason: str) -> None:
+        """Produce ``message`` to the DLQ and wait for the ack, before its offset is skipped."""
+        if self._dlq is None:
+            self._dlq = Producer(
+                idempotent_config(
+                    self.settings.bootstrap_servers,
+                    client_id=f"{self.settings.sink_group}-dlq",
+                    delivery_timeout_seconds=self.settings.delivery_timeout_seconds,
+                )
+            )
+        logger.error("DLQ %s[%d]@%d: %s", message.topic, message.partition, message.offset, reason)
+        metrics.DLQ_ROUTED.labels("sink", reason_class(reason)).inc()
+        headers = dlq_headers(reason, message.topic, message.partition, message.offset)
+        self._dlq.produce(
+            self.settings.topics.dlq, key=message.key, value=message.value, partition=message.partition, headers=headers
+        )
+        if self._dlq.flush(DLQ_FLUSH_TIMEOUT_SECONDS):
+            raise StoreError(f"could not dead-letter {message.topic}[{message.partition}]@{message.offset}: DLQ unreachable")

@@ -66,7 +66,11 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
 
 
 class SecondsBetween(ColumnElement[float]):
-    """``end - start`` in seconds, rounded to milliseconds, computed by the database."""
+    """``end - start`` in seconds, rounded half away from zero to whole milliseconds,
+    computed by the database from the exact (microsecond) timestamps.
+
+    ``turnlog.audit`` rounds the same way, so both give the same float.
+    """
 
     type = FloatType()
     inherit_cache = True
@@ -79,13 +83,21 @@ class SecondsBetween(ColumnElement[float]):
 @compiles(SecondsBetween, "postgresql")
 def _seconds_between_pg(element: SecondsBetween, compiler: Any, **kw: Any) -> str:
     end, start = compiler.process(element.end, **kw), compiler.process(element.start, **kw)
+    # EXTRACT gives an exact numeric; ROUND(numeric) rounds half away from zero.
     return f"CAST(ROUND(EXTRACT(EPOCH FROM ({end} - {start})), 3) AS DOUBLE PRECISION)"
 
 
 @compiles(SecondsBetween, "sqlite")
 def _seconds_between_sqlite(element: SecondsBetween, compiler: Any, **kw: Any) -> str:
     end, start = compiler.process(element.end, **kw), compiler.process(element.start, **kw)
-    return f"ROUND((julianday({end}) - julianday({start})) * 86400.0, 3)"
+    # Stored as 'YYYY-MM-DD HH:MM:SS.ffffff' (UTC): whole seconds from strftime,
+    # microseconds from the text, then integer rounding to milliseconds.
+    micros = (
+        f"((CAST(strftime('%s', {end}) AS INTEGER) - CAST(strftime('%s', {start}) AS INTEGER)) * 1000000"
+        f" + CAST(substr({end}, 21, 6) AS INTEGER) - CAST(substr({start}, 21, 6) AS INTEGER))"
+    )
+    millis = f"(CASE WHEN {micros} >= 0 THEN ({micros} + 500) / 1000 ELSE -((500 - {micros}) / 1000) END)"
+    return f"({millis} / 1000.0)"
 
 
 metadata = MetaData()
@@ -102,6 +114,9 @@ sessions = Table(
     Column("ended_at", UtcDateTime),
     Column("end_reason", String(200)),
     Column("epoch", Integer, nullable=False),
+    # The highest epoch resume() has handed out (claimed, maybe not yet applied):
+    # two processes resuming the same session never share an epoch.
+    Column("claimed_epoch", Integer, nullable=False, server_default="0"),
     # Highest seq such that every seq from 0 up to it has been applied (-1: none).
     Column("last_seq", BigInteger, nullable=False),
     Column("end_seq", BigInteger),

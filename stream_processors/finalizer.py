@@ -19,9 +19,9 @@ import faust
 
 from turnlog.schemas import EventValidationError, SessionEnded, decode_event
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import SqlStore, StoreUnavailableError, open_store
+from turnlog.sinks import SqlStore, StoreError, open_store
 from turnlog.sinks.errors import store_errors
-from turnlog.stream_processors import metrics
+from turnlog import metrics
 from turnlog.stream_processors.app import make_app, raw_topic
 
 __all__ = ["build_finalizer", "finalize_now"]
@@ -61,7 +61,7 @@ async def _finalize_when_stored(store: SqlStore, session_id: str) -> None:
                 return
             if await asyncio.to_thread(_is_finalized, store, session_id):
                 return  # a re-delivered session.ended, or another finalizer won
-        except StoreUnavailableError as e:
+        except StoreError as e:  # unavailable or refused: the sweep tries again
             logger.warning("finalizing %s: %s", session_id, e)
         await asyncio.sleep(delay)
         delay = min(delay * 2, 1.0)
@@ -102,7 +102,7 @@ def build_finalizer(settings: TurnlogSettings, store: SqlStore | None = None) ->
         try:
             for session_id in await asyncio.to_thread(ready):
                 await asyncio.to_thread(finalize_now, store_, session_id)
-        except StoreUnavailableError as e:
+        except StoreError as e:
             logger.warning("sweep skipped: %s", e)
 
     return app

@@ -3,29 +3,54 @@
 Consumes ``<prefix>.events``, keeps one :class:`SessionSequence` per session in
 a changelog-backed table, emits ordered events to ``<prefix>.transcript`` on
 the same partition, and routes rejects to ``<prefix>.dlq`` with the reason and
-the original bytes (headers ``turnlog-reason``, ``turnlog-source-topic``,
-``turnlog-source-partition``, ``turnlog-source-offset``).
+the original bytes (see ``turnlog.dlq`` for the headers).
 
-Offsets are committed by Faust after its producer is flushed, so an emitted
-event is durable before the offset that produced it is committed.
+Order of work for each batch of records (``stream.take_events``):
+
+1. decide every record against the session states (pure: ``sequencing.py``);
+2. send the emissions and rejects, and wait until Kafka acknowledged them all;
+3. only then write the new states to the table (and so to its changelog);
+4. Faust acks the batch's records; its periodic commit flushes the producer
+   (changelog included) before it commits their offsets.
+
+So the stored state is never ahead of what the transcript holds: a crash
+before (3) re-processes the batch from the old state and re-emits the same
+events in the same order (duplicates, dropped by seq downstream); a crash
+after (3) re-processes against the new state, where they are duplicates.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+from dataclasses import dataclass
+from typing import Any
 
 import faust
 
+from turnlog import metrics
+from turnlog.dlq import dlq_headers, reason_class
 from turnlog.schemas import EventValidationError, decode_event
 from turnlog.settings import TurnlogSettings
-from turnlog.stream_processors import metrics
 from turnlog.stream_processors.app import make_app, raw_topic
+from turnlog.stream_processors.gap_repair import LogRangeReader
 from turnlog.stream_processors.sequencing import SessionSequence, sequence
 
-__all__ = ["build_sequencer", "TABLE_NAME"]
+__all__ = ["build_sequencer", "TABLE_NAME", "BATCH_SIZE", "BATCH_WAIT_SECONDS"]
 
 logger = logging.getLogger(__name__)
 TABLE_NAME = "sequencer-state"
+BATCH_SIZE = 500
+BATCH_WAIT_SECONDS = 0.02
+
+
+@dataclass(frozen=True, slots=True)
+class _Position:
+    """Where a re-read record came from (what a Faust message says of itself)."""
+
+    topic: str
+    partition: int
+    offset: int
 
 
 def build_sequencer(settings: TurnlogSettings) -> faust.App:
@@ -40,48 +65,73 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         default=None,
         key_type=bytes,  # raw keys; values (no value_type) are JSON
         partitions=settings.partitions,
+        # States are written after a batch, outside one record's context: the
+        # key's own partition (murmur2, as the topics) picks the changelog partition.
+        use_partitioner=True,
         help="SessionSequence per session id (JSON).",
     )
 
-    async def reject(key: bytes | None, raw: bytes, reason: str, message: faust.types.Message) -> None:
-        metrics.DLQ_ROUTED.labels(reason.split(":", 1)[0]).inc()
+    async def reject(key: bytes | None, raw: bytes, reason: str, message: Any) -> Any:
+        metrics.DLQ_ROUTED.labels("sequencer", reason_class(reason)).inc()
         logger.warning("DLQ %s[%d]@%d: %s", message.topic, message.partition, message.offset, reason)
-        headers = [
-            ("turnlog-reason", reason.encode("utf-8")),
-            ("turnlog-source-topic", message.topic.encode("utf-8")),
-            ("turnlog-source-partition", str(message.partition).encode()),
-            ("turnlog-source-offset", str(message.offset).encode()),
-        ]
-        await dlq.send(key=key, value=raw, headers=headers)
+        headers = dlq_headers(reason, message.topic, message.partition, message.offset)
+        return await dlq.send(key=key, value=raw, headers=headers, partition=message.partition)
+
+    reader = LogRangeReader(settings.bootstrap_servers, topics.events)
+    repaired: dict[bytes, int] = {}  # key -> the next_seq whose gap was already re-read
+
+    def apply(state: SessionSequence, event: Any, raw: bytes, offset: int) -> Any:
+        decision = sequence(state, event, raw, offset, max_buffer=settings.reorder_buffer_size)
+        metrics.EVENTS_EMITTED.inc(len(decision.emit))
+        if decision.duplicate:
+            metrics.DUPLICATES_DROPPED.inc()
+        if decision.gap_opened:
+            metrics.GAPS_OPENED.inc()
+            logger.info("gap in %s: waiting for seq %d (got %d)", event.session_id, state.next_seq, event.seq)
+        return decision
 
     @app.agent(events, name="sequence-events")
     async def sequence_events(stream: faust.StreamT[bytes]) -> None:
-        async for record in stream.events():
-            message = record.message
-            raw: bytes = record.value
-            key: bytes | None = record.key
-            try:
-                event = decode_event(raw)
-            except EventValidationError as e:
-                await reject(key, raw, f"invalid: {e.reason}", message)
-                continue
-            if key != event.session_id.encode("utf-8"):
-                await reject(key, raw, f"invalid: record key {key!r} is not the session_id", message)
-                continue
-            state = SessionSequence.from_json(states.get(key))
-            decision = sequence(state, event, raw, message.offset, max_buffer=settings.reorder_buffer_size)
-            for out in decision.emit:
-                await transcript.send(key=key, value=out, partition=message.partition)
-            for held, reason in decision.dlq:
-                await reject(key, held, reason, message)
-            metrics.EVENTS_EMITTED.inc(len(decision.emit))
-            if decision.duplicate:
-                metrics.DUPLICATES_DROPPED.inc()
-            if decision.replayed:
-                metrics.REPLAYED.inc()
-            if decision.gap_opened:
-                metrics.GAPS_OPENED.inc()
-                logger.info("gap in %s: waiting for seq %d (got %d)", event.session_id, state.next_seq, event.seq)
-            states[key] = state.to_json()
+        async for records in stream.take_events(BATCH_SIZE, within=BATCH_WAIT_SECONDS):
+            touched: dict[bytes, tuple[SessionSequence, Any]] = {}
+            sent: list[Any] = []
+
+            async def handle(key: bytes | None, raw: bytes, message: Any) -> None:
+                try:
+                    event = decode_event(raw)
+                except EventValidationError as e:
+                    sent.append(await reject(key, raw, f"invalid: {e.reason}", message))
+                    return
+                if key != event.session_id.encode("utf-8"):
+                    sent.append(await reject(key, raw, f"invalid: record key {key!r} is not the session_id", message))
+                    return
+                try:
+                    state = touched[key][0] if key in touched else SessionSequence.from_json(states.get(key))
+                    decision = apply(state, event, raw, message.offset)
+                except Exception as e:  # a bug here must not stop the pipeline; the bytes go to the DLQ
+                    logger.exception("sequencing %s seq %d failed", event.session_id, event.seq)
+                    sent.append(await reject(key, raw, f"internal: {type(e).__name__}: {e}", message))
+                    return
+                touched[key] = (state, message)
+                for out in decision.emit:
+                    sent.append(await transcript.send(key=key, value=out, partition=message.partition))
+                for held, reason in decision.dlq:
+                    sent.append(await reject(key, held, reason, message))
+
+            for record in records:
+                await handle(record.key, record.value, record.message)
+            for key, (state, message) in list(touched.items()):
+                gap = state.missing_range()
+                if gap is None or repaired.get(key) == state.next_seq:
+                    continue
+                repaired[key] = state.next_seq
+                found = await asyncio.to_thread(reader.read, message.partition, gap[0], gap[1], key)
+                if found:
+                    logger.warning("gap repair: re-read %d records of %r from %s[%d]", len(found), key, topics.events, message.partition)
+                for offset, raw in found:
+                    await handle(key, raw, _Position(message.topic, message.partition, offset))
+            await asyncio.gather(*sent)  # acks=all: the emissions are durable before the state moves
+            for key, (state, _) in touched.items():
+                states[key] = state.to_json()
 
     return app

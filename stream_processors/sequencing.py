@@ -9,12 +9,19 @@ to emit to the ordered transcript and what to reject to the DLQ:
 - ``epoch`` above it: a new owner (resume); the older epoch's buffered events
   are fenced, and if the new owner starts at a seq an older epoch already used
   (a zombie wrote after the resume barrier), the new owner wins from there;
-- anything after ``session.ended``: DLQ.
+- anything after ``session.ended`` (a re-send, or a reused session id): DLQ.
 
-Crash safety: the state records the highest source offset applied. A record at
-or below it is a re-delivery after a crash (state and changelog may be ahead of
-the committed offset, while the emission may have been lost), so it is emitted
-again if its epoch owns its seq; the sink deduplicates.
+Crash safety lives in the caller (``sequencer.py``): the new state is stored
+only after everything it emitted is acknowledged, so after a crash the state is
+never ahead of the transcript. Re-processing from the committed offset with an
+older state re-emits the same events in the same order (duplicates, which the
+sink drops by seq); with a newer state the records are duplicates here.
+
+Gap repair: one producer's events reach a partition in seq order, so a missing
+seq, if it was ever written, sits between the offset of the last applied event
+(``applied_offset``) and the offset of the first buffered one.
+:meth:`SessionSequence.missing_range` names that range, and the caller re-reads
+it from the log (a consumer that dropped a record is thereby healed).
 """
 
 from __future__ import annotations
@@ -22,9 +29,19 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from turnlog.schemas import Event, SessionEnded
+from turnlog.schemas import Event, SessionEnded, SessionStarted
 
-__all__ = ["SessionSequence", "Decision", "sequence"]
+__all__ = ["SessionSequence", "Buffered", "Decision", "sequence"]
+
+
+@dataclass(slots=True)
+class Buffered:
+    """An event waiting for a missing seq."""
+
+    epoch: int
+    ends_session: bool
+    offset: int
+    raw: bytes
 
 
 @dataclass(slots=True)
@@ -33,28 +50,31 @@ class SessionSequence:
 
     epoch: int = 0
     next_seq: int = 0
-    last_offset: int = -1
     ended: bool = False
-    # (epoch, first seq it owns), ascending: who owns which seqs.
-    epoch_starts: list[tuple[int, int]] = field(default_factory=lambda: [(0, 0)])
-    # seq -> (epoch, ends the session?, raw event) waiting for a missing seq.
-    buffer: dict[int, tuple[int, bool, bytes]] = field(default_factory=dict)
+    #: source offset of the event that carried seq ``next_seq - 1`` (-1: none yet)
+    applied_offset: int = -1
+    #: event_id of the session.started that opened the session (tells a re-send from a reused id)
+    started_event_id: str | None = None
+    reused: bool = False
+    buffer: dict[int, Buffered] = field(default_factory=dict)
 
-    def owner_of(self, seq: int) -> int:
-        owner = self.epoch_starts[0][0]
-        for epoch, first in self.epoch_starts:
-            if first <= seq:
-                owner = epoch
-        return owner
+    def missing_range(self) -> tuple[int, int] | None:
+        """``(first, last)`` source offsets (inclusive) where the missing seq must be, if there is a gap."""
+        if not self.buffer:
+            return None
+        return self.applied_offset + 1, min(b.offset for b in self.buffer.values()) - 1
 
     def to_json(self) -> dict[str, Any]:
         return {
             "epoch": self.epoch,
             "next_seq": self.next_seq,
-            "last_offset": self.last_offset,
             "ended": self.ended,
-            "epoch_starts": [list(p) for p in self.epoch_starts],
-            "buffer": {str(seq): [epoch, end, raw.decode("utf-8")] for seq, (epoch, end, raw) in self.buffer.items()},
+            "applied_offset": self.applied_offset,
+            "started_event_id": self.started_event_id,
+            "reused": self.reused,
+            "buffer": {
+                str(seq): [b.epoch, b.ends_session, b.offset, b.raw.decode("utf-8")] for seq, b in self.buffer.items()
+            },
         }
 
     @classmethod
@@ -64,10 +84,14 @@ class SessionSequence:
         return cls(
             epoch=data["epoch"],
             next_seq=data["next_seq"],
-            last_offset=data["last_offset"],
             ended=data["ended"],
-            epoch_starts=[(e, s) for e, s in data["epoch_starts"]],
-            buffer={int(seq): (epoch, end, raw.encode("utf-8")) for seq, (epoch, end, raw) in data["buffer"].items()},
+            applied_offset=data.get("applied_offset", -1),
+            started_event_id=data.get("started_event_id"),
+            reused=data.get("reused", False),
+            buffer={
+                int(seq): Buffered(epoch, ends, offset, raw.encode("utf-8"))
+                for seq, (epoch, ends, offset, raw) in data["buffer"].items()
+            },
         )
 
 
@@ -78,41 +102,37 @@ class Decision:
     emit: list[bytes] = field(default_factory=list)
     dlq: list[tuple[bytes, str]] = field(default_factory=list)
     duplicate: bool = False
-    replayed: bool = False
     gap_opened: bool = False
 
 
 def sequence(state: SessionSequence, event: Event, raw: bytes, offset: int, *, max_buffer: int) -> Decision:
-    """Apply one event (``raw`` is its exact bytes, ``offset`` its source offset) to ``state``.
+    """Apply one event (``raw``: its exact bytes; ``offset``: its source offset) to ``state``.
 
     Mutates ``state``; returns the events to emit, in order, and the rejects.
     """
     decision = Decision()
-    if offset <= state.last_offset:
-        decision.replayed = True
-        if event.seq < state.next_seq and state.owner_of(event.seq) == event.epoch:
-            decision.emit.append(raw)
-        return decision
-    state.last_offset = offset
-
     if event.epoch < state.epoch:
         decision.dlq.append((raw, f"fenced: epoch {event.epoch} is older than the session's epoch {state.epoch}"))
         return decision
     if state.ended:
-        if event.seq < state.next_seq:
-            decision.duplicate = True
+        if isinstance(event, SessionStarted) and str(event.event_id) != state.started_event_id:
+            state.reused = True  # not a re-send of this session's start: the id is being used again
+        if state.reused:
+            decision.dlq.append((raw, f"after session.ended: session id reused (seq {event.seq}, epoch {event.epoch})"))
+        elif event.seq < state.next_seq:
+            decision.duplicate = True  # a re-send, or a redelivery after a restart
         else:
-            decision.dlq.append((raw, f"after session.ended: seq {event.seq} follows the end of the session"))
+            decision.dlq.append((raw, f"after session.ended: seq {event.seq} arrived after the session ended"))
         return decision
     if event.epoch > state.epoch:
-        for seq, (epoch, _, held) in sorted(state.buffer.items()):
-            decision.dlq.append((held, f"fenced: buffered seq {seq} of epoch {epoch} superseded by epoch {event.epoch}"))
+        for seq, held in sorted(state.buffer.items()):
+            decision.dlq.append(
+                (held.raw, f"fenced: buffered seq {seq} of epoch {held.epoch} superseded by epoch {event.epoch}")
+            )
         state.buffer.clear()
         state.epoch = event.epoch
         if event.seq < state.next_seq:
             state.next_seq = event.seq  # the new owner wins the seqs a zombie took
-        state.epoch_starts = [(e, s) for e, s in state.epoch_starts if s < event.seq]
-        state.epoch_starts.append((event.epoch, event.seq))
 
     if event.seq < state.next_seq or event.seq in state.buffer:
         decision.duplicate = True
@@ -124,20 +144,23 @@ def sequence(state: SessionSequence, event: Event, raw: bytes, offset: int, *, m
             )
         else:
             decision.gap_opened = not state.buffer
-            state.buffer[event.seq] = (event.epoch, isinstance(event, SessionEnded), raw)
+            state.buffer[event.seq] = Buffered(event.epoch, isinstance(event, SessionEnded), offset, raw)
         return decision
 
     decision.emit.append(raw)
+    if isinstance(event, SessionStarted) and state.started_event_id is None:
+        state.started_event_id = str(event.event_id)
     state.next_seq += 1
+    state.applied_offset = offset
     state.ended = isinstance(event, SessionEnded)
     while not state.ended and state.next_seq in state.buffer:
-        _, ends, held = state.buffer.pop(state.next_seq)
-        decision.emit.append(held)
+        held = state.buffer.pop(state.next_seq)
+        decision.emit.append(held.raw)
         state.next_seq += 1
-        state.ended = ends
+        state.applied_offset = held.offset
+        state.ended = held.ends_session
     if state.ended:
-        for seq, (_, _, held) in sorted(state.buffer.items()):
-            decision.dlq.append((held, f"after session.ended: seq {seq} follows the end of the session"))
+        for seq, held in sorted(state.buffer.items()):
+            decision.dlq.append((held.raw, f"after session.ended: seq {seq} arrived after the session ended"))
         state.buffer.clear()
     return decision
-

@@ -16,12 +16,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
 from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
+from turnlog.deploy.local import broker_answers
 from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.migrate import upgrade_to_head
 
@@ -37,18 +36,10 @@ def _docker_engine_answers() -> bool:
         return False
 
 
-def _broker_answers(bootstrap: str) -> bool:
-    try:
-        AdminClient({"bootstrap.servers": bootstrap}).list_topics(timeout=5)
-        return True
-    except KafkaException:
-        return False
-
-
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     bootstrap = os.environ.get("TURNLOG_TEST_BOOTSTRAP_SERVERS", DEFAULT_BOOTSTRAP)
-    if _broker_answers(bootstrap):
+    if broker_answers(bootstrap):
         yield bootstrap
         return
     if _docker_engine_answers():

@@ -27,6 +27,7 @@ from sqlalchemy import func, select
 from turnlog.demo.transcripts import InputTurn, find_transcripts, load_transcript
 from turnlog.demo.verdict import SessionVerdict, judge_session
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command
+from turnlog.deploy.local import ensure_local_services
 from turnlog.deploy.topics import create_topics
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store
@@ -107,9 +108,10 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     log_dir = options.log_dir / run_id
     base_time = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
     print(f"turnlog demo {run_id}: {len(files)} sessions, {sum(map(len, transcripts.values()))} turns, speed x{options.speed:g}")
-    print(f"store {open_store(settings.database_url).engine.url.render_as_string(hide_password=True)}, logs in {log_dir}")
 
+    ensure_local_services(settings)
     store = open_store(settings.database_url)
+    print(f"store {store.engine.url.render_as_string(hide_password=True)}, logs in {log_dir}")
     upgrade_to_head(store.engine)
     create_topics(settings)
     started = time.monotonic()

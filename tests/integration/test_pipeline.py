@@ -140,3 +140,25 @@ def read_partition(pipeline, topic, session_id, *, with_headers=False):
     finally:
         consumer.close()
     return found
+
+
+def test_a_record_the_sink_cannot_decode_goes_to_the_dlq_and_other_sessions_are_stored(pipeline):
+    f = EventFactory(f"sinkdlq-{uuid.uuid4().hex[:8]}")
+    producer = Producer({"bootstrap.servers": pipeline.settings.bootstrap_servers, "partitioner": "murmur2_random"})
+    transcript = pipeline.settings.topics.transcript
+    key = f.session_id.encode()
+    # Bypasses the sequencer: bytes on the ordered transcript that are not an event.
+    producer.produce(transcript, key=key, value=b'{"type": "turn.completed", "seq": "not a number"}')
+    for event in [f.started(), f.completed(1, 0, "still stored"), f.ended(2, last_turn=0)]:
+        producer.produce(transcript, key=key, value=encode_event(event))
+    assert producer.flush(10) == 0
+
+    wait_until(lambda: finalized(pipeline, f.session_id), timeout=TIMEOUT, what="the session finalized")
+    assert [tuple(t) for t in stored_turns(pipeline, f.session_id)] == [(0, "A", "still stored", "complete")]
+    [(value, headers)] = wait_until(
+        lambda: read_partition(pipeline, pipeline.settings.topics.dlq, f.session_id, with_headers=True),
+        timeout=TIMEOUT, what="the sink's DLQ record",
+    )
+    headers = dict(headers)
+    assert value == b'{"type": "turn.completed", "seq": "not a number"}'
+    assert headers["turnlog-reason"].startswith(b"invalid:") and headers["turnlog-source-topic"] == transcript.encode()

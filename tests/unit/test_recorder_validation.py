@@ -43,6 +43,11 @@ def session():
         ((0, 7, "hi"), "speaker"),
         ((0, "A", b"hi"), "text must be a str"),
         ((0, "A", "é" * 17), "34 bytes; the limit is 32 bytes"),
+        ((2**31, "A", "hi"), "turn_index"),
+        ((0, "A", "a\x00b"), "NUL"),
+        ((0, "A\x00", "hi"), "NUL"),
+        ((0, "A", "a\ud800b"), "not valid Unicode"),
+        ((0, "\udfff", "hi"), "not valid Unicode"),
     ],
 )
 async def test_invalid_turns_raise_before_sending(session, args, match):
@@ -58,6 +63,10 @@ async def test_tokens_and_times_are_checked(session):
         await session.complete_turn(0, "A", "x", input_tokens=-1)
     with pytest.raises(InvalidTurnError, match="timezone-aware"):
         await session.complete_turn(0, "A", "x", started_at=dt.datetime(2026, 1, 1))
+    with pytest.raises(InvalidTurnError, match="years"):
+        await session.complete_turn(0, "A", "x", started_at=dt.datetime(1, 1, 1, 0, 30, tzinfo=dt.timezone(dt.timedelta(hours=1))))
+    with pytest.raises(InvalidTurnError, match="arguments must be a mapping"):
+        await session.complete_turn(0, "A", "x", tool_calls=[{"name": "lookup", "arguments": [1, 2]}])
     now = dt.datetime.now(dt.timezone.utc)
     with pytest.raises(InvalidTurnError, match="before started_at"):
         await session.complete_turn(0, "A", "x", started_at=now, ended_at=now - dt.timedelta(seconds=1))
@@ -97,3 +106,20 @@ async def test_seq_is_strictly_increasing(session):
     session.update_partial(0, "A", "a b")
     await session.complete_turn(0, "A", "a b c")
     assert [decode_event(p).seq for p in session._recorder.sent] == [1, 2]
+
+
+async def test_a_failed_delivery_closes_the_session_until_it_is_resumed(session):
+    from turnlog.producers import DeliveryError
+
+    loop = asyncio.get_running_loop()
+
+    def failing_send(session_id, payload):
+        future = loop.create_future()
+        future.set_exception(DeliveryError("Local: Message timed out"))
+        return future
+
+    session._recorder._send = failing_send
+    with pytest.raises(DeliveryError):
+        await session.complete_turn(0, "A", "lost")
+    with pytest.raises(SessionClosedError, match="resume"):
+        await session.complete_turn(1, "A", "next")

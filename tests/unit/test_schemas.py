@@ -34,6 +34,10 @@ def test_every_event_type_round_trips_and_satisfies_its_json_schema():
         ({"emitted_at": "2026-01-01T00:00:00"}, "emitted_at"),
         ({"session_id": ""}, "session_id"),
         ({"schema_version": 2}, "schema_version"),
+        ({"emitted_at": "9999-12-31T23:00:00-05:00"}, "emitted_at"),
+        ({"session_id": "s-1\n"}, "session_id"),
+        ({"reason": "a\u0000b"}, "reason"),
+        ({"last_turn_index": 2**31}, "last_turn_index"),
     ],
 )
 def test_invalid_events_are_rejected_with_the_field_named(change, field):

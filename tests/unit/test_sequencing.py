@@ -6,7 +6,7 @@ MAX = 4
 
 
 def feed(state, events, first_offset=0):
-    """Apply events in the given order; returns (emitted seqs, dlq reasons, decisions)."""
+    """Apply events in the given order, at consecutive offsets; returns (emitted seqs, dlq reasons, decisions)."""
     emitted, dlq, decisions = [], [], []
     for i, event in enumerate(events):
         decision = sequence(state, event, encode_event(event), first_offset + i, max_buffer=MAX)
@@ -67,7 +67,7 @@ def test_a_new_owner_wins_seqs_a_zombie_took_after_the_barrier():
     state = SessionSequence()
     emitted, dlq, _ = feed(state, [f.started(), f.completed(1, 0, "zombie", epoch=0), f.completed(1, 0, "owner", epoch=1)])
     assert emitted == [0, 1, 1] and dlq == []
-    assert state.epoch == 1 and state.owner_of(1) == 1
+    assert state.epoch == 1 and state.next_seq == 2
 
 
 def test_a_full_reorder_buffer_rejects_to_the_dlq():
@@ -84,18 +84,21 @@ def test_events_after_the_end_go_to_the_dlq():
     state = SessionSequence()
     emitted, dlq, _ = feed(state, [f.started(), f.ended(1), f.completed(2, 0, "late")])
     assert emitted == [0, 1]
-    assert dlq == ["after session.ended: seq 2 follows the end of the session"]
+    assert dlq == ["after session.ended: seq 2 arrived after the session ended"]
 
 
-def test_redelivered_records_after_a_crash_are_emitted_again():
+def test_reprocessing_from_an_older_state_re_emits_the_same_events_in_the_same_order():
     f = EventFactory()
-    events = [f.started(), f.completed(1, 0, "a"), f.completed(2, 1, "b")]
-    state = SessionSequence()
-    feed(state, events)
-    # The changelog kept the state, but the offset commit was lost: the same records again.
-    emitted, dlq, decisions = feed(state, events)
-    assert emitted == [0, 1, 2] and dlq == []
-    assert all(d.replayed for d in decisions)
+    events = [f.started(), f.completed(3, 2, "c"), f.completed(2, 1, "b"), f.completed(1, 0, "a"), f.ended(4)]
+    before = SessionSequence()
+    feed(before, events[:1])
+    saved = SessionSequence.from_json(before.to_json())  # the state the changelog holds at the crash
+    first, _, _ = feed(before, events[1:])
+    again, _, decisions = feed(saved, events[1:])  # redelivered from the committed offset
+    assert first == again == [1, 2, 3, 4]
+    # and against the newer state, the same records are duplicates
+    emitted, dlq, decisions = feed(before, events[1:])
+    assert emitted == [] and dlq == [] and all(d.duplicate for d in decisions)
 
 
 def test_state_survives_its_json_form():
@@ -103,3 +106,23 @@ def test_state_survives_its_json_form():
     state = SessionSequence()
     feed(state, [f.started(), f.completed(3, 2, "c"), f.completed(1, 0, "a", epoch=1)])
     assert SessionSequence.from_json(state.to_json()) == state
+
+
+def test_a_reused_session_id_goes_to_the_dlq_not_silently_away():
+    old, new = EventFactory("same-id"), EventFactory("same-id")
+    state = SessionSequence()
+    feed(state, [old.started(), old.ended(1)])
+    emitted, dlq, _ = feed(state, [new.started(), new.completed(1, 0, "x"), new.ended(2)])
+    assert emitted == []
+    assert len(dlq) == 3 and all("session id reused" in r for r in dlq)
+
+
+def test_a_gap_names_the_offsets_where_the_missing_seq_must_be():
+    f = EventFactory()
+    state = SessionSequence()
+    feed(state, [f.started(), f.completed(1, 0, "a")], first_offset=100)  # offsets 100, 101
+    assert state.missing_range() is None
+    feed(state, [f.completed(3, 2, "c"), f.completed(4, 3, "d")], first_offset=110)  # seq 2 never came
+    assert state.missing_range() == (102, 109)
+    emitted, _, _ = feed(state, [f.completed(2, 1, "b")], first_offset=105)  # re-read from the log
+    assert emitted == [2, 3, 4] and state.missing_range() is None and state.applied_offset == 111

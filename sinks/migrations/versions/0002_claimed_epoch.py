@@ -1,0 +1,23 @@
+"""sessions.claimed_epoch: the highest epoch handed out by resume().
+
+Revision ID: 0002
+Revises: 0001
+"""
+
+import sqlalchemy as sa
+from alembic import op
+
+revision = "0002"
+down_revision = "0001"
+branch_labels = None
+depends_on = None
+
+
+def upgrade() -> None:
+    with op.batch_alter_table("sessions") as batch:
+        batch.add_column(sa.Column("claimed_epoch", sa.Integer, nullable=False, server_default="0"))
+
+
+def downgrade() -> None:
+    with op.batch_alter_table("sessions") as batch:
+        batch.drop_column("claimed_epoch")
