@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
+from pydantic import ValidationError
 
 from turnlog.settings import TurnlogSettings, load_settings
 
@@ -25,7 +26,13 @@ Bootstrap = Annotated[
 
 
 def _settings(**overrides: object) -> TurnlogSettings:
-    settings = load_settings(**overrides)
+    try:
+        settings = load_settings(**overrides)
+    except ValidationError as e:
+        for error in e.errors():
+            field = ".".join(str(part) for part in error["loc"])
+            typer.echo(f"turnlog: bad setting TURNLOG_{field.upper()}: {error['msg']} (got {error.get('input')!r})", err=True)
+        raise typer.Exit(2) from None
     logging.basicConfig(
         level=settings.log_level.upper(),
         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
@@ -163,7 +170,13 @@ def demo(
 
 
 def main() -> None:
-    app()
+    from turnlog.exceptions import TurnlogError
+
+    try:
+        app()
+    except TurnlogError as e:  # a clear message, not a traceback, for errors turnlog names itself
+        typer.echo(f"turnlog: {type(e).__name__}: {e}", err=True)
+        raise SystemExit(1) from None
 
 
 if __name__ == "__main__":

@@ -44,6 +44,12 @@ def create_topics(settings: TurnlogSettings, *, timeout: float = 30.0) -> list[s
             refused the request.
     """
     admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    try:
+        admin.list_topics(timeout=min(timeout, 10.0))
+    except KafkaException as e:
+        raise ConfigurationError(
+            f"no Kafka broker answers at {settings.bootstrap_servers} (start one with `bash deploy/services.sh start`)"
+        ) from e
     specs = topic_specs(settings)
     created = []
     for name, future in admin.create_topics(specs, request_timeout=timeout, operation_timeout=timeout).items():

@@ -42,6 +42,7 @@ logger = logging.getLogger(__name__)
 TABLE_NAME = "sequencer-state"
 BATCH_SIZE = 500
 BATCH_WAIT_SECONDS = 0.02
+CHANGELOG_SEGMENT_MS = 10 * 60 * 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -68,6 +69,9 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         # States are written after a batch, outside one record's context: the
         # key's own partition (murmur2, as the topics) picks the changelog partition.
         use_partitioner=True,
+        # Roll segments often so compaction keeps the changelog (and so the
+        # restore at start-up) near one record per session.
+        extra_topic_configs={"segment.ms": str(CHANGELOG_SEGMENT_MS), "min.cleanable.dirty.ratio": "0.1"},
         help="SessionSequence per session id (JSON).",
     )
 

@@ -178,7 +178,15 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     )
     if failed_agents:
         print(f"agents that failed: {', '.join(failed_agents)} (logs in {log_dir})")
-    print("VERDICT: " + ("every session intact: all turns stored exactly once, in order, finalized, aggregates equal a recomputation" if ok else "FAILED: see the problems above"))
+    print(
+        "VERDICT: "
+        + (
+            "every session intact: all turns stored exactly once, in order, finalized, aggregates equal a recomputation"
+            if ok
+            else f"FAILED: see the problems above, the service logs in {log_dir} "
+            f"(sequencer.log: gaps; sink.log; finalizer.log) and rejected events in {settings.topics.dlq}"
+        )
+    )
     if options.report_path is not None:
         report = {
             "run_id": run_id,
