@@ -15,6 +15,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
+from turnlog.faults import fault_point
 from turnlog.producers.exceptions import DeliveryError
 
 __all__ = ["AsyncProducer", "idempotent_config"]
@@ -78,6 +79,7 @@ class AsyncProducer:
         while True:
             try:
                 self._producer.produce(topic, value=value, key=key, headers=headers, on_delivery=on_delivery)
+                fault_point("producer.after_produce")
                 return future
             except BufferError:
                 # The local queue is full: let the poller drain delivery reports.

@@ -28,6 +28,7 @@ from tenacity import RetryCallState, retry, retry_if_exception_type, wait_expone
 
 from turnlog import metrics
 from turnlog.dlq import dlq_headers, reason_class
+from turnlog.faults import fault_point
 from turnlog.producers.kafka import idempotent_config
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import BatchResult, SqlStore
@@ -155,7 +156,10 @@ class SinkService:
     @_while_store_unavailable
     def _apply_batch(self, batch: list[SourceMessage]) -> BatchResult:
         with store_errors(), self.store.engine.begin() as conn:
-            return self.store.apply_batch(conn, self.settings.sink_group, batch, on_rejected=self._dead_letter)
+            result = self.store.apply_batch(conn, self.settings.sink_group, batch, on_rejected=self._dead_letter)
+            fault_point("sink.after_write")
+        fault_point("sink.after_commit")
+        return result
 
     @_while_store_unavailable
     def _skip(self, message: SourceMessage) -> None:

@@ -17,6 +17,7 @@ import time
 
 import faust
 
+from turnlog.faults import fault_point
 from turnlog.schemas import EventValidationError, SessionEnded, decode_event
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, StoreError, open_store
@@ -39,6 +40,7 @@ def finalize_now(store: SqlStore, session_id: str) -> bool:
     with store_errors(), store.engine.begin() as conn:
         done = store.finalize_session(conn, session_id, dt.datetime.now(dt.timezone.utc))
     if done:
+        fault_point("finalizer.after_update")
         metrics.SESSIONS_FINALIZED.inc()
         logger.info("finalized %s", session_id)
     return done

@@ -30,6 +30,7 @@ import faust
 
 from turnlog import metrics
 from turnlog.dlq import dlq_headers, reason_class
+from turnlog.faults import fault_point
 from turnlog.schemas import EventValidationError, decode_event
 from turnlog.settings import TurnlogSettings
 from turnlog.stream_processors.app import make_app, raw_topic
@@ -81,8 +82,9 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         headers = dlq_headers(reason, message.topic, message.partition, message.offset)
         return await dlq.send(key=key, value=raw, headers=headers, partition=message.partition)
 
-    reader = LogRangeReader(settings.bootstrap_servers, topics.events)
+    reader = LogRangeReader(settings.bootstrap_servers, topics.events, settings.sequencer_group)
     repaired: dict[bytes, int] = {}  # key -> the next_seq whose gap was already re-read
+    next_offset: dict[int, int] = {}  # partition -> the offset the next record should have
 
     def apply(state: SessionSequence, event: Any, raw: bytes, offset: int) -> Any:
         decision = sequence(state, event, raw, offset, max_buffer=settings.reorder_buffer_size)
@@ -123,7 +125,20 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
                     sent.append(await reject(key, held, reason, message))
 
             for record in records:
-                await handle(record.key, record.value, record.message)
+                message = record.message
+                expected = next_offset.get(message.partition)
+                if expected is None:
+                    expected = await asyncio.to_thread(reader.committed, message.partition)
+                if message.offset > expected:  # records skipped before this one: read them again
+                    skipped = await asyncio.to_thread(reader.read, message.partition, expected, message.offset - 1)
+                    logger.warning(
+                        "offsets %d..%d of %s[%d] were not delivered; re-read %d records",
+                        expected, message.offset - 1, message.topic, message.partition, len(skipped),
+                    )
+                    for offset, key, raw in skipped:
+                        await handle(key, raw, _Position(message.topic, message.partition, offset))
+                next_offset[message.partition] = max(expected, message.offset + 1)
+                await handle(record.key, record.value, message)
             for key, (state, message) in list(touched.items()):
                 gap = state.missing_range()
                 if gap is None or repaired.get(key) == state.next_seq:
@@ -131,10 +146,11 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
                 repaired[key] = state.next_seq
                 found = await asyncio.to_thread(reader.read, message.partition, gap[0], gap[1], key)
                 if found:
-                    logger.warning("gap repair: re-read %d records of %r from %s[%d]", len(found), key, topics.events, message.partition)
-                for offset, raw in found:
+                    logger.warning("gap in %r: re-read %d records from %s[%d]", key, len(found), topics.events, message.partition)
+                for offset, _, raw in found:
                     await handle(key, raw, _Position(message.topic, message.partition, offset))
             await asyncio.gather(*sent)  # acks=all: the emissions are durable before the state moves
+            fault_point("sequencer.after_emit")
             for key, (state, _) in touched.items():
                 states[key] = state.to_json()
 

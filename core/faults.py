@@ -1,0 +1,86 @@
+"""Named fault points for crash tests and ``turnlog chaos``.
+
+A fault point is a call ``fault_point("sink.after_write")`` placed where a crash
+matters. It does nothing unless ``TURNLOG_FAULTS`` arms it, and the unarmed
+check is one dict lookup on an empty dict::
+
+    TURNLOG_FAULTS="sink.after_write=kill"            # SIGKILL this process at the first hit
+    TURNLOG_FAULTS="sink.after_commit=kill@3"         # ... at the third hit
+    TURNLOG_FAULTS="producer.after_produce=stall:500" # sleep 500 ms at every hit
+
+Points (see ``POINTS``): where each one sits is in its docstring line there.
+Malformed values fail at import with :class:`~turnlog.exceptions.ConfigurationError`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from dataclasses import dataclass, field
+
+from turnlog.exceptions import ConfigurationError
+
+__all__ = ["POINTS", "FaultAction", "fault_point", "parse_faults", "ENV_VAR"]
+
+logger = logging.getLogger(__name__)
+ENV_VAR = "TURNLOG_FAULTS"
+
+POINTS = {
+    "producer.after_produce": "a record is handed to the producer, not yet acknowledged",
+    "sequencer.after_emit": "a batch's emissions are acknowledged, its state and offsets not yet stored",
+    "sink.after_write": "a batch's rows are written, the transaction not yet committed",
+    "sink.after_commit": "a batch's transaction (rows and offsets) is committed, the next poll not yet made",
+    "finalizer.after_update": "the aggregate UPDATE is committed, the offset of session.ended not yet",
+}
+
+
+@dataclass(slots=True)
+class FaultAction:
+    """What an armed point does: ``kill`` (SIGKILL self) or ``stall`` (sleep ``stall_ms``)."""
+
+    kind: str
+    on_hit: int = 1  # kill at this hit (1 = first)
+    stall_ms: int = 0
+    hits: int = field(default=0, compare=False)
+
+
+def parse_faults(spec: str) -> dict[str, FaultAction]:
+    """Parse ``name=kill[@N]`` / ``name=stall:MS``, comma separated.
+
+    Raises:
+        ConfigurationError: an unknown point or action.
+    """
+    armed: dict[str, FaultAction] = {}
+    for item in filter(None, (part.strip() for part in spec.split(","))):
+        name, _, action = item.partition("=")
+        if name not in POINTS:
+            raise ConfigurationError(f"{ENV_VAR}: unknown fault point {name!r} (known: {', '.join(sorted(POINTS))})")
+        try:
+            if action == "kill" or action.startswith("kill@"):
+                armed[name] = FaultAction("kill", on_hit=int(action[5:] or 1))
+            elif action.startswith("stall:"):
+                armed[name] = FaultAction("stall", stall_ms=int(action[6:]))
+            else:
+                raise ValueError(action)
+        except ValueError as e:
+            raise ConfigurationError(f"{ENV_VAR}: bad action {action!r} for {name} (kill, kill@N or stall:MS)") from e
+    return armed
+
+
+_ARMED = parse_faults(os.environ.get(ENV_VAR, ""))
+
+
+def fault_point(name: str) -> None:
+    """Crash or stall here if ``TURNLOG_FAULTS`` arms ``name``; otherwise do nothing."""
+    action = _ARMED.get(name)
+    if action is None:
+        return
+    action.hits += 1
+    if action.kind == "stall":
+        time.sleep(action.stall_ms / 1000)
+    elif action.hits >= action.on_hit:
+        logger.warning("fault point %s: SIGKILL (hit %d)", name, action.hits)
+        logging.shutdown()
+        os.kill(os.getpid(), signal.SIGKILL)
