@@ -71,13 +71,16 @@ class ServiceProcess:
         return self.popen.returncode
 
 
-def start_pipeline(settings: TurnlogSettings, log_dir: Path, *, services: Sequence[str] = ("sequencer", "sink", "finalizer")) -> dict[str, ServiceProcess]:
-    """Start one worker of each service, configured by ``settings``."""
-    env = settings.as_environment()
-    return {
-        name: ServiceProcess(name, turnlog_command(name), env, log_dir / f"{name}.log")
-        for name in services
-    }
+def start_pipeline(
+    settings: TurnlogSettings,
+    log_dir: Path,
+    *,
+    services: Sequence[str] = ("sequencer", "sink", "finalizer"),
+    extra_env: Mapping[str, str] | None = None,
+) -> dict[str, ServiceProcess]:
+    """Start one worker of each service, configured by ``settings`` (plus ``extra_env``, e.g. ``TURNLOG_FAULTS``)."""
+    env = {**settings.as_environment(), **(extra_env or {})}
+    return {name: ServiceProcess(name, turnlog_command(name), env, log_dir / f"{name}.log") for name in services}
 
 
 def stop_all(processes: Mapping[str, ServiceProcess] | Sequence[ServiceProcess], timeout: float = 20.0) -> None:

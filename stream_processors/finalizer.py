@@ -62,7 +62,8 @@ async def _finalize_when_stored(store: SqlStore, session_id: str) -> None:
             if await asyncio.to_thread(finalize_now, store, session_id):
                 return
             if await asyncio.to_thread(_is_finalized, store, session_id):
-                return  # a re-delivered session.ended, or another finalizer won
+                logger.info("%s was finalized already", session_id)  # a re-delivered session.ended, or another finalizer won
+                return
         except StoreError as e:  # unavailable or refused: the sweep tries again
             logger.warning("finalizing %s: %s", session_id, e)
         await asyncio.sleep(delay)

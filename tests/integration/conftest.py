@@ -42,8 +42,10 @@ class Pipeline:
     processes: dict[str, ServiceProcess]
     log_dir: Path
 
-    def start(self, *services: str) -> None:
-        self.processes.update(start_pipeline(self.settings, self.log_dir, services=services))
+    def start(self, *services: str, faults: str | None = None) -> None:
+        """Start services; ``faults`` arms fault points in them (``TURNLOG_FAULTS``)."""
+        extra_env = {"TURNLOG_FAULTS": faults} if faults else None
+        self.processes.update(start_pipeline(self.settings, self.log_dir, services=services, extra_env=extra_env))
 
     def stop(self, *services: str) -> None:
         stop_all([self.processes.pop(name) for name in services])
@@ -52,8 +54,10 @@ class Pipeline:
         return "\n".join(f"--- {name}\n{p.log_path.read_text(errors='replace')[-3000:]}" for name, p in self.processes.items())
 
 
-def make_pipeline(kafka_bootstrap: str, database_url: str, tmp: Path, services: tuple[str, ...]) -> Pipeline:
-    settings = isolated_settings(kafka_bootstrap, database_url, tmp)
+def make_pipeline(
+    kafka_bootstrap: str, database_url: str, tmp: Path, services: tuple[str, ...], **overrides: object
+) -> Pipeline:
+    settings = isolated_settings(kafka_bootstrap, database_url, tmp, **overrides)
     store = open_store(settings.database_url)
     upgrade_to_head(store.engine)
     create_topics(settings)

@@ -1,0 +1,195 @@
+"""Real SIGKILLs of real service processes at named fault points (TURNLOG_FAULTS).
+
+Each test runs its own pipeline (own topics, groups and database), kills one
+service where a crash matters most, restarts it, and checks the store against
+what it must hold: every event exactly once, in order, aggregates once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from sqlalchemy import func, select
+
+from turnlog.audit import fold_events
+from turnlog.producers import partition_for
+from turnlog.schemas import decode_event, encode_event
+from turnlog.sinks import SourceMessage, open_store
+from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.sinks.tables import session_events, sessions, sink_offsets
+from tests.integration.conftest import make_pipeline
+from tests.integration.test_pipeline import finalized, logged_payloads, stored_turns
+from tests.support import EventFactory, dump_store, wait_until
+
+TIMEOUT = 120
+NOW = dt.datetime.now(dt.timezone.utc)
+
+
+@pytest.fixture
+def new_pipeline(kafka_bootstrap, postgres_databases, tmp_path):
+    started = []
+
+    def make(services, **overrides):
+        pipeline = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp_path / uuid.uuid4().hex[:6], services, **overrides)
+        started.append(pipeline)
+        return pipeline
+
+    yield make
+    for pipeline in started:
+        for process in pipeline.processes.values():
+            process.stop()
+        pipeline.store.engine.dispose()
+
+
+def session_events_of(f, turns=8):
+    """One session: start, a partial and a completion per turn, end (2 + 2 * turns events)."""
+    events, seq = [f.started()], 1
+    for turn in range(turns):
+        events.append(f.partial(seq, turn, f"turn {turn} so"))
+        events.append(f.completed(seq + 1, turn, f"turn {turn} so far and done", tokens=turn + 1))
+        seq += 2
+    events.append(f.ended(seq, last_turn=turns - 1, seconds=120.5))
+    return events
+
+
+def produce(settings, sessions_events, *, waves=1):
+    """Produce each session's events to the events topic, in ``waves`` flushed one after another."""
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "partitioner": "murmur2_random", "enable.idempotence": True})
+    longest = max(len(events) for events in sessions_events.values())
+    per_wave = -(-longest // waves)
+    for start in range(0, longest, per_wave):
+        for session_id, events in sessions_events.items():
+            for event in events[start : start + per_wave]:
+                producer.produce(settings.topics.events, key=session_id.encode(), value=encode_event(event))
+        assert producer.flush(10) == 0
+
+
+def died_by_sigkill(pipeline, name):
+    process = pipeline.processes[name]
+    wait_until(lambda: not process.alive(), timeout=TIMEOUT, what=f"the {name} to hit its fault point")
+    assert process.popen.returncode == -9, pipeline.logs()
+    pipeline.processes.pop(name).stop()
+
+
+def expected_turns(events):
+    return [tuple(t) for t in [(t.turn_index, t.speaker, t.text, t.status) for t in fold_events(encode_event(e) for e in events).ordered_turns]]
+
+
+def read_topic(settings, topic):
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"reader-{uuid.uuid4()}", "enable.auto.commit": False})
+    found = []
+    try:
+        for partition in range(settings.partitions):
+            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            if high <= low:
+                continue
+            consumer.assign([TopicPartition(topic, partition, low)])
+            while True:
+                record = consumer.poll(5)
+                assert record is not None, f"{topic}[{partition}] ended before offset {high}"
+                if record.error():
+                    continue
+                found.append(SourceMessage(record.topic(), record.partition(), record.offset(), record.value(), record.key()))
+                if record.offset() >= high - 1:
+                    break
+    finally:
+        consumer.close()
+    return found
+
+
+@pytest.mark.parametrize("point", ["sink.after_write", "sink.after_commit"])
+def test_a_sink_killed_at_a_fault_point_leaves_no_partial_batch_and_recovers_to_the_same_store(new_pipeline, tmp_path, point):
+    pipeline = new_pipeline(("sequencer", "finalizer"), sink_batch_size=4)
+    settings = pipeline.settings
+    batches = {f"crash-{i}-{uuid.uuid4().hex[:6]}": None for i in range(3)}
+    events = {sid: session_events_of(EventFactory(sid)) for sid in batches}
+    produce(settings, events)
+    total = sum(len(e) for e in events.values())
+    wait_until(lambda: len(read_topic(settings, settings.topics.transcript)) == total, timeout=TIMEOUT, what="the whole transcript")
+    pipeline.start("sink", faults=f"{point}=kill@3")
+    died_by_sigkill(pipeline, "sink")
+
+    # At the kill: every stored event is covered by the stored offsets and nothing else is (one transaction).
+    with pipeline.store.engine.connect() as conn:
+        stored_events = conn.execute(select(func.count()).select_from(session_events)).scalar_one()
+        stored_offsets = conn.execute(select(func.coalesce(func.sum(sink_offsets.c.next_offset), 0))).scalar_one()
+    assert stored_offsets == stored_events == (8 if point == "sink.after_write" else 12)  # 2 or 3 batches of 4
+
+    pipeline.start("sink")
+    for sid in events:
+        wait_until(lambda sid=sid: finalized(pipeline, sid), timeout=TIMEOUT, what=f"{sid} finalized after the restart")
+        assert [tuple(t) for t in stored_turns(pipeline, sid)] == expected_turns(events[sid])
+
+    # The same transcript applied in one go by an uninterrupted sink: the same store.
+    reference = open_store(f"sqlite:///{tmp_path / 'reference.db'}")
+    upgrade_to_head(reference.engine)
+    with reference.engine.begin() as conn:
+        reference.apply_batch(conn, settings.sink_group, read_topic(settings, settings.topics.transcript))
+    with reference.engine.begin() as conn:
+        for sid in events:
+            assert reference.finalize_session(conn, sid, NOW)
+    assert dump_store(pipeline.store) == dump_store(reference)
+
+
+def test_the_same_batch_applied_twice_by_two_sink_processes_gives_an_identical_store(new_pipeline):
+    pipeline = new_pipeline(("sequencer", "sink", "finalizer"))
+    sid = f"twice-{uuid.uuid4().hex[:6]}"
+    events = session_events_of(EventFactory(sid))
+    produce(pipeline.settings, {sid: events})
+    wait_until(lambda: finalized(pipeline, sid), timeout=TIMEOUT, what="finalized")
+    before = dump_store(pipeline.store)
+    # Rewind the sink's stored offsets (as an operator replaying the topic would) and run it again.
+    with pipeline.store.engine.begin() as conn:
+        conn.execute(sink_offsets.delete())
+    pipeline.stop("sink")
+    pipeline.start("sink")
+    wait_until(lambda: dump_store(pipeline.store, skip_columns=("finalized_at",)) == before, timeout=TIMEOUT,
+               what="the replayed sink to rewrite the same store")
+    assert dump_store(pipeline.store) == before
+
+
+def test_a_finalizer_killed_after_its_update_does_not_double_the_aggregates(new_pipeline):
+    pipeline = new_pipeline(("sequencer", "sink"))
+    sid = f"fin-{uuid.uuid4().hex[:6]}"
+    events = session_events_of(EventFactory(sid))
+    produce(pipeline.settings, {sid: events})
+    pipeline.start("finalizer", faults="finalizer.after_update=kill")
+    died_by_sigkill(pipeline, "finalizer")
+    first = finalized(pipeline, sid)
+    assert first is not None
+    pipeline.start("finalizer")  # re-reads session.ended: its guarded UPDATE matches nothing now
+    folded = fold_events(logged_payloads(pipeline, sid))
+    log = pipeline.processes["finalizer"].log_path
+    wait_until(lambda: f"{sid} was finalized already" in log.read_text(errors="replace"), timeout=TIMEOUT,
+               what="the restarted finalizer to re-read session.ended")
+    row = finalized(pipeline, sid)
+    assert row == first
+    assert (row["turn_count"], row["input_tokens"], row["output_tokens"]) == (folded.turn_count, folded.input_tokens, folded.output_tokens) == (8, 36, 8)
+    assert row["duration_seconds"] == folded.duration_seconds == 120.5
+
+
+def test_a_sequencer_killed_between_emit_and_commit_loses_and_reorders_nothing(new_pipeline):
+    pipeline = new_pipeline(("sink", "finalizer"))
+    settings = pipeline.settings
+    sids = [f"seq-{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
+    events = {sid: session_events_of(EventFactory(sid), turns=10) for sid in sids}
+    pipeline.start("sequencer", faults="sequencer.after_emit=kill@2")
+    first_half = {sid: e[: len(e) // 2] for sid, e in events.items()}
+    produce(settings, first_half)  # batch 1: its state is stored
+    wanted = sum(map(len, first_half.values()))
+    wait_until(lambda: len(read_topic(settings, settings.topics.transcript)) >= wanted, timeout=TIMEOUT, what="batch 1 emitted")
+    produce(settings, {sid: e[len(e) // 2 :] for sid, e in events.items()}, waves=3)  # batch 2: killed after its emit
+    died_by_sigkill(pipeline, "sequencer")
+    pipeline.start("sequencer")
+    for sid in sids:
+        wait_until(lambda sid=sid: finalized(pipeline, sid), timeout=TIMEOUT, what=f"{sid} finalized")
+        assert [tuple(t) for t in stored_turns(pipeline, sid)] == expected_turns(events[sid])
+        assert fold_events(logged_payloads(pipeline, sid)).seqs == list(range(len(events[sid])))
+    # The transcript may repeat events after the crash, but never out of order within a session.
+    for sid in sids:
+        seqs = [decode_event(m.value).seq for m in read_topic(settings, settings.topics.transcript) if m.key == sid.encode()]
+        first_seen = [s for i, s in enumerate(seqs) if s not in seqs[:i]]
+        assert first_seen == list(range(len(events[sid])))
