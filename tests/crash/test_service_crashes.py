@@ -193,3 +193,29 @@ def test_a_sequencer_killed_between_emit_and_commit_loses_and_reorders_nothing(n
         seqs = [decode_event(m.value).seq for m in read_topic(settings, settings.topics.transcript) if m.key == sid.encode()]
         first_seen = [s for i, s in enumerate(seqs) if s not in seqs[:i]]
         assert first_seen == list(range(len(events[sid])))
+
+
+def test_scaling_the_sequencer_from_one_worker_to_two_and_back_while_events_flow(new_pipeline):
+    from turnlog.deploy.processes import ServiceProcess, turnlog_command
+
+    pipeline = new_pipeline(("sequencer", "sink", "finalizer"))
+    settings = pipeline.settings
+    sids = [f"scale-{i}-{uuid.uuid4().hex[:6]}" for i in range(6)]
+    events = {sid: session_events_of(EventFactory(sid), turns=12) for sid in sids}
+    waves = [{sid: e[i::6] for sid, e in events.items()} for i in range(6)]  # never mind order: the sequencer re-orders
+    second = None
+    try:
+        for number, wave in enumerate(waves):
+            produce(settings, wave)
+            if number == 1:
+                second = ServiceProcess("sequencer-2", turnlog_command("sequencer"), settings.as_environment(), pipeline.log_dir / "sequencer-2.log")
+                wait_until(lambda: "Worker]: Ready" in second.log_path.read_text(errors="replace"), timeout=TIMEOUT, what="a second sequencer ready")
+            if number == 3:
+                pipeline.stop("sequencer")  # back to one worker (the second)
+        for sid in sids:
+            wait_until(lambda sid=sid: finalized(pipeline, sid), timeout=TIMEOUT, what=f"{sid} finalized")
+            assert [tuple(t) for t in stored_turns(pipeline, sid)] == expected_turns(events[sid])
+            assert fold_events(logged_payloads(pipeline, sid)).seqs == list(range(len(events[sid])))
+    finally:
+        if second is not None:
+            second.stop()
