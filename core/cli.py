@@ -76,6 +76,11 @@ def migrate(database_url: DatabaseUrl = None) -> None:
 def _run_faust(faust_app: object, settings: TurnlogSettings) -> None:
     from faust import Worker
 
+    from turnlog.deploy.local import wait_for_broker
+
+    # A Faust worker exits if it cannot bootstrap; wait for the broker first
+    # (a broker outage after start-up is retried by the client itself).
+    wait_for_broker(settings.bootstrap_servers)
     worker = Worker(faust_app, loglevel=settings.log_level.lower(), quiet=True)
     worker.execute_from_commandline()
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import subprocess
+import time
 from pathlib import Path
 
 from confluent_kafka import KafkaException
@@ -16,7 +17,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks import StoreUnavailableError, open_store
 from turnlog.sinks.errors import store_errors
 
-__all__ = ["ensure_local_services", "broker_answers"]
+__all__ = ["ensure_local_services", "broker_answers", "wait_for_broker"]
 
 logger = logging.getLogger(__name__)
 SCRIPTS = Path(__file__).parent
@@ -29,6 +30,24 @@ def broker_answers(bootstrap_servers: str, timeout: float = 5.0) -> bool:
         return True
     except KafkaException:
         return False
+
+
+def wait_for_broker(bootstrap_servers: str, *, timeout: float | None = None) -> None:
+    """Block until a broker answers, polling with capped backoff (forever when ``timeout`` is None).
+
+    Raises:
+        ConfigurationError: no broker answered within ``timeout`` seconds.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+    delay, warned = 0.5, False
+    while not broker_answers(bootstrap_servers):
+        if deadline is not None and time.monotonic() >= deadline:
+            raise ConfigurationError(f"no Kafka broker answers at {bootstrap_servers}")
+        if not warned:
+            logger.warning("waiting for a Kafka broker at %s", bootstrap_servers)
+            warned = True
+        time.sleep(delay)
+        delay = min(delay * 2, 5.0)
 
 
 def _database_answers(url: str) -> bool:

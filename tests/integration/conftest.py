@@ -15,6 +15,7 @@ from turnlog.deploy.topics import create_topics
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.migrate import upgrade_to_head
+from tests.support import wait_until
 
 
 def isolated_settings(kafka_bootstrap: str, database_url: str, tmp: Path, **overrides: object) -> TurnlogSettings:
@@ -49,6 +50,19 @@ class Pipeline:
 
     def stop(self, *services: str) -> None:
         stop_all([self.processes.pop(name) for name in services])
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        """Until every running service says it is consuming (Faust's "Ready", the sink's assignment)."""
+        marks = {"sequencer": "[^Worker]: Ready", "finalizer": "[^Worker]: Ready", "sink": "assigned "}
+
+        def ready() -> bool:
+            return all(
+                marks[name] in process.log_path.read_text(errors="replace")
+                for name, process in self.processes.items()
+                if name in marks
+            )
+
+        wait_until(ready, timeout=timeout, what=f"services ready\n{self.logs()}")
 
     def logs(self) -> str:
         return "\n".join(f"--- {name}\n{p.log_path.read_text(errors='replace')[-3000:]}" for name, p in self.processes.items())

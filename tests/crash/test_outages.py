@@ -1,0 +1,96 @@
+"""The broker SIGKILLed and Postgres stopped mid-run: the pipeline recovers by itself.
+
+These restart the shared local services with the deploy scripts (the same ones
+CI uses), so they run only against a broker and Postgres started by
+``deploy/services.sh`` on this machine.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import uuid
+from pathlib import Path
+
+import pytest
+
+from turnlog.deploy.local import SCRIPTS
+from turnlog.producers import SessionRecorder
+from tests.integration.conftest import make_pipeline
+from tests.integration.test_pipeline import finalized, stored_turns
+from tests.support import wait_until
+
+TIMEOUT = 180
+STATE = Path(os.environ.get("TURNLOG_STATE_DIR", Path.home() / ".cache" / "turnlog"))
+
+
+@pytest.fixture
+def pipeline(kafka_bootstrap, postgres_databases, tmp_path):
+    if not (STATE / "kafka" / "kafka.pid").exists():
+        pytest.fail(f"these tests restart the local services: start them with `bash deploy/services.sh start` (state in {STATE})", pytrace=False)
+    running = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp_path, ("sequencer", "sink", "finalizer"))
+    running.wait_ready()  # the outage hits a running pipeline, not one starting up
+    yield running
+    for process in running.processes.values():
+        process.stop()
+    running.store.engine.dispose()
+
+
+def script(name, command):
+    subprocess.run(["bash", str(SCRIPTS / name), command], check=True, capture_output=True, timeout=TIMEOUT)
+
+
+async def record(settings, session_id, turns, outage_after, outage):
+    """Record ``turns`` turns; run ``outage()`` (blocking) after turn ``outage_after``."""
+    async with SessionRecorder(settings) as recorder:
+        session = await recorder.start_session(session_id, fleet="tests", agent_id="outage")
+        for index in range(turns):
+            if index == outage_after:
+                await asyncio.to_thread(outage)
+            await session.complete_turn(index, "A", f"turn {index} before and after the outage")
+        await session.end("completed")
+
+
+def check(pipeline, session_id, turns):
+    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized after the outage")
+    assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
+        (i, "A", f"turn {i} before and after the outage", "complete") for i in range(turns)
+    ]
+    assert row["turn_count"] == turns and row["last_seq"] == turns + 1
+
+
+def test_the_pipeline_recovers_from_a_broker_killed_with_sigkill(pipeline):
+    def kill_and_restart_broker():
+        pid = int((STATE / "kafka" / "kafka.pid").read_text().split()[0])
+        os.kill(pid, signal.SIGKILL)
+        wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=30, what="the broker process gone")
+        script("kafka.sh", "start")
+
+    session_id = f"broker-{uuid.uuid4().hex[:6]}"
+    asyncio.run(record(pipeline.settings, session_id, 10, 4, kill_and_restart_broker))
+    check(pipeline, session_id, 10)
+    assert all(p.alive() for p in pipeline.processes.values()), pipeline.logs()
+
+
+def test_the_pipeline_recovers_from_postgres_stopped_and_started(pipeline):
+    session_id = f"postgres-{uuid.uuid4().hex[:6]}"
+
+    async def record_during_outage():
+        async with SessionRecorder(pipeline.settings) as recorder:
+            session = await recorder.start_session(session_id, fleet="tests", agent_id="outage")
+            await session.complete_turn(0, "A", "turn 0 before and after the outage")
+            script("postgres.sh", "stop")
+            try:
+                for index in range(1, 8):  # the broker still takes turns while the store is down
+                    await session.complete_turn(index, "A", f"turn {index} before and after the outage")
+                wait_until(lambda: "store unavailable" in pipeline.processes["sink"].log_path.read_text(errors="replace"),
+                           timeout=60, what="the sink to notice the outage")
+            finally:
+                script("postgres.sh", "start")
+            await session.end("completed")
+
+    asyncio.run(record_during_outage())
+    check(pipeline, session_id, 8)
+    assert all(p.alive() for p in pipeline.processes.values()), pipeline.logs()
