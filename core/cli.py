@@ -174,6 +174,24 @@ def demo(
     raise typer.Exit(0 if ok else 1)
 
 
+@app.command()
+def chaos(
+    duration: Annotated[float, typer.Option(help="Seconds of workload under kills.")] = 300.0,
+    seed: Annotated[int, typer.Option(help="Seed of the kill schedule.")] = 1,
+    kills: Annotated[int, typer.Option(help="Kills, spread over agents, sequencer, sink, finalizer and broker.")] = 25,
+    sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("../shared/data/sessions"),
+    database_url: DatabaseUrl = None,
+    bootstrap_servers: Bootstrap = None,
+    report: Annotated[Optional[Path], typer.Option("--report", help="Write the report as JSON here.")] = None,
+) -> None:
+    """SIGKILL every component at random under the demo workload; report losses, duplicates, order, aggregates, recovery."""
+    from turnlog.demo.chaos import ChaosOptions, run_chaos
+
+    settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
+    ok = run_chaos(settings, ChaosOptions(sessions_dir=sessions, duration=duration, seed=seed, kills=kills, report_path=report))
+    raise typer.Exit(0 if ok else 1)
+
+
 def main() -> None:
     from turnlog.exceptions import TurnlogError
 

@@ -84,6 +84,9 @@ class SinkService:
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
+            # A SIGKILLed sink holds its partitions until its session times out.
+            "session.timeout.ms": 10_000,
+            "heartbeat.interval.ms": 2_000,
             **(consumer_config or {}),
         }
         self._on_batch = on_batch

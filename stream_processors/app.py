@@ -29,6 +29,10 @@ def make_app(settings: TurnlogSettings, app_id: str) -> faust.App:
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
         web_enabled=False,
+        # A SIGKILLed worker holds its partitions until the group's session
+        # times out: keep that short so a replacement takes over quickly.
+        broker_session_timeout=10.0,
+        broker_heartbeat_interval=2.0,
         table_standby_replicas=0,
     )
 

@@ -75,8 +75,8 @@ def choose_kills(transcripts: dict[str, list[InputTurn]], count: int, speed: flo
     return [KillPlan(s, rng.choice(candidates[s]), rng.uniform(0.5, 0.8)) for s in chosen]
 
 
-class _Agent:
-    """One agent process and a thread reading its JSON progress lines."""
+class AgentProcess:
+    """One agent process and a thread reading its JSON progress lines (``on_line(agent, line)``)."""
 
     def __init__(self, process: ServiceProcess, on_line: object) -> None:
         self.process = process
@@ -116,26 +116,26 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     create_topics(settings)
     started = time.monotonic()
     services = start_pipeline(settings, log_dir)
-    agents: list[_Agent] = []
+    agents: list[AgentProcess] = []
     killed: list[dict[str, object]] = []
     lock = threading.Lock()
     env = settings.as_environment()
 
-    def spawn(session_id: str, *extra: str) -> _Agent:
+    def spawn(session_id: str, *extra: str) -> AgentProcess:
         argv = turnlog_command(
             "replay-agent", str(paths[session_id]), "--session-id", session_id, "--speed", str(options.speed),
             "--base-time", base_time.isoformat(), *extra,
         )
         name = f"agent-{session_id}" + ("-resumed" if extra else "")
         process = ServiceProcess(name, argv, env, log_dir / f"{name}.log", stdout_pipe=True)
-        agent = _Agent(process, on_progress)
+        agent = AgentProcess(process, on_progress)
         with lock:
             agents.append(agent)
         return agent
 
     plans = {plan.session_id: plan for plan in kills}
 
-    def on_progress(agent: _Agent, line: dict[str, object]) -> None:
+    def on_progress(agent: AgentProcess, line: dict[str, object]) -> None:
         plan = plans.get(agent.process.name.removeprefix("agent-"))
         if plan is None or line.get("type") != "turn" or line.get("input_turn") != plan.input_turn:
             return
@@ -154,7 +154,7 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
             spawn(session_id)
         _wait_for_agents(agents, lock, len(transcripts) + len(kills), started + options.timeout + 600)
         replay_seconds = time.monotonic() - started
-        finalized_in = _wait_for_finalized(store, list(transcripts), time.monotonic() + options.timeout)
+        finalized_in = wait_for_finalized(store, list(transcripts), time.monotonic() + options.timeout)
     finally:
         stop_all(services)
         for agent in agents:
@@ -167,10 +167,10 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
         if plan.session_id not in kills_by_session:
             verdicts_by_id = {v.session_id: v for v in verdicts}
             verdicts_by_id[plan.session_id].problems.append("the planned SIGKILL did not happen")
-    events = _count_events(store, list(transcripts))
+    events = count_events(store, list(transcripts))
     failed_agents = [a.process.name for a in agents if a.process.popen.returncode not in (0, -9)]
     ok = all(v.ok for v in verdicts) and not failed_agents and len(killed) == len(kills)
-    _print_table(verdicts)
+    print_table(verdicts)
     rate = events / wall if wall else 0.0
     print(
         f"\n{events} events in {wall:.1f}s wall ({rate:.0f} events/s end to end; replay {replay_seconds:.1f}s, "
@@ -206,7 +206,7 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     return ok
 
 
-def _wait_for_agents(agents: list[_Agent], lock: threading.Lock, expected: int, deadline: float) -> None:
+def _wait_for_agents(agents: list[AgentProcess], lock: threading.Lock, expected: int, deadline: float) -> None:
     while time.monotonic() < deadline:
         with lock:
             running = [a for a in agents if a.process.alive()]
@@ -217,7 +217,7 @@ def _wait_for_agents(agents: list[_Agent], lock: threading.Lock, expected: int, 
     raise TimeoutError("agents did not finish in time")
 
 
-def _wait_for_finalized(store: SqlStore, session_ids: list[str], deadline: float) -> float:
+def wait_for_finalized(store: SqlStore, session_ids: list[str], deadline: float) -> float:
     """Poll until every session is finalized or the deadline passes; returns seconds waited."""
     begun = time.monotonic()
     while time.monotonic() < deadline:
@@ -231,12 +231,12 @@ def _wait_for_finalized(store: SqlStore, session_ids: list[str], deadline: float
     return time.monotonic() - begun
 
 
-def _count_events(store: SqlStore, session_ids: list[str]) -> int:
+def count_events(store: SqlStore, session_ids: list[str]) -> int:
     with store.engine.connect() as conn:
         return conn.execute(select(func.count()).where(session_events.c.session_id.in_(session_ids))).scalar_one()
 
 
-def _print_table(verdicts: list[SessionVerdict]) -> None:
+def print_table(verdicts: list[SessionVerdict]) -> None:
     header = f"{'session':<26} {'input':>6} {'stored':>6} {'intr':>4} {'status':<10} {'duration s':>10} {'events':>7}  problems"
     print("\n" + header)
     print("-" * len(header))
