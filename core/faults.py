@@ -30,6 +30,7 @@ ENV_VAR = "TURNLOG_FAULTS"
 POINTS = {
     "producer.after_produce": "a record is handed to the producer, not yet acknowledged",
     "sequencer.after_emit": "a batch's emissions are acknowledged, its state and offsets not yet stored",
+    "sink.after_poll": "a batch is consumed, nothing of it written yet",
     "sink.after_write": "a batch's rows are written, the transaction not yet committed",
     "sink.after_commit": "a batch's transaction (rows and offsets) is committed, the next poll not yet made",
     "finalizer.after_update": "the aggregate UPDATE is committed, the offset of session.ended not yet",

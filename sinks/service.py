@@ -111,6 +111,7 @@ class SinkService:
                         SourceMessage(record.topic(), record.partition(), record.offset(), record.value(), record.key())
                     )
                 if batch:
+                    fault_point("sink.after_poll")
                     result = self.apply(batch)
                     if self._on_batch is not None:
                         self._on_batch(result)
@@ -123,6 +124,8 @@ class SinkService:
         """Apply one batch (retrying while the store is down); dead-letter records the store refuses."""
         with metrics.SINK_BATCH_SECONDS.time():
             result = self._apply_or_split(batch)
+        if result.stale:
+            logger.info("skipped %d records below the stored offsets (another sink wrote them)", result.stale)
         metrics.SINK_RECORDS.labels("applied").inc(result.applied)
         metrics.SINK_RECORDS.labels("stale").inc(result.stale)
         metrics.SINK_RECORDS.labels("rejected").inc(result.rejected)

@@ -98,10 +98,14 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
     generation = defaultdict(int)
     lock = threading.Lock()
 
+    resumed_generation: dict[str, int] = {}  # session -> newest agent generation that has resumed
+
     def on_line(agent: AgentProcess, line: dict[str, object]) -> None:
-        session_id = agent.process.name.split(":", 1)[1]
+        name, session_id = agent.process.name.split(":", 1)
         with resumed:
             progress[session_id] = line
+            if line.get("type") == "resumed":
+                resumed_generation[session_id] = int(name.removeprefix("agent"))
             resumed.notify_all()
 
     def spawn(session_id: str, *extra: str) -> None:
@@ -139,7 +143,9 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
                     progress[session_id] = {}
                 spawn(session_id, "--resume", "--from-turn", str(line["input_turn"]))
                 with resumed:
-                    resumed.wait_for(lambda: progress[session_id].get("type") == "resumed", timeout=RECOVERY_TIMEOUT_SECONDS)
+                    resumed.wait_for(
+                        lambda: resumed_generation.get(session_id) == generation[session_id], timeout=RECOVERY_TIMEOUT_SECONDS
+                    )
                 target = session_id
             elif component == "broker":
                 target = _kill_broker(options.state_dir)

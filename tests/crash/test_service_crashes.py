@@ -8,6 +8,8 @@ what it must hold: every event exactly once, in order, aggregates once.
 from __future__ import annotations
 
 import datetime as dt
+import signal
+import threading
 import uuid
 
 import pytest
@@ -219,3 +221,34 @@ def test_scaling_the_sequencer_from_one_worker_to_two_and_back_while_events_flow
     finally:
         if second is not None:
             second.stop()
+
+
+def test_a_paused_sink_that_wakes_after_another_took_over_cannot_undo_its_work(new_pipeline):
+    pipeline = new_pipeline(("sequencer", "finalizer"))
+    settings = pipeline.settings
+    sid = f"paused-{uuid.uuid4().hex[:6]}"
+    f = EventFactory(sid)
+    # Sink A consumes a batch holding a partial turn, then stalls before writing it ...
+    pipeline.start("sink", faults="sink.after_poll=stall:4000")
+    pipeline.wait_ready()
+    produce(settings, {sid: [f.started(), f.partial(1, 0, "half of the")]})
+    sink_a = pipeline.processes.pop("sink")
+    wait_until(lambda: len(read_topic(settings, settings.topics.transcript)) == 2, timeout=TIMEOUT, what="the partial emitted")
+    # ... and is SIGSTOPped there, so its group session expires.
+    threading.Event().wait(1.0)  # let A's poll return the batch and enter its stall
+    sink_a.popen.send_signal(signal.SIGSTOP)
+    try:
+        pipeline.start("sink")  # sink B takes the partitions and writes the completed turn
+        produce(settings, {sid: [f.completed(2, 0, "half of the sentence, completed"), f.ended(3, last_turn=0)]})
+        wait_until(lambda: finalized(pipeline, sid), timeout=TIMEOUT, what="sink B stored and the session finalized")
+        with pipeline.store.engine.connect() as conn:
+            offsets_before = dict(conn.execute(select(sink_offsets.c.partition, sink_offsets.c.next_offset)).all())
+    finally:
+        sink_a.popen.send_signal(signal.SIGCONT)  # A wakes and writes its old batch
+    wait_until(lambda: "below the stored offsets" in sink_a.log_path.read_text(errors="replace"), timeout=TIMEOUT,
+               what="the woken sink A to find its batch stale")
+    sink_a.stop()
+    assert [tuple(t) for t in stored_turns(pipeline, sid)] == [(0, "A", "half of the sentence, completed", "complete")]
+    with pipeline.store.engine.connect() as conn:
+        offsets_after = dict(conn.execute(select(sink_offsets.c.partition, sink_offsets.c.next_offset)).all())
+    assert all(offsets_after[p] >= offset for p, offset in offsets_before.items())
