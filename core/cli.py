@@ -131,7 +131,6 @@ def replay_agent(
     session_id: Annotated[str, typer.Option(help="Session id to record under.")],
     speed: Annotated[float, typer.Option(help="Time compression factor.")] = 40.0,
     resume: Annotated[bool, typer.Option(help="Resume the session (new epoch) instead of starting it.")] = False,
-    from_turn: Annotated[int, typer.Option(help="First input turn to replay.")] = 0,
     fleet: Annotated[str, typer.Option()] = "demo",
     base_time: Annotated[str, typer.Option(help="ISO timestamp of second 0 of the recording.")] = "2026-01-01T00:00:00+00:00",
 ) -> None:
@@ -145,7 +144,7 @@ def replay_agent(
     base = dt.datetime.fromisoformat(base_time)
     asyncio.run(
         replay_transcript(
-            settings, transcript, session_id, speed=speed, base_time=base, resume=resume, from_turn=from_turn, fleet=fleet
+            settings, transcript, session_id, speed=speed, base_time=base, resume=resume, fleet=fleet
         )
     )
 

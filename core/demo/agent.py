@@ -18,10 +18,13 @@ import time
 from pathlib import Path
 
 import msgspec
+from sqlalchemy import func, select
 
 from turnlog.demo.transcripts import InputTurn, load_transcript, token_counts
 from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
+from turnlog.sinks import open_store
+from turnlog.sinks.tables import transcript_turns
 
 __all__ = ["replay_transcript"]
 
@@ -46,16 +49,22 @@ async def replay_transcript(
     speed: float,
     base_time: dt.datetime,
     resume: bool = False,
-    from_turn: int = 0,
     fleet: str = "demo",
 ) -> None:
-    """Record ``path`` as ``session_id``; with ``resume``, continue it from input turn ``from_turn``."""
+    """Record ``path`` as ``session_id``; with ``resume``, continue it after its last completed turn.
+
+    A resumed agent reloads the conversation from the store, as a real agent
+    would: after the resume barrier the store holds every turn its predecessor
+    completed, so it goes on with the first input turn not stored complete.
+    """
     turns = load_transcript(path)
     async with SessionRecorder(settings, producer_id=f"demo-agent-{os.getpid()}") as recorder:
         recorder.install_sigterm_drain()
+        from_turn = 0
         if resume:
             session = await recorder.resume(session_id)
-            _say(type="resumed", epoch=session.epoch, next_seq=session.next_seq, next_turn=session.next_turn_index)
+            from_turn = await asyncio.to_thread(_completed_turns, settings, session_id)
+            _say(type="resumed", epoch=session.epoch, next_seq=session.next_seq, next_turn=session.next_turn_index, from_input_turn=from_turn)
         else:
             session = await recorder.start_session(
                 session_id,
@@ -66,7 +75,7 @@ async def replay_transcript(
             )
             _say(type="started")
         stored_index = session.next_turn_index
-        t0 = turns[from_turn].start_s
+        t0 = turns[min(from_turn, len(turns) - 1)].start_s
         clock0 = time.monotonic()
         free_at = 0.0  # real seconds: one turn at a time
         for turn in turns[from_turn:]:
@@ -83,6 +92,17 @@ async def replay_transcript(
         last_end = max(t.end_s for t in turns)
         await session.end("completed", ended_at=recording_time(base_time, last_end))
         _say(type="done", events=session.next_seq)
+
+
+def _completed_turns(settings: TurnlogSettings, session_id: str) -> int:
+    store = open_store(settings.database_url)
+    try:
+        with store.engine.connect() as conn:
+            return conn.execute(
+                select(func.count()).where(transcript_turns.c.session_id == session_id, transcript_turns.c.status == "complete")
+            ).scalar_one()
+    finally:
+        store.engine.dispose()
 
 
 async def _speak(session, stored_index: int, turn: InputTurn, base_time: dt.datetime, start: float, length: float) -> None:  # noqa: ANN001

@@ -136,12 +136,11 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
                 if not running:
                     continue
                 session_id = rng.choice(running)
-                line = progress[session_id]
                 agents[session_id].process.kill()
                 agent_kills[session_id] += 1
                 with resumed:
                     progress[session_id] = {}
-                spawn(session_id, "--resume", "--from-turn", str(line["input_turn"]))
+                spawn(session_id, "--resume")
                 with resumed:
                     resumed.wait_for(
                         lambda: resumed_generation.get(session_id) == generation[session_id], timeout=RECOVERY_TIMEOUT_SECONDS

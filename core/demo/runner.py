@@ -145,7 +145,7 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
             agent.process.kill()
             print(f"  SIGKILL agent of {plan.session_id} (pid {agent.process.pid}) {delay:.2f}s into input turn {plan.input_turn}; resuming in a new process")
             killed.append({"session_id": plan.session_id, "input_turn": plan.input_turn, "after_seconds": round(delay, 3)})
-            spawn(plan.session_id, "--resume", "--from-turn", str(plan.input_turn))
+            spawn(plan.session_id, "--resume")
 
         threading.Timer(delay, kill_and_resume).start()
 
