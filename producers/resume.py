@@ -16,8 +16,9 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.partitioning import partition_for
@@ -54,7 +55,7 @@ class ResumeBarrier:
         sequencer = Consumer(self._consumer_config(self._settings.sequencer_group))
         try:
             events_tp = TopicPartition(topics.events, partition)
-            events_end = watermarks.get_watermark_offsets(events_tp, timeout=_left(deadline), cached=False)[1]
+            events_end = self._retrying(deadline, lambda: _end_offset(watermarks, events_tp, deadline), "the events end offset")
             self._until(
                 deadline,
                 lambda: _committed(sequencer, events_tp, deadline) >= events_end,
@@ -62,7 +63,9 @@ class ResumeBarrier:
                 f"up to offset {events_end}",
             )
             transcript_tp = TopicPartition(topics.transcript, partition)
-            transcript_end = watermarks.get_watermark_offsets(transcript_tp, timeout=_left(deadline), cached=False)[1]
+            transcript_end = self._retrying(
+                deadline, lambda: _end_offset(watermarks, transcript_tp, deadline), "the transcript end offset"
+            )
         except KafkaException as e:
             raise ResumeBarrierTimeout(f"resume barrier for {session_id}: broker error: {e}") from e
         finally:
@@ -100,6 +103,17 @@ class ResumeBarrier:
         return stored.get((topic, partition), 0)
 
     @staticmethod
+    def _retrying(deadline: float, read: Callable[[], int], what: str) -> int:
+        """``read()`` until it gives an offset; it gives -1 on a retriable broker error."""
+        while True:
+            value = read()
+            if value >= 0:
+                return value
+            if time.monotonic() >= deadline:
+                raise ResumeBarrierTimeout(f"resume barrier: timed out reading {what} (the broker kept failing)")
+            time.sleep(POLL_INTERVAL_SECONDS)
+
+    @staticmethod
     def _until(deadline: float, condition: object, what: str) -> None:
         assert callable(condition)
         while not condition():
@@ -112,6 +126,48 @@ def _left(deadline: float) -> float:
     return max(0.1, deadline - time.monotonic())
 
 
+# Broker answers that mean "not now" (a coordinator moving or loading, a broker
+# restarting), on top of those librdkafka itself flags retriable.
+_RETRIABLE_CODES = frozenset(
+    {
+        KafkaError.NOT_COORDINATOR,
+        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
+        KafkaError.COORDINATOR_NOT_AVAILABLE,
+        KafkaError.LEADER_NOT_AVAILABLE,
+        KafkaError.NOT_LEADER_FOR_PARTITION,
+        KafkaError._TRANSPORT,
+        KafkaError._TIMED_OUT,
+        KafkaError._ALL_BROKERS_DOWN,
+    }
+)
+
+
+def _retriable(error: KafkaException) -> bool:
+    kafka_error = error.args[0] if error.args else None
+    if not isinstance(kafka_error, KafkaError):
+        return False
+    if kafka_error.retriable() or kafka_error.code() in _RETRIABLE_CODES:
+        logger.info("resume barrier: broker not ready (%s); polling on", kafka_error.str())
+        return True
+    return False
+
+
 def _committed(consumer: Consumer, tp: TopicPartition, deadline: float) -> int:
-    [committed] = consumer.committed([TopicPartition(tp.topic, tp.partition)], timeout=min(5.0, _left(deadline)))
+    """The group's committed offset (0 when none), or -1 on a retriable broker error."""
+    try:
+        [committed] = consumer.committed([TopicPartition(tp.topic, tp.partition)], timeout=min(5.0, _left(deadline)))
+    except KafkaException as e:
+        if _retriable(e):
+            return -1
+        raise
     return committed.offset if committed.offset >= 0 else 0
+
+
+def _end_offset(consumer: Consumer, tp: TopicPartition, deadline: float) -> int:
+    """The partition's end offset, or -1 on a retriable broker error."""
+    try:
+        return consumer.get_watermark_offsets(tp, timeout=min(5.0, _left(deadline)), cached=False)[1]
+    except KafkaException as e:
+        if _retriable(e):
+            return -1
+        raise

@@ -48,6 +48,7 @@ __all__ = ["ChaosOptions", "run_chaos", "COMPONENTS"]
 logger = logging.getLogger(__name__)
 COMPONENTS = ("agent", "sequencer", "sink", "finalizer", "broker")
 RECOVERY_TIMEOUT_SECONDS = 120.0
+RESUME_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,11 +141,17 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
                 agent_kills[session_id] += 1
                 with resumed:
                     progress[session_id] = {}
-                spawn(session_id, "--resume")
-                with resumed:
-                    resumed.wait_for(
-                        lambda: resumed_generation.get(session_id) == generation[session_id], timeout=RECOVERY_TIMEOUT_SECONDS
-                    )
+                for attempt in range(RESUME_ATTEMPTS):  # an operator (or supervisor) retries a failed resume
+                    spawn(session_id, "--resume")
+                    agent = agents[session_id]
+                    with resumed:
+                        resumed.wait_for(
+                            lambda: resumed_generation.get(session_id) == generation[session_id] or not agent.process.alive(),
+                            timeout=RECOVERY_TIMEOUT_SECONDS,
+                        )
+                    if resumed_generation.get(session_id) == generation[session_id]:
+                        break
+                    logger.warning("resume of %s failed (attempt %d); see %s", session_id, attempt + 1, agent.process.log_path)
                 target = session_id
             elif component == "broker":
                 target = _kill_broker(options.state_dir)

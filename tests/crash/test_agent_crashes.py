@@ -14,7 +14,6 @@ import pytest
 from turnlog.deploy.processes import ServiceProcess, turnlog_command
 from turnlog.producers import SessionRecorder
 from tests.crash.test_service_crashes import read_topic
-from tests.integration.conftest import make_pipeline
 from tests.integration.test_pipeline import finalized, stored_turns
 from tests.support import wait_until
 
@@ -25,12 +24,8 @@ TURN_SECONDS = 2.0
 
 
 @pytest.fixture
-def pipeline(kafka_bootstrap, postgres_databases, tmp_path):
-    running = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp_path, ("sequencer", "sink", "finalizer"))
-    yield running
-    for process in running.processes.values():
-        process.stop()
-    running.store.engine.dispose()
+def pipeline(new_pipeline):
+    return new_pipeline(("sequencer", "sink", "finalizer"))
 
 
 def write_transcript(path, session_id, turns=8):

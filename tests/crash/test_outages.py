@@ -18,7 +18,6 @@ import pytest
 
 from turnlog.deploy.local import SCRIPTS
 from turnlog.producers import SessionRecorder
-from tests.integration.conftest import make_pipeline
 from tests.integration.test_pipeline import finalized, stored_turns
 from tests.support import wait_until
 
@@ -27,15 +26,12 @@ STATE = Path(os.environ.get("TURNLOG_STATE_DIR", Path.home() / ".cache" / "turnl
 
 
 @pytest.fixture
-def pipeline(kafka_bootstrap, postgres_databases, tmp_path):
+def pipeline(new_pipeline):
     if not (STATE / "kafka" / "kafka.pid").exists():
         pytest.fail(f"these tests restart the local services: start them with `bash deploy/services.sh start` (state in {STATE})", pytrace=False)
-    running = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp_path, ("sequencer", "sink", "finalizer"))
+    running = new_pipeline(("sequencer", "sink", "finalizer"))
     running.wait_ready()  # the outage hits a running pipeline, not one starting up
-    yield running
-    for process in running.processes.values():
-        process.stop()
-    running.store.engine.dispose()
+    return running
 
 
 def script(name, command):

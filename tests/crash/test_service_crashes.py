@@ -17,33 +17,15 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from sqlalchemy import func, select
 
 from turnlog.audit import fold_events
-from turnlog.producers import partition_for
 from turnlog.schemas import decode_event, encode_event
 from turnlog.sinks import SourceMessage, open_store
 from turnlog.sinks.migrate import upgrade_to_head
-from turnlog.sinks.tables import session_events, sessions, sink_offsets
-from tests.integration.conftest import make_pipeline
+from turnlog.sinks.tables import session_events, sink_offsets
 from tests.integration.test_pipeline import finalized, logged_payloads, stored_turns
 from tests.support import EventFactory, dump_store, wait_until
 
 TIMEOUT = 120
 NOW = dt.datetime.now(dt.timezone.utc)
-
-
-@pytest.fixture
-def new_pipeline(kafka_bootstrap, postgres_databases, tmp_path):
-    started = []
-
-    def make(services, **overrides):
-        pipeline = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp_path / uuid.uuid4().hex[:6], services, **overrides)
-        started.append(pipeline)
-        return pipeline
-
-    yield make
-    for pipeline in started:
-        for process in pipeline.processes.values():
-            process.stop()
-        pipeline.store.engine.dispose()
 
 
 def session_events_of(f, turns=8):

@@ -80,6 +80,22 @@ def make_pipeline(
     return pipeline
 
 
+@pytest.fixture
+def new_pipeline(kafka_bootstrap: str, postgres_databases, tmp_path: Path) -> Iterator[object]:
+    """``new_pipeline(services, **settings)``: a pipeline of its own (topics, groups, database), stopped at the end."""
+    started: list[Pipeline] = []
+
+    def make(services: tuple[str, ...], **overrides: object) -> Pipeline:
+        made = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp_path / uuid.uuid4().hex[:6], services, **overrides)
+        started.append(made)
+        return made
+
+    yield make
+    for made in started:
+        stop_all(made.processes)
+        made.store.engine.dispose()
+
+
 @pytest.fixture(scope="module")
 def pipeline(kafka_bootstrap: str, postgres_databases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
     """The whole pipeline on a fresh Postgres database, shared by a module's tests."""

@@ -10,7 +10,6 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from turnlog.producers import partition_for
 from turnlog.schemas import encode_event
 from turnlog.stream_processors.gap_repair import LogRangeReader
-from tests.integration.conftest import make_pipeline
 from tests.integration.test_pipeline import finalized, stored_turns
 from tests.support import EventFactory, wait_until
 
@@ -18,12 +17,8 @@ TIMEOUT = 90
 
 
 @pytest.fixture
-def pipeline_without_sequencer(kafka_bootstrap, postgres_databases, tmp_path):
-    running = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp_path, ("sink", "finalizer"))
-    yield running
-    for process in running.processes.values():
-        process.stop()
-    running.store.engine.dispose()
+def pipeline_without_sequencer(new_pipeline):
+    return new_pipeline(("sink", "finalizer"))
 
 
 def produce(settings, session_id, events):

@@ -7,7 +7,6 @@ import uuid
 import pytest
 
 from turnlog.producers import ResumeBarrierTimeout, SessionClosedError, SessionRecorder
-from tests.integration.conftest import make_pipeline
 from tests.integration.test_pipeline import finalized, stored_turns
 from tests.support import wait_until
 
@@ -15,12 +14,8 @@ TIMEOUT = 90
 
 
 @pytest.fixture
-def pipeline_without_sink(kafka_bootstrap, postgres_databases, tmp_path):
-    running = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp_path, ("sequencer", "finalizer"))
-    yield running
-    for process in running.processes.values():
-        process.stop()
-    running.store.engine.dispose()
+def pipeline_without_sink(new_pipeline):
+    return new_pipeline(("sequencer", "finalizer"))
 
 
 async def test_a_resumed_agent_does_not_overwrite_its_predecessors_in_flight_turn(pipeline_without_sink):
