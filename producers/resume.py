@@ -2,9 +2,10 @@
 session, every event its predecessor got acknowledged must be applied.
 
 1. read the end offset E of the session's partition of ``<prefix>.events``;
-2. wait until the sequencer's consumer group has committed offset >= E there
-   (Faust flushes its producer before committing, so everything the sequencer
-   emitted for those events is in ``<prefix>.transcript``);
+2. wait until the sequencer has recorded progress >= E there (it records it
+   under ``<sequencer group>.progress`` after each batch's emissions are
+   acknowledged, so everything it emitted for those events is in
+   ``<prefix>.transcript``; see ``stream_processors/progress.py``);
 3. read the end offset T of the same partition of ``<prefix>.transcript``;
 4. wait until the sink's stored offset (``sink_offsets``, same transaction as
    the rows) is >= T;
@@ -22,6 +23,7 @@ from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.partitioning import partition_for
+from turnlog.stream_processors.progress import progress_group
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SessionPosition, SqlStore, StoreUnavailableError
 from turnlog.sinks.errors import store_errors
@@ -52,7 +54,7 @@ class ResumeBarrier:
         partition = partition_for(session_id, self._settings.partitions)
         # A throwaway group id for watermarks; the sequencer's id only to read its commits.
         watermarks = Consumer(self._consumer_config(f"turnlog-resume-{uuid.uuid4()}"))
-        sequencer = Consumer(self._consumer_config(self._settings.sequencer_group))
+        sequencer = Consumer(self._consumer_config(progress_group(self._settings.sequencer_group)))
         try:
             events_tp = TopicPartition(topics.events, partition)
             events_end = self._retrying(deadline, lambda: _end_offset(watermarks, events_tp, deadline), "the events end offset")

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import faust
+from confluent_kafka import KafkaException
 
 from turnlog import metrics
 from turnlog.dlq import dlq_headers, reason_class
@@ -35,6 +36,7 @@ from turnlog.schemas import EventValidationError, decode_event
 from turnlog.settings import TurnlogSettings
 from turnlog.stream_processors.app import make_app, raw_topic
 from turnlog.stream_processors.gap_repair import LogRangeReader
+from turnlog.stream_processors.progress import ProgressCommitter
 from turnlog.stream_processors.sequencing import SessionSequence, sequence
 
 __all__ = ["build_sequencer", "TABLE_NAME", "BATCH_SIZE", "BATCH_WAIT_SECONDS"]
@@ -85,6 +87,7 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
     reader = LogRangeReader(settings.bootstrap_servers, topics.events, settings.sequencer_group)
     repaired: dict[bytes, int] = {}  # key -> the next_seq whose gap was already re-read
     next_offset: dict[int, int] = {}  # partition -> the offset the next record should have
+    progress = ProgressCommitter(settings.bootstrap_servers, topics.events, settings.sequencer_group)
 
     def apply(state: SessionSequence, event: Any, raw: bytes, offset: int) -> Any:
         decision = sequence(state, event, raw, offset, max_buffer=settings.reorder_buffer_size)
@@ -153,5 +156,10 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
             fault_point("sequencer.after_emit")
             for key, (state, _) in touched.items():
                 states[key] = state.to_json()
+            batch_partitions = {record.message.partition for record in records}
+            try:
+                await asyncio.to_thread(progress.commit, {p: next_offset[p] for p in batch_partitions})
+            except KafkaException as e:  # only the resume barrier waits on it; the next batch commits again
+                logger.warning("could not record progress: %s", e)
 
     return app
