@@ -23,7 +23,7 @@ def progress_group(sequencer_group: str) -> str:
 
 
 class ProgressCommitter:
-    """Commits processed positions (blocking; call from a worker thread). No I/O until the first commit."""
+    """Commits processed positions, without waiting for the broker. No I/O until the first commit."""
 
     def __init__(self, bootstrap_servers: str, topic: str, sequencer_group: str) -> None:
         self._config = {
@@ -40,7 +40,10 @@ class ProgressCommitter:
             return
         if self._consumer is None:
             self._consumer = Consumer(self._config)
+        # Asynchronous: a commit must never hold up the sequencer (a blocking one
+        # has no timeout); a lost one is superseded by the next batch's.
         self._consumer.commit(
             offsets=[TopicPartition(self._topic, p, offset) for p, offset in sorted(next_offsets.items())],
-            asynchronous=False,
+            asynchronous=True,
         )
+        self._consumer.poll(0)  # serve the previous commits' results
