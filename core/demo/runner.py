@@ -163,9 +163,9 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
 
     kills_by_session = {k["session_id"]: 1 for k in killed}
     verdicts = [judge_session(store, sid, turns, kills_by_session.get(sid, 0)) for sid, turns in transcripts.items()]
+    verdicts_by_id = {v.session_id: v for v in verdicts}
     for plan in kills:
         if plan.session_id not in kills_by_session:
-            verdicts_by_id = {v.session_id: v for v in verdicts}
             verdicts_by_id[plan.session_id].problems.append("the planned SIGKILL did not happen")
     events = count_events(store, list(transcripts))
     failed_agents = [a.process.name for a in agents if a.process.popen.returncode not in (0, -9)]
