@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import signal
 import sys
+import time
 from pathlib import Path
 from typing import Annotated, Optional
 
@@ -123,6 +124,162 @@ def sink(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = None) 
     signal.signal(signal.SIGTERM, lambda *_: service.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: service.stopping.set())
     service.run()
+
+
+@app.command()
+def analytics(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = None) -> None:
+    """Run the analytics projection: per-fleet figures from the transcript, in its own consumer group."""
+    from turnlog.sinks import open_store
+    from turnlog.sinks.analytics import AnalyticsProjection
+    from turnlog.sinks.migrate import require_head
+    from turnlog.sinks.service import SinkService
+
+    settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
+    store = open_store(settings.database_url)
+    require_head(store.engine)
+    projection = AnalyticsProjection(store)
+    service = SinkService(settings, store, consumer_group=settings.analytics_group, write=projection.write)
+    signal.signal(signal.SIGTERM, lambda *_: service.stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: service.stopping.set())
+    service.run()
+
+
+@app.command()
+def api(
+    bootstrap_servers: Bootstrap = None,
+    database_url: DatabaseUrl = None,
+    host: Annotated[Optional[str], typer.Option(help="Listen address (TURNLOG_API_HOST).")] = None,
+    port: Annotated[Optional[int], typer.Option(help="Listen port (TURNLOG_API_PORT).")] = None,
+) -> None:
+    """Serve the HTTP API, the SSE live streams and the live transcript page (/live)."""
+    import uvicorn
+
+    from turnlog.api import create_app
+    from turnlog.sinks import open_store
+    from turnlog.sinks.migrate import require_head
+
+    settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url, api_host=host, api_port=port)
+    if not settings.api_tokens:
+        logging.getLogger(__name__).warning("TURNLOG_API_TOKENS is empty: every API request will get 401")
+    store = open_store(settings.database_url)
+    require_head(store.engine)
+    uvicorn.run(
+        create_app(settings, store), host=settings.api_host, port=settings.api_port, log_level=settings.log_level.lower()
+    )
+
+
+@app.command()
+def tail(
+    session_id: Annotated[str, typer.Argument(help="The session to follow.")],
+    after: Annotated[int, typer.Option(help="Start after this seq (-1: from the start).")] = -1,
+    bootstrap_servers: Bootstrap = None,
+    database_url: DatabaseUrl = None,
+) -> None:
+    """Follow a session in the terminal: its stored turns, then live ones, until it ends."""
+    import asyncio
+
+    from turnlog.sinks import open_store
+    from turnlog.tail import tail_session
+
+    settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
+    found = asyncio.run(tail_session(settings, open_store(settings.database_url), session_id, after))
+    if not found:
+        typer.echo(f"turnlog: no session {session_id!r} in the store", err=True)
+        raise typer.Exit(1)
+
+
+@app.command()
+def replay(
+    database_url: DatabaseUrl = None,
+    bootstrap_servers: Bootstrap = None,
+    from_: Annotated[str, typer.Option("--from", help="Where to start: 'earliest' (the only position besides --from-time).")] = "earliest",
+    from_time: Annotated[Optional[str], typer.Option("--from-time", help="Start at the first record at or after this ISO 8601 time (UTC if no offset).")] = None,
+    session: Annotated[Optional[list[str]], typer.Option("--session", help="Replay only this session (repeatable).")] = None,
+) -> None:
+    """Rebuild a store from <prefix>.events: sequence, write and finalize, as the live pipeline does."""
+    import datetime as dt
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from turnlog.replay import replay_events
+    from turnlog.sinks import open_store
+    from turnlog.sinks.migrate import upgrade_to_head
+
+    if from_ != "earliest":
+        typer.echo("turnlog: --from takes only 'earliest'; use --from-time for a time", err=True)
+        raise typer.Exit(2)
+    start: dt.datetime | None = None
+    if from_time is not None:
+        try:
+            start = dt.datetime.fromisoformat(from_time)
+        except ValueError:
+            typer.echo(f"turnlog: --from-time {from_time!r} is not an ISO 8601 time", err=True)
+            raise typer.Exit(2) from None
+        start = start if start.tzinfo else start.replace(tzinfo=dt.timezone.utc)
+    settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
+    store = open_store(settings.database_url)
+    upgrade_to_head(store.engine)
+    columns = (TextColumn("replay {task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]:,.0f} records/s"), TimeRemainingColumn())
+    with Progress(*columns, transient=False) as bar:
+        task = bar.add_task(settings.topics.events, total=None, rate=0.0)
+        began = time.monotonic()
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total, rate=done / max(time.monotonic() - began, 1e-9))
+
+        result = replay_events(settings, store, from_time=start, session_ids=session or (), progress=progress)
+    typer.echo(
+        f"replayed {result.records_read:,} records in {result.seconds:.1f} s ({result.rate:,.0f} records/s): "
+        f"{result.events_applied:,} events applied, {result.duplicates:,} duplicates, {result.rejected:,} rejected; "
+        f"{result.sessions_seen} sessions ({result.sessions_settled} already settled, left alone), "
+        f"{result.sessions_finalized} finalized"
+    )
+    for reason, count in sorted(result.rejected_reasons.items()):
+        typer.echo(f"  rejected {count}: {reason}")
+
+
+@app.command()
+def verify(
+    database_url: DatabaseUrl = None,
+    against_url: Annotated[Optional[str], typer.Option("--against-url", help="Store B to compare with.")] = None,
+    against_log: Annotated[bool, typer.Option("--against-log", help="Compare with a store rebuilt from <prefix>.events.")] = False,
+    bootstrap_servers: Bootstrap = None,
+    session: Annotated[Optional[list[str]], typer.Option("--session", help="Compare only this session (repeatable).")] = None,
+) -> None:
+    """Compare a store (A) with another store or with the log, session by session; exit 1 on any difference."""
+    import tempfile
+
+    from turnlog.replay import replay_events
+    from turnlog.sinks import open_store
+    from turnlog.sinks.migrate import require_head, upgrade_to_head
+    from turnlog.verify import compare_digests, session_digests
+
+    if (against_url is None) == (not against_log):
+        typer.echo("turnlog: give exactly one of --against-url DSN and --against-log", err=True)
+        raise typer.Exit(2)
+    settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
+    store_a = open_store(settings.database_url)
+    require_head(store_a.engine)
+    wanted = session or ()
+    with tempfile.TemporaryDirectory(prefix="turnlog-verify-") as scratch:
+        if against_url is not None:
+            store_b = open_store(against_url)
+            require_head(store_b.engine)
+            label = against_url.rsplit("@", 1)[-1]
+        else:
+            store_b = open_store(f"sqlite:///{scratch}/from-log.db")
+            upgrade_to_head(store_b.engine)
+            replayed = replay_events(settings, store_b, session_ids=wanted)
+            label = f"{settings.topics.events} ({replayed.records_read:,} records replayed)"
+        digests_a = session_digests(store_a, wanted)
+        digests_b = session_digests(store_b, wanted)
+        differences = compare_digests(digests_a, digests_b)
+    typer.echo(f"A: {settings.database_url.rsplit('@', 1)[-1]} ({len(digests_a)} sessions)")
+    typer.echo(f"B: {label} ({len(digests_b)} sessions)")
+    for difference in differences:
+        typer.echo(f"  {difference.session_id}: {difference.what}")
+    typer.echo(f"{len(differences)} differing sessions")
+    raise typer.Exit(1 if differences else 0)
 
 
 @app.command("replay-agent", hidden=True)

@@ -6,6 +6,7 @@ value fails at start-up with pydantic's error naming the key.
 
 from __future__ import annotations
 
+import json
 from functools import cached_property
 
 from pydantic import Field, field_validator
@@ -72,6 +73,7 @@ class TurnlogSettings(BaseSettings):
     )
     sequencer_group: str = Field("turnlog-sequencer", description="Consumer group (Faust app id) of the sequencer.")
     sink_group: str = Field("turnlog-sink", description="Consumer group of the SQL sink.")
+    analytics_group: str = Field("turnlog-analytics", description="Consumer group of the analytics projection.")
     finalizer_group: str = Field("turnlog-finalizer", description="Consumer group (Faust app id) of the finalizer.")
     reorder_buffer_size: int = Field(
         1024, ge=1, description="Events the sequencer buffers per session while waiting for a missing seq."
@@ -90,6 +92,20 @@ class TurnlogSettings(BaseSettings):
         ".turnlog-faust", description="Folder for Faust's local table files (one subfolder per app)."
     )
     log_level: str = Field("INFO", description="Python logging level for the CLI's services.")
+    api_tokens: dict[str, list[str]] = Field(
+        default_factory=dict,
+        repr=False,
+        description="Bearer tokens of the HTTP API, as JSON: {token: [fleet, ...]}; the fleet '*' is every "
+        "fleet. A token reads only its fleets' sessions. Empty: the API refuses every request.",
+    )
+    api_host: str = Field("127.0.0.1", description="Address `turnlog api` listens on.")
+    api_port: int = Field(8000, ge=1, le=65535, description="Port `turnlog api` listens on.")
+    api_poll_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="A live stream with nothing new from the transcript topic re-reads the store this often "
+        "(seconds): the safety net under the topic's fast path.",
+    )
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="Serve Prometheus metrics on this port (services only; unset: off)."
     )
@@ -109,7 +125,9 @@ class TurnlogSettings(BaseSettings):
     def as_environment(self) -> dict[str, str]:
         """These settings as ``TURNLOG_*`` variables, for a child process."""
         return {
-            f"TURNLOG_{name.upper()}": str(value) for name, value in self.model_dump().items() if value is not None
+            f"TURNLOG_{name.upper()}": json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+            for name, value in self.model_dump().items()
+            if value is not None
         }
 
 

@@ -37,16 +37,23 @@ from turnlog.sinks.batch import (
     TURN_COMPLETE,
     TURN_INTERRUPTED,
     TURN_PARTIAL,
+    RejectedMessage,
     SourceMessage,
     advance_contiguous,
     merge_session,
+    next_offsets,
     plan_batch,
 )
 from turnlog.sinks.tables import SecondsBetween, session_events, sessions, sink_offsets, transcript_turns
 
-__all__ = ["SqlStore", "BatchResult", "SessionPosition"]
+__all__ = ["SqlStore", "BatchResult", "BatchWriter", "SessionPosition"]
 
 logger = logging.getLogger(__name__)
+
+
+#: Writes the rows of a batch's fresh records in the caller's transaction and
+#: returns the records it refused (``SqlStore.apply_tracked``).
+BatchWriter = Callable[[Connection, Sequence[SourceMessage]], list[RejectedMessage]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +97,7 @@ class SqlStore(abc.ABC):
     def apply_batch(
         self,
         conn: Connection,
-        consumer_group: str,
+        consumer_group: str | None,
         messages: Sequence[SourceMessage],
         *,
         on_rejected: Callable[[SourceMessage, str], None] | None = None,
@@ -101,18 +108,50 @@ class SqlStore(abc.ABC):
         Undecodable records are handed to ``on_rejected(message, reason)``
         before the offsets move past them (the sink dead-letters them there);
         without it they are logged. Applying the same batch twice leaves the
-        store as applying it once.
+        store as applying it once. ``consumer_group=None`` writes the rows
+        without reading or moving any offsets (``turnlog replay``).
         """
-        partitions = {(m.topic, m.partition) for m in messages}
-        stored = self.stored_offsets(conn, consumer_group, partitions, lock=True)
+        return self.apply_tracked(conn, consumer_group, messages, self.write_transcript, on_rejected=on_rejected)
+
+    def apply_tracked(
+        self,
+        conn: Connection,
+        consumer_group: str | None,
+        messages: Sequence[SourceMessage],
+        write: BatchWriter,
+        *,
+        on_rejected: Callable[[SourceMessage, str], None] | None = None,
+    ) -> BatchResult:
+        """The offset-in-transaction frame every projection of the transcript shares.
+
+        In ``conn``'s transaction: lock ``consumer_group``'s ``sink_offsets`` rows
+        for the batch's partitions, drop records below them, let ``write`` turn
+        the rest into rows (it returns the records it refused, with a reason),
+        then move the offsets past the whole batch. The transcript sink and the
+        analytics projection (``sinks/analytics.py``) are two ``write`` functions
+        over this one frame.
+        """
+        stored: dict[tuple[str, int], int] = {}
+        if consumer_group is not None:
+            partitions = {(m.topic, m.partition) for m in messages}
+            stored = self.stored_offsets(conn, consumer_group, partitions, lock=True)
         fresh = [m for m in messages if m.offset >= stored.get((m.topic, m.partition), 0)]
-        plan = plan_batch(fresh)
-        for rejected in plan.rejected:
-            m = rejected.message
+        rejected = write(conn, fresh)
+        for refused in rejected:
+            m = refused.message
             if on_rejected is not None:
-                on_rejected(m, f"invalid: {rejected.reason}")
+                on_rejected(m, f"invalid: {refused.reason}")
             else:
-                logger.error("skipping undecodable record %s[%d]@%d: %s", m.topic, m.partition, m.offset, rejected.reason)
+                logger.error("skipping undecodable record %s[%d]@%d: %s", m.topic, m.partition, m.offset, refused.reason)
+        if consumer_group is not None:
+            self._advance_offsets(conn, consumer_group, next_offsets(fresh), stored)
+        return BatchResult(
+            applied=len(fresh) - len(rejected), stale=len(messages) - len(fresh), rejected=len(rejected)
+        )
+
+    def write_transcript(self, conn: Connection, messages: Sequence[SourceMessage]) -> list[RejectedMessage]:
+        """Write the transcript rows of ``messages`` (no offsets); return the undecodable ones."""
+        plan = plan_batch(messages)
         if plan.event_rows:
             self._insert_events(conn, plan.event_rows)
         if plan.sessions:
@@ -120,10 +159,7 @@ class SqlStore(abc.ABC):
         if plan.turns:
             self._upsert_turns(conn, [t.as_row() for t in plan.turns])
         self._mark_interrupted(conn, plan.sessions)
-        self._advance_offsets(conn, consumer_group, plan.next_offsets, stored)
-        return BatchResult(
-            applied=len(fresh) - len(plan.rejected), stale=len(messages) - len(fresh), rejected=len(plan.rejected)
-        )
+        return plan.rejected
 
     def _insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         stmt = self.insert(session_events)
@@ -225,11 +261,7 @@ class SqlStore(abc.ABC):
         (for records dead-lettered by the sink)."""
         partitions = {(m.topic, m.partition) for m in messages}
         stored = self.stored_offsets(conn, consumer_group, partitions, lock=True)
-        next_offsets: dict[tuple[str, int], int] = {}
-        for m in messages:
-            key = (m.topic, m.partition)
-            next_offsets[key] = max(next_offsets.get(key, 0), m.offset + 1)
-        self._advance_offsets(conn, consumer_group, next_offsets, stored)
+        self._advance_offsets(conn, consumer_group, next_offsets(messages), stored)
 
     # -- reads ---------------------------------------------------------------
     def stored_offsets(

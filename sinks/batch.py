@@ -32,6 +32,8 @@ __all__ = [
     "plan_batch",
     "turn_update_wins",
     "advance_contiguous",
+    "next_offsets",
+    "RejectedMessage",
     "merge_session",
     "TURN_PARTIAL",
     "TURN_COMPLETE",
@@ -136,6 +138,8 @@ class SessionChanges:
 
 @dataclass(frozen=True, slots=True)
 class RejectedMessage:
+    """A record a writer refused, and why."""
+
     message: SourceMessage
     reason: str
 
@@ -160,11 +164,9 @@ def plan_batch(messages: Iterable[SourceMessage]) -> BatchPlan:
     events: dict[tuple[str, int], tuple[Event, bytes]] = {}
     turns: dict[tuple[str, int], TurnRow] = {}
     sessions: dict[str, SessionChanges] = {}
-    next_offsets: dict[tuple[str, int], int] = {}
     rejected: list[RejectedMessage] = []
+    messages = list(messages)
     for message in messages:
-        key = (message.topic, message.partition)
-        next_offsets[key] = max(next_offsets.get(key, 0), message.offset + 1)
         try:
             event = decode_event(message.value)
         except EventValidationError as e:
@@ -201,7 +203,16 @@ def plan_batch(messages: Iterable[SourceMessage]) -> BatchPlan:
         }
         for event, raw in events.values()
     ]
-    return BatchPlan(event_rows, list(turns.values()), sessions, next_offsets, rejected)
+    return BatchPlan(event_rows, list(turns.values()), sessions, next_offsets(messages), rejected)
+
+
+def next_offsets(messages: Iterable[SourceMessage]) -> dict[tuple[str, int], int]:
+    """``{(topic, partition): offset after the last of messages there}``: where to resume."""
+    positions: dict[tuple[str, int], int] = {}
+    for m in messages:
+        key = (m.topic, m.partition)
+        positions[key] = max(positions.get(key, 0), m.offset + 1)
+    return positions
 
 
 def advance_contiguous(last_seq: int, seqs: Iterable[int]) -> int:

@@ -31,7 +31,7 @@ from turnlog.dlq import dlq_headers, reason_class
 from turnlog.faults import fault_point
 from turnlog.producers.kafka import idempotent_config
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks.base import BatchResult, SqlStore
+from turnlog.sinks.base import BatchResult, BatchWriter, SqlStore
 from turnlog.sinks.batch import SourceMessage
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.exceptions import RecordRejectedError, StoreError, StoreUnavailableError
@@ -63,8 +63,12 @@ _while_store_unavailable = retry(
 
 
 class SinkService:
-    """Consumes the transcript topic in consumer group ``settings.sink_group``.
+    """Consumes the transcript topic and applies it to the store, one transaction per batch.
 
+    By default it is the transcript sink (consumer group ``settings.sink_group``,
+    rows from ``store.write_transcript``). Another projection of the transcript
+    (the analytics one) passes its own ``consumer_group`` and ``write``; it gets
+    the same batching, offsets-in-transaction, retries and dead-lettering.
     ``on_batch`` (optional) is called after each committed batch with its result.
     """
 
@@ -73,14 +77,18 @@ class SinkService:
         settings: TurnlogSettings,
         store: SqlStore,
         *,
+        consumer_group: str | None = None,
+        write: BatchWriter | None = None,
         consumer_config: Mapping[str, Any] | None = None,
         on_batch: Callable[[BatchResult], None] | None = None,
     ) -> None:
         self.settings = settings
         self.store = store
+        self.consumer_group = consumer_group or settings.sink_group
+        self._write = write or store.write_transcript
         self._config = {
             "bootstrap.servers": settings.bootstrap_servers,
-            "group.id": settings.sink_group,
+            "group.id": self.consumer_group,
             "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
@@ -157,12 +165,14 @@ class SinkService:
     @_while_store_unavailable
     def _stored_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         with store_errors(), self.store.engine.connect() as conn:
-            return self.store.stored_offsets(conn, self.settings.sink_group, partitions)
+            return self.store.stored_offsets(conn, self.consumer_group, partitions)
 
     @_while_store_unavailable
     def _apply_batch(self, batch: list[SourceMessage]) -> BatchResult:
         with store_errors(), self.store.engine.begin() as conn:
-            result = self.store.apply_batch(conn, self.settings.sink_group, batch, on_rejected=self._dead_letter)
+            result = self.store.apply_tracked(
+                conn, self.consumer_group, batch, self._write, on_rejected=self._dead_letter
+            )
             fault_point("sink.after_write")
         fault_point("sink.after_commit")
         return result
@@ -170,7 +180,7 @@ class SinkService:
     @_while_store_unavailable
     def _skip(self, message: SourceMessage) -> None:
         with store_errors(), self.store.engine.begin() as conn:
-            self.store.skip_records(conn, self.settings.sink_group, [message])
+            self.store.skip_records(conn, self.consumer_group, [message])
 
     def _dead_letter(self, message: SourceMessage, reason: str) -> None:
         """Produce ``message`` to the DLQ and wait for the ack, before its offset is skipped."""
@@ -178,7 +188,7 @@ class SinkService:
             self._dlq = Producer(
                 idempotent_config(
                     self.settings.bootstrap_servers,
-                    client_id=f"{self.settings.sink_group}-dlq",
+                    client_id=f"{self.consumer_group}-dlq",
                     delivery_timeout_seconds=self.settings.delivery_timeout_seconds,
                 )
             )

@@ -34,6 +34,11 @@ __all__ = [
     "session_events",
     "transcript_turns",
     "sink_offsets",
+    "analytics_sessions",
+    "analytics_turns",
+    "fleet_activity",
+    "fleet_turns_per_minute",
+    "fleet_talk_time",
     "UtcDateTime",
     "SecondsBetween",
 ]
@@ -128,6 +133,7 @@ sessions = Table(
     Column("finalized_at", UtcDateTime),
     Column("metadata", JSON(none_as_null=True)),
     Index("ix_sessions_status", "status"),
+    Index("ix_sessions_fleet_started_at", "fleet", "started_at"),
 )
 
 session_events = Table(
@@ -170,4 +176,52 @@ sink_offsets = Table(
     Column("partition", Integer, primary_key=True),
     # The next offset to consume; only ever moves forward.
     Column("next_offset", BigInteger, nullable=False),
+)
+
+# -- the analytics projection (sinks/analytics.py; its own consumer group) -----
+# Keyed rows make it idempotent: a figure is incremented only when the row that
+# counts it is inserted for the first time.
+
+analytics_sessions = Table(
+    "analytics_sessions",
+    metadata,
+    Column("session_id", String(200), primary_key=True),
+    Column("fleet", String(200), nullable=False),
+    Column("started_at", UtcDateTime),
+    Column("ended_at", UtcDateTime),
+)
+
+analytics_turns = Table(
+    "analytics_turns",
+    metadata,
+    Column("session_id", String(200), primary_key=True),
+    Column("turn_index", Integer, primary_key=True),
+)
+
+fleet_activity = Table(
+    "fleet_activity",
+    metadata,
+    Column("fleet", String(200), primary_key=True),
+    Column("active_sessions", Integer, nullable=False),
+    Column("started_sessions", Integer, nullable=False),
+    Column("ended_sessions", Integer, nullable=False),
+)
+
+fleet_turns_per_minute = Table(
+    "fleet_turns_per_minute",
+    metadata,
+    Column("fleet", String(200), primary_key=True),
+    # The UTC minute in which the turns ended (seconds and below zeroed).
+    Column("minute", UtcDateTime, primary_key=True),
+    Column("turns", Integer, nullable=False),
+)
+
+fleet_talk_time = Table(
+    "fleet_talk_time",
+    metadata,
+    Column("fleet", String(200), primary_key=True),
+    Column("speaker", String(200), primary_key=True),
+    Column("turns", Integer, nullable=False),
+    # Sum of ended_at - started_at over the speaker's completed turns (seconds).
+    Column("talk_seconds", Float, nullable=False),
 )

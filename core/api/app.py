@@ -1,0 +1,179 @@
+"""The HTTP API (FastAPI, served by uvicorn: ``turnlog api``).
+
+Routes (all under ``/api`` need ``Authorization: Bearer <token>``, see ``auth.py``):
+
+- ``GET /api/sessions``: ``{"sessions": [...], "next_cursor": id | null}``;
+  filters ``status``, ``fleet``, ``started_after``, ``started_before`` (ISO 8601,
+  UTC if no offset), paging by ``limit`` (1..500, default 50) and ``cursor``.
+- ``GET /api/sessions/{id}``: the session row: status, durable position
+  (``last_seq``: every seq up to it is stored), aggregates once finalized.
+- ``GET /api/sessions/{id}/transcript``: ``{"session": ..., "turns": [...]}`` in turn order.
+- ``GET /api/sessions/{id}/events``: Server-Sent Events, one per applied event:
+  ``id`` = seq, ``event`` = type, ``data`` = the event's JSON as it crossed
+  Kafka. Resumes after ``Last-Event-ID`` (which wins) or ``?after=<seq>``;
+  backlog from the store, then the live tail (``turnlog.follow``). Ends after
+  ``session.ended``.
+- ``GET /api/fleets/{fleet}/analytics``: the analytics projection's figures.
+
+Unauthenticated: ``GET /live`` (the live transcript page; static, it holds no
+data and sends the token itself) and ``GET /healthz``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib import resources
+from typing import Annotated, Any
+
+from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
+from fastapi.responses import HTMLResponse, RedirectResponse
+from sse_starlette import EventSourceResponse, ServerSentEvent
+
+from turnlog.api.auth import Scope, TokenTable
+from turnlog.follow import TranscriptHub, follow_session
+from turnlog.settings import TurnlogSettings
+from turnlog.sinks.analytics import AnalyticsProjection
+from turnlog.sinks.base import SqlStore
+from turnlog.sinks.reads import StoredEvent, events_after, get_session, get_turns, list_sessions
+
+__all__ = ["create_app"]
+
+SESSION_STATUSES = ("active", "ended", "finalized", "abandoned")
+SSE_PING_SECONDS = 15
+
+
+def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True) -> FastAPI:
+    """The API over ``store``. ``live=False`` runs without the transcript hub
+    (followers then see new events from the store, ``api_poll_seconds`` late)."""
+    tokens = TokenTable(settings.api_tokens)
+    hub = TranscriptHub(settings) if live else None
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if hub is not None:
+            hub.start()
+        try:
+            yield
+        finally:
+            if hub is not None:
+                await asyncio.to_thread(hub.stop)
+
+    app = FastAPI(title="turnlog", summary="Sessions, transcripts and live events of turnlog's store.", lifespan=lifespan)
+
+    def scope(authorization: Annotated[str | None, Header()] = None) -> Scope:
+        granted = tokens.scope_of(authorization)
+        if granted is None:
+            raise HTTPException(401, "a valid bearer token is required", headers={"WWW-Authenticate": "Bearer"})
+        return granted
+
+    Scoped = Annotated[Scope, Depends(scope)]
+
+    def visible_session(session_id: str, granted: Scope) -> dict[str, Any]:
+        with store.engine.connect() as conn:
+            session = get_session(conn, session_id, fleets=granted.fleets)
+        if session is None:  # also outside the token's fleets: never confirm it exists
+            raise HTTPException(404, f"no session {session_id!r}")
+        return session
+
+    @app.get("/healthz", include_in_schema=False)
+    def healthz() -> dict[str, Any]:
+        return {"ok": True, "live_subscribers": hub.subscriber_count if hub is not None else None}
+
+    @app.get("/", include_in_schema=False)
+    def root() -> RedirectResponse:
+        return RedirectResponse("/live")
+
+    @app.get("/live", response_class=HTMLResponse, include_in_schema=False)
+    def live_page() -> str:
+        return resources.files("turnlog.api").joinpath("static/live.html").read_text("utf-8")
+
+    @app.get("/api/sessions")
+    def sessions_list(
+        granted: Scoped,
+        status: Annotated[str | None, Query(pattern="^(" + "|".join(SESSION_STATUSES) + ")$")] = None,
+        fleet: str | None = None,
+        started_after: dt.datetime | None = None,
+        started_before: dt.datetime | None = None,
+        limit: Annotated[int, Query(ge=1, le=500)] = 50,
+        cursor: str | None = None,
+    ) -> dict[str, Any]:
+        with store.engine.connect() as conn:
+            rows = list_sessions(
+                conn,
+                fleets=granted.fleets,
+                status=status,
+                fleet=fleet,
+                started_after=_as_utc(started_after),
+                started_before=_as_utc(started_before),
+                after_id=cursor,
+                limit=limit,
+            )
+        return {"sessions": rows, "next_cursor": rows[-1]["id"] if len(rows) == limit else None}
+
+    @app.get("/api/sessions/{session_id}")
+    def session_detail(session_id: str, granted: Scoped) -> dict[str, Any]:
+        return visible_session(session_id, granted)
+
+    @app.get("/api/sessions/{session_id}/transcript")
+    def session_transcript(session_id: str, granted: Scoped) -> dict[str, Any]:
+        session = visible_session(session_id, granted)
+        with store.engine.connect() as conn:
+            turns = get_turns(conn, session_id)
+        return {"session": session, "turns": turns}
+
+    @app.get("/api/sessions/{session_id}/events")
+    async def session_stream(
+        session_id: str,
+        request: Request,
+        granted: Scoped,
+        after: Annotated[int | None, Query(ge=-1)] = None,
+        last_event_id: Annotated[str | None, Header()] = None,
+    ) -> EventSourceResponse:
+        await asyncio.to_thread(visible_session, session_id, granted)
+        resume_after = after if after is not None else -1
+        if last_event_id:
+            try:
+                resume_after = int(last_event_id)
+            except ValueError:
+                raise HTTPException(400, "Last-Event-ID must be a seq (an integer)") from None
+
+        async def fetch(sid: str, after_seq: int) -> list[StoredEvent]:
+            def read() -> list[StoredEvent]:
+                with store.engine.connect() as conn:
+                    return events_after(conn, sid, after_seq)
+
+            return await asyncio.to_thread(read)
+
+        async def stream() -> AsyncIterator[ServerSentEvent]:
+            async for event in follow_session(
+                fetch, hub, session_id, resume_after, poll_seconds=settings.api_poll_seconds
+            ):
+                yield ServerSentEvent(data=event.payload, id=str(event.seq), event=event.type)
+
+        return EventSourceResponse(stream(), ping=SSE_PING_SECONDS, headers={"Cache-Control": "no-store"})
+
+    @app.get("/api/fleets/{fleet}/analytics")
+    def fleet_analytics(fleet: str, granted: Scoped, minutes: Annotated[int, Query(ge=1, le=1440)] = 60) -> dict[str, Any]:
+        if not granted.allows(fleet):
+            raise HTTPException(404, f"no fleet {fleet!r}")
+        with store.engine.connect() as conn:
+            figures = AnalyticsProjection(store).figures(conn, fleet, minutes=minutes)
+        return {
+            "fleet": figures.fleet,
+            "active_sessions": figures.active_sessions,
+            "started_sessions": figures.started_sessions,
+            "ended_sessions": figures.ended_sessions,
+            "turns_per_minute": [{"minute": minute, "turns": n} for minute, n in figures.turns_per_minute],
+            "talk_time": {s: {"turns": n, "seconds": secs} for s, (n, secs) in figures.talk_time.items()},
+        }
+
+    return app
+
+
+def _as_utc(value: dt.datetime | None) -> dt.datetime | None:
+    if value is None or value.tzinfo is not None:
+        return value
+    return value.replace(tzinfo=dt.timezone.utc)

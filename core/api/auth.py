@@ -1,0 +1,65 @@
+"""Bearer-token access control of the HTTP API, scoped by fleet.
+
+Tokens come from ``TURNLOG_API_TOKENS`` (``{token: [fleet, ...]}``; ``"*"`` is
+every fleet). A request without a valid token gets 401; a session outside the
+token's fleets is answered exactly as a session that does not exist (404), so
+a token cannot even learn that another fleet's session id is in use.
+
+Comparison is constant-time: the SHA-256 digests of the presented token and
+of every known token are compared with :func:`hmac.compare_digest`, all of
+them, whatever matches. Tokens are never logged: nothing here logs, and the
+API accepts them only in the ``Authorization`` header, never in a URL (which
+access logs record).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+__all__ = ["Scope", "TokenTable", "ALL_FLEETS"]
+
+ALL_FLEETS = "*"
+
+
+@dataclass(frozen=True, slots=True)
+class Scope:
+    """What one token may read: ``fleets`` (None: every fleet)."""
+
+    fleets: frozenset[str] | None
+
+    def allows(self, fleet: str | None) -> bool:
+        return self.fleets is None or (fleet is not None and fleet in self.fleets)
+
+
+class TokenTable:
+    """The API's tokens, held as digests."""
+
+    def __init__(self, tokens: Mapping[str, Sequence[str]]) -> None:
+        self._entries = [
+            (
+                hashlib.sha256(token.encode("utf-8")).digest(),
+                Scope(None if ALL_FLEETS in fleets else frozenset(fleets)),
+            )
+            for token, fleets in tokens.items()
+            if token
+        ]
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def scope_of(self, authorization: str | None) -> Scope | None:
+        """The scope of an ``Authorization: Bearer <token>`` header value, or None if it grants nothing."""
+        if not authorization:
+            return None
+        kind, _, token = authorization.partition(" ")
+        if kind.lower() != "bearer" or not token.strip():
+            return None
+        presented = hashlib.sha256(token.strip().encode("utf-8")).digest()
+        granted: Scope | None = None
+        for digest, scope in self._entries:  # no early exit: every token is compared
+            if hmac.compare_digest(digest, presented):
+                granted = scope
+        return granted

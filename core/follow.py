@@ -1,0 +1,208 @@
+"""Follow one session: its stored backlog, then the live tail, with no gap and no duplicate.
+
+Two sources, one rule. The store (``session_events``, up to the session's
+contiguous ``last_seq``) is the truth; the transcript topic is the fast path.
+:class:`TranscriptHub` is the one Kafka consumer of a process (the API, or
+``turnlog tail``): it reads every partition of ``<prefix>.transcript`` from its
+end and fans each record out to the subscribers of its session.
+
+:func:`follow_session` yields events in strict ``seq`` order, each once:
+
+1. the backlog: every stored event after the resume point;
+2. the live tail: an event with ``seq = last + 1`` is yielded at once, one at or
+   below ``last`` is a duplicate and dropped;
+3. a live event past a gap (``seq > last + 1``: it reached the topic before
+   this subscriber registered, or the hub dropped it), a full subscriber queue,
+   or ``poll_seconds`` without news all send it back to the store, which the
+   sink fills from the same topic.
+
+So correctness never depends on the hub: without it (broker down) a follower
+still gets every event, ``poll_seconds`` late at most. The stream ends after
+the session's ``session.ended`` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
+
+from turnlog.schemas import EventValidationError, decode_event
+from turnlog.settings import TurnlogSettings
+from turnlog.sinks.reads import StoredEvent
+
+__all__ = ["TranscriptHub", "Subscription", "follow_session", "SESSION_ENDED"]
+
+logger = logging.getLogger(__name__)
+
+SESSION_ENDED = "session.ended"
+#: Live events one subscriber may hold before it falls back to the store.
+SUBSCRIPTION_QUEUE_SIZE = 1024
+
+#: ``fetch(session_id, after_seq)`` -> stored events with seq > after_seq, in order (a bounded page).
+Fetch = Callable[[str, int], Awaitable[list[StoredEvent]]]
+
+
+class Subscription:
+    """The live events of one session for one follower (an asyncio queue, bounded)."""
+
+    def __init__(self, session_id: str, maxsize: int = SUBSCRIPTION_QUEUE_SIZE) -> None:
+        self.session_id = session_id
+        self._queue: asyncio.Queue[StoredEvent] = asyncio.Queue(maxsize)
+        self._overflowed = False
+
+    def offer(self, event: StoredEvent) -> None:
+        """Called on the event loop by the hub. A full queue marks an overflow, never blocks."""
+        try:
+            self._queue.put_nowait(event)
+        except asyncio.QueueFull:
+            self._overflowed = True
+
+    async def next(self, timeout: float) -> StoredEvent | None:
+        """The next live event, or None after ``timeout`` seconds or an overflow (read the store then)."""
+        if self._overflowed:
+            while not self._queue.empty():
+                self._queue.get_nowait()
+            self._overflowed = False
+            return None
+        try:
+            return await asyncio.wait_for(self._queue.get(), timeout)
+        except TimeoutError:
+            return None
+
+
+class TranscriptHub:
+    """One consumer of ``<prefix>.transcript`` per process, fanned out by session id.
+
+    It joins no consumer group (it is assigned every partition at its end
+    offset and commits nothing), so every API process sees every record and
+    none steals partitions from another. Records are decoded only when their
+    session has a subscriber.
+    """
+
+    def __init__(self, settings: TurnlogSettings, *, consumer_config: dict[str, Any] | None = None) -> None:
+        self.settings = settings
+        self._config = {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": f"{settings.topic_prefix}-live-{uuid.uuid4().hex[:8]}",  # required by the client; never joined
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            **(consumer_config or {}),
+        }
+        self._subscribers: dict[str, set[Subscription]] = {}
+        self._lock = threading.Lock()
+        self._stopping = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def start(self) -> None:
+        """Start consuming in a daemon thread; call from the event loop that subscribers use."""
+        self._loop = asyncio.get_running_loop()
+        self._thread = threading.Thread(target=self._run, name="transcript-hub", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stopping.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def subscribe(self, session_id: str) -> Subscription:
+        subscription = Subscription(session_id)
+        with self._lock:
+            self._subscribers.setdefault(session_id, set()).add(subscription)
+        return subscription
+
+    def unsubscribe(self, subscription: Subscription) -> None:
+        with self._lock:
+            held = self._subscribers.get(subscription.session_id)
+            if held is not None:
+                held.discard(subscription)
+                if not held:
+                    del self._subscribers[subscription.session_id]
+
+    @property
+    def subscriber_count(self) -> int:
+        with self._lock:
+            return sum(len(s) for s in self._subscribers.values())
+
+    def _run(self) -> None:
+        topic = self.settings.topics.transcript
+        consumer = Consumer(dict(self._config))
+        try:
+            while not self._stopping.is_set():
+                try:
+                    partitions = consumer.list_topics(topic, timeout=5).topics[topic].partitions
+                    if partitions:
+                        break
+                except KafkaException as e:
+                    logger.warning("transcript hub: cannot read %s's partitions yet: %s", topic, e)
+            else:
+                return
+            consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in sorted(partitions)])
+            logger.info("transcript hub: following %d partitions of %s", len(partitions), topic)
+            while not self._stopping.is_set():
+                record = consumer.poll(0.5)
+                if record is None or record.error() is not None:
+                    continue
+                self._dispatch(record.key(), record.value())
+        finally:
+            consumer.close()
+
+    def _dispatch(self, key: bytes | None, value: bytes | None) -> None:
+        if key is None or value is None:
+            return
+        with self._lock:
+            subscribers = list(self._subscribers.get(key.decode("utf-8", "replace"), ()))
+        if not subscribers:
+            return
+        try:
+            event = decode_event(value)
+        except EventValidationError:
+            return  # the sink dead-letters it; followers never see it
+        live = StoredEvent(event.seq, type(event).__struct_config__.tag, value.decode("utf-8"))
+        assert self._loop is not None
+        for subscription in subscribers:
+            self._loop.call_soon_threadsafe(subscription.offer, live)
+
+
+async def follow_session(
+    fetch: Fetch,
+    hub: TranscriptHub | None,
+    session_id: str,
+    after_seq: int = -1,
+    *,
+    poll_seconds: float = 1.0,
+) -> AsyncIterator[StoredEvent]:
+    """Every event of ``session_id`` with ``seq > after_seq``, each once, in seq order,
+    until ``session.ended`` (see the module docstring for the rule)."""
+    subscription = hub.subscribe(session_id) if hub is not None else None
+    last = after_seq
+    try:
+        while True:
+            while batch := await fetch(session_id, last):  # the store: backlog, or a gap's fill
+                for event in batch:
+                    yield event
+                    last = event.seq
+                    if event.type == SESSION_ENDED:
+                        return
+            while True:  # the live tail, until it has a gap or goes quiet
+                if subscription is None:
+                    await asyncio.sleep(poll_seconds)
+                    break
+                live = await subscription.next(poll_seconds)
+                if live is None or live.seq > last + 1:
+                    break
+                if live.seq <= last:
+                    continue  # a duplicate (the sequencer re-emitted it, or the store gave it already)
+                yield live
+                last = live.seq
+                if live.type == SESSION_ENDED:
+                    return
+    finally:
+        if subscription is not None and hub is not None:
+            hub.unsubscribe(subscription)

@@ -1,0 +1,251 @@
+"""Rebuild a store from ``<prefix>.events``: ``turnlog replay``.
+
+The raw log is read partition by partition in offset order, up to the end
+offsets taken when the replay starts, and put through the sequencer's own pure
+state machine (``stream_processors.sequencing``): the same ordering, dedupe and
+fencing as the live pipeline. What it emits is written with the sink's own
+``SqlStore.apply_batch`` (no consumer offsets: the replay owns no group), and
+ended sessions are then finalized with the finalizer's guarded UPDATE. So a
+rebuilt store holds the same rows and the same aggregates as the live one.
+
+A session the target store already holds starts from its stored position
+(epoch, ``last_seq``), so replaying twice, or replaying the tail of the log
+into a restored backup (``--from-time``), adds only what is missing. A session
+the store holds as ``finalized`` or ``abandoned`` is left untouched.
+
+The log can rebuild only what it still holds: ``TURNLOG_EVENTS_RETENTION_MS``
+(30 days by default) bounds how far back a replay reaches.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass, field
+
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+
+from sqlalchemy import select
+
+from turnlog.exceptions import TurnlogError
+from turnlog.producers.partitioning import partition_for
+from turnlog.schemas import EventValidationError, decode_event
+from turnlog.settings import TurnlogSettings
+from turnlog.sinks.base import SqlStore
+from turnlog.sinks.batch import SourceMessage
+from turnlog.sinks.errors import store_errors
+from turnlog.sinks.tables import session_events
+from turnlog.stream_processors.sequencing import SessionSequence, sequence
+
+__all__ = ["ReplayResult", "ReplayError", "replay_events"]
+
+logger = logging.getLogger(__name__)
+
+#: Events written per store transaction.
+WRITE_BATCH = 2000
+#: Statuses a replay never touches.
+_SETTLED = ("finalized", "abandoned")
+
+
+class ReplayError(TurnlogError):
+    """The log cannot be read (no such topic, broker unreachable)."""
+
+
+@dataclass(slots=True)
+class ReplayResult:
+    """What a replay did. ``rate`` is log records read per second of wall time."""
+
+    records_read: int = 0
+    events_applied: int = 0
+    duplicates: int = 0
+    rejected: int = 0
+    sessions_seen: int = 0
+    sessions_settled: int = 0
+    sessions_finalized: int = 0
+    seconds: float = 0.0
+    rejected_reasons: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.records_read / self.seconds if self.seconds > 0 else 0.0
+
+
+#: ``progress(records_read, records_total)``
+Progress = Callable[[int, int], None]
+
+
+def replay_events(
+    settings: TurnlogSettings,
+    store: SqlStore,
+    *,
+    from_time: dt.datetime | None = None,
+    session_ids: Collection[str] = (),
+    progress: Progress | None = None,
+) -> ReplayResult:
+    """Replay ``settings.topics.events`` into ``store`` (already migrated).
+
+    ``from_time`` (aware) starts each partition at the first record at or after
+    it (Kafka's timestamp index); None starts at the earliest retained offset.
+    ``session_ids`` restricts the replay to those sessions and reads only their
+    partitions.
+
+    Raises:
+        ReplayError: the topic does not exist or the broker cannot be reached.
+        StoreError: the store refused a write.
+    """
+    started = time.monotonic()
+    topic = settings.topics.events
+    wanted = set(session_ids)
+    consumer = Consumer(
+        {
+            "bootstrap.servers": settings.bootstrap_servers,
+            "group.id": f"{settings.topic_prefix}-replay",  # never joined or committed: partitions are assigned
+            "enable.auto.commit": False,
+            "enable.auto.offset.store": False,
+            "enable.partition.eof": True,
+        }
+    )
+    result = ReplayResult()
+    try:
+        starts, ends = _offset_range(consumer, topic, settings, from_time, wanted)
+        total = sum(max(0, ends[p] - starts[p]) for p in ends)
+        pending = {p for p in ends if ends[p] > starts[p]}
+        if progress:
+            progress(0, total)
+        consumer.assign([TopicPartition(topic, p, starts[p]) for p in sorted(pending)])
+        states: dict[str, SessionSequence | None] = {}
+        emitted: list[SourceMessage] = []
+        while pending:
+            for record in consumer.consume(500, 1.0):
+                error = record.error()
+                partition = record.partition()
+                if error is not None:
+                    if error.code() == KafkaError._PARTITION_EOF:
+                        pending.discard(partition)
+                        continue
+                    raise ReplayError(f"reading {topic}[{partition}]: {error.str()}")
+                if partition not in pending or record.offset() >= ends[partition]:
+                    pending.discard(partition)
+                    continue
+                result.records_read += 1
+                if record.offset() + 1 >= ends[partition]:
+                    pending.discard(partition)
+                _sequence_record(store, record, states, wanted, emitted, result, max_buffer=settings.reorder_buffer_size)
+                if len(emitted) >= WRITE_BATCH:
+                    _write(store, emitted, result)
+            if progress:
+                progress(result.records_read, total)
+        _write(store, emitted, result)
+    finally:
+        consumer.close()
+    result.sessions_seen = len(states)
+    result.sessions_settled = sum(1 for state in states.values() if state is None)
+    result.sessions_finalized = _finalize(store, [sid for sid, state in states.items() if state is not None])
+    result.seconds = time.monotonic() - started
+    return result
+
+
+def _offset_range(
+    consumer: Consumer,
+    topic: str,
+    settings: TurnlogSettings,
+    from_time: dt.datetime | None,
+    wanted: set[str],
+) -> tuple[dict[int, int], dict[int, int]]:
+    """``(start offsets, end offsets)`` per partition to read."""
+    try:
+        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
+    except KafkaException as e:
+        raise ReplayError(f"cannot reach the broker at {settings.bootstrap_servers}: {e}") from e
+    if metadata.error is not None or not metadata.partitions:
+        raise ReplayError(f"topic {topic} does not exist (TURNLOG_TOPIC_PREFIX={settings.topic_prefix!r})")
+    partitions = sorted(metadata.partitions)
+    if wanted:
+        partitions = sorted({partition_for(sid, len(metadata.partitions)) for sid in wanted})
+    ends: dict[int, int] = {}
+    starts: dict[int, int] = {}
+    for p in partitions:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
+        ends[p], starts[p] = high, low
+    if from_time is not None:
+        millis = int(from_time.timestamp() * 1000)
+        found = consumer.offsets_for_times([TopicPartition(topic, p, millis) for p in partitions], timeout=10)
+        for tp in found:
+            # -1: no record at or after the time in this partition: nothing to read.
+            starts[tp.partition] = ends[tp.partition] if tp.offset < 0 else max(tp.offset, starts[tp.partition])
+    return starts, ends
+
+
+def _sequence_record(
+    store: SqlStore,
+    record: object,
+    states: dict[str, SessionSequence | None],
+    wanted: set[str],
+    emitted: list[SourceMessage],
+    result: ReplayResult,
+    *,
+    max_buffer: int,
+) -> None:
+    raw: bytes = record.value()  # type: ignore[attr-defined]
+    try:
+        event = decode_event(raw)
+    except EventValidationError as e:
+        result.rejected += 1
+        result.rejected_reasons[e.reason] = result.rejected_reasons.get(e.reason, 0) + 1
+        return
+    if wanted and event.session_id not in wanted:
+        return
+    if event.session_id not in states:
+        states[event.session_id] = _initial_state(store, event.session_id)
+    state = states[event.session_id]
+    if state is None:  # finalized or abandoned in the target store: leave it be
+        return
+    decision = sequence(state, event, raw, record.offset(), max_buffer=max_buffer)  # type: ignore[attr-defined]
+    result.duplicates += int(decision.duplicate)
+    result.rejected += len(decision.dlq)
+    for _, reason in decision.dlq:
+        kind = reason.split(":", 1)[0]
+        result.rejected_reasons[kind] = result.rejected_reasons.get(kind, 0) + 1
+    for value in decision.emit:
+        emitted.append(
+            SourceMessage(record.topic(), record.partition(), record.offset(), value, record.key())  # type: ignore[attr-defined]
+        )
+
+
+def _initial_state(store: SqlStore, session_id: str) -> SessionSequence | None:
+    """Where sequencing of ``session_id`` starts: its stored position, or the beginning."""
+    with store_errors(), store.engine.connect() as conn:
+        position = store.session_position(conn, session_id)
+        first_event_id = conn.execute(
+            select(session_events.c.event_id).where(session_events.c.session_id == session_id, session_events.c.seq == 0)
+        ).scalar()
+    if position is None:
+        return SessionSequence()
+    if position.status in _SETTLED:
+        return None
+    return SessionSequence(
+        epoch=position.epoch,
+        next_seq=position.last_seq + 1,
+        ended=position.status == "ended",
+        started_event_id=first_event_id,  # so a re-read session.started is known as a re-send
+    )
+
+
+def _write(store: SqlStore, emitted: list[SourceMessage], result: ReplayResult) -> None:
+    if not emitted:
+        return
+    with store_errors(), store.engine.begin() as conn:
+        applied = store.apply_batch(conn, None, emitted)
+    result.events_applied += applied.applied
+    emitted.clear()
+
+
+def _finalize(store: SqlStore, session_ids: list[str]) -> int:
+    finalized = 0
+    now = dt.datetime.now(dt.timezone.utc)
+    for session_id in sorted(session_ids):
+        with store_errors(), store.engine.begin() as conn:
+            finalized += int(store.finalize_session(conn, session_id, now))
+    return finalized

@@ -1,0 +1,68 @@
+"""``turnlog tail``: follow one session in the terminal.
+
+The same follower as the API's SSE stream (``turnlog.follow``): the stored
+backlog, then the live tail from its own transcript hub. On a terminal a
+partial turn is redrawn in place as it grows; otherwise each event is a line.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import sys
+from typing import TextIO
+
+import msgspec
+
+from turnlog.follow import TranscriptHub, follow_session
+from turnlog.settings import TurnlogSettings
+from turnlog.sinks.base import SqlStore
+from turnlog.sinks.reads import StoredEvent, events_after, get_session
+
+__all__ = ["tail_session", "format_event"]
+
+
+def format_event(event: StoredEvent) -> str:
+    """One line for ``event``: ``[seq] speaker: text`` for turns, a note for session events."""
+    body = msgspec.json.decode(event.payload)
+    if event.type == "session.started":
+        return f"[{event.seq}] -- session {body['session_id']} started (fleet {body['fleet']}, agent {body['agent_id']})"
+    if event.type == "session.ended":
+        return f"[{event.seq}] -- session ended: {body['reason']}"
+    marker = "" if event.type == "turn.completed" else " …"
+    return f"[{event.seq}] #{body['turn_index']} {body['speaker']}: {body['text']}{marker}"
+
+
+async def tail_session(
+    settings: TurnlogSettings, store: SqlStore, session_id: str, after_seq: int = -1, *, out: TextIO = sys.stdout
+) -> bool:
+    """Print ``session_id``'s events after ``after_seq`` until it ends. False if the store has no such session."""
+    with store.engine.connect() as conn:
+        if get_session(conn, session_id, fleets=None) is None:
+            return False
+
+    async def fetch(sid: str, after: int) -> list[StoredEvent]:
+        def read() -> list[StoredEvent]:
+            with store.engine.connect() as conn:
+                return events_after(conn, sid, after)
+
+        return await asyncio.to_thread(read)
+
+    redraw = out.isatty()
+    open_partial = False
+    hub = TranscriptHub(settings)
+    hub.start()
+    try:
+        async for event in follow_session(fetch, hub, session_id, after_seq, poll_seconds=settings.api_poll_seconds):
+            line = format_event(event)
+            if redraw and open_partial:
+                out.write("\r\x1b[2K")  # overwrite the partial line
+            if redraw and event.type == "turn.partial":
+                out.write(line)
+                open_partial = True
+            else:
+                out.write(line + "\n")
+                open_partial = False
+            out.flush()
+    finally:
+        await asyncio.to_thread(hub.stop)
+    return True

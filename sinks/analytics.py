@@ -1,0 +1,199 @@
+"""The analytics projection: per-fleet figures from the ordered transcript.
+
+A second consumer group on ``<prefix>.transcript`` (``turnlog analytics``) runs
+:class:`~turnlog.sinks.service.SinkService` with :meth:`AnalyticsProjection.write`
+instead of the transcript writer, so it gets the sink's batching, offsets in the
+same transaction, retries and dead-lettering unchanged.
+
+Figures, per fleet:
+
+- ``fleet_activity``: sessions started, ended, and active (started, not ended);
+- ``fleet_turns_per_minute``: completed turns by the UTC minute they ended in;
+- ``fleet_talk_time``: completed turns and talk time (seconds, ``ended_at -
+  started_at``) per speaker. Interrupted turns are not counted.
+
+Idempotence: the transcript may carry an event twice (a sequencer restarted
+between emit and commit). A figure is incremented only when the keyed row
+that counts it is new: ``analytics_sessions`` for a start, its ``ended_at``
+going from NULL to a value for an end, ``analytics_turns`` for a turn. With the
+offsets in the same transaction, each record's effect lands exactly once.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.engine import Connection
+
+from turnlog.schemas import EventValidationError, SessionEnded, SessionStarted, TurnCompleted, decode_event
+from turnlog.sinks.base import SqlStore
+from turnlog.sinks.batch import RejectedMessage, SourceMessage
+from turnlog.sinks.tables import (
+    analytics_sessions,
+    analytics_turns,
+    fleet_activity,
+    fleet_talk_time,
+    fleet_turns_per_minute,
+)
+
+__all__ = ["AnalyticsProjection", "FleetFigures", "UNKNOWN_FLEET"]
+
+#: Fleet of a turn whose session.started the projection never saw (replayed from mid-log).
+UNKNOWN_FLEET = "(unknown)"
+
+
+@dataclass(frozen=True, slots=True)
+class FleetFigures:
+    """One fleet's figures. ``turns_per_minute``: ``[(minute start, turns)]``, oldest first;
+    ``talk_time``: ``{speaker: (turns, seconds)}``."""
+
+    fleet: str
+    active_sessions: int
+    started_sessions: int
+    ended_sessions: int
+    turns_per_minute: list[tuple[dt.datetime, int]]
+    talk_time: dict[str, tuple[int, float]]
+
+
+class AnalyticsProjection:
+    """Writes and reads the analytics tables of ``store``'s database."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.store = store
+
+    def write(self, conn: Connection, messages: Sequence[SourceMessage]) -> list[RejectedMessage]:
+        """Apply ``messages`` to the figures in ``conn``'s transaction (a ``BatchWriter``)."""
+        rejected: list[RejectedMessage] = []
+        starts: dict[str, SessionStarted] = {}
+        turns: dict[tuple[str, int], TurnCompleted] = {}
+        ends: dict[str, SessionEnded] = {}
+        for message in messages:
+            try:
+                event = decode_event(message.value)
+            except EventValidationError as e:
+                rejected.append(RejectedMessage(message, e.reason))
+                continue
+            if isinstance(event, SessionStarted):
+                starts.setdefault(event.session_id, event)
+            elif isinstance(event, TurnCompleted):
+                turns.setdefault((event.session_id, event.turn_index), event)
+            elif isinstance(event, SessionEnded):
+                ends.setdefault(event.session_id, event)
+        # A session's start precedes its turns and its end in the transcript, so
+        # applying the three kinds in this order keeps each session's order.
+        if starts:
+            self._count_starts(conn, starts)
+        if turns:
+            self._count_turns(conn, turns)
+        if ends:
+            self._count_ends(conn, ends)
+        return rejected
+
+    def _count_starts(self, conn: Connection, starts: dict[str, SessionStarted]) -> None:
+        stmt = self.store.insert(analytics_sessions).on_conflict_do_nothing(
+            index_elements=[analytics_sessions.c.session_id]
+        )
+        rows = [{"session_id": s.session_id, "fleet": s.fleet, "started_at": s.started_at, "ended_at": None} for s in starts.values()]
+        new = conn.execute(stmt.returning(analytics_sessions.c.fleet), rows).scalars().all()
+        self._add_activity(conn, Counter(new), active=1, started=1, ended=0)
+
+    def _count_ends(self, conn: Connection, ends: dict[str, SessionEnded]) -> None:
+        ended_fleets: Counter[str] = Counter()
+        for session_id, event in sorted(ends.items()):
+            fleet = conn.execute(
+                update(analytics_sessions)
+                .where(analytics_sessions.c.session_id == session_id, analytics_sessions.c.ended_at.is_(None))
+                .values(ended_at=event.ended_at)
+                .returning(analytics_sessions.c.fleet)
+            ).scalar()
+            if fleet is not None:
+                ended_fleets[fleet] += 1
+        self._add_activity(conn, ended_fleets, active=-1, started=0, ended=1)
+
+    def _add_activity(self, conn: Connection, by_fleet: Counter[str], *, active: int, started: int, ended: int) -> None:
+        if not by_fleet:
+            return
+        t = fleet_activity.c
+        stmt = self.store.insert(fleet_activity)
+        stmt = stmt.on_conflict_do_update(
+            index_elements=[t.fleet],
+            set_={
+                "active_sessions": t.active_sessions + stmt.excluded.active_sessions,
+                "started_sessions": t.started_sessions + stmt.excluded.started_sessions,
+                "ended_sessions": t.ended_sessions + stmt.excluded.ended_sessions,
+            },
+        )
+        rows = [
+            {"fleet": fleet, "active_sessions": active * n, "started_sessions": started * n, "ended_sessions": ended * n}
+            for fleet, n in sorted(by_fleet.items())
+        ]
+        conn.execute(stmt, rows)
+
+    def _count_turns(self, conn: Connection, turns: dict[tuple[str, int], TurnCompleted]) -> None:
+        stmt = self.store.insert(analytics_turns).on_conflict_do_nothing(
+            index_elements=[analytics_turns.c.session_id, analytics_turns.c.turn_index]
+        )
+        rows = [{"session_id": s, "turn_index": i} for s, i in sorted(turns)]
+        new = conn.execute(stmt.returning(analytics_turns.c.session_id, analytics_turns.c.turn_index), rows).all()
+        if not new:
+            return
+        session_ids = sorted({row.session_id for row in new})
+        fleets = dict(
+            conn.execute(
+                select(analytics_sessions.c.session_id, analytics_sessions.c.fleet).where(
+                    analytics_sessions.c.session_id.in_(session_ids)
+                )
+            ).all()
+        )
+        per_minute: Counter[tuple[str, dt.datetime]] = Counter()
+        talk: dict[tuple[str, str], list[Any]] = {}
+        for row in new:
+            turn = turns[(row.session_id, row.turn_index)]
+            fleet = fleets.get(row.session_id, UNKNOWN_FLEET)
+            per_minute[(fleet, turn.ended_at.astimezone(dt.timezone.utc).replace(second=0, microsecond=0))] += 1
+            figures = talk.setdefault((fleet, turn.speaker), [0, 0.0])
+            figures[0] += 1
+            figures[1] += max(0.0, (turn.ended_at - turn.started_at).total_seconds())
+        m = fleet_turns_per_minute.c
+        minute_stmt = self.store.insert(fleet_turns_per_minute)
+        minute_stmt = minute_stmt.on_conflict_do_update(
+            index_elements=[m.fleet, m.minute], set_={"turns": m.turns + minute_stmt.excluded.turns}
+        )
+        conn.execute(
+            minute_stmt,
+            [{"fleet": f, "minute": minute, "turns": n} for (f, minute), n in sorted(per_minute.items())],
+        )
+        k = fleet_talk_time.c
+        talk_stmt = self.store.insert(fleet_talk_time)
+        talk_stmt = talk_stmt.on_conflict_do_update(
+            index_elements=[k.fleet, k.speaker],
+            set_={"turns": k.turns + talk_stmt.excluded.turns, "talk_seconds": k.talk_seconds + talk_stmt.excluded.talk_seconds},
+        )
+        conn.execute(
+            talk_stmt,
+            [{"fleet": f, "speaker": s, "turns": n, "talk_seconds": secs} for (f, s), (n, secs) in sorted(talk.items())],
+        )
+
+    # -- reads ---------------------------------------------------------------
+    def figures(self, conn: Connection, fleet: str, *, minutes: int = 60) -> FleetFigures:
+        """``fleet``'s figures; ``turns_per_minute`` holds its last ``minutes`` buckets that have turns."""
+        activity = conn.execute(select(fleet_activity).where(fleet_activity.c.fleet == fleet)).first()
+        m = fleet_turns_per_minute.c
+        recent = conn.execute(
+            select(m.minute, m.turns).where(m.fleet == fleet).order_by(m.minute.desc()).limit(minutes)
+        ).all()
+        k = fleet_talk_time.c
+        talk = conn.execute(select(k.speaker, k.turns, k.talk_seconds).where(k.fleet == fleet).order_by(k.speaker)).all()
+        return FleetFigures(
+            fleet=fleet,
+            active_sessions=activity.active_sessions if activity else 0,
+            started_sessions=activity.started_sessions if activity else 0,
+            ended_sessions=activity.ended_sessions if activity else 0,
+            turns_per_minute=[(row.minute, row.turns) for row in reversed(recent)],
+            talk_time={row.speaker: (row.turns, row.talk_seconds) for row in talk},
+        )

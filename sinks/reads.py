@@ -1,0 +1,120 @@
+"""Read queries over the store for subscribers and operators (the API, ``turnlog tail``).
+
+All functions take a connection and never write. Fleet scoping is the caller's
+(``turnlog.api.auth``): ``fleets=None`` means every fleet.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Collection
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from turnlog.sinks.tables import session_events, sessions, transcript_turns
+
+__all__ = ["StoredEvent", "list_sessions", "get_session", "get_turns", "events_after", "SESSION_FIELDS"]
+
+#: The ``sessions`` columns a reader sees (not the resume bookkeeping ``claimed_epoch``).
+SESSION_FIELDS = (
+    "id",
+    "fleet",
+    "agent_id",
+    "status",
+    "started_at",
+    "ended_at",
+    "end_reason",
+    "epoch",
+    "last_seq",
+    "end_seq",
+    "turn_count",
+    "interrupted_turn_count",
+    "duration_seconds",
+    "input_tokens",
+    "output_tokens",
+    "finalized_at",
+    "metadata",
+)
+_TURN_FIELDS = ("turn_index", "speaker", "text", "status", "started_at", "ended_at", "input_tokens", "output_tokens", "tool_calls", "epoch", "seq")
+
+
+@dataclass(frozen=True, slots=True)
+class StoredEvent:
+    """One applied event of a session: its seq, type and exact JSON payload (UTF-8 text)."""
+
+    seq: int
+    type: str
+    payload: str
+
+
+def _columns(table: Any, names: Collection[str]) -> list[Any]:
+    return [table.c[name] for name in names]
+
+
+def list_sessions(
+    conn: Connection,
+    *,
+    fleets: Collection[str] | None,
+    status: str | None = None,
+    fleet: str | None = None,
+    started_after: dt.datetime | None = None,
+    started_before: dt.datetime | None = None,
+    after_id: str | None = None,
+    limit: int = 50,
+) -> list[dict[str, Any]]:
+    """Sessions ordered by id, at most ``limit``, after ``after_id`` (keyset paging).
+
+    ``fleets`` is the caller's scope (None: all); ``fleet`` a filter inside it.
+    ``started_after`` is inclusive, ``started_before`` exclusive (UTC).
+    """
+    query = select(*_columns(sessions, SESSION_FIELDS)).order_by(sessions.c.id).limit(limit)
+    if fleets is not None:
+        query = query.where(sessions.c.fleet.in_(sorted(fleets)))
+    if fleet is not None:
+        query = query.where(sessions.c.fleet == fleet)
+    if status is not None:
+        query = query.where(sessions.c.status == status)
+    if started_after is not None:
+        query = query.where(sessions.c.started_at >= started_after)
+    if started_before is not None:
+        query = query.where(sessions.c.started_at < started_before)
+    if after_id is not None:
+        query = query.where(sessions.c.id > after_id)
+    return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def get_session(conn: Connection, session_id: str, *, fleets: Collection[str] | None) -> dict[str, Any] | None:
+    """The session's row, or None if it does not exist or lies outside ``fleets``."""
+    row = conn.execute(select(*_columns(sessions, SESSION_FIELDS)).where(sessions.c.id == session_id)).first()
+    if row is None or (fleets is not None and row.fleet not in fleets):
+        return None
+    return dict(row._mapping)
+
+
+def get_turns(conn: Connection, session_id: str) -> list[dict[str, Any]]:
+    """The session's turns in ``turn_index`` order (partial ones included)."""
+    query = (
+        select(*_columns(transcript_turns, _TURN_FIELDS))
+        .where(transcript_turns.c.session_id == session_id)
+        .order_by(transcript_turns.c.turn_index)
+    )
+    return [dict(row._mapping) for row in conn.execute(query)]
+
+
+def events_after(conn: Connection, session_id: str, after_seq: int, *, limit: int = 1000) -> list[StoredEvent]:
+    """Applied events with ``seq > after_seq``, in seq order, up to the session's
+    contiguous ``last_seq`` (never past a gap), at most ``limit``."""
+    last_seq = conn.execute(select(sessions.c.last_seq).where(sessions.c.id == session_id)).scalar()
+    if last_seq is None or last_seq <= after_seq:
+        return []
+    e = session_events.c
+    query = (
+        select(e.seq, e.type, e.payload)
+        .where(e.session_id == session_id, e.seq > after_seq, e.seq <= last_seq)
+        .order_by(e.seq)
+        .limit(limit)
+    )
+    return [StoredEvent(row.seq, row.type, row.payload) for row in conn.execute(query)]
