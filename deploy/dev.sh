@@ -41,6 +41,7 @@ case "$cmd" in
     ;;
   test)
     setup
+    bash "$here/browser.sh"
     cd "$root"
     export TURNLOG_TEST_BOOTSTRAP_SERVERS="$TURNLOG_BOOTSTRAP_SERVERS" TURNLOG_TEST_DATABASE_URL="$TURNLOG_DATABASE_URL"
     exec "$python" -m pytest "$@"

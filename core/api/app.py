@@ -19,7 +19,9 @@ Unauthenticated: ``GET /live`` (the live transcript page; static, it holds no
 data and sends the token itself) and ``GET /healthz``.
 """
 
-from __future__ import annotations
+# No ``from __future__ import annotations`` here: FastAPI reads the route
+# signatures at definition time, and ``Scoped`` is local to create_app.
+
 
 import asyncio
 import datetime as dt
@@ -152,6 +154,9 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
                 fetch, hub, session_id, resume_after, poll_seconds=settings.api_poll_seconds
             ):
                 yield ServerSentEvent(data=event.payload, id=str(event.seq), event=event.type)
+                # Let sse-starlette's disconnect watcher run between events, so a
+                # backlog is not written on into a closed connection.
+                await asyncio.sleep(0)
 
         return EventSourceResponse(stream(), ping=SSE_PING_SECONDS, headers={"Cache-Control": "no-store"})
 

@@ -29,6 +29,7 @@ def isolated_settings(kafka_bootstrap: str, database_url: str, tmp: Path, **over
         sequencer_group=f"test-{run}-sequencer",
         sink_group=f"test-{run}-sink",
         finalizer_group=f"test-{run}-finalizer",
+        analytics_group=f"test-{run}-analytics",
         flush_interval_seconds=0.2,
         finalizer_sweep_seconds=0.5,
         faust_data_dir=str(tmp / "faust"),
@@ -53,7 +54,13 @@ class Pipeline:
 
     def wait_ready(self, timeout: float = 120) -> None:
         """Until every running service says it is consuming (Faust's "Ready", the sink's assignment)."""
-        marks = {"sequencer": "[^Worker]: Ready", "finalizer": "[^Worker]: Ready", "sink": "assigned "}
+        marks = {
+            "sequencer": "[^Worker]: Ready",
+            "finalizer": "[^Worker]: Ready",
+            "sink": "assigned ",
+            "analytics": "assigned ",
+            "api": "transcript hub: following",
+        }
 
         def ready() -> bool:
             return all(
