@@ -6,6 +6,8 @@ import datetime as dt
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from typing import Any, TypeVar
 
 from sqlalchemy import select
@@ -72,3 +74,42 @@ def dump_store(store: SqlStore, *, skip_columns: tuple[str, ...] = ("finalized_a
             rows = conn.execute(select(*columns).order_by(*table.primary_key.columns)).all()
             dump[table.name] = [tuple(row) for row in rows]
     return dump
+
+
+def free_port() -> int:
+    """A TCP port nothing listens on right now (for a service under test)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@partial(dataclass, frozen=True)
+class SseEvent:
+    """One Server-Sent Event as received: ``id``, ``event`` (type) and ``data``."""
+
+    id: str | None
+    event: str
+    data: str
+
+
+async def sse_events(lines: Any) -> Any:
+    """Parse an async iterator of text lines (``httpx.Response.aiter_lines()``) into :class:`SseEvent`s."""
+    event_id, kind, data = None, "message", []
+    async for line in lines:
+        if line == "":
+            if data:
+                yield SseEvent(event_id, kind, "\n".join(data))
+            event_id, kind, data = None, "message", []
+            continue
+        if line.startswith(":"):
+            continue
+        field, _, value = line.partition(":")
+        value = value.removeprefix(" ")
+        if field == "id":
+            event_id = value
+        elif field == "event":
+            kind = value
+        elif field == "data":
+            data.append(value)

@@ -1,0 +1,282 @@
+"""The HTTP API, SSE resume, `turnlog tail` and the analytics projection, on the real
+broker and Postgres, with every service (API included) as a real process."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import random
+import subprocess
+import uuid
+from collections.abc import Iterator
+
+import httpx
+import msgspec
+import pytest
+from sqlalchemy import select
+
+from turnlog.deploy.processes import stop_all, turnlog_command
+from turnlog.producers import SessionRecorder
+from turnlog.sinks.tables import session_events, transcript_turns
+from tests.integration.conftest import Pipeline, make_pipeline
+from tests.support import free_port, sse_events, wait_until
+
+TIMEOUT = 90
+TOKENS = {"tok-a": ["fleet-a"], "tok-b": ["fleet-b"], "tok-all": ["*"], "tok-none": ["nobody"]}
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+@pytest.fixture(scope="module")
+def api(kafka_bootstrap, postgres_databases, tmp_path_factory) -> Iterator[Pipeline]:
+    """The whole pipeline plus the analytics projection and the API, on a fresh database."""
+    running = make_pipeline(
+        kafka_bootstrap,
+        postgres_databases.create(),
+        tmp_path_factory.mktemp("api"),
+        ("sequencer", "sink", "finalizer", "analytics", "api"),
+        api_tokens=TOKENS,
+        api_port=free_port(),
+        api_poll_seconds=0.5,
+    )
+    running.wait_ready()
+    yield running
+    stop_all(running.processes)
+    running.store.engine.dispose()
+
+
+def base_url(pipeline: Pipeline) -> str:
+    return f"http://127.0.0.1:{pipeline.settings.api_port}"
+
+
+def get(pipeline: Pipeline, path: str, token: str | None = "tok-all", **params) -> httpx.Response:
+    return httpx.get(base_url(pipeline) + path, headers=auth(token) if token else {}, params=params, timeout=10)
+
+
+def stored_events(pipeline: Pipeline, session_id: str) -> list[tuple[int, str]]:
+    with pipeline.store.engine.connect() as conn:
+        return [
+            tuple(row)
+            for row in conn.execute(
+                select(session_events.c.seq, session_events.c.payload)
+                .where(session_events.c.session_id == session_id)
+                .order_by(session_events.c.seq)
+            )
+        ]
+
+
+async def stored_through(pipeline: Pipeline, session_id: str, last_seq: int) -> list[tuple[int, str]]:
+    """The stored events once the store holds ``last_seq`` (the live tail can be ahead of the sink)."""
+
+    def probe():
+        events = stored_events(pipeline, session_id)
+        return events if events and events[-1][0] >= last_seq else None
+
+    return await asyncio.to_thread(wait_until, probe, timeout=TIMEOUT, what=f"{session_id} stored through {last_seq}")
+
+
+def visible(pipeline: Pipeline, session_id: str, status: str | None = None) -> bool:
+    response = get(pipeline, f"/api/sessions/{session_id}")
+    return response.status_code == 200 and (status is None or response.json()["status"] == status)
+
+
+async def record_session(pipeline: Pipeline, session_id: str, fleet: str, turns: int, *, pause: float = 0.0) -> None:
+    """A session of ``turns`` turns, each with two growing partials, then its end."""
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await recorder.start_session(session_id, fleet=fleet, agent_id="agent-1")
+        for index in range(turns):
+            speaker = "agent" if index % 2 else "user"
+            words = f"turn {index} says something fairly ordinary".split()
+            for upto in (2, 4):
+                session.update_partial(index, speaker, " ".join(words[:upto]))
+                await session.flush_partial()
+            await session.complete_turn(index, speaker, " ".join(words), input_tokens=index, output_tokens=1)
+            if pause:
+                await asyncio.sleep(pause)  # paces the workload while a subscriber reads; not a sync
+        await session.end("completed")
+
+
+# -- access control -------------------------------------------------------------
+def test_requests_without_a_valid_token_get_401_and_tokens_stay_out_of_the_logs(api):
+    for token in (None, "wrong-token"):
+        for path in ("/api/sessions", "/api/sessions/x", "/api/sessions/x/events", "/api/fleets/fleet-a/analytics"):
+            response = get(api, path, token)
+            assert response.status_code == 401, (path, token)
+            assert response.headers["www-authenticate"] == "Bearer"
+    assert get(api, "/api/sessions", "tok-a").status_code == 200
+    log = api.processes["api"].log_path.read_text(errors="replace")
+    assert "GET /api/sessions" in log  # the access log is on, and still:
+    assert not any(token in log for token in (*TOKENS, "wrong-token"))
+
+
+def test_a_token_never_reads_another_fleets_session(api):
+    mine, theirs = f"acl-a-{uuid.uuid4().hex[:6]}", f"acl-b-{uuid.uuid4().hex[:6]}"
+    asyncio.run(record_session(api, mine, "fleet-a", 1))
+    asyncio.run(record_session(api, theirs, "fleet-b", 1))
+    wait_until(lambda: visible(api, mine, "finalized") and visible(api, theirs, "finalized"), timeout=TIMEOUT, what="both finalized")
+    for path in ("", "/transcript", "/events"):
+        assert get(api, f"/api/sessions/{theirs}{path}", "tok-a").status_code == 404, path
+        assert get(api, f"/api/sessions/{mine}{path}", "tok-b").status_code == 404, path
+    assert get(api, f"/api/sessions/{mine}/transcript", "tok-a").status_code == 200
+    listed = {s["id"] for s in get(api, "/api/sessions", "tok-a", limit=500).json()["sessions"]}
+    assert mine in listed and theirs not in listed
+    assert get(api, "/api/sessions", "tok-a", fleet="fleet-b").json()["sessions"] == []
+    assert get(api, "/api/fleets/fleet-b/analytics", "tok-a").status_code == 404
+    assert get(api, "/api/sessions", "tok-none").json()["sessions"] == []
+
+
+# -- reads ------------------------------------------------------------------------
+def test_list_filters_and_pages_through_sessions(api):
+    fleet = f"fleet-{uuid.uuid4().hex[:6]}"
+    ids = [f"list-{fleet}-{i}" for i in range(5)]
+    for session_id in ids:
+        asyncio.run(record_session(api, session_id, fleet, 1))
+    wait_until(lambda: all(visible(api, s, "finalized") for s in ids), timeout=TIMEOUT, what="5 sessions finalized")
+    pages, cursor = [], None
+    while True:
+        params = {"fleet": fleet, "limit": 2, **({"cursor": cursor} if cursor else {})}
+        body = get(api, "/api/sessions", **params).json()
+        pages.append([s["id"] for s in body["sessions"]])
+        cursor = body["next_cursor"]
+        if cursor is None:
+            break
+    assert pages == [ids[0:2], ids[2:4], ids[4:5]]
+    assert len(get(api, "/api/sessions", fleet=fleet, status="finalized", limit=50).json()["sessions"]) == 5
+    assert get(api, "/api/sessions", fleet=fleet, status="active").json()["sessions"] == []
+    future = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
+    assert get(api, "/api/sessions", fleet=fleet, started_after=future).json()["sessions"] == []
+    assert len(get(api, "/api/sessions", fleet=fleet, started_before=future).json()["sessions"]) == 5
+    assert get(api, "/api/sessions", status="bogus").status_code == 422
+
+
+def test_a_session_shows_its_durable_position_aggregates_and_transcript(api):
+    session_id = f"detail-{uuid.uuid4().hex[:6]}"
+    asyncio.run(record_session(api, session_id, "fleet-a", 3))
+    wait_until(lambda: visible(api, session_id, "finalized"), timeout=TIMEOUT, what="finalized")
+    detail = get(api, f"/api/sessions/{session_id}", "tok-a").json()
+    events = stored_events(api, session_id)
+    assert detail["last_seq"] == detail["end_seq"] == events[-1][0] == 3 * 3 + 1
+    assert (detail["turn_count"], detail["input_tokens"], detail["output_tokens"]) == (3, 0 + 1 + 2, 3)
+    transcript = get(api, f"/api/sessions/{session_id}/transcript", "tok-a").json()
+    assert [(t["turn_index"], t["status"], t["speaker"]) for t in transcript["turns"]] == [
+        (0, "complete", "user"),
+        (1, "complete", "agent"),
+        (2, "complete", "user"),
+    ]
+    assert get(api, "/api/sessions/no-such-session").status_code == 404
+
+
+# -- SSE ----------------------------------------------------------------------------
+async def read_stream(pipeline, session_id, *, token="tok-all", headers=None, params=None, limit=None):
+    """Events of one SSE connection: until session.ended, or after ``limit`` events (then disconnect)."""
+    got = []
+    async with httpx.AsyncClient(base_url=base_url(pipeline), timeout=httpx.Timeout(10, read=60)) as client:
+        async with client.stream(
+            "GET", f"/api/sessions/{session_id}/events", headers={**auth(token), **(headers or {})}, params=params
+        ) as response:
+            assert response.status_code == 200, await response.aread()
+            assert response.headers["content-type"].startswith("text/event-stream")
+            async for event in sse_events(response.aiter_lines()):
+                got.append(event)
+                if event.event == "session.ended" or (limit is not None and len(got) >= limit):
+                    break
+    return got
+
+
+async def wait_visible(pipeline, session_id):
+    async with httpx.AsyncClient(base_url=base_url(pipeline), headers=auth("tok-all")) as client:
+        for _ in range(TIMEOUT * 10):
+            if (await client.get(f"/api/sessions/{session_id}")).status_code == 200:
+                return
+            await asyncio.sleep(0.1)  # a poll with a deadline (the loop bound)
+    raise AssertionError(f"{session_id} never appeared in the API")
+
+
+async def test_stream_gives_backlog_then_live_tail_without_gap_or_duplicate(api):
+    session_id = f"sse-{uuid.uuid4().hex[:6]}"
+    writer = asyncio.create_task(record_session(api, session_id, "fleet-a", 12, pause=0.15))
+    await wait_visible(api, session_id)
+    got = await read_stream(api, session_id, token="tok-a")
+    await writer
+    stored = await stored_through(api, session_id, int(got[-1].id))
+    assert [(int(e.id), e.data) for e in got] == stored
+    assert [e.event for e in got][:1] == ["session.started"] and got[-1].event == "session.ended"
+    kinds = {msgspec.json.decode(e.data)["type"] for e in got}
+    assert kinds == {"session.started", "turn.partial", "turn.completed", "session.ended"}
+
+
+async def test_stream_resumes_after_last_event_id_or_the_after_parameter(api):
+    session_id = f"resume-{uuid.uuid4().hex[:6]}"
+    await record_session(api, session_id, "fleet-a", 2)
+    await asyncio.to_thread(wait_until, lambda: visible(api, session_id, "finalized"), timeout=TIMEOUT, what="finalized")
+    last = len(stored_events(api, session_id)) - 1
+    by_param = await read_stream(api, session_id, params={"after": 3})
+    assert [int(e.id) for e in by_param] == list(range(4, last + 1))
+    by_header = await read_stream(api, session_id, headers={"Last-Event-ID": "5"}, params={"after": 1})
+    assert [int(e.id) for e in by_header] == list(range(6, last + 1))  # the header wins
+    async with httpx.AsyncClient(base_url=base_url(api), headers=auth("tok-all")) as client:
+        bad = await client.get(f"/api/sessions/{session_id}/events", headers={"Last-Event-ID": "not-a-seq"})
+    assert bad.status_code == 400
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+async def test_a_subscriber_reconnecting_at_random_points_gets_every_event_once_in_order(api, seed):
+    rng = random.Random(seed)
+    session_id = f"reconnect-{seed}-{uuid.uuid4().hex[:6]}"
+    writer = asyncio.create_task(record_session(api, session_id, "fleet-a", 10, pause=0.1))
+    await wait_visible(api, session_id)
+    received, connections = [], 0
+    while not received or received[-1].event != "session.ended":
+        headers = {"Last-Event-ID": received[-1].id} if received else {}
+        received += await read_stream(api, session_id, headers=headers, limit=rng.randint(1, 9))
+        connections += 1
+    await writer
+    assert connections > 3
+    assert [(int(e.id), e.data) for e in received] == await stored_through(api, session_id, int(received[-1].id))
+
+
+# -- tail ---------------------------------------------------------------------------
+def test_tail_prints_the_session_until_it_ends(api):
+    session_id = f"tail-{uuid.uuid4().hex[:6]}"
+    asyncio.run(record_session(api, session_id, "fleet-a", 2))
+    wait_until(lambda: visible(api, session_id), timeout=TIMEOUT, what="session stored")
+    env = api.settings.as_environment()
+    done = subprocess.run(
+        turnlog_command("tail", session_id, "--after", "3"), env={**env}, capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("[4] #1 agent: turn 1")  # seq 4: turn 1's first partial
+    assert lines[-2] == "[6] #1 agent: turn 1 says something fairly ordinary"
+    assert lines[-1] == "[7] -- session ended: completed"
+    missing = subprocess.run(turnlog_command("tail", "no-such-session"), env=env, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 1 and "no session" in missing.stderr
+
+
+# -- analytics ------------------------------------------------------------------------
+def test_analytics_projection_counts_each_fleet_once(api):
+    fleet = f"fleet-{uuid.uuid4().hex[:6]}"
+    ids = [f"an-{fleet}-{i}" for i in range(3)]
+    for session_id in ids:
+        asyncio.run(record_session(api, session_id, fleet, 4))
+
+    def figures():
+        body = get(api, f"/api/fleets/{fleet}/analytics").json()
+        return body if body["ended_sessions"] == 3 and sum(m["turns"] for m in body["turns_per_minute"]) == 12 else None
+
+    body = wait_until(figures, timeout=TIMEOUT, what="analytics for 3 ended sessions")
+    assert (body["started_sessions"], body["active_sessions"]) == (3, 0)
+    with api.store.engine.connect() as conn:
+        rows = conn.execute(
+            select(transcript_turns.c.speaker, transcript_turns.c.started_at, transcript_turns.c.ended_at).where(
+                transcript_turns.c.session_id.in_(ids)
+            )
+        ).all()
+    expected: dict[str, list[float]] = {}
+    for speaker, started, ended in rows:
+        expected.setdefault(speaker, []).append((ended - started).total_seconds())
+    assert {s: f["turns"] for s, f in body["talk_time"].items()} == {s: len(v) for s, v in expected.items()}
+    for speaker, durations in expected.items():
+        assert body["talk_time"][speaker]["seconds"] == pytest.approx(sum(durations))
