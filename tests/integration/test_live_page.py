@@ -1,0 +1,144 @@
+"""The live transcript page in headless Chromium (Debian's package, driven by Playwright).
+
+The API runs as a real process; the forced disconnect is a SIGKILL of it and a
+restart on the same port, so the page must reconnect by itself with
+Last-Event-ID and still show every turn exactly once, in order.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import uuid
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+from playwright.async_api import Page, async_playwright
+from sqlalchemy import select
+
+from turnlog.producers import SessionRecorder
+from turnlog.sinks.tables import session_events, transcript_turns
+from tests.integration.conftest import make_pipeline
+from tests.support import free_port, wait_until
+
+TIMEOUT_MS = 60_000
+CHROMIUM = os.environ.get("TURNLOG_CHROMIUM", "/usr/bin/chromium")
+
+
+@pytest.fixture
+def page_pipeline(kafka_bootstrap, postgres_databases, tmp_path):
+    running = make_pipeline(
+        kafka_bootstrap,
+        postgres_databases.create(),
+        tmp_path,
+        ("sequencer", "sink", "api"),
+        api_tokens={"page-token": ["fleet-page"]},
+        api_port=free_port(),
+        api_poll_seconds=0.5,
+    )
+    running.wait_ready()
+    yield running
+    for process in running.processes.values():
+        process.stop()
+    running.store.engine.dispose()
+
+
+@pytest.fixture
+async def page() -> AsyncIterator[Page]:
+    if shutil.which(CHROMIUM) is None:
+        pytest.fail(f"{CHROMIUM} not found: run `bash deploy/browser.sh` (installs Debian's chromium)")
+    async with async_playwright() as playwright:
+        browser = await playwright.chromium.launch(
+            executable_path=CHROMIUM,
+            headless=True,
+            args=["--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage", "--disable-background-networking"],
+        )
+        context = await browser.new_context()
+        page = await context.new_page()
+        page.set_default_timeout(TIMEOUT_MS)
+        yield page
+        await browser.close()
+
+
+def stored_turns(pipeline, session_id):
+    with pipeline.store.engine.connect() as conn:
+        return [
+            tuple(row)
+            for row in conn.execute(
+                select(transcript_turns.c.turn_index, transcript_turns.c.text, transcript_turns.c.status)
+                .where(transcript_turns.c.session_id == session_id)
+                .order_by(transcript_turns.c.turn_index)
+            )
+        ]
+
+
+def stored_last_seq(pipeline, session_id):
+    with pipeline.store.engine.connect() as conn:
+        return conn.execute(select(session_events.c.seq).where(session_events.c.session_id == session_id).order_by(session_events.c.seq.desc())).scalar()
+
+
+async def until(probe, what: str, timeout: float = 60):
+    return await asyncio.to_thread(wait_until, probe, timeout=timeout, what=what)
+
+
+async def page_turns(page: Page) -> list[tuple[int, str, str]]:
+    rows = await page.eval_on_selector_all(
+        "#turns .turn",
+        "nodes => nodes.map(n => [Number(n.dataset.turnIndex), n.querySelector('.text').textContent, n.dataset.status])",
+    )
+    return [tuple(row) for row in rows]
+
+
+async def test_live_page_shows_turns_partials_and_survives_a_forced_disconnect(page_pipeline, page):
+    pipeline = page_pipeline
+    session_id = f"page-{uuid.uuid4().hex[:6]}"
+    url = f"http://127.0.0.1:{pipeline.settings.api_port}/live#token=page-token&session={session_id}"
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await recorder.start_session(session_id, fleet="fleet-page", agent_id="agent-1")
+        await session.complete_turn(0, "user", "Hello, is this the help line?")
+        await until(lambda: stored_turns(pipeline, session_id), "turn 0 committed to the store")
+
+        # A turn committed to the store appears on the page.
+        await page.goto(url)
+        await page.wait_for_function("() => document.querySelector('#turn-0 .text')?.textContent === 'Hello, is this the help line?'")
+        assert await page.get_attribute("#state", "data-state") == "live"
+
+        # A partial appears, then grows in place.
+        session.update_partial(1, "agent", "Yes it")
+        await session.flush_partial()
+        await page.wait_for_function("() => document.querySelector('#turn-1')?.dataset.status === 'partial'")
+        session.update_partial(1, "agent", "Yes it is, how can")
+        await session.flush_partial()
+        await page.wait_for_function("() => document.querySelector('#turn-1 .text')?.textContent === 'Yes it is, how can'")
+        assert await page.locator("#turn-1").count() == 1
+
+        # Forced disconnect: the API process dies; turns keep coming meanwhile.
+        pipeline.processes["api"].kill()
+        await page.wait_for_function("() => document.querySelector('#state').dataset.state === 'reconnecting'")
+        await session.complete_turn(1, "agent", "Yes it is, how can I help?")
+        await session.complete_turn(2, "user", "My order never arrived.")
+        pipeline.stop("api")
+        pipeline.start("api")
+        await page.wait_for_function("() => window.turnlog.connections >= 2 && document.querySelector('#state').dataset.state === 'live'")
+        await session.complete_turn(3, "agent", "Sorry to hear that, let me check.")
+        await session.end("completed")
+    await page.wait_for_function("() => window.turnlog.ended === true")
+
+    seen = await page.evaluate("() => window.turnlog.seen")
+    end_seq = await until(lambda: stored_last_seq(pipeline, session_id) == seen[-1] and seen[-1], "session.ended stored")
+    assert seen == list(range(end_seq + 1))  # every event exactly once, in order, across the reconnect
+    expected = [(index, text, "complete") for index, text, _ in stored_turns(pipeline, session_id)]
+    assert await page_turns(page) == expected
+    assert [index for index, _, _ in expected] == [0, 1, 2, 3]
+    assert await page.get_attribute("#state", "data-state") == "ended"
+
+
+async def test_live_page_reports_a_refused_token(page_pipeline, page):
+    url = f"http://127.0.0.1:{page_pipeline.settings.api_port}/live#token=wrong&session=anything"
+    async with httpx.AsyncClient() as client:  # the page itself needs no token: it holds no data
+        assert (await client.get(url.split("#")[0])).status_code == 200
+    await page.goto(url)
+    await page.wait_for_function("() => document.querySelector('#state').dataset.state === 'error'")
+    assert "401" in await page.text_content("#state")
