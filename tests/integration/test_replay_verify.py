@@ -1,0 +1,137 @@
+"""`turnlog replay` and `turnlog verify` as an operator runs them, on the real broker and Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import subprocess
+import uuid
+
+import pytest
+from sqlalchemy import select, update
+
+from turnlog.deploy.processes import turnlog_command
+from turnlog.producers import SessionRecorder
+from turnlog.sinks import open_store
+from turnlog.sinks.tables import sessions, transcript_turns
+from tests.support import dump_store, wait_until
+
+TIMEOUT = 90
+
+
+def run(pipeline, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        turnlog_command(*args), env=pipeline.settings.as_environment(), capture_output=True, text=True, timeout=300
+    )
+
+
+async def record(pipeline, session_id: str, turns: int, *, interrupted: bool) -> None:
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await recorder.start_session(session_id, fleet="ops", agent_id="agent-1", metadata={"case": session_id})
+        for index in range(turns):
+            session.update_partial(index, "user", f"turn {index} so")
+            await session.flush_partial()
+            await session.complete_turn(index, "user", f"turn {index} so far so good", input_tokens=2, output_tokens=3)
+        if interrupted:
+            session.update_partial(turns, "agent", "I was about to")
+            await session.flush_partial()
+        await session.end("completed")
+
+
+@pytest.fixture(scope="module")
+def finished(kafka_bootstrap, postgres_databases, tmp_path_factory):
+    """A pipeline whose three sessions are all finalized (one ends on an interrupted turn)."""
+    from tests.integration.conftest import make_pipeline
+    from turnlog.deploy.processes import stop_all
+
+    pipeline = make_pipeline(
+        kafka_bootstrap, postgres_databases.create(), tmp_path_factory.mktemp("ops"), ("sequencer", "sink", "finalizer")
+    )
+    ids = [f"ops-{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
+    for i, session_id in enumerate(ids):
+        asyncio.run(record(pipeline, session_id, 3 + i, interrupted=i == 1))
+
+    wait_until(lambda: len(_finalized(pipeline)) == 3, timeout=TIMEOUT, what="3 sessions finalized")
+    stop_all(pipeline.processes)
+    yield pipeline, ids
+    pipeline.store.engine.dispose()
+
+
+def _finalized(pipeline):
+    with pipeline.store.engine.connect() as conn:
+        return conn.execute(select(sessions.c.id).where(sessions.c.status == "finalized")).scalars().all()
+
+
+def test_replay_rebuilds_a_store_that_verifies_equal_to_the_live_one(finished, postgres_databases):
+    pipeline, ids = finished
+    rebuilt = postgres_databases.create()
+    done = run(pipeline, "replay", "--database-url", rebuilt)
+    assert done.returncode == 0, done.stderr
+    assert "records/s" in done.stdout and "3 finalized" in done.stdout
+    store = open_store(rebuilt)
+    with store.engine.connect() as conn:
+        statuses = dict(conn.execute(select(sessions.c.id, sessions.c.status)).all())
+        interrupted = conn.execute(select(transcript_turns.c.session_id).where(transcript_turns.c.status == "interrupted")).scalars().all()
+    store.engine.dispose()
+    assert statuses == {sid: "finalized" for sid in ids}
+    assert interrupted == [ids[1]]
+    against = run(pipeline, "verify", "--database-url", pipeline.settings.database_url, "--against-url", rebuilt)
+    assert against.returncode == 0, against.stdout + against.stderr
+    assert "0 differing sessions" in against.stdout
+
+
+def test_verify_against_the_log_finds_no_difference(finished):
+    pipeline, _ = finished
+    done = run(pipeline, "verify", "--database-url", pipeline.settings.database_url, "--against-log")
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 differing sessions" in done.stdout
+
+
+def test_replaying_into_a_store_of_finalized_sessions_changes_nothing(finished, postgres_databases):
+    pipeline, _ = finished
+    target = postgres_databases.create()
+    assert run(pipeline, "replay", "--database-url", target).returncode == 0
+    store = open_store(target)
+    before = dump_store(store, skip_columns=())
+    again = run(pipeline, "replay", "--database-url", target)
+    assert again.returncode == 0, again.stderr
+    assert "3 already settled, left alone" in again.stdout
+    assert dump_store(store, skip_columns=()) == before  # finalized_at included
+    store.engine.dispose()
+
+
+def test_verify_lists_every_differing_session(finished, postgres_databases):
+    pipeline, ids = finished
+    target = postgres_databases.create()
+    assert run(pipeline, "replay", "--database-url", target).returncode == 0
+    store = open_store(target)
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(transcript_turns)
+            .where(transcript_turns.c.session_id == ids[0], transcript_turns.c.turn_index == 1)
+            .values(text="tampered")
+        )
+        conn.execute(update(sessions).where(sessions.c.id == ids[2]).values(output_tokens=0))
+    store.engine.dispose()
+    done = run(pipeline, "verify", "--database-url", pipeline.settings.database_url, "--against-url", target)
+    assert done.returncode == 1
+    assert "2 differing sessions" in done.stdout
+    assert f"{ids[0]}: turn 1: text differ" in done.stdout
+    assert f"{ids[2]}: output_tokens:" in done.stdout
+    listed = [line.split(":")[0].strip() for line in done.stdout.splitlines() if line.startswith("  ")]
+    assert listed == [ids[0], ids[2]]
+
+
+def test_replay_of_chosen_sessions_or_from_a_time(finished, postgres_databases):
+    pipeline, ids = finished
+    only = postgres_databases.create()
+    assert run(pipeline, "replay", "--database-url", only, "--session", ids[1]).returncode == 0
+    store = open_store(only)
+    with store.engine.connect() as conn:
+        assert conn.execute(select(sessions.c.id)).scalars().all() == [ids[1]]
+    store.engine.dispose()
+    later = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
+    none = run(pipeline, "replay", "--database-url", postgres_databases.create(), "--from-time", later)
+    assert none.returncode == 0 and "replayed 0 records" in none.stdout
+    bad = run(pipeline, "replay", "--database-url", only, "--from-time", "yesterday")
+    assert bad.returncode == 2 and "ISO 8601" in bad.stderr
