@@ -178,6 +178,8 @@ unix_socket_directories = '$SOCKET_DIR'
 password_encryption = 'scram-sha-256'
 max_connections = 100
 shared_buffers = 128MB
+# Commit times of rows: the benchmark's turn-to-durable latency (turnlog bench).
+track_commit_timestamp = on
 EOF
     cat >"$PGDATA_DIR/pg_hba.conf" <<'EOF'
 # Written by deploy/postgres.sh.

@@ -181,12 +181,22 @@ class SqlStore(abc.ABC):
             changes = changes_by_id[session_id]
             current = stored.get(session_id)
             last_seq = current["last_seq"] if current is not None else -1
-            # The events are in the log already (step 2), so the log also holds
-            # seqs that arrived past a gap in earlier batches.
-            reached = self._contiguous_from_log(conn, session_id, advance_contiguous(last_seq, changes.seqs))
-            rows.append(merge_session(current, changes, reached))
+            reached = advance_contiguous(last_seq, changes.seqs)
+            stored_max = current["max_seq"] if current is not None else -1
+            max_seq = max(changes.seqs) if stored_max is None else max(stored_max, *changes.seqs)
+            if stored_max is None or reached < max_seq:
+                # Seqs past a gap were stored (now or before): the log (step 2
+                # wrote this batch's events already) says how far it closes.
+                reached = self._contiguous_from_log(conn, session_id, reached)
+                if stored_max is None:
+                    max_seq = max(max_seq, self._max_seq_in_log(conn, session_id))
+            row = merge_session(current, changes, reached)
+            row["max_seq"] = max(max_seq, row["last_seq"])
+            rows.append(row)
         stmt = self.insert(sessions)
-        writable = ("fleet", "agent_id", "started_at", "ended_at", "end_reason", "epoch", "last_seq", "end_seq", "metadata")
+        writable = (
+            "fleet", "agent_id", "started_at", "ended_at", "end_reason", "epoch", "last_seq", "max_seq", "end_seq", "metadata",
+        )
         # No IN (...) here: expanding parameters cannot be used with executemany.
         status_kept = or_(sessions.c.status == "finalized", sessions.c.status == "abandoned")
         stmt = stmt.on_conflict_do_update(
@@ -205,6 +215,10 @@ class SqlStore(abc.ABC):
             .order_by(session_events.c.seq)
         ).scalars()
         return advance_contiguous(last_seq, later)
+
+    def _max_seq_in_log(self, conn: Connection, session_id: str) -> int:
+        found = conn.execute(select(func.max(session_events.c.seq)).where(session_events.c.session_id == session_id)).scalar()
+        return -1 if found is None else found
 
     def _upsert_turns(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         stmt = self.insert(transcript_turns)

@@ -124,6 +124,9 @@ sessions = Table(
     Column("claimed_epoch", Integer, nullable=False, server_default="0"),
     # Highest seq such that every seq from 0 up to it has been applied (-1: none).
     Column("last_seq", BigInteger, nullable=False),
+    # Highest seq stored (NULL: unknown, from before migration 0004). While it
+    # equals last_seq there is nothing past a gap, and the sink need not look.
+    Column("max_seq", BigInteger),
     Column("end_seq", BigInteger),
     Column("turn_count", Integer),
     Column("interrupted_turn_count", Integer),

@@ -26,6 +26,10 @@ def make_app(settings: TurnlogSettings, app_id: str) -> faust.App:
         topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,
         producer_acks=-1,
+        # Let sends gather into batches: one produce request per partition per
+        # linger instead of one per record (the sequencer emits a record per event).
+        producer_linger=settings.producer_linger_ms / 1000.0,
+        producer_max_batch_size=256 * 1024,
         consumer_auto_offset_reset="earliest",
         broker_commit_interval=1.0,
         web_enabled=False,
