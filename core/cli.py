@@ -26,11 +26,19 @@ Bootstrap = Annotated[
 ]
 
 
+#: Settings whose values must never be printed, not even in an error.
+SECRET_SETTINGS = ("api_tokens", "database_url")
+
+
 def _settings(**overrides: object) -> TurnlogSettings:
     try:
         settings = load_settings(**overrides)
     except ValidationError as e:
         for error in e.errors():
+            name = str(error["loc"][0]) if error["loc"] else "?"
+            if name in SECRET_SETTINGS:  # the key path or the value would print a secret
+                typer.echo(f"turnlog: bad setting TURNLOG_{name.upper()}: {error['msg']} (value not shown)", err=True)
+                continue
             field = ".".join(str(part) for part in error["loc"])
             typer.echo(f"turnlog: bad setting TURNLOG_{field.upper()}: {error['msg']} (got {error.get('input')!r})", err=True)
         raise typer.Exit(2) from None
@@ -75,7 +83,7 @@ def migrate(database_url: DatabaseUrl = None) -> None:
 
 
 def _run_faust(faust_app: object, settings: TurnlogSettings) -> None:
-    from faust import Worker
+    from faust import Worker as FaustWorker
 
     from turnlog.deploy.local import wait_for_broker
 
@@ -83,7 +91,7 @@ def _run_faust(faust_app: object, settings: TurnlogSettings) -> None:
     # (a broker outage after start-up is retried by the client itself).
     wait_for_broker(settings.bootstrap_servers)
 
-    class ServiceWorker(Worker):
+    class Worker(FaustWorker):  # the class name labels its log lines: "[^Worker]: Ready" is watched for
         def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
             # Faust's terminal spinner leaves the root logger at DEBUG so it can spin
             # on every record: aiokafka then builds a debug record per message sent
@@ -91,7 +99,7 @@ def _run_faust(faust_app: object, settings: TurnlogSettings) -> None:
             self.spinner = None
             logger.setLevel(level)
 
-    worker = ServiceWorker(faust_app, loglevel=settings.log_level.lower(), quiet=True)
+    worker = Worker(faust_app, loglevel=settings.log_level.lower(), quiet=True)
     worker.execute_from_commandline()
 
 
@@ -212,6 +220,7 @@ def replay(
 
     from turnlog.replay import replay_events
     from turnlog.sinks import open_store
+    from turnlog.sinks.errors import store_errors
     from turnlog.sinks.migrate import upgrade_to_head
 
     if from_ != "earliest":
@@ -227,7 +236,8 @@ def replay(
         start = start if start.tzinfo else start.replace(tzinfo=dt.timezone.utc)
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     store = open_store(settings.database_url)
-    upgrade_to_head(store.engine)
+    with store_errors():
+        upgrade_to_head(store.engine)
     columns = (TextColumn("replay {task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]:,.0f} records/s"), TimeRemainingColumn())
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task(settings.topics.events, total=None, rate=0.0)
@@ -245,6 +255,14 @@ def replay(
     )
     for reason, count in sorted(result.rejected_reasons.items()):
         typer.echo(f"  rejected {count}: {reason}")
+    if result.incomplete:
+        shown = ", ".join(f"{sid} (waits for seq {seq}, {held} held)" for sid, seq, held in result.incomplete[:10])
+        more = f" and {len(result.incomplete) - 10} more" if len(result.incomplete) > 10 else ""
+        typer.echo(
+            f"warning: {len(result.incomplete)} sessions left incomplete, their next seq is not in the replayed log "
+            f"(the log starts after it: --from-time or retention): {shown}{more}",
+            err=True,
+        )
 
 
 @app.command()
@@ -259,7 +277,7 @@ def verify(
     import tempfile
 
     from turnlog.replay import replay_events
-    from turnlog.sinks import open_store
+    from turnlog.sinks import open_store, safe_url
     from turnlog.sinks.migrate import require_head, upgrade_to_head
     from turnlog.verify import compare_digests, session_digests
 
@@ -274,7 +292,7 @@ def verify(
         if against_url is not None:
             store_b = open_store(against_url)
             require_head(store_b.engine)
-            label = against_url.rsplit("@", 1)[-1]
+            label = safe_url(against_url)
         else:
             store_b = open_store(f"sqlite:///{scratch}/from-log.db")
             upgrade_to_head(store_b.engine)
@@ -283,7 +301,7 @@ def verify(
         digests_a = session_digests(store_a, wanted)
         digests_b = session_digests(store_b, wanted)
         differences = compare_digests(digests_a, digests_b)
-    typer.echo(f"A: {settings.database_url.rsplit('@', 1)[-1]} ({len(digests_a)} sessions)")
+    typer.echo(f"A: {safe_url(settings.database_url)} ({len(digests_a)} sessions)")
     typer.echo(f"B: {label} ({len(digests_b)} sessions)")
     for difference in differences:
         typer.echo(f"  {difference.session_id}: {difference.what}")

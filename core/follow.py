@@ -18,7 +18,8 @@ end and fans each record out to the subscribers of its session.
 
 So correctness never depends on the hub: without it (broker down) a follower
 still gets every event, ``poll_seconds`` late at most. The stream ends after
-the session's ``session.ended`` event.
+the session's ``session.ended`` event, or as soon as the store says nothing
+can follow the resume point (resumed at or past the end; abandoned).
 """
 
 from __future__ import annotations
@@ -34,9 +35,10 @@ from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
 
 from turnlog.schemas import EventValidationError, decode_event
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks.reads import StoredEvent
+from turnlog.sinks.base import SqlStore
+from turnlog.sinks.reads import EventPage, StoredEvent, events_after
 
-__all__ = ["TranscriptHub", "Subscription", "follow_session", "SESSION_ENDED"]
+__all__ = ["TranscriptHub", "Subscription", "follow_session", "store_fetch", "SESSION_ENDED"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,7 +47,22 @@ SESSION_ENDED = "session.ended"
 SUBSCRIPTION_QUEUE_SIZE = 1024
 
 #: ``fetch(session_id, after_seq)`` -> stored events with seq > after_seq, in order (a bounded page).
-Fetch = Callable[[str, int], Awaitable[list[StoredEvent]]]
+Fetch = Callable[[str, int], Awaitable[EventPage]]
+#: Seconds between attempts to find the transcript topic's partitions.
+TOPIC_RETRY_SECONDS = 5.0
+
+
+def store_fetch(store: SqlStore) -> Fetch:
+    """A :data:`Fetch` over ``store`` (each read in a worker thread, on its own connection)."""
+
+    def read(session_id: str, after_seq: int) -> EventPage:
+        with store.engine.connect() as conn:
+            return events_after(conn, session_id, after_seq)
+
+    async def fetch(session_id: str, after_seq: int) -> EventPage:
+        return await asyncio.to_thread(read, session_id, after_seq)
+
+    return fetch
 
 
 class Subscription:
@@ -139,8 +156,10 @@ class TranscriptHub:
                     partitions = consumer.list_topics(topic, timeout=5).topics[topic].partitions
                     if partitions:
                         break
+                    logger.warning("transcript hub: topic %s does not exist (yet); followers read the store only", topic)
                 except KafkaException as e:
                     logger.warning("transcript hub: cannot read %s's partitions yet: %s", topic, e)
+                self._stopping.wait(TOPIC_RETRY_SECONDS)
             else:
                 return
             consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in sorted(partitions)])
@@ -179,17 +198,23 @@ async def follow_session(
     poll_seconds: float = 1.0,
 ) -> AsyncIterator[StoredEvent]:
     """Every event of ``session_id`` with ``seq > after_seq``, each once, in seq order,
-    until ``session.ended`` (see the module docstring for the rule)."""
+    until ``session.ended``, or at once if the store says nothing can follow
+    ``after_seq`` (see the module docstring for the rule)."""
     subscription = hub.subscribe(session_id) if hub is not None else None
     last = after_seq
     try:
         while True:
-            while batch := await fetch(session_id, last):  # the store: backlog, or a gap's fill
-                for event in batch:
+            while True:  # the store: backlog, or a gap's fill
+                page = await fetch(session_id, last)
+                for event in page.events:
                     yield event
                     last = event.seq
                     if event.type == SESSION_ENDED:
                         return
+                if page.finished:  # resumed at or past the end, or abandoned: nothing will come
+                    return
+                if not page.events:
+                    break
             while True:  # the live tail, until it has a gap or goes quiet
                 if subscription is None:
                     await asyncio.sleep(poll_seconds)

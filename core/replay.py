@@ -66,6 +66,8 @@ class ReplayResult:
     sessions_finalized: int = 0
     seconds: float = 0.0
     rejected_reasons: dict[str, int] = field(default_factory=dict)
+    #: ``(session_id, missing seq, events held)`` of sessions still waiting for a seq the log did not have.
+    incomplete: list[tuple[str, int, int]] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -141,6 +143,9 @@ def replay_events(
     finally:
         consumer.close()
     result.sessions_seen = len(states)
+    result.incomplete = sorted(
+        (sid, state.next_seq, len(state.buffer)) for sid, state in states.items() if state is not None and state.buffer
+    )
     result.sessions_settled = sum(1 for state in states.values() if state is None)
     result.sessions_finalized = _finalize(store, [sid for sid, state in states.items() if state is not None])
     result.seconds = time.monotonic() - started

@@ -8,22 +8,32 @@ partial turn is redrawn in place as it grows; otherwise each event is a line.
 from __future__ import annotations
 
 import asyncio
+import re
 import sys
 from typing import TextIO
 
 import msgspec
 
-from turnlog.follow import TranscriptHub, follow_session
+from turnlog.follow import TranscriptHub, follow_session, store_fetch
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.reads import StoredEvent, events_after, get_session
+from turnlog.sinks.reads import StoredEvent, get_session
 
 __all__ = ["tail_session", "format_event"]
 
 
+# C0 and C1 control characters (ESC, BEL, CR, ...): shown escaped, never sent to the terminal.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(text: object) -> str:
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(text))
+
+
 def format_event(event: StoredEvent) -> str:
-    """One line for ``event``: ``[seq] speaker: text`` for turns, a note for session events."""
-    body = msgspec.json.decode(event.payload)
+    """One line for ``event``: ``[seq] speaker: text`` for turns, a note for session events.
+    Control characters in the event's text are shown escaped (``\\x1b``)."""
+    body = {k: _printable(v) if isinstance(v, str) else v for k, v in msgspec.json.decode(event.payload).items()}
     if event.type == "session.started":
         return f"[{event.seq}] -- session {body['session_id']} started (fleet {body['fleet']}, agent {body['agent_id']})"
     if event.type == "session.ended":
@@ -40,19 +50,12 @@ async def tail_session(
         if get_session(conn, session_id, fleets=None) is None:
             return False
 
-    async def fetch(sid: str, after: int) -> list[StoredEvent]:
-        def read() -> list[StoredEvent]:
-            with store.engine.connect() as conn:
-                return events_after(conn, sid, after)
-
-        return await asyncio.to_thread(read)
-
     redraw = out.isatty()
     open_partial = False
     hub = TranscriptHub(settings)
     hub.start()
     try:
-        async for event in follow_session(fetch, hub, session_id, after_seq, poll_seconds=settings.api_poll_seconds):
+        async for event in follow_session(store_fetch(store), hub, session_id, after_seq, poll_seconds=settings.api_poll_seconds):
             line = format_event(event)
             if redraw and open_partial:
                 out.write("\r\x1b[2K")  # overwrite the partial line

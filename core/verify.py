@@ -2,9 +2,11 @@
 
 A session's digest covers what a reader of the store relies on: the session row
 (status, fleet, agent, times, end reason, epoch, ``last_seq``, ``end_seq``,
-metadata and the finalizer's aggregates) and its turns in ``turn_index`` order
+metadata and the finalizer's aggregates), its turns in ``turn_index`` order
 (speaker, text, status, times, tokens, tool calls, and the ``(epoch, seq)`` that
-wrote each). Bookkeeping that legitimately differs between two faithful stores
+wrote each), and its event log in seq order (seq, epoch, type and the SHA-256
+of the exact payload: what the SSE stream serves). A session with turns or
+events but no session row is compared too. Bookkeeping that legitimately differs between two faithful stores
 is left out: ``finalized_at`` (when, not what) and ``claimed_epoch`` (epochs
 handed out to resumers that may never have written).
 
@@ -24,7 +26,7 @@ from sqlalchemy import select
 
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.errors import store_errors
-from turnlog.sinks.tables import sessions, transcript_turns
+from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
 __all__ = ["SessionDigest", "Difference", "session_digests", "compare_digests"]
 
@@ -68,6 +70,7 @@ class SessionDigest:
     fields: dict[str, Any]
     turns: list[dict[str, Any]]
     sha256: str
+    events: list[list[Any]] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -84,9 +87,9 @@ def _canonical(value: Any) -> Any:
     return value
 
 
-def _digest(session_id: str, fields: dict[str, Any], turns: list[dict[str, Any]]) -> SessionDigest:
-    body = json.dumps({"session": fields, "turns": turns}, sort_keys=True, separators=(",", ":"), default=str)
-    return SessionDigest(session_id, fields, turns, hashlib.sha256(body.encode("utf-8")).hexdigest())
+def _digest(session_id: str, fields: dict[str, Any], turns: list[dict[str, Any]], events: list[list[Any]]) -> SessionDigest:
+    body = json.dumps({"session": fields, "turns": turns, "events": events}, sort_keys=True, separators=(",", ":"), default=str)
+    return SessionDigest(session_id, fields, turns, hashlib.sha256(body.encode("utf-8")).hexdigest(), events)
 
 
 def session_digests(store: SqlStore, session_ids: Collection[str] = ()) -> dict[str, SessionDigest]:
@@ -100,19 +103,26 @@ def session_digests(store: SqlStore, session_ids: Collection[str] = ()) -> dict[
     turn_query = select(transcript_turns.c.session_id, *(transcript_turns.c[n] for n in _TURN_FIELDS)).order_by(
         transcript_turns.c.session_id, transcript_turns.c.turn_index
     )
+    e = session_events.c
+    event_query = select(e.session_id, e.seq, e.epoch, e.type, e.payload).order_by(e.session_id, e.seq)
     if wanted:
         query = query.where(sessions.c.id.in_(wanted))
         turn_query = turn_query.where(transcript_turns.c.session_id.in_(wanted))
-    digests: dict[str, SessionDigest] = {}
+        event_query = event_query.where(e.session_id.in_(wanted))
     with store_errors(), store.engine.connect() as conn:
         rows = {row.id: {name: _canonical(row._mapping[name]) for name in _SESSION_FIELDS} for row in conn.execute(query)}
-        turns: dict[str, list[dict[str, Any]]] = {sid: [] for sid in rows}
+        turns: dict[str, list[dict[str, Any]]] = {}
         for row in conn.execute(turn_query):
-            if row.session_id in turns:
-                turns[row.session_id].append({name: _canonical(row._mapping[name]) for name in _TURN_FIELDS})
-    for session_id, fields in rows.items():
-        digests[session_id] = _digest(session_id, fields, turns[session_id])
-    return digests
+            turns.setdefault(row.session_id, []).append({name: _canonical(row._mapping[name]) for name in _TURN_FIELDS})
+        events: dict[str, list[list[Any]]] = {}
+        for row in conn.execute(event_query):
+            payload_sha = hashlib.sha256(row.payload.encode("utf-8")).hexdigest()
+            events.setdefault(row.session_id, []).append([row.seq, row.epoch, row.type, payload_sha])
+    ids = sorted(set(rows) | set(turns) | set(events))
+    return {
+        sid: _digest(sid, rows.get(sid, {"row": "missing"}), turns.get(sid, []), events.get(sid, []))
+        for sid in ids
+    }
 
 
 def compare_digests(a: dict[str, SessionDigest], b: dict[str, SessionDigest]) -> list[Difference]:
@@ -128,8 +138,11 @@ def _differences(a: dict[str, SessionDigest], b: dict[str, SessionDigest]) -> It
         elif right is None:
             yield Difference(session_id, "only in A")
         elif left.sha256 != right.sha256:
-            fields = [name for name in _SESSION_FIELDS if left.fields.get(name) != right.fields.get(name)]
-            parts = [f"{name}: {left.fields.get(name)!r} != {right.fields.get(name)!r}" for name in fields]
+            if "row" in left.fields or "row" in right.fields:
+                parts = [f"session row missing in {'A' if 'row' in left.fields else 'B'}"]
+            else:
+                fields = [name for name in _SESSION_FIELDS if left.fields.get(name) != right.fields.get(name)]
+                parts = [f"{name}: {left.fields.get(name)!r} != {right.fields.get(name)!r}" for name in fields]
             if len(left.turns) != len(right.turns):
                 parts.append(f"turns: {len(left.turns)} != {len(right.turns)}")
             for lt, rt in zip(left.turns, right.turns):
@@ -137,4 +150,14 @@ def _differences(a: dict[str, SessionDigest], b: dict[str, SessionDigest]) -> It
                     changed = [n for n in _TURN_FIELDS if lt.get(n) != rt.get(n)]
                     parts.append(f"turn {lt['turn_index']}: {', '.join(changed)} differ")
                     break
+            left_events, right_events = left.events or [], right.events or []
+            if [e[0] for e in left_events] != [e[0] for e in right_events]:
+                missing = sorted({e[0] for e in right_events} - {e[0] for e in left_events})
+                extra = sorted({e[0] for e in left_events} - {e[0] for e in right_events})
+                sides = [f"only in A {extra[:5]}" if extra else "", f"only in B {missing[:5]}" if missing else ""]
+                parts.append("events: seqs " + ", ".join(side for side in sides if side))
+            else:
+                changed_seqs = [a[0] for a, b in zip(left_events, right_events) if a != b]
+                if changed_seqs:
+                    parts.append(f"events: {len(changed_seqs)} differ, first at seq {changed_seqs[0]}")
             yield Difference(session_id, "; ".join(parts) or "digest differs")

@@ -14,7 +14,7 @@ from sqlalchemy.engine import make_url
 
 from turnlog.exceptions import ConfigurationError
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import StoreUnavailableError, open_store
+from turnlog.sinks import StoreUnavailableError, open_store, safe_url
 from turnlog.sinks.errors import store_errors
 
 __all__ = ["ensure_local_services", "broker_answers", "wait_for_broker"]
@@ -76,7 +76,7 @@ def ensure_local_services(settings: TurnlogSettings) -> None:
         _run_script("kafka.sh")
     if make_url(settings.database_url).get_backend_name() == "postgresql" and not _database_answers(settings.database_url):
         if make_url(settings.database_url).host not in LOCAL_HOSTS:
-            raise ConfigurationError(f"no Postgres answers at {make_url(settings.database_url).render_as_string()}")
+            raise ConfigurationError(f"no Postgres answers at {safe_url(settings.database_url)}")
         _run_script("postgres.sh")
 
 

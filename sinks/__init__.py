@@ -18,7 +18,23 @@ __all__ = [
     "StoreUnavailableError",
     "UnsupportedDatabaseError",
     "open_store",
+    "safe_url",
 ]
+
+
+#: Query parameters of a database URL that hold secrets (libpq's and psycopg's names).
+_SECRET_PARAMETERS = ("password", "sslpassword", "passfile")
+
+
+def safe_url(url: object) -> str:
+    """``url`` (a string or SQLAlchemy URL) for messages and logs: the password
+    hidden wherever it sits, in the authority or in the query string."""
+    try:
+        parsed = make_url(url) if isinstance(url, str) else url
+    except ArgumentError:
+        return "<not a database URL>"
+    hidden = parsed.set(query={k: ("***" if k in _SECRET_PARAMETERS else v) for k, v in parsed.query.items()})
+    return hidden.render_as_string(hide_password=True)
 
 
 def open_store(url: str) -> SqlStore:

@@ -11,6 +11,7 @@ from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
+from turnlog.sinks import safe_url
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.exceptions import StoreError
 
@@ -32,7 +33,7 @@ def upgrade_to_head(engine: Engine) -> None:
     with engine.begin() as conn:
         config.attributes["connection"] = conn
         command.upgrade(config, "head")
-    logger.info("store schema is at head (%s)", engine.url.render_as_string(hide_password=True))
+    logger.info("store schema is at head (%s)", safe_url(engine.url))
 
 
 def require_head(engine: Engine) -> None:
@@ -46,5 +47,5 @@ def require_head(engine: Engine) -> None:
     with store_errors(), engine.connect() as conn:
         current = MigrationContext.configure(conn).get_current_revision()
     if current != head:
-        where = engine.url.render_as_string(hide_password=True)
+        where = safe_url(engine.url)
         raise StoreError(f"store {where} is at schema revision {current or 'none'}, not {head}: run `turnlog migrate`")

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
-__all__ = ["StoredEvent", "list_sessions", "get_session", "get_turns", "events_after", "SESSION_FIELDS"]
+__all__ = ["StoredEvent", "EventPage", "list_sessions", "get_session", "get_turns", "events_after", "SESSION_FIELDS"]
 
 #: The ``sessions`` columns a reader sees (not the resume bookkeeping ``claimed_epoch``).
 SESSION_FIELDS = (
@@ -48,6 +48,16 @@ class StoredEvent:
     seq: int
     type: str
     payload: str
+
+
+@dataclass(frozen=True, slots=True)
+class EventPage:
+    """A page of stored events; ``finished``: no event will ever follow the last
+    one given (or the resume point, if none): the session ended there, or an
+    operator abandoned it."""
+
+    events: list[StoredEvent]
+    finished: bool
 
 
 def _columns(table: Any, names: Collection[str]) -> list[Any]:
@@ -104,17 +114,27 @@ def get_turns(conn: Connection, session_id: str) -> list[dict[str, Any]]:
     return [dict(row._mapping) for row in conn.execute(query)]
 
 
-def events_after(conn: Connection, session_id: str, after_seq: int, *, limit: int = 1000) -> list[StoredEvent]:
+def events_after(conn: Connection, session_id: str, after_seq: int, *, limit: int = 1000) -> EventPage:
     """Applied events with ``seq > after_seq``, in seq order, up to the session's
     contiguous ``last_seq`` (never past a gap), at most ``limit``."""
-    last_seq = conn.execute(select(sessions.c.last_seq).where(sessions.c.id == session_id)).scalar()
-    if last_seq is None or last_seq <= after_seq:
-        return []
-    e = session_events.c
-    query = (
-        select(e.seq, e.type, e.payload)
-        .where(e.session_id == session_id, e.seq > after_seq, e.seq <= last_seq)
-        .order_by(e.seq)
-        .limit(limit)
-    )
-    return [StoredEvent(row.seq, row.type, row.payload) for row in conn.execute(query)]
+    row = conn.execute(
+        select(sessions.c.last_seq, sessions.c.end_seq, sessions.c.status).where(sessions.c.id == session_id)
+    ).first()
+    if row is None:
+        return EventPage([], False)
+    events: list[StoredEvent] = []
+    if row.last_seq > after_seq:
+        e = session_events.c
+        query = (
+            select(e.seq, e.type, e.payload)
+            .where(e.session_id == session_id, e.seq > after_seq, e.seq <= row.last_seq)
+            .order_by(e.seq)
+            .limit(limit)
+        )
+        events = [StoredEvent(r.seq, r.type, r.payload) for r in conn.execute(query)]
+    reached = events[-1].seq if events else after_seq
+    if row.status == "abandoned":
+        finished = reached >= row.last_seq
+    else:
+        finished = row.end_seq is not None and reached >= row.end_seq
+    return EventPage(events, finished)

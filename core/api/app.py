@@ -31,15 +31,15 @@ from importlib import resources
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse
+from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from turnlog.api.auth import Scope, TokenTable
-from turnlog.follow import TranscriptHub, follow_session
+from turnlog.follow import TranscriptHub, follow_session, store_fetch
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.analytics import AnalyticsProjection
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.reads import StoredEvent, events_after, get_session, get_turns, list_sessions
+from turnlog.sinks.reads import get_session, get_turns, list_sessions
 
 __all__ = ["create_app"]
 
@@ -74,6 +74,8 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
     Scoped = Annotated[Scope, Depends(scope)]
 
     def visible_session(session_id: str, granted: Scope) -> dict[str, Any]:
+        if "\x00" in session_id:  # no stored id holds one (and Postgres text cannot)
+            raise HTTPException(404, "no such session")
         with store.engine.connect() as conn:
             session = get_session(conn, session_id, fleets=granted.fleets)
         if session is None:  # also outside the token's fleets: never confirm it exists
@@ -102,18 +104,21 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
         limit: Annotated[int, Query(ge=1, le=500)] = 50,
         cursor: str | None = None,
     ) -> dict[str, Any]:
+        _no_nul(fleet=fleet, cursor=cursor)
         with store.engine.connect() as conn:
             rows = list_sessions(
                 conn,
                 fleets=granted.fleets,
                 status=status,
                 fleet=fleet,
-                started_after=_as_utc(started_after),
-                started_before=_as_utc(started_before),
+                started_after=_as_utc("started_after", started_after),
+                started_before=_as_utc("started_before", started_before),
                 after_id=cursor,
-                limit=limit,
+                limit=limit + 1,  # one more: is there a next page?
             )
-        return {"sessions": rows, "next_cursor": rows[-1]["id"] if len(rows) == limit else None}
+        more = len(rows) > limit
+        rows = rows[:limit]
+        return {"sessions": rows, "next_cursor": rows[-1]["id"] if more else None}
 
     @app.get("/api/sessions/{session_id}")
     def session_detail(session_id: str, granted: Scoped) -> dict[str, Any]:
@@ -133,7 +138,7 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
         granted: Scoped,
         after: Annotated[int | None, Query(ge=-1)] = None,
         last_event_id: Annotated[str | None, Header()] = None,
-    ) -> EventSourceResponse:
+    ) -> Response:
         await asyncio.to_thread(visible_session, session_id, granted)
         resume_after = after if after is not None else -1
         if last_event_id:
@@ -142,12 +147,11 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
             except ValueError:
                 raise HTTPException(400, "Last-Event-ID must be a seq (an integer)") from None
 
-        async def fetch(sid: str, after_seq: int) -> list[StoredEvent]:
-            def read() -> list[StoredEvent]:
-                with store.engine.connect() as conn:
-                    return events_after(conn, sid, after_seq)
-
-            return await asyncio.to_thread(read)
+        fetch = store_fetch(store)
+        first = await fetch(session_id, resume_after)
+        if first.finished and not first.events:
+            # Nothing can follow: 204 tells an EventSource to stop reconnecting.
+            return Response(status_code=204)
 
         async def stream() -> AsyncIterator[ServerSentEvent]:
             async for event in follow_session(
@@ -162,7 +166,7 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
 
     @app.get("/api/fleets/{fleet}/analytics")
     def fleet_analytics(fleet: str, granted: Scoped, minutes: Annotated[int, Query(ge=1, le=1440)] = 60) -> dict[str, Any]:
-        if not granted.allows(fleet):
+        if not granted.allows(fleet) or "\x00" in fleet:
             raise HTTPException(404, f"no fleet {fleet!r}")
         with store.engine.connect() as conn:
             figures = AnalyticsProjection(store).figures(conn, fleet, minutes=minutes)
@@ -178,7 +182,20 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
     return app
 
 
-def _as_utc(value: dt.datetime | None) -> dt.datetime | None:
-    if value is None or value.tzinfo is not None:
-        return value
-    return value.replace(tzinfo=dt.timezone.utc)
+def _as_utc(name: str, value: dt.datetime | None) -> dt.datetime | None:
+    """``value`` in UTC (naive means UTC). Raises HTTPException(422) if it has no UTC equivalent."""
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        return value.replace(tzinfo=dt.timezone.utc)
+    try:
+        return value.astimezone(dt.timezone.utc)
+    except OverflowError:
+        raise HTTPException(422, f"{name} is out of range once converted to UTC") from None
+
+
+def _no_nul(**values: str | None) -> None:
+    """Raises HTTPException(422) for a NUL character (the store's text columns cannot hold one)."""
+    for name, value in values.items():
+        if value is not None and "\x00" in value:
+            raise HTTPException(422, f"{name} contains a NUL character")

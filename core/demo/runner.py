@@ -30,7 +30,7 @@ from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, t
 from turnlog.deploy.local import ensure_local_services
 from turnlog.deploy.topics import create_topics
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import SqlStore, open_store
+from turnlog.sinks import SqlStore, open_store, safe_url
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import session_events, sessions
 
@@ -111,7 +111,7 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
 
     ensure_local_services(settings)
     store = open_store(settings.database_url)
-    print(f"store {store.engine.url.render_as_string(hide_password=True)}, logs in {log_dir}")
+    print(f"store {store.safe_url(engine.url)}, logs in {log_dir}")
     upgrade_to_head(store.engine)
     create_topics(settings)
     started = time.monotonic()
@@ -198,7 +198,7 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
             "speed": options.speed,
             "kills": killed,
             "failed_agents": failed_agents,
-            "database": store.engine.url.render_as_string(hide_password=True),
+            "database": store.safe_url(engine.url),
             "sessions": [v.as_json() for v in verdicts],
         }
         options.report_path.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n")

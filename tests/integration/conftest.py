@@ -69,7 +69,10 @@ class Pipeline:
                 if name in marks
             )
 
-        wait_until(ready, timeout=timeout, what=f"services ready\n{self.logs()}")
+        try:
+            wait_until(ready, timeout=timeout, what="services ready")
+        except AssertionError as e:
+            raise AssertionError(f"{e}\n{self.logs()}") from None
 
     def logs(self) -> str:
         return "\n".join(f"--- {name}\n{p.log_path.read_text(errors='replace')[-3000:]}" for name, p in self.processes.items())

@@ -41,10 +41,12 @@ def api(kafka_bootstrap, postgres_databases, tmp_path_factory) -> Iterator[Pipel
         api_port=free_port(),
         api_poll_seconds=0.5,
     )
-    running.wait_ready()
-    yield running
-    stop_all(running.processes)
-    running.store.engine.dispose()
+    try:
+        running.wait_ready()
+        yield running
+    finally:
+        stop_all(running.processes)
+        running.store.engine.dispose()
 
 
 def base_url(pipeline: Pipeline) -> str:
@@ -143,12 +145,19 @@ def test_list_filters_and_pages_through_sessions(api):
         if cursor is None:
             break
     assert pages == [ids[0:2], ids[2:4], ids[4:5]]
+    whole = get(api, "/api/sessions", fleet=fleet, limit=5).json()
+    assert len(whole["sessions"]) == 5 and whole["next_cursor"] is None  # a full last page is still the last
     assert len(get(api, "/api/sessions", fleet=fleet, status="finalized", limit=50).json()["sessions"]) == 5
     assert get(api, "/api/sessions", fleet=fleet, status="active").json()["sessions"] == []
     future = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
     assert get(api, "/api/sessions", fleet=fleet, started_after=future).json()["sessions"] == []
     assert len(get(api, "/api/sessions", fleet=fleet, started_before=future).json()["sessions"]) == 5
     assert get(api, "/api/sessions", status="bogus").status_code == 422
+    for params in ({"cursor": "\x00"}, {"fleet": "a\x00"}, {"started_after": "0001-01-01T00:00:00+05:00"},
+                   {"started_before": "9999-12-31T23:59:59-05:00"}):
+        assert get(api, "/api/sessions", **params).status_code == 422, params
+    assert get(api, "/api/sessions/a%00b").status_code == 404
+    assert get(api, "/api/fleets/a%00/analytics").status_code == 404
 
 
 def test_a_session_shows_its_durable_position_aggregates_and_transcript(api):
@@ -218,7 +227,11 @@ async def test_stream_resumes_after_last_event_id_or_the_after_parameter(api):
     assert [int(e.id) for e in by_header] == list(range(6, last + 1))  # the header wins
     async with httpx.AsyncClient(base_url=base_url(api), headers=auth("tok-all")) as client:
         bad = await client.get(f"/api/sessions/{session_id}/events", headers={"Last-Event-ID": "not-a-seq"})
+        # Resumed at (or past) the end: 204, which tells an EventSource to stop reconnecting.
+        at_end = await client.get(f"/api/sessions/{session_id}/events", headers={"Last-Event-ID": str(last)})
+        past_end = await client.get(f"/api/sessions/{session_id}/events", params={"after": 10**15})
     assert bad.status_code == 400
+    assert at_end.status_code == 204 and past_end.status_code == 204
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -251,6 +264,8 @@ def test_tail_prints_the_session_until_it_ends(api):
     assert lines[0].startswith("[4] #1 agent: turn 1")  # seq 4: turn 1's first partial
     assert lines[-2] == "[6] #1 agent: turn 1 says something fairly ordinary"
     assert lines[-1] == "[7] -- session ended: completed"
+    at_end = subprocess.run(turnlog_command("tail", session_id, "--after", "7"), env=env, capture_output=True, text=True, timeout=60)
+    assert at_end.returncode == 0 and at_end.stdout == ""  # nothing follows the end: it returns at once
     missing = subprocess.run(turnlog_command("tail", "no-such-session"), env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "no session" in missing.stderr
 

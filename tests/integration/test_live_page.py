@@ -20,6 +20,7 @@ from sqlalchemy import select
 
 from turnlog.producers import SessionRecorder
 from turnlog.sinks.tables import session_events, transcript_turns
+from turnlog.deploy.processes import stop_all
 from tests.integration.conftest import make_pipeline
 from tests.support import free_port, wait_until
 
@@ -38,11 +39,12 @@ def page_pipeline(kafka_bootstrap, postgres_databases, tmp_path):
         api_port=free_port(),
         api_poll_seconds=0.5,
     )
-    running.wait_ready()
-    yield running
-    for process in running.processes.values():
-        process.stop()
-    running.store.engine.dispose()
+    try:
+        running.wait_ready()
+        yield running
+    finally:
+        stop_all(running.processes)
+        running.store.engine.dispose()
 
 
 @pytest.fixture

@@ -8,12 +8,12 @@ import subprocess
 import uuid
 
 import pytest
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 
 from turnlog.deploy.processes import turnlog_command
 from turnlog.producers import SessionRecorder
 from turnlog.sinks import open_store
-from turnlog.sinks.tables import sessions, transcript_turns
+from turnlog.sinks.tables import session_events, sessions, transcript_turns
 from tests.support import dump_store, wait_until
 
 TIMEOUT = 90
@@ -112,14 +112,17 @@ def test_verify_lists_every_differing_session(finished, postgres_databases):
             .values(text="tampered")
         )
         conn.execute(update(sessions).where(sessions.c.id == ids[2]).values(output_tokens=0))
+        # The event log counts too: what the SSE stream serves.
+        conn.execute(delete(session_events).where(session_events.c.session_id == ids[1], session_events.c.seq == 2))
     store.engine.dispose()
     done = run(pipeline, "verify", "--database-url", pipeline.settings.database_url, "--against-url", target)
     assert done.returncode == 1
-    assert "2 differing sessions" in done.stdout
+    assert "3 differing sessions" in done.stdout
     assert f"{ids[0]}: turn 1: text differ" in done.stdout
     assert f"{ids[2]}: output_tokens:" in done.stdout
     listed = [line.split(":")[0].strip() for line in done.stdout.splitlines() if line.startswith("  ")]
-    assert listed == [ids[0], ids[2]]
+    assert listed == [ids[0], ids[1], ids[2]]
+    assert f"{ids[1]}: events: seqs only in A [2]" in done.stdout  # deleted from B
 
 
 def test_replay_of_chosen_sessions_or_from_a_time(finished, postgres_databases):
@@ -133,5 +136,13 @@ def test_replay_of_chosen_sessions_or_from_a_time(finished, postgres_databases):
     later = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
     none = run(pipeline, "replay", "--database-url", postgres_databases.create(), "--from-time", later)
     assert none.returncode == 0 and "replayed 0 records" in none.stdout
+    # From the middle of the log: sessions whose start is cut off are reported, not silently dropped.
+    with pipeline.store.engine.connect() as conn:
+        midway = conn.execute(
+            select(session_events.c.emitted_at).where(session_events.c.session_id == ids[2], session_events.c.seq == 3)
+        ).scalar_one()
+    cut = run(pipeline, "replay", "--database-url", postgres_databases.create(), "--from-time", midway.isoformat())
+    assert cut.returncode == 0, cut.stderr
+    assert "sessions left incomplete" in cut.stderr and ids[2] in cut.stderr
     bad = run(pipeline, "replay", "--database-url", only, "--from-time", "yesterday")
     assert bad.returncode == 2 and "ISO 8601" in bad.stderr

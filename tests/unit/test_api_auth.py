@@ -25,3 +25,15 @@ def test_missing_malformed_or_unknown_tokens_grant_nothing():
 def test_an_empty_table_refuses_everyone():
     assert TokenTable({}).scope_of("Bearer anything") is None
     assert TokenTable({"": ["*"]}).scope_of("Bearer ") is None
+
+
+def test_a_malformed_token_setting_never_prints_the_token(monkeypatch):
+    from typer.testing import CliRunner
+
+    from turnlog.cli import app
+
+    monkeypatch.setenv("TURNLOG_API_TOKENS", '{"tok-secret-value": "fleet-a"}')
+    result = CliRunner().invoke(app, ["migrate"])
+    assert result.exit_code == 2
+    assert "TURNLOG_API_TOKENS" in result.output
+    assert "secret" not in result.output.lower()
