@@ -14,7 +14,11 @@ from pydantic import ValidationError
 
 from turnlog.settings import TurnlogSettings, load_settings
 
-app = typer.Typer(help="turnlog: crash-safe, incremental persistence for long-lived agent sessions.", no_args_is_help=True)
+app = typer.Typer(
+    help="turnlog: crash-safe, incremental persistence for long-lived agent sessions.",
+    no_args_is_help=True,
+    pretty_exceptions_show_locals=False,  # a local may hold a DSN or a token
+)
 topics_app = typer.Typer(help="Manage turnlog's Kafka topics.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
 
@@ -307,6 +311,36 @@ def verify(
         typer.echo(f"  {difference.session_id}: {difference.what}")
     typer.echo(f"{len(differences)} differing sessions")
     raise typer.Exit(1 if differences else 0)
+
+
+@app.command()
+def bench(
+    sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("../shared/data/sessions"),
+    database_url: DatabaseUrl = None,
+    bootstrap_servers: Bootstrap = None,
+    concurrency: Annotated[int, typer.Option(help="Concurrent sessions of the workload.")] = 1000,
+    turns: Annotated[int, typer.Option(help="Turns each session says before it ends and the next begins.")] = 40,
+    phase_seconds: Annotated[float, typer.Option(help="Length of each load phase (seconds).")] = 30.0,
+    speed: Annotated[float, typer.Option(help="Time compression of the replay (the rate is set by how many sessions run).")] = 10.0,
+    memory_sessions: Annotated[int, typer.Option(help="Open sessions added per memory step (two steps).")] = 5000,
+    report: Annotated[Optional[Path], typer.Option("--report", help="Write every figure as JSON here.")] = None,
+    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the PNG plot here.")] = None,
+    profile_dir: Annotated[Optional[Path], typer.Option("--profile-dir", help="Profile sequencer and sink with py-spy; collapsed stacks here.")] = None,
+    keep: Annotated[bool, typer.Option(help="Keep the run's database and topics.")] = False,
+) -> None:
+    """Benchmark the pipeline on Postgres against baselines measured in the same run (see docs/benchmarks.md)."""
+    from turnlog.bench.runner import BenchOptions, run_bench
+
+    settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
+    if not settings.database_url.startswith("postgresql"):
+        typer.echo("turnlog: bench needs Postgres: --database-url postgresql+psycopg://... (its role must be able to CREATE DATABASE)", err=True)
+        raise typer.Exit(2)
+    options = BenchOptions(
+        sessions_dir=sessions, admin_url=settings.database_url, sessions=concurrency, turns_per_session=turns,
+        phase_seconds=phase_seconds, speed=speed, memory_sessions=memory_sessions, report_path=report, plot_path=plot,
+        profile_dir=profile_dir, keep=keep,
+    )
+    run_bench(settings, options)
 
 
 @app.command("replay-agent", hidden=True)

@@ -29,6 +29,10 @@ __all__ = ["build_finalizer", "finalize_now"]
 
 logger = logging.getLogger(__name__)
 WAIT_FOR_SINK_SECONDS = 10.0
+#: The ``type`` of a session.ended as it appears in the record's JSON.
+SESSION_ENDED_MARKER = b'"session.ended"'
+FINALIZER_BATCH = 500
+FINALIZER_BATCH_WAIT_SECONDS = 0.05
 
 
 def finalize_now(store: SqlStore, session_id: str) -> bool:
@@ -84,15 +88,20 @@ def build_finalizer(settings: TurnlogSettings, store: SqlStore | None = None) ->
 
     @app.agent(transcript, name="finalize-ended")
     async def finalize_ended(stream: faust.StreamT[bytes]) -> None:
-        async for raw in stream:
-            try:
-                event = decode_event(raw)
-            except EventValidationError as e:
-                logger.error("skipping an undecodable transcript record: %s", e.reason)
-                continue
-            if not isinstance(event, SessionEnded):
-                continue
-            await _finalize_when_stored(get_store(), event.session_id)
+        async for batch in stream.take(FINALIZER_BATCH, within=FINALIZER_BATCH_WAIT_SECONDS):
+            for raw in batch:
+                # Only session.ended matters, one record in hundreds: skip the
+                # others without decoding them (a turn whose text holds the
+                # marker is decoded and then skipped by type).
+                if SESSION_ENDED_MARKER not in raw:
+                    continue
+                try:
+                    event = decode_event(raw)
+                except EventValidationError as e:
+                    logger.error("skipping an undecodable transcript record: %s", e.reason)
+                    continue
+                if isinstance(event, SessionEnded):
+                    await _finalize_when_stored(get_store(), event.session_id)
 
     @app.timer(interval=settings.finalizer_sweep_seconds)
     async def sweep() -> None:

@@ -1,0 +1,116 @@
+"""The load generator: session plans replayed through the real ``SessionRecorder``.
+
+One recorder (one idempotent producer), one asyncio task per concurrent
+session. Each task replays its plan on the compressed clock: a turn's text
+grows word by word (``update_partial``) and the recorder's own timer flushes it
+every ``flush_interval`` seconds; the turn then completes (awaiting its ack).
+When a plan ends, the task ends the session and starts the next one under a
+new id, so ``concurrency`` sessions stay open for the whole run. The clock is
+open-loop: a task that falls behind does not sleep until it has caught up, so
+the offered rate does not drop because the pipeline is slow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from dataclasses import dataclass, field
+
+from turnlog.bench.workload import BENCH_FLEET, SessionPlan, events_per_second
+from turnlog.demo.transcripts import token_counts
+from turnlog.producers import SessionRecorder
+from turnlog.settings import TurnlogSettings
+
+__all__ = ["LoadResult", "run_load", "plans_for_rate"]
+
+
+@dataclass(slots=True)
+class LoadResult:
+    """What the generator sent: events and completed turns, per second of the run."""
+
+    seconds: float = 0.0
+    events: int = 0
+    turns: int = 0
+    sessions: list[str] = field(default_factory=list)
+
+    @property
+    def events_per_second(self) -> float:
+        return self.events / self.seconds if self.seconds else 0.0
+
+
+def plans_for_rate(plans: list[SessionPlan], rate: float, *, speed: float, flush_interval: float) -> list[SessionPlan]:
+    """The fewest leading ``plans`` that, replayed together at ``speed``, offer ``rate`` events/s.
+
+    The offered rate is set by the number of concurrent sessions, not by the
+    speed: a speaking session sends about one partial per flush interval at
+    any speed, so slowing the clock down cannot go below that floor.
+
+    Raises:
+        ValueError: all of ``plans`` together offer less than ``rate``.
+    """
+    offered = 0.0
+    for count, plan in enumerate(plans, start=1):
+        offered += events_per_second([plan], speed=speed, flush_interval=flush_interval)
+        if offered >= rate:
+            return plans[:count]
+    raise ValueError(f"{len(plans)} sessions at x{speed:g} offer only {offered:,.0f} events/s, not {rate:,.0f}: use more sessions")
+
+
+async def run_load(settings: TurnlogSettings, plans: list[SessionPlan], *, speed: float, seconds: float, tag: str) -> LoadResult:
+    """Replay ``plans`` concurrently at ``speed`` for ``seconds``; session ids get ``tag``.
+
+    Raises:
+        DeliveryError: the broker did not acknowledge an event in time.
+    """
+    result = LoadResult()
+    stop_at = time.monotonic() + seconds
+    async with SessionRecorder(settings, producer_id=f"bench-{tag}") as recorder:
+        async def drive(slot: int, plan: SessionPlan) -> None:
+            await asyncio.sleep(slot % 100 / 100)  # spread the starts over the first second
+            round_ = 0
+            while time.monotonic() < stop_at:
+                session_id = f"{plan.session_id}-{tag}-{round_}"
+                result.sessions.append(session_id)
+                await _replay(recorder, plan, session_id, speed, stop_at, result)
+                round_ += 1
+
+        began = time.monotonic()
+        await asyncio.gather(*(drive(i, plan) for i, plan in enumerate(plans)))
+        result.seconds = time.monotonic() - began
+    return result
+
+
+async def _replay(recorder: SessionRecorder, plan: SessionPlan, session_id: str, speed: float, stop_at: float, result: LoadResult) -> None:
+    session = await recorder.start_session(session_id, fleet=BENCH_FLEET, agent_id="bench")
+    flush = recorder.settings.flush_interval_seconds
+    clock0 = time.monotonic()
+    t0 = plan.turns[0].start_s
+    free_at = 0.0
+    for index, turn in enumerate(plan.turns):
+        begin = max((turn.start_s - t0) / speed, free_at)
+        length = max(turn.end_s - turn.start_s, 0.0) / speed
+        words = turn.text.split()
+        steps = max(1, int(length / flush))
+        for step in range(steps):
+            if not await _sleep_until(clock0 + begin + step * length / steps, stop_at):
+                break
+            session.update_partial(index, turn.speaker, " ".join(words[: max(1, math.ceil(len(words) * (step + 1) / (steps + 1)))]))
+        if not await _sleep_until(clock0 + begin + length, stop_at):
+            break  # the phase is over: end the session mid-turn (the partial is kept, interrupted)
+        tokens_in, tokens_out = token_counts(turn)
+        await session.complete_turn(index, turn.speaker, turn.text, input_tokens=tokens_in, output_tokens=tokens_out)
+        result.turns += 1
+        free_at = begin + length
+        if time.monotonic() >= stop_at:
+            break
+    await session.end("completed")
+    result.events += session.next_seq  # seqs 0..next_seq-1: every event of the session
+
+
+async def _sleep_until(deadline: float, stop_at: float) -> bool:
+    """Sleep until ``deadline``; False (at ``stop_at``) if the phase ends first."""
+    delay = min(deadline, stop_at) - time.monotonic()
+    if delay > 0:
+        await asyncio.sleep(delay)
+    return deadline <= stop_at

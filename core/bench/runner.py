@@ -1,0 +1,385 @@
+"""``turnlog bench``: the whole benchmark, one run, every figure next to its baseline.
+
+Phases, in order, on a run-private database, topics and consumer groups:
+
+1. **Baselines** K, S, P and unsafe on the workload's payloads (``baselines.py``).
+2. **Capacity**: a backlog of the payloads is produced to ``<prefix>.events``
+   while the pipeline is down; the pipeline (sequencer, sink, finalizer) then
+   drains it. Durable events/s from the first stored record to the last is the
+   capacity C. py-spy profiles the sequencer and the sink meanwhile.
+3. **Sustained**: the load generator (``load.py``, the real ``SessionRecorder``)
+   offers 0.9 C, then less, until the pipeline's lag stays flat for the whole
+   phase; that rate is the sustained maximum M. Postgres commits and WAL syncs
+   per completed turn and the sink's mean batch size are taken here.
+4. **Latency** at 50 % and 80 % of M: p50/p95/p99 from each completed turn's
+   ``emitted_at`` to the commit of its row (``pg_xact_commit_timestamp``).
+5. **Memory**: resident memory of the sequencer and the sink as open sessions
+   are added, per 1,000 open sessions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from sqlalchemy.engine import make_url
+
+from turnlog.bench import baselines as base
+from turnlog.bench.load import plans_for_rate, run_load
+from turnlog.bench.probes import Sample, Sampler, pg_counters, require_commit_timestamps, rss_bytes, sink_batches, turn_latencies_ms
+from turnlog.bench.profile import start_profiles, summarize
+from turnlog.bench.workload import encoded_events, plan_sessions
+from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all
+from turnlog.deploy.topics import create_topics
+from turnlog.schemas import SessionStarted, TurnPartial, encode_event
+from turnlog.settings import TurnlogSettings
+from turnlog.sinks import open_store
+from turnlog.sinks.migrate import upgrade_to_head
+
+__all__ = ["BenchOptions", "run_bench"]
+
+#: Lag may grow by at most this share of the offered rate per second and still count as flat.
+FLAT_LAG_SLOPE = 0.02
+
+
+@dataclass(frozen=True)
+class BenchOptions:
+    sessions_dir: Path
+    admin_url: str
+    sessions: int = 1000
+    turns_per_session: int = 40
+    phase_seconds: float = 30.0
+    flush_interval: float = 0.5
+    #: Time compression of the replay; the offered rate is set by how many sessions run.
+    speed: float = 10.0
+    memory_sessions: int = 5000
+    report_path: Path | None = None
+    plot_path: Path | None = None
+    profile_dir: Path | None = None
+    keep: bool = False
+    log_dir: Path = Path(".turnlog-bench")
+    metrics_port: int = 9464
+
+
+@dataclass
+class Phase:
+    name: str
+    began: float
+    ended: float
+    offered_events_per_second: float = 0.0
+    durable_events_per_second: float = 0.0
+    lag_slope: float = 0.0
+    flat: bool = True
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any]:
+    """Run every phase; print the table; return (and write) the report."""
+    run = uuid.uuid4().hex[:8]
+    admin = make_url(options.admin_url)
+    database = f"turnlog_bench_{run}"
+    dsn_url = admin.set(database=database)
+    sqlalchemy_dsn = dsn_url.render_as_string(hide_password=False)
+    psycopg_dsn = dsn_url.set(drivername="postgresql").render_as_string(hide_password=False)
+    admin_psycopg = admin.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin_psycopg, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    settings = settings.model_copy(
+        update=dict(
+            database_url=sqlalchemy_dsn,
+            topic_prefix=f"bench-{run}",
+            sequencer_group=f"bench-{run}-sequencer",
+            sink_group=f"bench-{run}-sink",
+            finalizer_group=f"bench-{run}-finalizer",
+            faust_data_dir=str(options.log_dir / run / "faust"),
+            flush_interval_seconds=options.flush_interval,
+            log_level="WARNING",
+        )
+    )
+    log_dir = options.log_dir / run
+    report: dict[str, Any] = {"run_id": run, "options": {k: str(v) for k, v in asdict(options).items()}}
+    processes: dict[str, ServiceProcess] = {}
+    try:
+        require_commit_timestamps(psycopg_dsn)
+        upgrade_to_head(open_store(sqlalchemy_dsn).engine)
+        create_topics(settings)
+        plans = plan_sessions(options.sessions_dir, options.sessions, options.turns_per_session, run_id=run)
+        payloads = encoded_events(plans, flush_interval=options.flush_interval, speed=options.speed)
+        turns_in_payloads = sum(len(p.turns) for p in plans)
+        print(f"turnlog bench {run}: {len(plans)} sessions x {options.turns_per_session} turns = {len(payloads):,} events per pass")
+
+        report["baselines"] = _baselines(settings, options, payloads, psycopg_dsn, log_dir)
+
+        # -- capacity: drain a backlog ------------------------------------------------
+        capacity_plans = plan_sessions(options.sessions_dir, options.sessions, options.turns_per_session, run_id=f"{run}c")
+        backlog = encoded_events(capacity_plans, flush_interval=options.flush_interval, speed=options.speed)
+        base.produce_all(settings, settings.topics.events, backlog)
+        sampler = Sampler(settings, psycopg_dsn).start()
+        env = {"TURNLOG_LOG_LEVEL": "WARNING"}
+        processes.update(start_pipeline(settings, log_dir, services=("sequencer", "finalizer"), extra_env=env))
+        processes.update(
+            start_pipeline(settings, log_dir, services=("sink",), extra_env={**env, "TURNLOG_METRICS_PORT": str(options.metrics_port)})
+        )
+        capacity = _drain(sampler, len(backlog), options, processes, report)
+        print(f"capacity: {capacity:,.0f} durable events/s draining a backlog of {len(backlog):,}")
+
+        # -- sustained ---------------------------------------------------------------------
+        counters_before = pg_counters(admin_psycopg, database)
+        batches_before = sink_batches(options.metrics_port)
+        sustained, phase = _sustained(settings, plans, sampler, capacity, options, tag="s")
+        batches = sink_batches(options.metrics_port) - batches_before
+        counters = pg_counters(admin_psycopg, database) - counters_before
+        turns_done = phase.extra["turns"]
+        report["sustained"] = {
+            "events_per_second": sustained,
+            "offered_events_per_second": phase.offered_events_per_second,
+            "lag_slope_events_per_second": phase.lag_slope,
+            "lag_flat": phase.flat,
+            "attempts": phase.extra["attempts"],
+            "turns": turns_done,
+            "commits_per_turn": counters.write_transactions / max(turns_done, 1),
+            "all_commits_per_turn": counters.xact_commit / max(turns_done, 1),
+            "wal_syncs_per_turn": counters.wal_sync / max(turns_done, 1),
+            "sink_batches": batches.batches,
+            "mean_batch_events": batches.records / max(batches.batches, 1),
+            "events_per_turn": phase.extra["events"] / max(turns_done, 1),
+        }
+        report["sustained"]["mean_batch_turns"] = report["sustained"]["mean_batch_events"] / report["sustained"]["events_per_turn"]
+
+        # -- latency at 50 % and 80 % ----------------------------------------------------------
+        report["latency"] = {}
+        for share in (0.5, 0.8):
+            tag = f"l{int(share * 100)}"
+            before = pg_counters(admin_psycopg, database)
+            chosen = plans_for_rate(plans, share * sustained, speed=options.speed, flush_interval=options.flush_interval)
+            load = asyncio.run(run_load(settings, chosen, speed=options.speed, seconds=options.phase_seconds, tag=tag))
+            _wait_drained(sampler, 120)
+            after = pg_counters(admin_psycopg, database) - before
+            mine = turn_latencies_ms(psycopg_dsn, f"bench-{run}-%-{tag}-")
+            report["latency"][f"{int(share * 100)}%"] = {
+                "offered_events_per_second": load.events_per_second,
+                "turns": len(mine),
+                "p50_ms": base.percentile(mine, 50),
+                "p95_ms": base.percentile(mine, 95),
+                "p99_ms": base.percentile(mine, 99),
+                "max_ms": max(mine) if mine else float("nan"),
+                "commits_per_turn": after.write_transactions / max(load.turns, 1),
+                "all_commits_per_turn": after.xact_commit / max(load.turns, 1),
+                "wal_syncs_per_turn": after.wal_sync / max(load.turns, 1),
+                "samples_ms": mine,
+            }
+            print(f"latency at {share:.0%}: p50 {base.percentile(mine, 50):.1f} ms, p99 {base.percentile(mine, 99):.1f} ms over {len(mine)} turns")
+
+        # -- memory per 1,000 open sessions ---------------------------------------------------------
+        report["memory"] = _memory(settings, processes, sampler, options, run)
+        samples = sampler.stop()
+        report["timeline"] = [asdict(s) for s in samples]
+        report["ratios"] = _ratios(report)
+    finally:
+        stop_all(processes)
+        if not options.keep:
+            base.delete_topics(settings, *settings.topics.all())
+            with psycopg.connect(admin_psycopg, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    print_table(report)
+    if options.report_path is not None:
+        slim = {k: v for k, v in report.items() if k != "timeline"}
+        options.report_path.write_text(json.dumps({**slim, "timeline": report["timeline"]}, indent=2, default=str))
+        print(f"report written to {options.report_path}")
+    if options.plot_path is not None:
+        from turnlog.bench.plot import plot_report
+
+        plot_report(report, options.plot_path)
+        print(f"plot written to {options.plot_path}")
+    return report
+
+
+def _baselines(settings: TurnlogSettings, options: BenchOptions, payloads: list[tuple[str, bytes]], dsn: str, log_dir: Path) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    k = base.kafka_baseline(settings, payloads)
+    out["K"] = asdict(k)
+    print(f"K  raw Kafka produce->consume: {k.events_per_second:,.0f} events/s, p99 {k.p99_ms:.1f} ms")
+    s = base.faust_baseline(settings, payloads, log_dir)
+    out["S"] = asdict(s)
+    print(f"S  bare Faust pass-through:    {s.events_per_second:,.0f} events/s")
+    methods = base.postgres_baselines(dsn, payloads, batch_size=settings.sink_batch_size)
+    out["P"] = [asdict(m) for m in methods]
+    for m in methods:
+        print(f"P  psycopg {m.method:<22} {m.rows_per_second:,.0f} rows/s, p99 commit {m.p99_commit_ms:.1f} ms")
+    best = max(methods, key=lambda m: m.rows_per_second)
+    rows_per_event = sum(1 for _ in payloads) and _rows_per_event(payloads, settings.sink_batch_size)
+    out["P_best"] = {"method": best.method, "rows_per_second": best.rows_per_second, "events_per_second": best.rows_per_second / rows_per_event, "rows_per_event": rows_per_event}
+    unsafe = base.unsafe_baseline(dsn, options.sessions_dir, turns=options.turns_per_session, speed=20.0)
+    out["unsafe"] = asdict(unsafe)
+    print(
+        f"unsafe (in memory, one write at the end): {unsafe.commits_per_session:.0f} commit per session; "
+        f"SIGKILL at 50%: {unsafe.turns_said_at_kill} turns said, {unsafe.turns_stored_after_kill} stored"
+    )
+    return out
+
+
+def _rows_per_event(payloads: list[tuple[str, bytes]], batch_size: int) -> float:
+    from turnlog.sinks.batch import SourceMessage, plan_batch
+
+    rows = 0
+    for i in range(0, len(payloads), batch_size):
+        plan = plan_batch([SourceMessage("b", 0, i + j, v) for j, (_, v) in enumerate(payloads[i : i + batch_size])])
+        rows += len(plan.event_rows) + len(plan.turns) + len(plan.sessions)
+    return rows / max(len(payloads), 1)
+
+
+def _drain(sampler: Sampler, total: int, options: BenchOptions, processes: dict[str, ServiceProcess], report: dict[str, Any]) -> float:
+    deadline = time.monotonic() + 900
+    profiles = None
+    first: Sample | None = None
+    while True:
+        latest = sampler.samples[-1] if sampler.samples else None
+        if latest is not None and latest.stored > 0 and first is None:
+            first = latest
+            if options.profile_dir is not None:
+                pids = {name: processes[name].pid for name in ("sequencer", "sink")}
+                profiles = start_profiles(pids, options.profile_dir, seconds=min(20.0, options.phase_seconds))
+        if latest is not None and latest.stored >= total:
+            break
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"the pipeline did not drain the backlog: {latest}")
+        time.sleep(0.1)
+    if profiles is not None:
+        report["profile"] = {}
+        for name, path, spy in profiles:
+            spy.wait(60)
+            if path.exists():
+                summary = summarize(name, path)
+                report["profile"][name] = asdict(summary)
+    assert first is not None
+    return (latest.stored - first.stored) / max(latest.at - first.at, 1e-9)
+
+
+def _wait_drained(sampler: Sampler, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sampler.samples and sampler.samples[-1].lag == 0:
+            return
+        time.sleep(0.2)
+    raise RuntimeError("the pipeline did not catch up within %.0f s" % timeout)
+
+
+def _lag_slope(samples: list[Sample]) -> float:
+    """Least-squares slope of lag over time (records per second)."""
+    if len(samples) < 3:
+        return 0.0
+    t0 = samples[0].at
+    xs = [s.at - t0 for s in samples]
+    ys = [s.lag for s in samples]
+    mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+    var = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+
+
+def _sustained(settings, plans, sampler: Sampler, capacity: float, options: BenchOptions, *, tag: str) -> tuple[float, Phase]:
+    rate = 0.9 * capacity
+    attempts = []
+    for attempt in range(4):
+        began = time.monotonic()
+        chosen = plans_for_rate(plans, rate, speed=options.speed, flush_interval=options.flush_interval)
+        load = asyncio.run(run_load(settings, chosen, speed=options.speed, seconds=options.phase_seconds, tag=f"{tag}{attempt}"))
+        ended = time.monotonic()
+        window = [s for s in sampler.samples if began + 3 <= s.at <= ended]  # after the ramp-up
+        slope = _lag_slope(window)
+        durable = (window[-1].stored - window[0].stored) / max(window[-1].at - window[0].at, 1e-9) if len(window) > 1 else 0.0
+        flat = slope <= FLAT_LAG_SLOPE * max(load.events_per_second, 1.0)
+        attempts.append({"sessions": len(chosen), "offered": load.events_per_second, "durable": durable, "lag_slope": slope, "flat": flat})
+        print(f"sustained attempt {attempt + 1}: {len(chosen)} sessions offered {load.events_per_second:,.0f} events/s, durable {durable:,.0f}/s, lag slope {slope:+,.1f}/s -> {'flat' if flat else 'growing'}")
+        _wait_drained(sampler, 300)
+        if flat:
+            phase = Phase("sustained", began, ended, load.events_per_second, durable, slope, True, {"turns": load.turns, "events": load.events, "attempts": attempts})
+            return durable, phase
+        rate = 0.8 * min(rate, durable)
+    phase = Phase("sustained", began, ended, load.events_per_second, durable, slope, False, {"turns": load.turns, "events": load.events, "attempts": attempts})
+    return durable, phase
+
+
+def _memory(settings: TurnlogSettings, processes: dict[str, ServiceProcess], sampler: Sampler, options: BenchOptions, run: str) -> dict[str, Any]:
+    """RSS of sequencer and sink before and after opening sessions in steps; growth per 1,000."""
+    import datetime as dt
+
+    steps = []
+    opened = 0
+    for step in range(3):
+        if step:
+            events = []
+            now = dt.datetime.now(dt.timezone.utc)
+            for i in range(options.memory_sessions):
+                sid = f"bench-{run}-open-{opened + i:06d}"
+                env = dict(session_id=sid, epoch=0, producer_id="bench", emitted_at=now)
+                events.append((sid, encode_event(SessionStarted(event_id=uuid.uuid4(), seq=0, fleet="bench", agent_id="bench", started_at=now, **env))))
+                events.append((sid, encode_event(TurnPartial(event_id=uuid.uuid4(), seq=1, turn_index=0, speaker="A", text="hello there", started_at=now, **env))))
+            base.produce_all(settings, settings.topics.events, events)
+            opened += options.memory_sessions
+            _wait_drained(sampler, 300)
+        steps.append({"open_sessions": opened, **{name: rss_bytes(processes[name].pid) for name in ("sequencer", "sink")}})
+    per_thousand = {
+        name: (steps[-1][name] - steps[0][name]) / max(opened / 1000, 1e-9) / 1e6 for name in ("sequencer", "sink")
+    }
+    print("memory per 1,000 open sessions: " + ", ".join(f"{k} {v:.2f} MB" for k, v in per_thousand.items()))
+    return {"steps": steps, "mb_per_1000_sessions": per_thousand, "total_mb_per_1000_sessions": sum(per_thousand.values())}
+
+
+def _ratios(report: dict[str, Any]) -> dict[str, Any]:
+    b = report["baselines"]
+    ceiling = min(b["K"]["events_per_second"] / 2, b["S"]["events_per_second"], b["P_best"]["events_per_second"])
+    sustained = report["sustained"]
+    lat50 = report["latency"]["50%"]
+    return {
+        "ceiling_events_per_second": ceiling,
+        "sustained_over_ceiling": sustained["events_per_second"] / ceiling,
+        "sustained_over_K": sustained["events_per_second"] / b["K"]["events_per_second"],
+        "sustained_over_S": sustained["events_per_second"] / b["S"]["events_per_second"],
+        "sustained_over_P": sustained["events_per_second"] / b["P_best"]["events_per_second"],
+        "p99_at_50_over_K_p99": lat50["p99_ms"] / max(b["K"]["p99_ms"], 1e-9),
+        "commits_per_turn_times_mean_batch_turns": sustained["commits_per_turn"] * sustained["mean_batch_turns"],
+        "commits_per_turn_over_unsafe": sustained["commits_per_turn"] / (b["unsafe"]["commits_per_session"] / max(b["unsafe"]["rows_per_session"] - 1, 1)),
+    }
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """The figures, each next to its baseline or target, as a plain table."""
+    b, s, r, m = report.get("baselines", {}), report.get("sustained", {}), report.get("ratios", {}), report.get("memory", {})
+    if not (b and s and r):
+        return
+    lat = report["latency"]
+    rows = [
+        ("K raw Kafka produce->consume", f"{b['K']['events_per_second']:,.0f} ev/s", f"p99 {b['K']['p99_ms']:.1f} ms"),
+        ("S bare Faust pass-through", f"{b['S']['events_per_second']:,.0f} ev/s", ""),
+        *[(f"P psycopg {p['method']}", f"{p['rows_per_second']:,.0f} rows/s", f"p99 commit {p['p99_commit_ms']:.1f} ms") for p in b["P"]],
+        ("P best, as events", f"{b['P_best']['events_per_second']:,.0f} ev/s", f"{b['P_best']['rows_per_event']:.2f} rows/event"),
+        ("ceiling min(K/2, S, P)", f"{r['ceiling_events_per_second']:,.0f} ev/s", ""),
+        ("sustained end-to-end (lag flat)", f"{s['events_per_second']:,.0f} ev/s",
+         f"{r['sustained_over_ceiling']:.2f} x ceiling (target >= 0.5); lag slope {s['lag_slope_events_per_second']:+.1f}/s"),
+        *[(f"turn-to-durable at {k}", f"p50 {v['p50_ms']:.1f} / p95 {v['p95_ms']:.1f} / p99 {v['p99_ms']:.1f} ms",
+           f"{v['turns']} turns at {v['offered_events_per_second']:,.0f} ev/s" + (f"; p99 {r['p99_at_50_over_K_p99']:.1f} x K p99 (target p99 <= 100 ms)" if k == "50%" else ""))
+          for k, v in lat.items()],
+        ("Postgres write commits per turn", f"{s['commits_per_turn']:.3f}",
+         f"1/b = {1 / max(s['mean_batch_turns'], 1e-9):.3f} (b = {s['mean_batch_turns']:.1f} turns, {s['mean_batch_events']:.1f} events per batch); "
+         f"at 50%: {lat['50%']['commits_per_turn']:.3f}"),
+        ("WAL syncs per turn", f"{s['wal_syncs_per_turn']:.3f}", f"at 50%: {lat['50%']['wal_syncs_per_turn']:.3f}"),
+        ("unsafe baseline", f"{b['unsafe']['commits_per_session']:.0f} commit/session",
+         f"SIGKILL at 50%: {b['unsafe']['turns_said_at_kill']} turns said, {b['unsafe']['turns_stored_after_kill']} stored"),
+    ]
+    if m:
+        rows.append(("RSS per 1,000 open sessions", f"{m['total_mb_per_1000_sessions']:.2f} MB",
+                     ", ".join(f"{k} {v:.2f} MB" for k, v in m["mb_per_1000_sessions"].items()) + " (target <= 5 MB)"))
+    width = max(len(name) for name, _, _ in rows)
+    print()
+    for name, value, note in rows:
+        print(f"{name:<{width}}  {value:<34} {note}")
+    for name, summary in report.get("profile", {}).items():
+        print(f"\nprofile {name}: {summary['samples']} samples, {summary['own_code_share']:.1%} in turnlog's own code; top self time:")
+        for frame, share in summary["top_self"][:8]:
+            print(f"  {share:6.1%}  {frame}")

@@ -1,0 +1,126 @@
+"""The benchmark's workload: the real transcripts as many concurrent sessions.
+
+Session ``i`` replays a window of ``turns_per_session`` turns of transcript
+``i mod len(files)``, starting at a turn that shifts with ``i`` so sessions on
+the same file say different things. Time is compressed by ``speed``: a turn
+starts when the recording says (or when the previous one ended, one turn at a
+time) and lasts its recorded length. While a turn is spoken its text grows
+word by word and the recorder's timer flushes it as a partial every
+``flush_interval`` seconds; the turn then completes.
+
+:func:`encoded_events` gives the same sessions as the exact event bytes, for
+the baselines and for pre-filling a backlog.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import math
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+from turnlog.demo.transcripts import InputTurn, find_transcripts, load_transcript, token_counts
+from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, encode_event
+
+__all__ = ["SessionPlan", "plan_sessions", "encoded_events", "events_per_second", "BENCH_FLEET"]
+
+BENCH_FLEET = "bench"
+_BASE = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+
+
+@dataclass(frozen=True, slots=True)
+class SessionPlan:
+    """One benchmark session: its id and the input turns it says, in order."""
+
+    session_id: str
+    turns: tuple[InputTurn, ...]
+
+    def partials(self, turn: InputTurn, flush_interval: float, speed: float) -> int:
+        """Partials the timer sends for ``turn`` (one per whole flush interval it lasts)."""
+        return int(max(turn.end_s - turn.start_s, 0.0) / speed / flush_interval)
+
+    def seconds(self, speed: float) -> float:
+        """Length of the replay at ``speed`` (seconds)."""
+        end = self.turns[0].start_s
+        for turn in self.turns:
+            end = max(end, turn.start_s) + max(turn.end_s - turn.start_s, 0.0)
+        return (end - self.turns[0].start_s) / speed
+
+
+def plan_sessions(sessions_dir: Path, count: int, turns_per_session: int, *, run_id: str | None = None) -> list[SessionPlan]:
+    """``count`` session plans over the transcripts of ``sessions_dir``.
+
+    Raises:
+        ConfigurationError: no transcripts, or a malformed one.
+    """
+    run = run_id or uuid.uuid4().hex[:8]
+    transcripts = [load_transcript(path) for path in find_transcripts(sessions_dir)]
+    plans = []
+    for i in range(count):
+        turns = transcripts[i % len(transcripts)]
+        window = min(turns_per_session, len(turns))
+        start = (i // len(transcripts)) * 7 % max(1, len(turns) - window + 1)
+        plans.append(SessionPlan(f"bench-{run}-{i:05d}", tuple(turns[start : start + window])))
+    return plans
+
+
+def events_per_second(plans: list[SessionPlan], *, speed: float, flush_interval: float) -> float:
+    """Mean events per second all ``plans`` send together when each replays at ``speed``."""
+    total = 0.0
+    for plan in plans:
+        events = 2 + sum(1 + plan.partials(t, flush_interval, speed) for t in plan.turns)
+        total += events / max(plan.seconds(speed), 1e-9)
+    return total
+
+
+def encoded_events(plans: list[SessionPlan], *, flush_interval: float, speed: float) -> list[tuple[str, bytes]]:
+    """``[(session_id, event bytes)]`` of every plan, the sessions interleaved
+    round-robin (each session's own events in seq order), as the recorder would send them."""
+    per_session = [_session_events(plan, flush_interval, speed) for plan in plans]
+    interleaved: list[tuple[str, bytes]] = []
+    for position in range(max(len(events) for events in per_session)):
+        for plan, events in zip(plans, per_session):
+            if position < len(events):
+                interleaved.append((plan.session_id, events[position]))
+    return interleaved
+
+
+def _session_events(plan: SessionPlan, flush_interval: float, speed: float) -> list[bytes]:
+    sid = plan.session_id
+    seq = 0
+    now = dt.datetime.now(dt.timezone.utc)
+
+    def envelope() -> dict[str, object]:
+        nonlocal seq
+        seq += 1
+        return dict(event_id=uuid.uuid4(), session_id=sid, seq=seq - 1, epoch=0, producer_id="bench", emitted_at=now)
+
+    def at(seconds: float) -> dt.datetime:
+        return _BASE + dt.timedelta(seconds=seconds)
+
+    out = [encode_event(SessionStarted(fleet=BENCH_FLEET, agent_id="bench", started_at=at(plan.turns[0].start_s), **envelope()))]
+    for index, turn in enumerate(plan.turns):
+        words = turn.text.split()
+        steps = plan.partials(turn, flush_interval, speed)
+        for j in range(1, steps + 1):
+            text = " ".join(words[: max(1, math.ceil(len(words) * j / (steps + 1)))])
+            out.append(encode_event(TurnPartial(turn_index=index, speaker=turn.speaker, text=text, started_at=at(turn.start_s), **envelope())))
+        tokens_in, tokens_out = token_counts(turn)
+        out.append(
+            encode_event(
+                TurnCompleted(
+                    turn_index=index,
+                    speaker=turn.speaker,
+                    text=turn.text,
+                    started_at=at(turn.start_s),
+                    ended_at=at(max(turn.end_s, turn.start_s)),
+                    input_tokens=tokens_in,
+                    output_tokens=tokens_out,
+                    **envelope(),
+                )
+            )
+        )
+    last = plan.turns[-1]
+    out.append(encode_event(SessionEnded(ended_at=at(last.end_s), reason="completed", last_turn_index=len(plan.turns) - 1, **envelope())))
+    return out
