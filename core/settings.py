@@ -87,7 +87,16 @@ class TurnlogSettings(BaseSettings):
     )
     sink_batch_size: int = Field(500, ge=1, description="Most events the sink writes in one transaction.")
     sink_batch_wait_seconds: float = Field(
-        0.05, gt=0, description="Longest the sink waits to fill a batch (seconds)."
+        0.01,
+        gt=0,
+        description="Longest one sink poll waits to fill a batch (seconds): a completed turn waits at most "
+        "this long for company before its commit.",
+    )
+    sink_partial_wait_seconds: float = Field(
+        1.0,
+        ge=0,
+        description="Longest a batch holding only partials waits for more before its commit (seconds). Partials "
+        "are durable in Kafka once acked; this only delays their row and keeps commits per turn <= 1.",
     )
     finalizer_sweep_seconds: float = Field(
         2.0, gt=0, description="How often the finalizer sweeps for ended sessions it can finalize (seconds)."

@@ -1,8 +1,9 @@
 """The sink service: consume ``<prefix>.transcript`` and apply batches to the store.
 
-Per batch (at most ``sink_batch_size`` records, waiting at most
-``sink_batch_wait_seconds``): one database transaction writes the rows and the
-next offsets (``SqlStore.apply_batch``). Offsets are never committed to Kafka;
+Per batch (at most ``sink_batch_size`` records; each poll waits at most
+``sink_batch_wait_seconds``; a batch of partials only waits up to
+``sink_partial_wait_seconds`` for a completed turn to share its commit): one
+database transaction writes the rows and the next offsets (``SqlStore.apply_batch``). Offsets are never committed to Kafka;
 on partition assignment the consumer seeks to the offsets in ``sink_offsets``,
 so a crash at any point replays only what the store does not hold yet.
 
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -40,6 +42,14 @@ __all__ = ["SinkService"]
 
 logger = logging.getLogger(__name__)
 DLQ_FLUSH_TIMEOUT_SECONDS = 30.0
+
+
+#: How a partial's record begins (msgspec writes the ``type`` tag first).
+_PARTIAL_PREFIX = b'{"type":"turn.partial"'
+
+
+def _is_partial(value: bytes | None) -> bool:
+    return value is not None and value.startswith(_PARTIAL_PREFIX)
 
 
 def _service_of(state: RetryCallState) -> SinkService:
@@ -105,22 +115,33 @@ class SinkService:
         """Consume and apply until :attr:`stopping` is set."""
         consumer = Consumer(dict(self._config))
         consumer.subscribe([self.settings.topics.transcript], on_assign=self._seek_to_stored)
+        batch: list[SourceMessage] = []
+        boundary = False  # the batch holds something other than a partial
+        first_at = 0.0
         try:
             while not self.stopping.is_set():
-                records = consumer.consume(self.settings.sink_batch_size, self.settings.sink_batch_wait_seconds)
-                batch = []
+                records = consumer.consume(self.settings.sink_batch_size - len(batch), self.settings.sink_batch_wait_seconds)
                 for record in records:
                     error = record.error()
                     if error is not None:
                         if error.code() != KafkaError._PARTITION_EOF:
                             logger.warning("consumer: %s", error.str())
                         continue
-                    batch.append(
-                        SourceMessage(record.topic(), record.partition(), record.offset(), record.value(), record.key())
-                    )
-                if batch:
+                    value = record.value()
+                    if not batch:
+                        first_at = time.monotonic()
+                    boundary = boundary or not _is_partial(value)
+                    batch.append(SourceMessage(record.topic(), record.partition(), record.offset(), value, record.key()))
+                if not batch:
+                    continue
+                # Completed turns and session events are written at once; partials alone
+                # wait (up to sink_partial_wait_seconds) to share the next commit: they are
+                # durable in Kafka already, and this keeps commits per turn <= 1 at low load.
+                full = len(batch) >= self.settings.sink_batch_size
+                if full or boundary or time.monotonic() - first_at >= self.settings.sink_partial_wait_seconds:
                     fault_point("sink.after_poll")
                     result = self.apply(batch)
+                    batch, boundary = [], False
                     if self._on_batch is not None:
                         self._on_batch(result)
         finally:

@@ -143,7 +143,8 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             "lag_flat": phase.flat,
             "attempts": phase.extra["attempts"],
             "turns": turns_done,
-            "commits_per_turn": counters.write_transactions / max(turns_done, 1),
+            "sink_commits_per_turn": batches.batches / max(turns_done, 1),
+            "write_transactions_per_turn": counters.write_transactions / max(turns_done, 1),
             "all_commits_per_turn": counters.xact_commit / max(turns_done, 1),
             "wal_syncs_per_turn": counters.wal_sync / max(turns_done, 1),
             "sink_batches": batches.batches,
@@ -157,10 +158,12 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
         for share in (0.5, 0.8):
             tag = f"l{int(share * 100)}"
             before = pg_counters(admin_psycopg, database)
+            batches_before = sink_batches(options.metrics_port)
             chosen = plans_for_rate(plans, share * sustained, speed=options.speed, flush_interval=options.flush_interval)
             load = asyncio.run(run_load(settings, chosen, speed=options.speed, seconds=options.phase_seconds, tag=tag))
             _wait_drained(sampler, 120)
             after = pg_counters(admin_psycopg, database) - before
+            phase_batches = sink_batches(options.metrics_port) - batches_before
             mine = turn_latencies_ms(psycopg_dsn, f"bench-{run}-%-{tag}-")
             report["latency"][f"{int(share * 100)}%"] = {
                 "offered_events_per_second": load.events_per_second,
@@ -169,8 +172,10 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
                 "p95_ms": base.percentile(mine, 95),
                 "p99_ms": base.percentile(mine, 99),
                 "max_ms": max(mine) if mine else float("nan"),
-                "commits_per_turn": after.write_transactions / max(load.turns, 1),
+                "sink_commits_per_turn": phase_batches.batches / max(load.turns, 1),
+                "write_transactions_per_turn": after.write_transactions / max(load.turns, 1),
                 "all_commits_per_turn": after.xact_commit / max(load.turns, 1),
+                "mean_batch_events": phase_batches.records / max(phase_batches.batches, 1),
                 "wal_syncs_per_turn": after.wal_sync / max(load.turns, 1),
                 "samples_ms": mine,
             }
@@ -343,8 +348,9 @@ def _ratios(report: dict[str, Any]) -> dict[str, Any]:
         "sustained_over_S": sustained["events_per_second"] / b["S"]["events_per_second"],
         "sustained_over_P": sustained["events_per_second"] / b["P_best"]["events_per_second"],
         "p99_at_50_over_K_p99": lat50["p99_ms"] / max(b["K"]["p99_ms"], 1e-9),
-        "commits_per_turn_times_mean_batch_turns": sustained["commits_per_turn"] * sustained["mean_batch_turns"],
-        "commits_per_turn_over_unsafe": sustained["commits_per_turn"] / (b["unsafe"]["commits_per_session"] / max(b["unsafe"]["rows_per_session"] - 1, 1)),
+        "sink_commits_per_turn_times_b": sustained["sink_commits_per_turn"] * sustained["mean_batch_turns"],
+        "write_transactions_per_turn_over_unsafe": sustained["write_transactions_per_turn"]
+        / (b["unsafe"]["commits_per_session"] / max(b["unsafe"]["rows_per_session"] - 1, 1)),
     }
 
 
@@ -365,9 +371,12 @@ def print_table(report: dict[str, Any]) -> None:
         *[(f"turn-to-durable at {k}", f"p50 {v['p50_ms']:.1f} / p95 {v['p95_ms']:.1f} / p99 {v['p99_ms']:.1f} ms",
            f"{v['turns']} turns at {v['offered_events_per_second']:,.0f} ev/s" + (f"; p99 {r['p99_at_50_over_K_p99']:.1f} x K p99 (target p99 <= 100 ms)" if k == "50%" else ""))
           for k, v in lat.items()],
-        ("Postgres write commits per turn", f"{s['commits_per_turn']:.3f}",
+        ("sink commits per turn", f"{s['sink_commits_per_turn']:.3f}",
          f"1/b = {1 / max(s['mean_batch_turns'], 1e-9):.3f} (b = {s['mean_batch_turns']:.1f} turns, {s['mean_batch_events']:.1f} events per batch); "
-         f"at 50%: {lat['50%']['commits_per_turn']:.3f}"),
+         f"at 50%: {lat['50%']['sink_commits_per_turn']:.3f} (target <= 1)"),
+        ("all write transactions per turn", f"{s['write_transactions_per_turn']:.3f}",
+         f"sink + finalizer + autovacuum, cluster-wide xids; at 50%: {lat['50%']['write_transactions_per_turn']:.3f}; "
+         f"unsafe: {b['unsafe']['commits_per_session'] / max(b['unsafe']['rows_per_session'] - 1, 1):.3f}"),
         ("WAL syncs per turn", f"{s['wal_syncs_per_turn']:.3f}", f"at 50%: {lat['50%']['wal_syncs_per_turn']:.3f}"),
         ("unsafe baseline", f"{b['unsafe']['commits_per_session']:.0f} commit/session",
          f"SIGKILL at 50%: {b['unsafe']['turns_said_at_kill']} turns said, {b['unsafe']['turns_stored_after_kill']} stored"),

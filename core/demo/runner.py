@@ -111,7 +111,7 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
 
     ensure_local_services(settings)
     store = open_store(settings.database_url)
-    print(f"store {store.safe_url(engine.url)}, logs in {log_dir}")
+    print(f"store {safe_url(store.engine.url)}, logs in {log_dir}")
     upgrade_to_head(store.engine)
     create_topics(settings)
     started = time.monotonic()
@@ -198,7 +198,7 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
             "speed": options.speed,
             "kills": killed,
             "failed_agents": failed_agents,
-            "database": store.safe_url(engine.url),
+            "database": safe_url(store.engine.url),
             "sessions": [v.as_json() for v in verdicts],
         }
         options.report_path.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n")
