@@ -26,40 +26,14 @@ from sqlalchemy import select
 
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.errors import store_errors
+from turnlog.sinks.reads import SESSION_FIELDS, TURN_FIELDS
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
 __all__ = ["SessionDigest", "Difference", "session_digests", "compare_digests"]
 
-_SESSION_FIELDS = (
-    "status",
-    "fleet",
-    "agent_id",
-    "started_at",
-    "ended_at",
-    "end_reason",
-    "epoch",
-    "last_seq",
-    "end_seq",
-    "turn_count",
-    "interrupted_turn_count",
-    "duration_seconds",
-    "input_tokens",
-    "output_tokens",
-    "metadata",
-)
-_TURN_FIELDS = (
-    "turn_index",
-    "speaker",
-    "text",
-    "status",
-    "started_at",
-    "ended_at",
-    "input_tokens",
-    "output_tokens",
-    "tool_calls",
-    "epoch",
-    "seq",
-)
+# What the digest covers: what readers see, less the id (the key) and when it was finalized.
+_SESSION_FIELDS = tuple(name for name in SESSION_FIELDS if name not in ("id", "finalized_at"))
+_TURN_FIELDS = TURN_FIELDS
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
-__all__ = ["StoredEvent", "EventPage", "list_sessions", "get_session", "get_turns", "events_after", "SESSION_FIELDS"]
+__all__ = ["StoredEvent", "EventPage", "list_sessions", "get_session", "get_turns", "events_after", "SESSION_FIELDS", "TURN_FIELDS"]
 
 #: The ``sessions`` columns a reader sees (not the resume bookkeeping ``claimed_epoch``).
 SESSION_FIELDS = (
@@ -38,7 +38,8 @@ SESSION_FIELDS = (
     "finalized_at",
     "metadata",
 )
-_TURN_FIELDS = ("turn_index", "speaker", "text", "status", "started_at", "ended_at", "input_tokens", "output_tokens", "tool_calls", "epoch", "seq")
+#: The ``transcript_turns`` columns a reader sees.
+TURN_FIELDS = ("turn_index", "speaker", "text", "status", "started_at", "ended_at", "input_tokens", "output_tokens", "tool_calls", "epoch", "seq")
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,7 +108,7 @@ def get_session(conn: Connection, session_id: str, *, fleets: Collection[str] | 
 def get_turns(conn: Connection, session_id: str) -> list[dict[str, Any]]:
     """The session's turns in ``turn_index`` order (partial ones included)."""
     query = (
-        select(*_columns(transcript_turns, _TURN_FIELDS))
+        select(*_columns(transcript_turns, TURN_FIELDS))
         .where(transcript_turns.c.session_id == session_id)
         .order_by(transcript_turns.c.turn_index)
     )

@@ -14,7 +14,7 @@ from confluent_kafka import Consumer, TopicPartition
 from turnlog.settings import TurnlogSettings
 from turnlog.stream_processors.progress import progress_group
 
-__all__ = ["Sample", "Sampler", "PgCounters", "pg_counters", "rss_bytes", "turn_latencies_ms", "sink_batches", "require_commit_timestamps"]
+__all__ = ["cpu_seconds", "Sample", "Sampler", "PgCounters", "pg_counters", "rss_bytes", "turn_latencies_ms", "sink_batches", "require_commit_timestamps"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +139,15 @@ def turn_latencies_ms(dsn: str, session_prefix: str) -> list[float]:
             (session_prefix + "%",),
         ).fetchall()
     return [float(r[0]) for r in rows if r[0] is not None]
+
+
+def cpu_seconds(pid: int) -> float:
+    """CPU time (user + system, seconds) process ``pid`` has used so far, from /proc."""
+    import os
+
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def rss_bytes(pid: int) -> int:

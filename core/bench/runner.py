@@ -32,7 +32,7 @@ from sqlalchemy.engine import make_url
 
 from turnlog.bench import baselines as base
 from turnlog.bench.load import plans_for_rate, run_load
-from turnlog.bench.probes import Sample, Sampler, pg_counters, require_commit_timestamps, rss_bytes, sink_batches, turn_latencies_ms
+from turnlog.bench.probes import Sample, Sampler, cpu_seconds, pg_counters, require_commit_timestamps, rss_bytes, sink_batches, turn_latencies_ms
 from turnlog.bench.profile import start_profiles, summarize
 from turnlog.bench.workload import encoded_events, plan_sessions
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all
@@ -160,7 +160,10 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             before = pg_counters(admin_psycopg, database)
             batches_before = sink_batches(options.metrics_port)
             chosen = plans_for_rate(plans, share * sustained, speed=options.speed, flush_interval=options.flush_interval)
+            cpu_before, wall_before = _cpu(processes), time.monotonic()
             load = asyncio.run(run_load(settings, chosen, speed=options.speed, seconds=options.phase_seconds, tag=tag))
+            wall = time.monotonic() - wall_before
+            cores = {name: (used - cpu_before[name]) / wall for name, used in _cpu(processes).items()}
             _wait_drained(sampler, 120)
             after = pg_counters(admin_psycopg, database) - before
             phase_batches = sink_batches(options.metrics_port) - batches_before
@@ -177,8 +180,10 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
                 "all_commits_per_turn": after.xact_commit / max(load.turns, 1),
                 "mean_batch_events": phase_batches.records / max(phase_batches.batches, 1),
                 "wal_syncs_per_turn": after.wal_sync / max(load.turns, 1),
+                "cores_used": cores,
                 "samples_ms": mine,
             }
+            print(f"  cores used at {share:.0%}: " + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()))
             print(f"latency at {share:.0%}: p50 {base.percentile(mine, 50):.1f} ms, p99 {base.percentile(mine, 99):.1f} ms over {len(mine)} turns")
 
         # -- memory per 1,000 open sessions ---------------------------------------------------------
@@ -227,6 +232,16 @@ def _baselines(settings: TurnlogSettings, options: BenchOptions, payloads: list[
         f"SIGKILL at 50%: {unsafe.turns_said_at_kill} turns said, {unsafe.turns_stored_after_kill} stored"
     )
     return out
+
+
+def _cpu(processes: dict[str, ServiceProcess]) -> dict[str, float]:
+    """CPU seconds used so far by each service and by this process (the load generator)."""
+    import os
+
+    used = {name: cpu_seconds(p.pid) for name, p in processes.items()}
+    times = os.times()
+    used["generator (this process)"] = times.user + times.system
+    return used
 
 
 def _rows_per_event(payloads: list[tuple[str, bytes]], batch_size: int) -> float:
@@ -290,12 +305,16 @@ def _lag_slope(samples: list[Sample]) -> float:
 def _sustained(settings, plans, sampler: Sampler, capacity: float, options: BenchOptions, *, tag: str) -> tuple[float, Phase]:
     rate = 0.9 * capacity
     attempts = []
+    totals = {"turns": 0, "events": 0}  # over every attempt: the Postgres and sink counters span them all
     for attempt in range(4):
         began = time.monotonic()
         chosen = plans_for_rate(plans, rate, speed=options.speed, flush_interval=options.flush_interval)
         load = asyncio.run(run_load(settings, chosen, speed=options.speed, seconds=options.phase_seconds, tag=f"{tag}{attempt}"))
         ended = time.monotonic()
-        window = [s for s in sampler.samples if began + 3 <= s.at <= ended]  # after the ramp-up
+        totals["turns"] += load.turns
+        totals["events"] += load.events
+        # After the ramp-up, before the closing burst (every session ends at the phase's end).
+        window = [s for s in sampler.samples if began + 3 <= s.at <= began + options.phase_seconds - 1]
         slope = _lag_slope(window)
         durable = (window[-1].stored - window[0].stored) / max(window[-1].at - window[0].at, 1e-9) if len(window) > 1 else 0.0
         flat = slope <= FLAT_LAG_SLOPE * max(load.events_per_second, 1.0)
@@ -303,10 +322,10 @@ def _sustained(settings, plans, sampler: Sampler, capacity: float, options: Benc
         print(f"sustained attempt {attempt + 1}: {len(chosen)} sessions offered {load.events_per_second:,.0f} events/s, durable {durable:,.0f}/s, lag slope {slope:+,.1f}/s -> {'flat' if flat else 'growing'}")
         _wait_drained(sampler, 300)
         if flat:
-            phase = Phase("sustained", began, ended, load.events_per_second, durable, slope, True, {"turns": load.turns, "events": load.events, "attempts": attempts})
+            phase = Phase("sustained", began, ended, load.events_per_second, durable, slope, True, {**totals, "attempts": attempts})
             return durable, phase
         rate = 0.8 * min(rate, durable)
-    phase = Phase("sustained", began, ended, load.events_per_second, durable, slope, False, {"turns": load.turns, "events": load.events, "attempts": attempts})
+    phase = Phase("sustained", began, ended, load.events_per_second, durable, slope, False, {**totals, "attempts": attempts})
     return durable, phase
 
 
@@ -370,6 +389,8 @@ def print_table(report: dict[str, Any]) -> None:
          f"{r['sustained_over_ceiling']:.2f} x ceiling (target >= 0.5); lag slope {s['lag_slope_events_per_second']:+.1f}/s"),
         *[(f"turn-to-durable at {k}", f"p50 {v['p50_ms']:.1f} / p95 {v['p95_ms']:.1f} / p99 {v['p99_ms']:.1f} ms",
            f"{v['turns']} turns at {v['offered_events_per_second']:,.0f} ev/s" + (f"; p99 {r['p99_at_50_over_K_p99']:.1f} x K p99 (target p99 <= 100 ms)" if k == "50%" else ""))
+          for k, v in lat.items()],
+        *[(f"cores used at {k}", ", ".join(f"{n} {c:.2f}" for n, c in v.get("cores_used", {}).items()), "of 2 (broker and Postgres not counted)")
           for k, v in lat.items()],
         ("sink commits per turn", f"{s['sink_commits_per_turn']:.3f}",
          f"1/b = {1 / max(s['mean_batch_turns'], 1e-9):.3f} (b = {s['mean_batch_turns']:.1f} turns, {s['mean_batch_events']:.1f} events per batch); "
