@@ -200,10 +200,13 @@ def tail(
     import asyncio
 
     from turnlog.sinks import open_store
+    from turnlog.sinks.migrate import require_head
     from turnlog.tail import tail_session
 
     settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
-    found = asyncio.run(tail_session(settings, open_store(settings.database_url), session_id, after))
+    store = open_store(settings.database_url)
+    require_head(store.engine)
+    found = asyncio.run(tail_session(settings, store, session_id, after))
     if not found:
         typer.echo(f"turnlog: no session {session_id!r} in the store", err=True)
         raise typer.Exit(1)

@@ -128,6 +128,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
         )
         capacity = _drain(sampler, len(backlog), options, processes, report)
         print(f"capacity: {capacity:,.0f} durable events/s draining a backlog of {len(backlog):,}")
+        report["capacity"] = {"events_per_second": capacity, "backlog_events": len(backlog)}
 
         # -- sustained ---------------------------------------------------------------------
         counters_before = pg_counters(admin_psycopg, database)
@@ -193,8 +194,8 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
         report["ratios"] = _ratios(report)
     finally:
         stop_all(processes)
-        if not options.keep:
-            base.delete_topics(settings, *settings.topics.all())
+        if not options.keep:  # the run's topics, Faust's changelog and internal topics included
+            base.delete_topics(settings, *base.topics_with_prefix(settings, f"{settings.topic_prefix}"))
             with psycopg.connect(admin_psycopg, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
     print_table(report)
@@ -380,6 +381,7 @@ def print_table(report: dict[str, Any]) -> None:
         return
     lat = report["latency"]
     rows = [
+        ("capacity (draining a backlog)", f"{report.get('capacity', {}).get('events_per_second', float('nan')):,.0f} ev/s", "no generator running"),
         ("K raw Kafka produce->consume", f"{b['K']['events_per_second']:,.0f} ev/s", f"p99 {b['K']['p99_ms']:.1f} ms"),
         ("S bare Faust pass-through", f"{b['S']['events_per_second']:,.0f} ev/s", ""),
         *[(f"P psycopg {p['method']}", f"{p['rows_per_second']:,.0f} rows/s", f"p99 commit {p['p99_commit_ms']:.1f} ms") for p in b["P"]],

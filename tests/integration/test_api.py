@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import os
 import random
 import subprocess
 import uuid
@@ -268,6 +269,13 @@ def test_tail_prints_the_session_until_it_ends(api):
     assert at_end.returncode == 0 and at_end.stdout == ""  # nothing follows the end: it returns at once
     missing = subprocess.run(turnlog_command("tail", "no-such-session"), env=env, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 1 and "no session" in missing.stderr
+
+
+def test_tail_on_a_store_without_the_schema_says_to_migrate(tmp_path):
+    empty = {**os.environ, "TURNLOG_DATABASE_URL": f"sqlite:///{tmp_path / 'empty.db'}"}
+    done = subprocess.run(turnlog_command("tail", "any-session"), env=empty, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 1
+    assert "run `turnlog migrate`" in done.stderr and "Traceback" not in done.stderr
 
 
 # -- analytics ------------------------------------------------------------------------

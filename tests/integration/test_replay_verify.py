@@ -146,3 +146,30 @@ def test_replay_of_chosen_sessions_or_from_a_time(finished, postgres_databases):
     assert "sessions left incomplete" in cut.stderr and ids[2] in cut.stderr
     bad = run(pipeline, "replay", "--database-url", only, "--from-time", "yesterday")
     assert bad.returncode == 2 and "ISO 8601" in bad.stderr
+
+
+def test_replay_into_a_store_that_lost_a_sessions_tail_repairs_it(finished, postgres_databases):
+    pipeline, ids = finished
+    target = postgres_databases.create()
+    assert run(pipeline, "replay", "--database-url", target).returncode == 0
+    store = open_store(target)
+    # The store lost everything after seq 3 of one session (as if the transcript had
+    # dropped it), and the session is still active there.
+    with store.engine.begin() as conn:
+        conn.execute(delete(session_events).where(session_events.c.session_id == ids[1], session_events.c.seq > 3))
+        conn.execute(delete(transcript_turns).where(transcript_turns.c.session_id == ids[1], transcript_turns.c.turn_index > 0))
+        conn.execute(
+            update(sessions)
+            .where(sessions.c.id == ids[1])
+            .values(status="active", last_seq=3, max_seq=3, end_seq=None, ended_at=None, end_reason=None,
+                    turn_count=None, interrupted_turn_count=None, duration_seconds=None, input_tokens=None,
+                    output_tokens=None, finalized_at=None)
+        )
+    store.engine.dispose()
+    broken = run(pipeline, "verify", "--database-url", pipeline.settings.database_url, "--against-url", target)
+    assert broken.returncode == 1 and ids[1] in broken.stdout
+    repaired = run(pipeline, "replay", "--database-url", target, "--session", ids[1])
+    assert repaired.returncode == 0, repaired.stderr
+    assert "1 finalized" in repaired.stdout
+    again = run(pipeline, "verify", "--database-url", pipeline.settings.database_url, "--against-url", target)
+    assert again.returncode == 0, again.stdout
