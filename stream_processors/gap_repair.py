@@ -46,6 +46,14 @@ class LogRangeReader:
         [tp] = self._offsets.committed([TopicPartition(self._topic, partition)], timeout=10)
         return max(tp.offset, 0)
 
+    def end_offset(self, partition: int) -> int:
+        """The partition's high watermark: the offset the next record written will get."""
+        if self._offsets is None:
+            self._offsets = Consumer(
+                {"bootstrap.servers": self._bootstrap, "group.id": self._group_id, "enable.auto.commit": False}
+            )
+        return self._offsets.get_watermark_offsets(TopicPartition(self._topic, partition), timeout=10)[1]
+
     def read(self, partition: int, first: int, last: int, key: bytes | None = None) -> list[LogRecord]:
         """The records at offsets ``first..last`` (inclusive), only those with ``key`` if given."""
         if last < first:

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,6 +46,8 @@ logger = logging.getLogger(__name__)
 TABLE_NAME = "sequencer-state"
 BATCH_SIZE = 500
 BATCH_WAIT_SECONDS = 0.02
+#: A partition with nothing processed for this long, but records past our position, is re-read (seconds).
+IDLE_TAIL_SECONDS = 2.0
 CHANGELOG_SEGMENT_MS = 10 * 60 * 1000
 
 
@@ -99,71 +102,107 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
             logger.info("gap in %s: waiting for seq %d (got %d)", event.session_id, state.next_seq, event.seq)
         return decision
 
+    # The agent's batches and the idle-tail re-read never interleave: both
+    # read and write the same session states.
+    batch_lock = asyncio.Lock()
+    last_batch_at: dict[int, float] = {}  # partition -> when a batch last held one of its records
+
     @app.agent(events, name="sequence-events")
     async def sequence_events(stream: faust.StreamT[bytes]) -> None:
         async for records in stream.take_events(BATCH_SIZE, within=BATCH_WAIT_SECONDS):
-            touched: dict[bytes, tuple[SessionSequence, Any]] = {}
-            sent: list[Any] = []
+            async with batch_lock:
+                await process([(record.key, record.value, record.message) for record in records])
 
-            async def handle(key: bytes | None, raw: bytes, message: Any) -> None:
-                try:
-                    event = decode_event(raw)
-                except EventValidationError as e:
-                    sent.append(await reject(key, raw, f"invalid: {e.reason}", message))
-                    return
-                if key != event.session_id.encode("utf-8"):
-                    sent.append(await reject(key, raw, f"invalid: record key {key!r} is not the session_id", message))
-                    return
-                try:
-                    state = touched[key][0] if key in touched else SessionSequence.from_json(states.get(key))
-                    decision = apply(state, event, raw, message.offset)
-                except Exception as e:  # a bug here must not stop the pipeline; the bytes go to the DLQ
-                    logger.exception("sequencing %s seq %d failed", event.session_id, event.seq)
-                    sent.append(await reject(key, raw, f"internal: {type(e).__name__}: {e}", message))
-                    return
-                touched[key] = (state, message)
-                for out in decision.emit:
-                    sent.append(await transcript.send(key=key, value=out, partition=message.partition))
-                for held, reason in decision.dlq:
-                    sent.append(await reject(key, held, reason, message))
-
-            for record in records:
-                message = record.message
-                expected = next_offset.get(message.partition)
-                if expected is None:
-                    try:
-                        expected = await asyncio.to_thread(reader.committed, message.partition)
-                    except KafkaException as e:  # cannot check this start; the session gap re-read still runs
-                        logger.warning("committed offset of %s[%d] unknown: %s", message.topic, message.partition, e)
-                        expected = message.offset
-                if message.offset > expected:  # records skipped before this one: read them again
-                    skipped = await asyncio.to_thread(reader.read, message.partition, expected, message.offset - 1)
-                    logger.warning(
-                        "offsets %d..%d of %s[%d] were not delivered; re-read %d records",
-                        expected, message.offset - 1, message.topic, message.partition, len(skipped),
-                    )
-                    for offset, key, raw in skipped:
-                        await handle(key, raw, _Position(message.topic, message.partition, offset))
-                next_offset[message.partition] = max(expected, message.offset + 1)
-                await handle(record.key, record.value, message)
-            for key, (state, message) in list(touched.items()):
-                gap = state.missing_range()
-                if gap is None or repaired.get(key) == state.next_seq:
-                    continue
-                repaired[key] = state.next_seq
-                found = await asyncio.to_thread(reader.read, message.partition, gap[0], gap[1], key)
-                if found:
-                    logger.warning("gap in %r: re-read %d records from %s[%d]", key, len(found), topics.events, message.partition)
-                for offset, _, raw in found:
-                    await handle(key, raw, _Position(message.topic, message.partition, offset))
-            await asyncio.gather(*sent)  # acks=all: the emissions are durable before the state moves
-            fault_point("sequencer.after_emit")
-            for key, (state, _) in touched.items():
-                states[key] = state.to_json()
-            batch_partitions = {record.message.partition for record in records}
+    @app.timer(interval=IDLE_TAIL_SECONDS)
+    async def reread_idle_tails() -> None:
+        """A record the stream processor dropped is noticed by the next one in its
+        partition; if none comes, it is noticed here: an assigned partition with
+        nothing processed for a while, yet records past our position, is re-read."""
+        assigned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topics.events}
+        now = time.monotonic()
+        for partition in sorted(assigned & set(next_offset)):
+            if now - last_batch_at.get(partition, now) < IDLE_TAIL_SECONDS:
+                continue
             try:
-                progress.commit({p: next_offset[p] for p in batch_partitions})
-            except KafkaException as e:  # only the resume barrier waits on it; the next batch commits again
-                logger.warning("could not record progress: %s", e)
+                end = await asyncio.to_thread(reader.end_offset, partition)
+            except KafkaException as e:
+                logger.warning("end offset of %s[%d] unknown: %s", topics.events, partition, e)
+                continue
+            async with batch_lock:
+                expected = next_offset.get(partition, end)
+                if expected >= end:
+                    continue
+                found = await asyncio.to_thread(reader.read, partition, expected, end - 1)
+                logger.warning(
+                    "offsets %d..%d of %s[%d] were never delivered; re-read %d records",
+                    expected, end - 1, topics.events, partition, len(found),
+                )
+                await process([(key, raw, _Position(topics.events, partition, offset)) for offset, key, raw in found])
+
+    async def process(items: list[tuple[bytes | None, bytes, Any]]) -> None:
+        """One batch: ``(key, value, message)`` items, ``message`` giving topic, partition and offset."""
+        touched: dict[bytes, tuple[SessionSequence, Any]] = {}
+        sent: list[Any] = []
+
+        async def handle(key: bytes | None, raw: bytes, message: Any) -> None:
+            try:
+                event = decode_event(raw)
+            except EventValidationError as e:
+                sent.append(await reject(key, raw, f"invalid: {e.reason}", message))
+                return
+            if key != event.session_id.encode("utf-8"):
+                sent.append(await reject(key, raw, f"invalid: record key {key!r} is not the session_id", message))
+                return
+            try:
+                state = touched[key][0] if key in touched else SessionSequence.from_json(states.get(key))
+                decision = apply(state, event, raw, message.offset)
+            except Exception as e:  # a bug here must not stop the pipeline; the bytes go to the DLQ
+                logger.exception("sequencing %s seq %d failed", event.session_id, event.seq)
+                sent.append(await reject(key, raw, f"internal: {type(e).__name__}: {e}", message))
+                return
+            touched[key] = (state, message)
+            for out in decision.emit:
+                sent.append(await transcript.send(key=key, value=out, partition=message.partition))
+            for held, reason in decision.dlq:
+                sent.append(await reject(key, held, reason, message))
+
+        for record_key, record_value, message in items:
+            last_batch_at[message.partition] = time.monotonic()
+            expected = next_offset.get(message.partition)
+            if expected is None:
+                try:
+                    expected = await asyncio.to_thread(reader.committed, message.partition)
+                except KafkaException as e:  # cannot check this start; the session gap re-read still runs
+                    logger.warning("committed offset of %s[%d] unknown: %s", message.topic, message.partition, e)
+                    expected = message.offset
+            if message.offset > expected:  # records skipped before this one: read them again
+                skipped = await asyncio.to_thread(reader.read, message.partition, expected, message.offset - 1)
+                logger.warning(
+                    "offsets %d..%d of %s[%d] were not delivered; re-read %d records",
+                    expected, message.offset - 1, message.topic, message.partition, len(skipped),
+                )
+                for offset, key, raw in skipped:
+                    await handle(key, raw, _Position(message.topic, message.partition, offset))
+            next_offset[message.partition] = max(expected, message.offset + 1)
+            await handle(record_key, record_value, message)
+        for key, (state, message) in list(touched.items()):
+            gap = state.missing_range()
+            if gap is None or repaired.get(key) == state.next_seq:
+                continue
+            repaired[key] = state.next_seq
+            found = await asyncio.to_thread(reader.read, message.partition, gap[0], gap[1], key)
+            if found:
+                logger.warning("gap in %r: re-read %d records from %s[%d]", key, len(found), topics.events, message.partition)
+            for offset, _, raw in found:
+                await handle(key, raw, _Position(message.topic, message.partition, offset))
+        await asyncio.gather(*sent)  # acks=all: the emissions are durable before the state moves
+        fault_point("sequencer.after_emit")
+        for key, (state, _) in touched.items():
+            states[key] = state.to_json()
+        batch_partitions = {message.partition for _, _, message in items}
+        try:
+            progress.commit({p: next_offset[p] for p in batch_partitions})
+        except KafkaException as e:  # only the resume barrier waits on it; the next batch commits again
+            logger.warning("could not record progress: %s", e)
 
     return app

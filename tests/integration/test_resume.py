@@ -15,7 +15,9 @@ TIMEOUT = 90
 
 @pytest.fixture
 def pipeline_without_sink(new_pipeline):
-    return new_pipeline(("sequencer", "finalizer"))
+    pipeline = new_pipeline(("sequencer", "finalizer"))
+    pipeline.wait_ready()  # the barrier's short timeout below is about the sink, not a slow sequencer start
+    return pipeline
 
 
 async def test_a_resumed_agent_does_not_overwrite_its_predecessors_in_flight_turn(pipeline_without_sink):
