@@ -25,7 +25,7 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 
 from sqlalchemy import select
 

@@ -37,22 +37,22 @@ class LogRangeReader:
         self._reader: Consumer | None = None
         self._offsets: Consumer | None = None
 
-    def committed(self, partition: int) -> int:
-        """The group's committed offset of ``partition`` (0 when it has none)."""
+    def _offsets_consumer(self) -> Consumer:
+        """A consumer of the group, for offset lookups only (it never subscribes)."""
         if self._offsets is None:
             self._offsets = Consumer(
                 {"bootstrap.servers": self._bootstrap, "group.id": self._group_id, "enable.auto.commit": False}
             )
-        [tp] = self._offsets.committed([TopicPartition(self._topic, partition)], timeout=10)
+        return self._offsets
+
+    def committed(self, partition: int) -> int:
+        """The group's committed offset of ``partition`` (0 when it has none)."""
+        [tp] = self._offsets_consumer().committed([TopicPartition(self._topic, partition)], timeout=10)
         return max(tp.offset, 0)
 
     def end_offset(self, partition: int) -> int:
         """The partition's high watermark: the offset the next record written will get."""
-        if self._offsets is None:
-            self._offsets = Consumer(
-                {"bootstrap.servers": self._bootstrap, "group.id": self._group_id, "enable.auto.commit": False}
-            )
-        return self._offsets.get_watermark_offsets(TopicPartition(self._topic, partition), timeout=10)[1]
+        return self._offsets_consumer().get_watermark_offsets(TopicPartition(self._topic, partition), timeout=10)[1]
 
     def read(self, partition: int, first: int, last: int, key: bytes | None = None) -> list[LogRecord]:
         """The records at offsets ``first..last`` (inclusive), only those with ``key`` if given."""

@@ -166,8 +166,9 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
             for held, reason in decision.dlq:
                 sent.append(await reject(key, held, reason, message))
 
+        batch_at = time.monotonic()
         for record_key, record_value, message in items:
-            last_batch_at[message.partition] = time.monotonic()
+            last_batch_at[message.partition] = batch_at
             expected = next_offset.get(message.partition)
             if expected is None:
                 try:

@@ -111,7 +111,6 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
         create_topics(settings)
         plans = plan_sessions(options.sessions_dir, options.sessions, options.turns_per_session, run_id=run)
         payloads = encoded_events(plans, flush_interval=options.flush_interval, speed=options.speed)
-        turns_in_payloads = sum(len(p.turns) for p in plans)
         print(f"turnlog bench {run}: {len(plans)} sessions x {options.turns_per_session} turns = {len(payloads):,} events per pass")
 
         report["baselines"] = _baselines(settings, options, payloads, psycopg_dsn, log_dir)
@@ -224,7 +223,7 @@ def _baselines(settings: TurnlogSettings, options: BenchOptions, payloads: list[
     for m in methods:
         print(f"P  psycopg {m.method:<22} {m.rows_per_second:,.0f} rows/s, p99 commit {m.p99_commit_ms:.1f} ms")
     best = max(methods, key=lambda m: m.rows_per_second)
-    rows_per_event = sum(1 for _ in payloads) and _rows_per_event(payloads, settings.sink_batch_size)
+    rows_per_event = _rows_per_event(payloads, settings.sink_batch_size)
     out["P_best"] = {"method": best.method, "rows_per_second": best.rows_per_second, "events_per_second": best.rows_per_second / rows_per_event, "rows_per_event": rows_per_event}
     unsafe = base.unsafe_baseline(dsn, options.sessions_dir, turns=options.turns_per_session, speed=20.0)
     out["unsafe"] = asdict(unsafe)

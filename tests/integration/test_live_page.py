@@ -20,8 +20,6 @@ from sqlalchemy import select
 
 from turnlog.producers import SessionRecorder
 from turnlog.sinks.tables import session_events, transcript_turns
-from turnlog.deploy.processes import stop_all
-from tests.integration.conftest import make_pipeline
 from tests.support import free_port, wait_until
 
 TIMEOUT_MS = 60_000
@@ -29,22 +27,15 @@ CHROMIUM = os.environ.get("TURNLOG_CHROMIUM", "/usr/bin/chromium")
 
 
 @pytest.fixture
-def page_pipeline(kafka_bootstrap, postgres_databases, tmp_path):
-    running = make_pipeline(
-        kafka_bootstrap,
-        postgres_databases.create(),
-        tmp_path,
+def page_pipeline(new_pipeline):
+    running = new_pipeline(
         ("sequencer", "sink", "api"),
         api_tokens={"page-token": ["fleet-page"]},
         api_port=free_port(),
         api_poll_seconds=0.5,
     )
-    try:
-        running.wait_ready()
-        yield running
-    finally:
-        stop_all(running.processes)
-        running.store.engine.dispose()
+    running.wait_ready()
+    return running
 
 
 @pytest.fixture
