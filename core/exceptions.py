@@ -11,9 +11,12 @@ classes once, at the boundary, with ``raise ... from e``::
     ├── RecorderError                      (turnlog.producers.exceptions)
     │   ├── InvalidTurnError
     │   ├── SessionClosedError
-    │   ├── DeliveryError
+    │   ├── SpoolError
+    │   │   └── SpoolFullError
     │   ├── SessionNotFoundError
-    │   └── ResumeBarrierTimeout
+    │   ├── ResumeBarrierTimeout
+    │   └── ResumeApiError
+    │       └── ResumeUnauthorizedError
     ├── StoreError                         (turnlog.sinks.exceptions)
     │   └── StoreUnavailableError
     └── ServiceError                       (turnlog.stream_processors.exceptions)

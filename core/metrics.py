@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Histogram
+from prometheus_client import Counter, Gauge, Histogram
 
 __all__ = [
     "EVENTS_EMITTED",
@@ -12,6 +12,11 @@ __all__ = [
     "SESSIONS_FINALIZED",
     "SINK_RECORDS",
     "SINK_BATCH_SECONDS",
+    "SPOOL_EVENTS",
+    "SPOOL_BYTES",
+    "SPOOL_OLDEST_SECONDS",
+    "SPOOL_DRAINED",
+    "RECORDER_DEGRADED",
 ]
 
 EVENTS_EMITTED = Counter("turnlog_sequencer_emitted_total", "Events emitted to the ordered transcript.")
@@ -21,3 +26,14 @@ GAPS_OPENED = Counter("turnlog_sequencer_gaps_total", "Times a session started w
 SESSIONS_FINALIZED = Counter("turnlog_sessions_finalized_total", "Sessions this finalizer finalized.")
 SINK_RECORDS = Counter("turnlog_sink_records_total", "Transcript records handled by the sink, by outcome.", ["outcome"])
 SINK_BATCH_SECONDS = Histogram("turnlog_sink_batch_seconds", "Time to write one batch and its offsets (seconds).")
+
+# The recorder's spool (producers/drainer.py); one set per agent process.
+SPOOL_EVENTS = Gauge("turnlog_spool_events", "Events in the recorder's spool not yet acknowledged by the broker.")
+SPOOL_BYTES = Gauge("turnlog_spool_bytes", "Bytes of event values in the recorder's spool (see TURNLOG_SPOOL_MAX_BYTES).")
+SPOOL_OLDEST_SECONDS = Gauge(
+    "turnlog_spool_oldest_unacked_seconds", "Age of the oldest event in the spool not yet acknowledged (seconds)."
+)
+SPOOL_DRAINED = Counter("turnlog_spool_drained_total", "Spooled events acknowledged by the broker (its rate: the drain rate).")
+RECORDER_DEGRADED = Gauge(
+    "turnlog_recorder_degraded", "1 while the recorder runs on its spool alone (the broker did not acknowledge in time)."
+)

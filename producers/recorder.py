@@ -1,19 +1,26 @@
-"""SessionRecorder: write every turn ahead to Kafka as it happens.
+"""SessionRecorder: write every turn ahead, through a durable local spool, to Kafka.
 
 Usage (asyncio)::
 
     async with SessionRecorder(settings) as recorder:
         session = await recorder.start_session("call-42", fleet="support", agent_id="bot-7")
         session.update_partial(0, "user", "I'd like to")           # no I/O; the timer flushes
-        await session.complete_turn(0, "user", "I'd like to cancel")  # returns once acknowledged
+        session.update_partial(1, "agent", "Sure, let me")          # several turns may be open
+        await session.complete_turn(1, "agent", "Sure, let me check", barged_in=True)
+        await session.complete_turn(0, "user", "I'd like to cancel")
         await session.end("hangup")
 
-Guarantees (DESIGN.md): ``complete_turn`` returns only after the broker has
-acknowledged the event (``acks=all``, idempotent producer); the timer (every
-``flush_interval_seconds``, default 5 s) sends the in-progress partial, so a
-SIGKILL loses at most one timer interval of an unfinished turn. ``seq`` is
-assigned here, strictly increasing from 0; ``epoch`` grows by one on each
-:meth:`SessionRecorder.resume`.
+Guarantees (DESIGN.md, "The recorder"): every event is fsynced in the spool
+(``producers/spool.py``) before ``complete_turn`` returns, and ``complete_turn``
+returns once the broker has acknowledged it (``acks=all``, idempotent
+producer) or, if the broker does not answer within ``ack_wait_seconds``, on the
+spool alone: the recorder then runs degraded (a log line and the
+``turnlog_recorder_degraded`` gauge) and later turns wait for nothing but the
+fsync until the spool has drained. The drainer (``producers/drainer.py``)
+never gives an event up. The timer (every ``flush_interval_seconds``, default
+5 s) spools each open turn's newest partial, so a SIGKILL loses at most one
+timer interval of an unfinished turn. ``seq`` is assigned here, strictly
+increasing from 0; ``epoch`` grows by one on each :meth:`SessionRecorder.resume`.
 """
 
 from __future__ import annotations
@@ -22,22 +29,26 @@ import asyncio
 import datetime as dt
 import logging
 import signal
+import time
 import uuid
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import msgspec
-from confluent_kafka import Message
 
+from turnlog.producers.drainer import SpoolDrainer, Ticket
 from turnlog.producers.exceptions import (
-    DeliveryError,
     InvalidTurnError,
     RecorderError,
+    ResumeBarrierTimeout,
     SessionClosedError,
     SessionNotFoundError,
 )
-from turnlog.producers.kafka import AsyncProducer, idempotent_config
-from turnlog.producers.resume import ResumeBarrier
+from turnlog.producers.grant import ResumeGrant, StoredTurn
+from turnlog.producers.kafka import idempotent_config
+from turnlog.producers.spool import SpooledEvent
 from turnlog.schemas.events import EARLIEST_YEAR, LATEST_YEAR
 from turnlog.schemas import (
     Event,
@@ -51,38 +62,65 @@ from turnlog.schemas import (
     encode_event,
 )
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import SqlStore, open_store
 
 __all__ = ["SessionRecorder", "RecordedSession"]
 
 logger = logging.getLogger(__name__)
 MAX_NAME_CHARS = 200
 MAX_TURN_INDEX = 2**31 - 1  # the schema's (and the store's integer column's) bound
+_SPOOL_POLL_SECONDS = 0.05
 
 
 def _utcnow() -> dt.datetime:
     return dt.datetime.now(dt.timezone.utc)
 
 
+@dataclass(slots=True)
+class _OpenTurn:
+    """A turn with partial text: who speaks, since when, the newest text, and whether the timer must send it."""
+
+    speaker: str
+    started_at: dt.datetime
+    text: str | None = None
+    dirty: bool = False
+
+
 class RecordedSession:
     """One session being recorded by this process. Create it with
     :meth:`SessionRecorder.start_session` or :meth:`SessionRecorder.resume`.
 
-    At most one turn is open (has partial text) at a time.
+    Any number of turns may be open (have partial text) at once, and they may
+    be completed in any order: overlapping speech and barge-in. A turn index
+    is used once: a completed turn cannot be reopened.
+
+    ``turns`` holds, after :meth:`SessionRecorder.resume`, the turns the store
+    held when the resume was granted (``turn_index`` order; text, speaker,
+    status, tokens, tool calls): the conversation to rebuild an LLM context
+    from. A predecessor's unfinished turn is there with status ``partial``.
     """
 
-    def __init__(self, recorder: SessionRecorder, session_id: str, *, epoch: int, next_seq: int, next_turn_index: int) -> None:
+    def __init__(
+        self,
+        recorder: SessionRecorder,
+        session_id: str,
+        *,
+        epoch: int,
+        next_seq: int,
+        next_turn_index: int,
+        turns: tuple[StoredTurn, ...] = (),
+    ) -> None:
         self._recorder = recorder
         self.session_id = session_id
         self.epoch = epoch
+        self.turns = turns
         self._next_seq = next_seq
+        #: turn indexes below this belong to a predecessor (resume): never reused
+        self._first_turn_index = next_turn_index
         self._next_turn_index = next_turn_index
-        self._open: dict[str, Any] | None = None  # the in-progress partial
-        self._open_dirty = False
-        self._pending: set[asyncio.Future[Message]] = set()
+        self._open: dict[int, _OpenTurn] = {}
+        self._completed: set[int] = set()
+        self._pending: set[asyncio.Future[None]] = set()
         self.closed = False
-        #: The first DeliveryError of this session, if any: its seqs now have a gap.
-        self.failed: DeliveryError | None = None
 
     @property
     def next_seq(self) -> int:
@@ -91,36 +129,39 @@ class RecordedSession:
 
     @property
     def next_turn_index(self) -> int:
-        """The lowest turn index a new turn may use."""
+        """One past the highest turn index used so far (or stored, after a resume): a fresh index."""
         return self._next_turn_index
+
+    @property
+    def open_turns(self) -> tuple[int, ...]:
+        """Indexes of the turns open now (with partial text), ascending."""
+        return tuple(sorted(self._open))
 
     # -- turns ---------------------------------------------------------------
     def update_partial(self, turn_index: int, speaker: str, text: str, *, started_at: dt.datetime | None = None) -> None:
-        """Record the whole text of the open turn so far (not a delta). No I/O:
-        the recorder's timer sends the newest text every flush interval.
+        """Record the whole text of an open turn so far (not a delta). No I/O:
+        the recorder's timer spools the newest text of every open turn each
+        flush interval. Opens the turn if it is not open yet; other turns may
+        be open at the same time.
 
         Raises:
             InvalidTurnError: bad types or values, text over ``max_text_bytes``,
-                a turn index below :attr:`next_turn_index`, or another turn open.
+                a turn index already completed (or a predecessor's), or another
+                speaker than the one who opened the turn.
             SessionClosedError: the session has ended.
         """
         self._check_open()
         self._check_turn(turn_index, speaker, text)
-        if self._open is not None and self._open["turn_index"] != turn_index:
-            raise InvalidTurnError(
-                f"turn {self._open['turn_index']} of {self.session_id} is still open; complete it before turn {turn_index}"
-            )
-        if self._open is None:
-            self._open = {
-                "turn_index": turn_index,
-                "speaker": speaker,
-                "started_at": _checked_time(started_at, "started_at") if started_at else _utcnow(),
-            }
-        elif speaker != self._open["speaker"]:
-            raise InvalidTurnError(f"turn {turn_index} is spoken by {self._open['speaker']!r}, not {speaker!r}")
-        if self._open.get("text") != text:
-            self._open["text"] = text
-            self._open_dirty = True
+        turn = self._open.get(turn_index)
+        if turn is None:
+            start = _checked_time(started_at, "started_at") if started_at else _utcnow()
+            turn = self._open[turn_index] = _OpenTurn(speaker, start)
+            self._next_turn_index = max(self._next_turn_index, turn_index + 1)
+        elif speaker != turn.speaker:
+            raise InvalidTurnError(f"turn {turn_index} is spoken by {turn.speaker!r}, not {speaker!r}")
+        if turn.text != text:
+            turn.text = text
+            turn.dirty = True
 
     async def complete_turn(
         self,
@@ -133,31 +174,42 @@ class RecordedSession:
         input_tokens: int = 0,
         output_tokens: int = 0,
         tool_calls: Iterable[ToolCall | Mapping[str, Any]] | None = None,
+        barged_in: bool = False,
     ) -> None:
-        """Send the finished turn and return once the broker acknowledged it.
+        """Record the finished turn: return once the broker acknowledged it, or
+        once it is fsynced in the spool if the broker does not answer within
+        ``ack_wait_seconds`` (the recorder then runs degraded; see the module
+        docstring).
 
-        ``started_at`` defaults to the open partial's start (or now); token
-        counts are integers >= 0.
+        ``text`` is what was actually said. ``barged_in=True``: the other
+        speaker cut the turn short, and ``text`` holds the words spoken before
+        that (stored as a completed turn flagged ``barged_in``, unlike a turn
+        left ``interrupted`` by a crash). ``started_at`` defaults to the open
+        partial's start (or now); token counts are integers >= 0.
 
         Raises:
-            InvalidTurnError, SessionClosedError: as :meth:`update_partial`; nothing is sent.
-            DeliveryError: not acknowledged within the delivery timeout.
+            InvalidTurnError, SessionClosedError: as :meth:`update_partial`; nothing is recorded.
+            SpoolFullError: the spool is at ``spool_max_bytes``; nothing is recorded.
+            SpoolError: the spool cannot be written (the turn may be retried).
         """
         self._check_open()
         self._check_turn(turn_index, speaker, text)
         for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
             if not _is_int(value) or value < 0:
                 raise InvalidTurnError(f"{name} must be an int >= 0, got {value!r}")
-        if self._open is not None and self._open["turn_index"] != turn_index:
-            raise InvalidTurnError(f"turn {self._open['turn_index']} is open; cannot complete turn {turn_index}")
+        if not isinstance(barged_in, bool):
+            raise InvalidTurnError(f"barged_in must be a bool, got {barged_in!r}")
+        open_turn = self._open.get(turn_index)
+        if open_turn is not None and speaker != open_turn.speaker:
+            raise InvalidTurnError(f"turn {turn_index} is spoken by {open_turn.speaker!r}, not {speaker!r}")
         if started_at is None:
-            started_at = self._open["started_at"] if self._open is not None else _utcnow()
+            started_at = open_turn.started_at if open_turn is not None else _utcnow()
         started_at = _checked_time(started_at, "started_at")
         ended_at = _checked_time(ended_at, "ended_at") if ended_at is not None else max(_utcnow(), started_at)
         if ended_at < started_at:
             raise InvalidTurnError("ended_at is before started_at")
         calls = None if tool_calls is None else [_tool_call(c) for c in tool_calls]
-        future = self._emit(
+        ticket = self._emit(
             TurnCompleted,
             turn_index=turn_index,
             speaker=speaker,
@@ -167,57 +219,60 @@ class RecordedSession:
             input_tokens=input_tokens,
             output_tokens=output_tokens,
             tool_calls=calls,
+            **({"barged_in": True} if barged_in else {}),
         )
-        self._open, self._open_dirty = None, False
-        self._next_turn_index = turn_index + 1
-        try:
-            await future
-        except DeliveryError as e:
-            self._mark_failed(e)
-            raise
+        self._open.pop(turn_index, None)
+        self._completed.add(turn_index)
+        self._next_turn_index = max(self._next_turn_index, turn_index + 1)
+        await self._recorder._settle(ticket)
 
     async def flush_partial(self) -> None:
-        """Send the open turn's newest text now, if it changed, and wait for the ack."""
-        future = self._emit_partial()
-        if future is not None:
-            await future
+        """Spool every open turn's newest text now, if it changed, and wait as :meth:`complete_turn` does."""
+        for ticket in self._emit_partials():
+            await self._recorder._settle(ticket)
 
     async def end(self, reason: str = "completed", *, ended_at: dt.datetime | None = None) -> None:
-        """Send ``session.ended`` (after the open partial, which is then kept as
-        interrupted) and wait until every event of the session is acknowledged."""
+        """Record ``session.ended`` after the open turns' newest partials (those
+        turns are then kept as interrupted), and wait as :meth:`complete_turn` does
+        for every event of the session still unacknowledged."""
         self._check_open()
         _check_name("reason", reason)
-        self._emit_partial()
-        last = self._next_turn_index - 1 if self._open is None else self._open["turn_index"]
-        self._emit(
+        self._emit_partials()
+        last = self._next_turn_index - 1
+        ticket = self._emit(
             SessionEnded,
             ended_at=_checked_time(ended_at, "ended_at") if ended_at else _utcnow(),
             reason=reason,
             last_turn_index=last if last >= 0 else None,
         )
         self.closed = True
+        self._open.clear()
         self._recorder._forget(self)
-        await self.wait_acknowledged()
+        await self._recorder._settle(ticket)
 
-    async def wait_acknowledged(self) -> None:
-        """Wait until every event sent so far is acknowledged (raises the first DeliveryError)."""
-        if self._pending:
-            await asyncio.gather(*list(self._pending))
+    async def wait_acknowledged(self, timeout: float | None = None) -> bool:
+        """Wait up to ``timeout`` seconds (None: no limit) until the broker acknowledged
+        every event recorded so far; True if it did."""
+        if not self._pending:
+            return True
+        _, not_done = await asyncio.wait(list(self._pending), timeout=timeout)
+        return not not_done
 
     # -- internals -----------------------------------------------------------
-    def _emit_partial(self) -> asyncio.Future[Message] | None:
-        if self._open is None or not self._open_dirty or "text" not in self._open:
-            return None
-        self._open_dirty = False
-        return self._emit(
-            TurnPartial,
-            turn_index=self._open["turn_index"],
-            speaker=self._open["speaker"],
-            text=self._open["text"],
-            started_at=self._open["started_at"],
-        )
+    def _emit_partials(self) -> list[Ticket]:
+        tickets = []
+        for turn_index in sorted(self._open):
+            turn = self._open[turn_index]
+            if turn.dirty and turn.text is not None:
+                tickets.append(
+                    self._emit(
+                        TurnPartial, turn_index=turn_index, speaker=turn.speaker, text=turn.text, started_at=turn.started_at
+                    )
+                )
+                turn.dirty = False
+        return tickets
 
-    def _emit(self, event_type: type[Event], **fields: Any) -> asyncio.Future[Message]:
+    def _emit(self, event_type: type[Event], **fields: Any) -> Ticket:
         event = event_type(
             event_id=uuid.uuid4(),
             session_id=self.session_id,
@@ -234,44 +289,23 @@ class RecordedSession:
             raise InvalidTurnError(f"{event_type.__struct_config__.tag}: {e.reason}") from e
         except (TypeError, msgspec.EncodeError) as e:
             raise InvalidTurnError(f"{event_type.__struct_config__.tag}: cannot encode: {e}") from e
-        future = self._recorder._send(self.session_id, payload)
+        ticket = self._recorder._spool(self.session_id, self._next_seq, payload)  # raises SpoolFullError
         self._next_seq += 1
-        self._pending.add(future)
-        future.add_done_callback(self._on_delivery)
-        return future
-
-    def _on_delivery(self, future: asyncio.Future[Message]) -> None:
-        self._pending.discard(future)
-        if future.cancelled():
-            return
-        error = future.exception()
-        if isinstance(error, DeliveryError):
-            self._mark_failed(error)
-
-    def _mark_failed(self, error: DeliveryError) -> None:
-        # A lost seq is a gap the sequencer will wait on: nothing more may be
-        # sent in this epoch. resume() continues from what the store holds.
-        if self.failed is not None:
-            return
-        self.failed = error
-        self._recorder._forget(self)
-        logger.error("session %s: event not delivered (%s); resume() it to continue", self.session_id, error)
+        acked = asyncio.wrap_future(ticket.acked)
+        self._pending.add(acked)
+        acked.add_done_callback(self._pending.discard)
+        return ticket
 
     def _check_open(self) -> None:
         if self.closed:
             raise SessionClosedError(f"session {self.session_id} has ended; no more events can be recorded")
-        if self.failed is not None:
-            raise SessionClosedError(
-                f"session {self.session_id}: an event was not delivered ({self.failed}); "
-                "resume() the session to continue in a new epoch"
-            )
 
     def _check_turn(self, turn_index: int, speaker: str, text: str) -> None:
         if not _is_int(turn_index) or not 0 <= turn_index <= MAX_TURN_INDEX:
             raise InvalidTurnError(f"turn_index must be an int from 0 to {MAX_TURN_INDEX}, got {turn_index!r}")
-        if turn_index < self._next_turn_index:
+        if turn_index < self._first_turn_index or turn_index in self._completed:
             raise InvalidTurnError(
-                f"turn {turn_index} of {self.session_id} is already recorded; the next turn is {self._next_turn_index}"
+                f"turn {turn_index} of {self.session_id} is already recorded; a fresh turn index is {self._next_turn_index}"
             )
         _check_name("speaker", speaker)
         if not isinstance(text, str):
@@ -283,11 +317,16 @@ class RecordedSession:
 
 
 class SessionRecorder:
-    """Records sessions through one idempotent Kafka producer.
+    """Records sessions through a durable local spool and one idempotent Kafka producer.
 
-    No network I/O happens in the constructor; :meth:`start` (or ``async with``)
-    creates the producer and the flush timer. ``store`` is needed only by
-    :meth:`resume` (defaults to ``settings.database_url``).
+    No I/O happens in the constructor; :meth:`start` (or ``async with``) opens
+    the spool in ``settings.spool_dir``, adopts the spools of recorders that
+    died on this host (their events are delivered first), and starts the
+    drainer and the flush timer.
+
+    :meth:`resume` goes through turnlog's API when ``settings.api_url`` is set
+    (the agent host needs no database credentials); otherwise it opens the
+    store at ``settings.database_url`` (single-host setups), or uses ``store``.
     """
 
     def __init__(
@@ -296,7 +335,7 @@ class SessionRecorder:
         *,
         producer_id: str | None = None,
         producer_config: Mapping[str, Any] | None = None,
-        store: SqlStore | None = None,
+        store: Any | None = None,
     ) -> None:
         self.settings = settings or TurnlogSettings()
         self.producer_id = producer_id or f"recorder-{uuid.uuid4()}"
@@ -305,14 +344,35 @@ class SessionRecorder:
             client_id=self.producer_id,
             delivery_timeout_seconds=self.settings.delivery_timeout_seconds,
         )
-        self._producer = AsyncProducer({**config, **(producer_config or {})})
+        self._drainer = SpoolDrainer(
+            Path(self.settings.spool_dir), {**config, **(producer_config or {})}, max_bytes=self.settings.spool_max_bytes
+        )
         self._store = store
         self._sessions: dict[str, RecordedSession] = {}
         self._timer: asyncio.Task[None] | None = None
         self.terminating = asyncio.Event()
 
+    @property
+    def degraded(self) -> bool:
+        """True while the recorder runs on its spool alone (see the module docstring)."""
+        return self._drainer.degraded
+
+    @property
+    def spool_path(self) -> Path | None:
+        """This recorder's spool file (None before :meth:`start`)."""
+        return self._drainer.path
+
+    def spooled_events(self, session_id: str | None = None) -> int:
+        """Events in the spool not yet acknowledged by the broker (of ``session_id``, or all)."""
+        return self._drainer.pending(session_id)
+
     async def start(self) -> SessionRecorder:
-        self._producer.start()
+        """Open the spool (adopting orphaned ones) and start delivery and the timer.
+
+        Raises:
+            SpoolError: ``spool_dir`` cannot be used.
+        """
+        await asyncio.to_thread(self._drainer.start)
         if self._timer is None:
             self._timer = asyncio.create_task(self._flush_partials_forever(), name="turnlog-partial-timer")
         return self
@@ -332,18 +392,19 @@ class SessionRecorder:
         metadata: Mapping[str, Any] | None = None,
         started_at: dt.datetime | None = None,
     ) -> RecordedSession:
-        """Open a new session (epoch 0, seq 0) and wait until ``session.started`` is acknowledged.
+        """Open a new session (epoch 0, seq 0); returns as :meth:`RecordedSession.complete_turn` does.
 
         Raises:
             InvalidTurnError: a bad id, fleet, agent id or metadata (not JSON-able).
             SessionClosedError: this recorder already records ``session_id``.
+            SpoolFullError, SpoolError: as :meth:`RecordedSession.complete_turn`.
         """
         if session_id in self._sessions:
             raise SessionClosedError(f"session {session_id} is already being recorded here")
         _check_name("fleet", fleet)
         _check_name("agent_id", agent_id)
         session = RecordedSession(self, session_id, epoch=0, next_seq=0, next_turn_index=0)
-        future = session._emit(
+        ticket = session._emit(
             SessionStarted,
             fleet=fleet,
             agent_id=agent_id,
@@ -351,54 +412,69 @@ class SessionRecorder:
             metadata=dict(metadata or {}),
         )
         self._sessions[session_id] = session
-        await future
+        await self._settle(ticket)
         return session
 
     async def resume(self, session_id: str, *, timeout: float | None = None) -> RecordedSession:
         """Continue a session another process was recording, in a new epoch.
 
-        Waits at the resume barrier (see ``producers/resume.py``) until the
-        pipeline has applied everything the predecessor got acknowledged, then
-        continues after the stored ``last_seq`` and the highest stored turn.
-        The predecessor's unfinished turn stays as it is (marked interrupted
-        once this epoch's first event is applied); new turns start after it.
+        First delivers what this host's spools hold of the session (a recorder
+        that died here left it behind), so the resume position counts it. Then
+        waits at the resume barrier (``producers/resume.py``) until the pipeline
+        has applied everything the predecessor got acknowledged, claims the next
+        epoch, and continues after the stored ``last_seq`` and the highest
+        stored turn; :attr:`RecordedSession.turns` holds the stored conversation.
+        The predecessor's unfinished turns stay as they are (marked interrupted
+        once this epoch's first event is applied); new turns start after them.
 
         Raises:
-            ResumeBarrierTimeout: the pipeline did not catch up within ``timeout``
-                seconds (default ``settings.resume_timeout_seconds``).
-            SessionNotFoundError: the store has no such session.
+            ResumeBarrierTimeout: the spool did not drain, or the pipeline did not
+                catch up, within ``timeout`` seconds (default ``settings.resume_timeout_seconds``).
+            SessionNotFoundError: the store has no such session (or the API token
+                does not cover its fleet).
             SessionClosedError: the session has ended.
         """
         if session_id in self._sessions:
             raise SessionClosedError(f"session {session_id} is being recorded by this recorder already")
-        if self._store is None:
-            self._store = open_store(self.settings.database_url)
-        barrier = ResumeBarrier(self.settings, self._store)
         wait = timeout if timeout is not None else self.settings.resume_timeout_seconds
-        claimed = await asyncio.to_thread(barrier.wait, session_id, wait)
-        if claimed is None:
+        deadline = time.monotonic() + wait
+        await asyncio.wrap_future(self._drainer.adopt_orphans())
+        while self._drainer.pending(session_id):
+            if time.monotonic() >= deadline:
+                raise ResumeBarrierTimeout(
+                    f"resume of {session_id}: {self._drainer.pending(session_id)} of its events in the spool "
+                    f"{self.spool_path} were not delivered within {wait:.0f} s (is the broker reachable?)"
+                )
+            await asyncio.sleep(_SPOOL_POLL_SECONDS)
+        grant = await self._grant(session_id, max(0.1, deadline - time.monotonic()))
+        if grant is None:
             raise SessionNotFoundError(f"no session {session_id} in the store")
-        epoch, position = claimed
-        if position.status != "active":
-            raise SessionClosedError(f"session {session_id} is {position.status}; it cannot be resumed")
-        next_turn = 0 if position.max_turn_index is None else position.max_turn_index + 1
+        if not grant.resumable:
+            raise SessionClosedError(f"session {session_id} is {grant.status}; it cannot be resumed")
         session = RecordedSession(
-            self, session_id, epoch=epoch, next_seq=position.last_seq + 1, next_turn_index=next_turn
+            self,
+            session_id,
+            epoch=grant.epoch,
+            next_seq=grant.next_seq,
+            next_turn_index=grant.next_turn_index,
+            turns=grant.turns,
         )
         self._sessions[session_id] = session
         logger.info(
-            "resumed %s at epoch %d, seq %d, turn %d", session_id, session.epoch, session.next_seq, next_turn
+            "resumed %s at epoch %d, seq %d, turn %d", session_id, session.epoch, session.next_seq, session.next_turn_index
         )
         return session
 
-    async def drain(self) -> None:
-        """Send every open partial and wait for all acknowledgements (SIGTERM path).
+    async def drain(self, timeout: float | None = None) -> bool:
+        """Spool every open partial and wait up to ``timeout`` seconds (None: no limit)
+        for all acknowledgements (the SIGTERM path); True if all were acknowledged.
 
         Correctness never depends on this: it only shortens what a planned stop loses.
         """
         for session in list(self._sessions.values()):
-            session._emit_partial()
-        await asyncio.gather(*(s.wait_acknowledged() for s in list(self._sessions.values())), return_exceptions=True)
+            session._emit_partials()
+        results = await asyncio.gather(*(s.wait_acknowledged(timeout) for s in list(self._sessions.values())))
+        return all(results)
 
     def install_sigterm_drain(self) -> None:
         """On SIGTERM: drain, then set :attr:`terminating` (the agent decides how to exit)."""
@@ -406,13 +482,15 @@ class SessionRecorder:
 
         def on_sigterm() -> None:
             logger.info("SIGTERM: draining %d open sessions", len(self._sessions))
-            task = loop.create_task(self.drain())
+            task = loop.create_task(self.drain(self.settings.spool_close_timeout_seconds))
             task.add_done_callback(lambda _: self.terminating.set())
 
         loop.add_signal_handler(signal.SIGTERM, on_sigterm)
 
     async def close(self) -> None:
-        """Stop the timer, drain, and flush the producer."""
+        """Stop the timer, spool every open partial, deliver the spool for up to
+        ``spool_close_timeout_seconds``, and close it. Undelivered events stay
+        in the spool file for the next recorder started with the same ``spool_dir``."""
         if self._timer is not None:
             self._timer.cancel()
             try:
@@ -422,12 +500,44 @@ class SessionRecorder:
             except Exception:  # the timer must not keep close() from draining
                 logger.exception("the partial timer had failed")
             self._timer = None
-        await self.drain()
-        await self._producer.close()
+        for session in list(self._sessions.values()):
+            try:
+                session._emit_partials()
+            except RecorderError as e:
+                logger.error("session %s: partial not spooled at close: %s", session.session_id, e)
+        await asyncio.to_thread(self._drainer.close, self.settings.spool_close_timeout_seconds)
 
     # -- internals -----------------------------------------------------------
-    def _send(self, session_id: str, payload: bytes) -> asyncio.Future[Message]:
-        return self._producer.send(self.settings.topics.events, key=session_id.encode("utf-8"), value=payload)
+    def _spool(self, session_id: str, seq: int, payload: bytes) -> Ticket:
+        event = SpooledEvent(self.settings.topics.events, session_id.encode("utf-8"), payload, session_id, seq)
+        [ticket] = self._drainer.submit([event])
+        return ticket
+
+    async def _settle(self, ticket: Ticket) -> None:
+        """Wait until ``ticket`` is spooled, then for its ack up to ``ack_wait_seconds``
+        (not at all while degraded)."""
+        await asyncio.wrap_future(ticket.spooled)  # raises SpoolError
+        if self._drainer.degraded:
+            return
+        wait = self.settings.ack_wait_seconds
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(ticket.acked)), wait)
+        except TimeoutError:
+            self._drainer.note_slow_ack(wait)
+
+    async def _grant(self, session_id: str, timeout: float) -> ResumeGrant | None:
+        if self.settings.api_url:
+            from turnlog.producers.api_client import resume_via_api
+
+            return await asyncio.to_thread(
+                resume_via_api, self.settings.api_url, self.settings.api_token, session_id, timeout
+            )
+        from turnlog.producers.resume import ResumeBarrier  # the store path: SQLAlchemy only where it is used
+        from turnlog.sinks import open_store
+
+        if self._store is None:
+            self._store = open_store(self.settings.database_url)
+        return await asyncio.to_thread(ResumeBarrier(self.settings, self._store).grant, session_id, timeout)
 
     def _forget(self, session: RecordedSession) -> None:
         if self._sessions.get(session.session_id) is session:
@@ -439,9 +549,9 @@ class SessionRecorder:
             await asyncio.sleep(interval)
             for session in list(self._sessions.values()):
                 try:
-                    session._emit_partial()  # a failed delivery marks the session failed
-                except RecorderError as e:  # one session's problem must not stop the others' flushes
-                    logger.error("session %s: partial not flushed: %s", session.session_id, e)
+                    session._emit_partials()
+                except RecorderError as e:  # one session's problem (a full spool) must not stop the others' flushes
+                    logger.error("session %s: partial not spooled: %s", session.session_id, e)
 
 
 def _utf8_size(name: str, value: str) -> int:

@@ -61,7 +61,7 @@ async def run_load(settings: TurnlogSettings, plans: list[SessionPlan], *, speed
     """Replay ``plans`` concurrently at ``speed`` for ``seconds``; session ids get ``tag``.
 
     Raises:
-        DeliveryError: the broker did not acknowledge an event in time.
+        SpoolFullError: the broker stayed away until the recorder's spool filled.
     """
     result = LoadResult()
     stop_at = time.monotonic() + seconds

@@ -33,7 +33,7 @@ def isolated_settings(kafka_bootstrap: str, database_url: str, tmp: Path, **over
         flush_interval_seconds=0.2,
         finalizer_sweep_seconds=0.5,
         faust_data_dir=str(tmp / "faust"),
-        **overrides,
+        **{"spool_dir": str(tmp / "spool"), **overrides},
     )
 
 

@@ -40,6 +40,13 @@ async def test_a_resumed_agent_does_not_overwrite_its_predecessors_in_flight_tur
         pipeline.start("sink")
         resumed = await successor.resume(session_id, timeout=TIMEOUT)
         assert (resumed.epoch, resumed.next_seq, resumed.next_turn_index) == (1, 5, 4)
+        # The conversation so far, to rebuild the agent's context from.
+        assert [(t.turn_index, t.speaker, t.text, t.status) for t in resumed.turns] == [
+            (0, "agent", "zero", "complete"),
+            (1, "agent", "one", "complete"),
+            (2, "agent", "the last completed turn", "complete"),
+            (3, "user", "half of a", "partial"),
+        ]
         await resumed.complete_turn(4, "user", "half of a sentence, said again")
         await resumed.end("completed")
 
@@ -52,7 +59,7 @@ async def test_a_resumed_agent_does_not_overwrite_its_predecessors_in_flight_tur
         (4, "user", "half of a sentence, said again", "complete"),
     ]
     assert (row["epoch"], row["turn_count"], row["interrupted_turn_count"]) == (1, 5, 1)
-    await predecessor._producer.close()
+    await predecessor.close()
 
     async with SessionRecorder(pipeline.settings) as late:
         with pytest.raises(SessionClosedError):

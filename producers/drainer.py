@@ -1,0 +1,413 @@
+"""The spool drainer: one thread that owns the recorder's spool file and its
+idempotent Kafka producer.
+
+Order of work for each event (``submit`` from the agent's event loop):
+
+1. queued for the drainer thread; the recorder counts its bytes against
+   ``spool_max_bytes`` at once (:class:`~turnlog.producers.exceptions.SpoolFullError`
+   when over);
+2. committed to the spool with the other queued events, one fsync for all
+   (group commit); the ticket's ``spooled`` future resolves;
+3. produced to Kafka in spool order (a window of ``MAX_IN_FLIGHT`` records;
+   idempotent producer, ``acks=all``, so per-partition order holds);
+4. on the broker's acknowledgement, the ticket's ``acked`` future resolves and
+   the row is deleted from the spool.
+
+A failed delivery (the broker away longer than ``delivery.timeout.ms``, or any
+other error) never gives an event up: the drainer lets the rest of the window
+settle, waits (exponential backoff, capped), and produces everything still in
+the spool again, in order. Events the broker had stored after all come back as
+duplicates, which the sequencer drops by ``(session_id, seq)``. A fatal
+producer error (librdkafka's idempotence state lost) replaces the producer.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import logging
+import queue
+import threading
+import time
+from collections import defaultdict
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from turnlog.faults import fault_point
+from turnlog.metrics import RECORDER_DEGRADED, SPOOL_BYTES, SPOOL_DRAINED, SPOOL_EVENTS, SPOOL_OLDEST_SECONDS
+from turnlog.producers.exceptions import SpoolFullError
+from turnlog.producers.spool import SpooledEvent, SpoolFile, SpoolRow
+
+__all__ = ["SpoolDrainer", "Ticket", "MAX_IN_FLIGHT"]
+
+logger = logging.getLogger(__name__)
+#: Records produced and not yet acknowledged, at most (well under librdkafka's queue limit).
+MAX_IN_FLIGHT = 2000
+#: Waits between re-delivery rounds after a failure (seconds): doubling from the first, capped.
+RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.5, 15.0
+_IDLE_WAIT_SECONDS = 0.1
+_BUSY_POLL_SECONDS = 0.002
+_STATS_EVERY_SECONDS = 1.0
+
+
+@dataclass(slots=True)
+class Ticket:
+    """One submitted event's progress: ``spooled`` resolves once it is fsynced in
+    the spool, ``acked`` once the broker acknowledged it (both ``None`` results;
+    ``spooled`` fails with :class:`~turnlog.producers.exceptions.SpoolError`)."""
+
+    spooled: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
+    acked: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
+
+
+@dataclass(slots=True)
+class _Backlog:
+    """What the spool holds, kept in memory for the size limit, metrics and resume."""
+
+    events: int = 0
+    bytes: int = 0
+    per_session: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+
+    def add(self, session_id: str, size: int) -> None:
+        self.events += 1
+        self.bytes += size
+        self.per_session[session_id] += 1
+
+    def remove(self, session_id: str, size: int) -> None:
+        self.events -= 1
+        self.bytes -= size
+        left = self.per_session[session_id] - 1
+        if left > 0:
+            self.per_session[session_id] = left
+        else:
+            self.per_session.pop(session_id, None)
+
+
+class SpoolDrainer:
+    """The spool file plus the thread that delivers it. No I/O in the constructor;
+    :meth:`start` opens the spool, adopts orphaned spools in its folder and
+    starts the thread. The caller's ``producer_config`` is copied, never mutated.
+    """
+
+    def __init__(self, folder: Path, producer_config: Mapping[str, Any], *, max_bytes: int) -> None:
+        self.folder = folder
+        self.max_bytes = max_bytes
+        self._config = dict(producer_config)
+        self._spool: SpoolFile | None = None
+        self._thread: threading.Thread | None = None
+        self._commands: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._backlog = _Backlog()
+        self._degraded = False
+        # thread-owned state
+        self._producer: Producer | None = None
+        self._tickets: dict[int, Ticket] = {}
+        self._in_flight: dict[int, tuple[str, int]] = {}  # row id -> (session, value bytes)
+        self._acked: list[int] = []
+        self._cursor = 0  # the next row id to produce
+        self._last_id = 0
+        self._failed = False
+        self._fatal = False
+        self._failures = 0
+        self._retry_at: float | None = None
+        self._stopping = False
+
+    @property
+    def path(self) -> Path | None:
+        """The spool file (None before :meth:`start`)."""
+        return self._spool.path if self._spool is not None else None
+
+    # -- the caller's side (any thread) ----------------------------------------
+    def start(self) -> None:
+        """Open the spool, adopt orphaned spools of this folder, start delivering.
+
+        Raises:
+            SpoolError: the folder or the file cannot be used.
+        """
+        if self._thread is not None:
+            return
+        self._spool = SpoolFile(self.folder)
+        self._producer = self._new_producer()
+        self._take_in(self._spool.adopt_orphans())
+        self._thread = threading.Thread(target=self._run, name="turnlog-spool-drainer", daemon=True)
+        self._thread.start()
+
+    def submit(self, events: Sequence[SpooledEvent]) -> list[Ticket]:
+        """Queue ``events`` for the spool and delivery, in order.
+
+        Raises:
+            SpoolFullError: the spool would exceed ``max_bytes``; nothing was queued.
+            RuntimeError: :meth:`start` was not called.
+        """
+        if self._thread is None:
+            raise RuntimeError("SpoolDrainer.start() was not called")
+        size = sum(len(e.value) for e in events)
+        with self._lock:
+            if self._backlog.bytes + size > self.max_bytes:
+                raise SpoolFullError(
+                    f"the spool {self.path} holds {self._backlog.bytes} bytes; {size} more would pass the limit "
+                    f"of {self.max_bytes} bytes (TURNLOG_SPOOL_MAX_BYTES). It drains as the broker acknowledges."
+                )
+            for e in events:
+                self._backlog.add(e.session_id, len(e.value))
+        tickets = [Ticket() for _ in events]
+        self._commands.put(("append", (list(events), tickets)))
+        return tickets
+
+    def adopt_orphans(self) -> concurrent.futures.Future[int]:
+        """Adopt spools orphaned since :meth:`start` (on the drainer thread); resolves with the count of events."""
+        done: concurrent.futures.Future[int] = concurrent.futures.Future()
+        self._commands.put(("adopt", done))
+        return done
+
+    def pending(self, session_id: str | None = None) -> int:
+        """Events held and not yet acknowledged (of ``session_id``, or all)."""
+        with self._lock:
+            return self._backlog.events if session_id is None else self._backlog.per_session.get(session_id, 0)
+
+    @property
+    def degraded(self) -> bool:
+        """True from a slow acknowledgement (:meth:`note_slow_ack`) until the spool is empty again."""
+        return self._degraded
+
+    def note_slow_ack(self, waited: float) -> None:
+        """The recorder waited ``waited`` seconds for an acknowledgement in vain: run degraded."""
+        with self._lock:
+            if self._degraded:
+                return
+            self._degraded = True
+            held = self._backlog.events
+        RECORDER_DEGRADED.set(1)
+        logger.warning(
+            "recorder degraded: the broker has not acknowledged within %.1f s; %d events are safe in the spool %s "
+            "(a local disk: it does not survive the loss of this host) and are delivered when the broker is back",
+            waited, held, self.path,
+        )
+
+    def close(self, timeout: float) -> int:
+        """Deliver for up to ``timeout`` seconds, stop, and close the spool. Returns the
+        events left undelivered; they stay in the spool file, which the next recorder
+        started on this host (same ``spool_dir``) adopts."""
+        if self._thread is None:
+            return 0
+        deadline = time.monotonic() + timeout
+        while self.pending() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self._commands.put(("stop", None))
+        self._thread.join()
+        self._thread = None
+        left = self.pending()
+        if left:
+            logger.warning("recorder closed with %d events undelivered; they stay in %s for the next recorder here", left, self.path)
+        return left
+
+    # -- the drainer thread ----------------------------------------------------
+    def _run(self) -> None:
+        assert self._spool is not None
+        stats_at = 0.0
+        while not self._stopping:
+            try:
+                appends, adopt_waiters = self._next_commands()
+                if self._stopping:
+                    break
+                self._write(appends)
+                for waiter in adopt_waiters:
+                    self._adopt_now(waiter)
+                assert self._producer is not None
+                self._producer.poll(0)
+                self._produce_more()
+                now = time.monotonic()
+                if now - stats_at >= _STATS_EVERY_SECONDS:
+                    stats_at = now
+                    self._publish_stats()
+            except Exception:  # a disk error must not end delivery for good: log, wait, go on
+                logger.exception("spool drainer: unexpected error; retrying in %.1f s", RETRY_FIRST_SECONDS)
+                time.sleep(RETRY_FIRST_SECONDS)
+        self._finish()
+
+    def _next_commands(self) -> tuple[list[tuple[list[SpooledEvent], list[Ticket]]], list[concurrent.futures.Future[int]]]:
+        appends: list[tuple[list[SpooledEvent], list[Ticket]]] = []
+        adopt_waiters: list[concurrent.futures.Future[int]] = []
+        busy = bool(self._in_flight or self._acked or self._cursor <= self._last_id)
+        try:
+            if busy:
+                # Serve delivery reports while waiting for new work.
+                assert self._producer is not None
+                self._producer.poll(_BUSY_POLL_SECONDS)
+                command = self._commands.get_nowait()
+            else:
+                command = self._commands.get(timeout=_IDLE_WAIT_SECONDS)
+            while True:
+                kind, payload = command
+                if kind == "append":
+                    appends.append(payload)
+                elif kind == "adopt":
+                    adopt_waiters.append(payload)
+                else:
+                    self._stopping = True
+                command = self._commands.get_nowait()
+        except queue.Empty:
+            pass
+        return appends, adopt_waiters
+
+    def _write(self, appends: list[tuple[list[SpooledEvent], list[Ticket]]]) -> None:
+        assert self._spool is not None
+        acked, self._acked = self._acked, []
+        if not appends:
+            if acked:
+                self._spool.delete(acked)
+            return
+        events = [e for batch, _ in appends for e in batch]
+        tickets = [t for _, batch in appends for t in batch]
+        try:
+            ids = self._spool.append(events, delete_ids=acked)
+        except Exception as e:  # SpoolError: tell every waiter; nothing of it was spooled
+            with self._lock:
+                for event in events:
+                    self._backlog.remove(event.session_id, len(event.value))
+            for ticket in tickets:
+                ticket.spooled.set_exception(e)
+                ticket.acked.set_exception(e)
+            self._acked.extend(acked)
+            return
+        for row_id, ticket in zip(ids, tickets, strict=True):
+            self._tickets[row_id] = ticket
+            ticket.spooled.set_result(None)
+        self._last_id = ids[-1]
+
+    def _adopt_now(self, waiter: concurrent.futures.Future[int]) -> None:
+        assert self._spool is not None
+        try:
+            rows = self._spool.adopt_orphans()
+        except Exception as e:  # SpoolError
+            waiter.set_exception(e)
+            return
+        self._take_in(rows)
+        waiter.set_result(len(rows))
+
+    def _take_in(self, rows: list[SpoolRow]) -> None:
+        if not rows:
+            return
+        with self._lock:
+            for row in rows:
+                self._backlog.add(row.event.session_id, len(row.event.value))
+        self._last_id = max(self._last_id, rows[-1].id)
+        self._cursor = min(self._cursor, rows[0].id)
+
+    def _produce_more(self) -> None:
+        assert self._spool is not None and self._producer is not None
+        if self._fatal and not self._failed:
+            self._replace_producer()
+        if self._failed:
+            if self._in_flight:
+                return  # let the rest of the window settle first
+            now = time.monotonic()
+            if self._retry_at is None:
+                wait = min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2 ** min(self._failures - 1, 16))
+                self._retry_at = now + wait
+                logger.warning("spool: delivery failed; %d events held, next delivery round in %.1f s", self.pending(), wait)
+            if now < self._retry_at:
+                return
+            self._failed, self._retry_at = False, None
+            if self._acked:
+                self._spool.delete(self._acked)
+                self._acked = []
+            self._cursor = 0  # everything still held, from the oldest, in order
+        while self._cursor <= self._last_id and len(self._in_flight) < MAX_IN_FLIGHT:
+            rows = self._spool.rows_from(self._cursor, MAX_IN_FLIGHT - len(self._in_flight))
+            if not rows:
+                self._cursor = self._last_id + 1
+                break
+            for row in rows:
+                if not self._produce(row):
+                    return
+                self._cursor = row.id + 1
+
+    def _produce(self, row: SpoolRow) -> bool:
+        assert self._producer is not None
+        event = row.event
+
+        def on_delivery(err: KafkaError | None, _msg: Message) -> None:
+            self._on_delivery(row.id, err)
+
+        try:
+            self._producer.produce(event.topic, value=event.value, key=event.key, on_delivery=on_delivery)
+        except BufferError:
+            self._producer.poll(0.01)  # librdkafka's queue is full: serve reports, go on next round
+            return False
+        self._in_flight[row.id] = (event.session_id, len(event.value))
+        fault_point("producer.after_produce")
+        return True
+
+    def _on_delivery(self, row_id: int, err: KafkaError | None) -> None:
+        held = self._in_flight.pop(row_id, None)
+        if held is None:
+            return  # a report for a purged record
+        if err is not None:
+            if not self._failed:
+                logger.warning("spool: delivery failed (%s); the event stays in the spool and is sent again", err.str())
+            self._failed = True
+            self._failures += 1
+            if err.fatal():
+                self._fatal = True
+            return
+        self._failures = 0
+        self._acked.append(row_id)
+        with self._lock:
+            self._backlog.remove(*held)
+            empty = self._backlog.events == 0
+        SPOOL_DRAINED.inc()
+        ticket = self._tickets.pop(row_id, None)
+        if ticket is not None and not ticket.acked.done():
+            ticket.acked.set_result(None)
+        if empty and self._degraded:
+            self._degraded = False
+            RECORDER_DEGRADED.set(0)
+            logger.warning("recorder recovered: the broker acknowledged every spooled event")
+
+    def _replace_producer(self) -> None:
+        assert self._producer is not None
+        logger.error("spool: fatal producer error; replacing the producer and sending the spool again")
+        self._producer.purge(in_queue=True, in_flight=True)
+        self._producer.poll(0)
+        self._in_flight.clear()
+        self._producer = self._new_producer()
+        self._fatal = False
+        self._failed = True
+
+    def _new_producer(self) -> Producer:
+        def on_error(err: KafkaError) -> None:
+            if err.fatal():
+                self._fatal = True
+                logger.error("fatal producer error: %s", err.str())
+            else:
+                logger.info("producer: %s", err.str())
+
+        return Producer({**self._config, "error_cb": on_error})
+
+    def _publish_stats(self) -> None:
+        assert self._spool is not None
+        with self._lock:
+            events, size = self._backlog.events, self._backlog.bytes
+        SPOOL_EVENTS.set(events)
+        SPOOL_BYTES.set(size)
+        oldest = self._spool.oldest_spooled_at() if events else None
+        SPOOL_OLDEST_SECONDS.set(0.0 if oldest is None else max(0.0, time.time() - oldest))
+
+    def _finish(self) -> None:
+        assert self._spool is not None and self._producer is not None
+        self._producer.flush(1.0)  # reports for what is in flight (close() waited already)
+        self._producer.poll(0)
+        if self._acked:
+            self._spool.delete(self._acked)
+            self._acked = []
+        self._spool.close(remove_if_empty=True)
+        self._publish_stats_closed()
+
+    def _publish_stats_closed(self) -> None:
+        SPOOL_EVENTS.set(0)
+        SPOOL_BYTES.set(0)
+        SPOOL_OLDEST_SECONDS.set(0)

@@ -1,0 +1,232 @@
+"""The recorder's durable local spool: one SQLite file (WAL mode) per recorder.
+
+Every event the recorder records is committed here (``synchronous=FULL``: the
+WAL is fsynced at each commit) before the recorder reports it spooled; the
+drainer (``producers/drainer.py``) delivers the rows to Kafka in row order and
+deletes a row once the broker has acknowledged it. A row therefore leaves the
+spool only after the broker holds it (``acks=all``).
+
+Why SQLite in WAL mode rather than an append-only file: a commit is one WAL
+append plus one fsync, and several events queued together share it (group
+commit); a torn write at the tail is rolled back on the next open, with no
+framing or checksums of our own; acknowledged rows are deleted by key with no
+compaction pass; and it is in the standard library.
+
+Ownership: each live recorder holds an exclusive ``flock`` on its file's
+``.lock`` companion. The kernel drops it when the process dies (SIGKILL
+included), so a spool whose lock can be taken is an orphan: the next recorder
+on the host adopts its rows (:meth:`SpoolFile.adopt_orphans`) and delivers
+them. Deletes after acknowledgement run with ``synchronous=NORMAL``: losing one
+to a power cut only re-sends an event, which the sequencer drops as a
+duplicate by ``(session_id, seq)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from turnlog.producers.exceptions import SpoolError
+
+__all__ = ["SpoolFile", "SpoolRow", "SpooledEvent", "SPOOL_GLOB"]
+
+logger = logging.getLogger(__name__)
+SPOOL_GLOB = "spool-*.db"
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS spooled (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    topic TEXT NOT NULL,
+    key BLOB NOT NULL,
+    value BLOB NOT NULL,
+    session_id TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    spooled_at REAL NOT NULL
+)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class SpooledEvent:
+    """An event to spool: its Kafka topic, key and value (bytes), and its session and seq."""
+
+    topic: str
+    key: bytes
+    value: bytes
+    session_id: str
+    seq: int
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolRow:
+    """A spooled event with its row id (the delivery order) and when it was spooled (Unix seconds)."""
+
+    id: int
+    event: SpooledEvent
+    spooled_at: float
+
+
+class SpoolFile:
+    """One recorder's spool file. Not thread-safe: one thread (the drainer's) uses it.
+
+    Raises:
+        SpoolError: the folder cannot be created or the file cannot be opened
+            or written (a full disk, a read-only volume).
+    """
+
+    def __init__(self, folder: Path) -> None:
+        self.folder = folder
+        try:
+            folder.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise SpoolError(f"cannot create the spool folder {folder}: {e}") from e
+        self.path = folder / f"spool-{os.getpid()}-{uuid.uuid4().hex[:12]}.db"
+        self._lock_fd = _take_lock(self.path)
+        if self._lock_fd is None:  # a fresh name: nobody can hold it
+            raise SpoolError(f"cannot lock the new spool file {self.path}")
+        self._db = _connect(self.path, create=True)
+
+    # -- writing ------------------------------------------------------------
+    def append(self, events: Iterable[SpooledEvent], *, delete_ids: Iterable[int] = ()) -> list[int]:
+        """Commit ``events`` (in order) and fsync; also delete ``delete_ids`` in the same
+        transaction. Returns the new rows' ids, in order."""
+        now = time.time()
+        with self._errors("append to"):
+            self._db.execute("PRAGMA synchronous=FULL")
+            with self._db:
+                self._delete(delete_ids)
+                return [
+                    self._db.execute(
+                        "INSERT INTO spooled (topic, key, value, session_id, seq, spooled_at) VALUES (?, ?, ?, ?, ?, ?)",
+                        (e.topic, e.key, e.value, e.session_id, e.seq, now),
+                    ).lastrowid
+                    for e in events
+                ]
+
+    def delete(self, ids: Iterable[int]) -> None:
+        """Delete acknowledged rows (no fsync: see the module docstring)."""
+        with self._errors("delete from"):
+            self._db.execute("PRAGMA synchronous=NORMAL")
+            with self._db:
+                self._delete(ids)
+
+    def _delete(self, ids: Iterable[int]) -> None:
+        self._db.executemany("DELETE FROM spooled WHERE id = ?", ((i,) for i in ids))
+
+    # -- reading ------------------------------------------------------------
+    def rows_from(self, first_id: int, limit: int) -> list[SpoolRow]:
+        """Up to ``limit`` rows with ``id >= first_id``, in id order."""
+        with self._errors("read"):
+            return list(_rows(self._db, "WHERE id >= ? ORDER BY id LIMIT ?", (first_id, limit)))
+
+    def totals(self) -> tuple[int, int, dict[str, int]]:
+        """``(events, bytes of values, events per session)`` held now."""
+        with self._errors("read"):
+            per_session = dict(self._db.execute("SELECT session_id, count(*) FROM spooled GROUP BY session_id"))
+            size = self._db.execute("SELECT coalesce(sum(length(value)), 0) FROM spooled").fetchone()[0]
+        return sum(per_session.values()), size, per_session
+
+    def oldest_spooled_at(self) -> float | None:
+        """When the oldest row still held was spooled (Unix seconds); None when empty."""
+        with self._errors("read"):
+            row = self._db.execute("SELECT spooled_at FROM spooled ORDER BY id LIMIT 1").fetchone()
+        return None if row is None else row[0]
+
+    # -- orphans ------------------------------------------------------------
+    def adopt_orphans(self) -> list[SpoolRow]:
+        """Move the rows of every orphaned spool in the folder into this one.
+
+        An orphan is a spool file whose lock nobody holds (its recorder died).
+        Its rows are committed here, in their order, before its file is
+        deleted; a crash in between leaves them in both places, which only
+        re-sends them (duplicates by seq). Returns the adopted rows as stored here.
+        """
+        adopted: list[SpoolRow] = []
+        for path in sorted(self.folder.glob(SPOOL_GLOB)):
+            if path == self.path:
+                continue
+            lock_fd = _take_lock(path)
+            if lock_fd is None:
+                continue  # a live recorder's spool
+            try:
+                if not path.exists():
+                    continue  # adopted by another recorder a moment ago
+                try:
+                    orphan = _connect(path, create=False)
+                except sqlite3.Error as e:
+                    logger.error("spool %s cannot be read (%s); left in place", path, e)
+                    continue
+                try:
+                    rows = list(_rows(orphan, "ORDER BY id", ()))
+                finally:
+                    orphan.close()
+                ids = self.append([r.event for r in rows])
+                adopted.extend(SpoolRow(i, r.event, r.spooled_at) for i, r in zip(ids, rows, strict=True))
+                for suffix in ("-wal", "-shm", ""):
+                    with contextlib.suppress(FileNotFoundError):
+                        Path(f"{path}{suffix}").unlink()
+                if rows:
+                    logger.warning("adopted %d undelivered events from the orphaned spool %s", len(rows), path)
+            finally:
+                with contextlib.suppress(FileNotFoundError):
+                    _lock_path(path).unlink()
+                os.close(lock_fd)
+        return adopted
+
+    def close(self, *, remove_if_empty: bool) -> None:
+        """Close the file and release its lock; with ``remove_if_empty``, delete it when it holds nothing."""
+        empty = self.oldest_spooled_at() is None
+        self._db.close()
+        if remove_if_empty and empty:
+            for suffix in ("-wal", "-shm", ""):
+                with contextlib.suppress(FileNotFoundError):
+                    Path(f"{self.path}{suffix}").unlink()
+            with contextlib.suppress(FileNotFoundError):
+                _lock_path(self.path).unlink()
+        os.close(self._lock_fd)
+
+    @contextlib.contextmanager
+    def _errors(self, verb: str) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as e:
+            raise SpoolError(f"cannot {verb} the spool {self.path}: {e}") from e
+
+
+def _lock_path(path: Path) -> Path:
+    return path.with_suffix(".lock")
+
+
+def _take_lock(path: Path) -> int | None:
+    """An fd holding an exclusive flock on ``path``'s lock file, or None if someone holds it."""
+    fd = os.open(_lock_path(path), os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def _connect(path: Path, *, create: bool) -> sqlite3.Connection:
+    mode = "rwc" if create else "rw"
+    # The default isolation level: a write opens a transaction, and `with db:` commits it.
+    db = sqlite3.connect(f"file:{path}?mode={mode}", uri=True, check_same_thread=False)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute(_SCHEMA)
+    return db
+
+
+def _rows(db: sqlite3.Connection, where: str, params: tuple[object, ...]) -> Iterator[SpoolRow]:
+    query = f"SELECT id, topic, key, value, session_id, seq, spooled_at FROM spooled {where}"  # noqa: S608
+    for row_id, topic, key, value, session_id, seq, spooled_at in db.execute(query, params):
+        yield SpoolRow(row_id, SpooledEvent(topic, bytes(key), bytes(value), session_id, seq), spooled_at)
