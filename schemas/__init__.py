@@ -1,9 +1,10 @@
-"""Event model v1: structs, JSON encoding, validation and the JSON Schema files."""
+"""Event model (version 2; reads version 1): structs, JSON encoding, validation and the JSON Schema files."""
 
 from turnlog.schemas.events import (
     EVENT_TYPES,
     MAX_TEXT_CHARS,
     SCHEMA_VERSION,
+    SCHEMA_VERSIONS,
     Event,
     SessionEnded,
     SessionStarted,
@@ -19,6 +20,7 @@ __all__ = [
     "EVENT_TYPES",
     "MAX_TEXT_CHARS",
     "SCHEMA_VERSION",
+    "SCHEMA_VERSIONS",
     "Event",
     "EventValidationError",
     "SchemaError",

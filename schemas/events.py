@@ -1,4 +1,4 @@
-"""Event model, version 1 (see DESIGN.md, "Events").
+"""Event model, version 2 (see DESIGN.md, "Events").
 
 Every event carries the envelope ``schema_version``, ``event_id``, ``type``,
 ``session_id``, ``seq``, ``epoch``, ``producer_id`` and ``emitted_at`` (UTC).
@@ -8,13 +8,49 @@ grows by one each time a new process resumes the session (fencing).
 Events travel as JSON; :func:`decode_event` validates bytes against this model
 (the checked-in JSON Schema files in ``schemas/json/`` are generated from it by
 ``python -m turnlog.schemas.generate``).
+
+Schema evolution
+----------------
+Version 1 is the original model. Version 2 adds one field,
+``TurnCompleted.barged_in`` (the turn was cut short by the other speaker and
+holds the words actually spoken; not the same as a turn left ``interrupted``
+by a crash). The rules, so that a rolling upgrade never stops a consumer:
+
+* An event's ``schema_version`` is the lowest version that can carry it
+  (``required_version()``). A writer leaves it out of the constructor and
+  the model fills it in: a ``turn.completed`` with ``barged_in=True`` is
+  version 2, every other event is still version 1.
+* A field at its default is not written (``omit_defaults``), so
+  ``barged_in: false`` never appears on the wire and a version-1 event from a
+  v2 writer is valid under the v1 model and the v1 JSON Schema.
+* An old (v1) reader has ``schema_version: Literal[1]`` and
+  ``forbid_unknown_fields``: it rejects a version-2 event on its
+  ``schema_version`` (``EventValidationError``: "Invalid enum value 2 - at
+  `$.schema_version`"), and every stage sends such a record to the DLQ with
+  that reason, never crashing. A v2 reader reads every v1 event (``barged_in``
+  defaults to False).
+* A reader accepts every version it knows (1 and 2). It rejects a version
+  it does not know, and an event labelled lower than its fields need
+  (``schema_version: 1`` with ``barged_in: true``).
+* Upgrade the readers first (sequencer, sink, finalizer, analytics, API and
+  ``tail``, replay and verify), then the writers (the agents' recorders).
+  The sequencer forwards the bytes it was given, so the transcript topic holds
+  v2 events only once a v2 recorder writes them.
+* The JSON Schema files of a released version are frozen: the
+  ``*.v1.schema.json`` files are the v1 readers' contract and are never
+  regenerated; the generator writes the current version's files.
+
+The next field follows the same steps: give it a default, raise
+``SCHEMA_VERSION``, widen the ``schema_version`` literal, and list the field
+in its event type's ``added_in``; regenerate the JSON Schema files.
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import uuid
-from typing import Annotated, Any, Final, Literal, Union
+from collections.abc import Mapping
+from typing import Annotated, Any, ClassVar, Final, Literal, Union
 
 import msgspec
 
@@ -22,6 +58,7 @@ from turnlog.schemas.exceptions import EventValidationError
 
 __all__ = [
     "SCHEMA_VERSION",
+    "SCHEMA_VERSIONS",
     "MAX_TEXT_CHARS",
     "Event",
     "SessionStarted",
@@ -34,7 +71,10 @@ __all__ = [
     "EVENT_TYPES",
 ]
 
-SCHEMA_VERSION: Final = 1
+#: The newest version this model reads and writes.
+SCHEMA_VERSION: Final = 2
+#: Every version this model reads.
+SCHEMA_VERSIONS: Final = (1, 2)
 #: Hard limit of the schema on a turn's text, in characters. The producer's own
 #: (configurable, lower) limit is in bytes: ``TurnlogSettings.max_text_bytes``.
 MAX_TEXT_CHARS: Final = 262_144
@@ -62,8 +102,18 @@ UtcTime = Annotated[dt.datetime, msgspec.Meta(tz=True, description="RFC 3339 tim
 EARLIEST_YEAR, LATEST_YEAR = 1900, 9000
 
 
-class _Envelope(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
-    schema_version: Literal[1] = SCHEMA_VERSION
+SchemaVersion = Annotated[
+    Literal[1, 2],
+    msgspec.Meta(description="Lowest model version that can carry the event; filled in by the model when omitted."),
+]
+
+
+class _Envelope(
+    msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True, tag_field="type"
+):
+    # UNSET only until __post_init__, which fills in required_version(): an
+    # event always carries its version, on the wire and as an attribute.
+    schema_version: SchemaVersion | msgspec.UnsetType = msgspec.UNSET
     event_id: uuid.UUID
     session_id: SessionId
     seq: Int64
@@ -71,7 +121,22 @@ class _Envelope(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     producer_id: Name
     emitted_at: UtcTime
 
+    #: Fields added after version 1, with the version that added each. Such a
+    #: field has a falsy default (False, None, 0, empty) and an event uses it
+    #: when its value is truthy.
+    added_in: ClassVar[Mapping[str, int]] = {}
+
+    def required_version(self) -> int:
+        """The lowest schema version whose model has every field this event uses."""
+        return max((version for name, version in self.added_in.items() if getattr(self, name)), default=1)
+
     def __post_init__(self) -> None:
+        if self.schema_version is msgspec.UNSET:
+            msgspec.structs.force_setattr(self, "schema_version", self.required_version())
+        else:
+            for name, version in self.added_in.items():
+                if getattr(self, name) and self.schema_version < version:
+                    raise ValueError(f"{name} needs schema_version {version}, the event says {self.schema_version}")
         # Python's "$" also matches before a final newline; JSON Schema's does not.
         if self.session_id.endswith("\n"):
             raise ValueError("session_id ends with a newline")
@@ -99,14 +164,18 @@ class TurnPartial(_Envelope, frozen=True, kw_only=True, tag="turn.partial"):
     started_at: UtcTime
 
 
-class ToolCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
     name: Name
     arguments: dict[str, Any] = {}
     result: Any = None
 
 
 class TurnCompleted(_Envelope, frozen=True, kw_only=True, tag="turn.completed"):
-    """A finished turn; ``input_tokens``/``output_tokens`` are counts, not bytes."""
+    """A finished turn; ``input_tokens``/``output_tokens`` are counts, not bytes.
+
+    ``barged_in`` (version 2): the other speaker cut the turn short; ``text``
+    is what was actually said. It is still a completed turn.
+    """
 
     turn_index: Int32
     speaker: Name
@@ -116,6 +185,9 @@ class TurnCompleted(_Envelope, frozen=True, kw_only=True, tag="turn.completed"):
     input_tokens: Int64 = 0
     output_tokens: Int64 = 0
     tool_calls: list[ToolCall] | None = None
+    barged_in: bool = False
+
+    added_in: ClassVar[Mapping[str, int]] = {"barged_in": 2}
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -147,7 +219,8 @@ def decode_event(data: bytes | bytearray | memoryview | str) -> Event:
     """Parse and validate one event.
 
     Raises:
-        EventValidationError: not JSON, not a v1 event, or a field out of range;
+        EventValidationError: not JSON, not an event of a known version (1 or 2),
+            a ``schema_version`` too low for the fields used, or a field out of range;
             ``reason`` names the field (msgspec's path, e.g. ``$.seq``).
     """
     try:

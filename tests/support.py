@@ -50,11 +50,13 @@ class EventFactory:
     def partial(self, seq: int, turn: int, text: str, epoch: int = 0, speaker: str = "A") -> TurnPartial:
         return TurnPartial(turn_index=turn, speaker=speaker, text=text, started_at=BASE + dt.timedelta(seconds=turn), **self._env(seq, epoch))
 
-    def completed(self, seq: int, turn: int, text: str, epoch: int = 0, speaker: str = "A", tokens: int = 3) -> TurnCompleted:
+    def completed(
+        self, seq: int, turn: int, text: str, epoch: int = 0, speaker: str = "A", tokens: int = 3, barged_in: bool = False
+    ) -> TurnCompleted:
         return TurnCompleted(
             turn_index=turn, speaker=speaker, text=text, started_at=BASE + dt.timedelta(seconds=turn),
             ended_at=BASE + dt.timedelta(seconds=turn, milliseconds=900), input_tokens=tokens, output_tokens=1,
-            **self._env(seq, epoch),
+            barged_in=barged_in, **self._env(seq, epoch),
         )
 
     def ended(self, seq: int, epoch: int = 0, last_turn: int | None = None, seconds: float = 60.5) -> SessionEnded:
