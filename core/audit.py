@@ -28,6 +28,7 @@ class FoldedTurn:
     output_tokens: int
     epoch: int
     seq: int
+    barged_in: bool = False  # complete, but cut short by the other speaker
 
 
 @dataclass(slots=True)
@@ -107,5 +108,6 @@ def fold_events(payloads: Iterable[str | bytes]) -> FoldedSession:
                 output_tokens=event.output_tokens if complete else 0,
                 epoch=event.epoch,
                 seq=event.seq,
+                barged_in=isinstance(event, TurnCompleted) and event.barged_in,
             )
     return folded

@@ -5,6 +5,11 @@ No I/O here: :func:`plan_batch` turns consumed messages into rows; the store
 of DESIGN.md ("Guarantees"): dedupe by ``(session_id, seq)``, a turn is only
 overwritten by a newer ``(epoch, seq)``, and a partial never downgrades a
 completed turn.
+
+A turn cut short by the other speaker (``TurnCompleted.barged_in``) is a
+completed turn like any other: status ``complete``, with the words actually
+spoken, and ``barged_in`` set. ``interrupted`` stays what it was: a turn never
+completed, because its writer died or its session ended.
 """
 
 from __future__ import annotations
@@ -72,6 +77,8 @@ class TurnRow:
     tool_calls: list[dict[str, Any]] | None
     epoch: int
     seq: int
+    #: A complete turn cut short by the other speaker (its status stays ``complete``).
+    barged_in: bool = False
 
     @classmethod
     def from_event(cls, event: TurnPartial | TurnCompleted) -> TurnRow:
@@ -93,6 +100,7 @@ class TurnRow:
                 ),
                 epoch=event.epoch,
                 seq=event.seq,
+                barged_in=event.barged_in,
             )
         return cls(
             session_id=event.session_id,

@@ -13,6 +13,7 @@ from typing import Any
 from sqlalchemy import (
     JSON,
     BigInteger,
+    Boolean,
     Column,
     DateTime,
     Float,
@@ -23,6 +24,7 @@ from sqlalchemy import (
     Table,
     Text,
     TypeDecorator,
+    false,
 )
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import ColumnElement
@@ -159,8 +161,10 @@ transcript_turns = Table(
     Column("turn_index", Integer, primary_key=True),
     Column("speaker", String(200), nullable=False),
     Column("text", Text, nullable=False),
-    # partial | complete | interrupted
+    # partial | complete | interrupted (never completed: its writer died or the session ended)
     Column("status", String(16), nullable=False),
+    # A complete turn the other speaker cut short (barge-in): text is what was said.
+    Column("barged_in", Boolean, nullable=False, server_default=false()),
     Column("started_at", UtcDateTime, nullable=False),
     Column("ended_at", UtcDateTime),
     Column("input_tokens", BigInteger, nullable=False),

@@ -1,5 +1,7 @@
 import pytest
 
+from turnlog.schemas import encode_event
+from turnlog.sinks import SourceMessage
 from turnlog.sinks.batch import (
     TURN_COMPLETE,
     TURN_INTERRUPTED,
@@ -54,8 +56,6 @@ def test_duplicates_in_a_batch_become_one_event_row_and_offsets_advance_past_all
 
 
 def test_undecodable_records_are_rejected_but_consumed():
-    from turnlog.sinks import SourceMessage
-
     plan = plan_batch([SourceMessage("t", 1, 7, b"{not json")])
     assert len(plan.rejected) == 1 and plan.next_offsets == {("t", 1): 8}
 
@@ -76,3 +76,31 @@ def test_merge_session_never_moves_status_backward():
     assert merged["status"] == "finalized" and merged["epoch"] == 2 and merged["last_seq"] == 9
     fresh = merge_session(None, changes, last_seq=-1)
     assert fresh["status"] == "ended" and fresh["end_seq"] == 9
+
+
+def test_a_barged_in_turn_plans_as_complete_with_its_flag_and_a_partial_cannot_downgrade_it():
+    f = EventFactory("s")
+    cut = f.completed(2, 0, "Your order ships on Mon", barged_in=True)
+    row_ = TurnRow.from_event(cut)
+    assert (row_.status, row_.barged_in, row_.text) == (TURN_COMPLETE, True, "Your order ships on Mon")
+    assert row_.as_row()["barged_in"] is True
+    assert TurnRow.from_event(f.completed(3, 1, "whole")).barged_in is False
+    assert TurnRow.from_event(f.partial(4, 2, "so far")).barged_in is False
+    assert turn_update_wins(TURN_COMPLETE, 0, 2, TurnRow.from_event(f.partial(3, 0, "Your order"))) is False
+
+    plan = plan_batch(messages([f.started(), f.partial(1, 0, "Your order ships"), cut, f.partial(3, 0, "Your order")]))
+    [turn] = plan.turns
+    assert (turn.status, turn.barged_in, turn.seq) == (TURN_COMPLETE, True, 2)
+    assert [r["payload"] for r in plan.event_rows if r["seq"] == 2] == [encode_event(cut).decode()]
+
+
+def test_an_old_v1_completed_turn_plans_as_not_barged_in():
+    from tests.unit import events_v1 as v1
+
+    f = EventFactory("s")
+    new = f.completed(1, 0, "from an old writer")
+    old = v1.TurnCompleted(**{n: getattr(new, n) for n in v1.TurnCompleted.__struct_fields__ if n != "schema_version"})
+    plan = plan_batch([SourceMessage("t", 0, 0, v1.encode_event(old))])
+    [turn] = plan.turns
+    assert (turn.status, turn.barged_in, turn.text) == (TURN_COMPLETE, False, "from an old writer")
+    assert plan.rejected == []
