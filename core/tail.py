@@ -32,13 +32,17 @@ def _printable(text: object) -> str:
 
 def format_event(event: StoredEvent) -> str:
     """One line for ``event``: ``[seq] speaker: text`` for turns, a note for session events.
+    A partial ends in `` …``, a turn cut short by the other speaker in `` [cut off]``.
     Control characters in the event's text are shown escaped (``\\x1b``)."""
     body = {k: _printable(v) if isinstance(v, str) else v for k, v in msgspec.json.decode(event.payload).items()}
     if event.type == "session.started":
         return f"[{event.seq}] -- session {body['session_id']} started (fleet {body['fleet']}, agent {body['agent_id']})"
     if event.type == "session.ended":
         return f"[{event.seq}] -- session ended: {body['reason']}"
-    marker = "" if event.type == "turn.completed" else " …"
+    if event.type == "turn.completed":
+        marker = " [cut off]" if body.get("barged_in") is True else ""  # barge-in: the other speaker cut in
+    else:
+        marker = " …"
     return f"[{event.seq}] #{body['turn_index']} {body['speaker']}: {body['text']}{marker}"
 
 

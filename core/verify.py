@@ -3,8 +3,8 @@
 A session's digest covers what a reader of the store relies on: the session row
 (status, fleet, agent, times, end reason, epoch, ``last_seq``, ``end_seq``,
 metadata and the finalizer's aggregates), its turns in ``turn_index`` order
-(speaker, text, status, times, tokens, tool calls, and the ``(epoch, seq)`` that
-wrote each), and its event log in seq order (seq, epoch, type and the SHA-256
+(speaker, text, status, ``barged_in``, times, tokens, tool calls, and the
+``(epoch, seq)`` that wrote each), and its event log in seq order (seq, epoch, type and the SHA-256
 of the exact payload: what the SSE stream serves). A session with turns or
 events but no session row is compared too. Bookkeeping that legitimately differs between two faithful stores
 is left out: ``finalized_at`` (when, not what) and ``claimed_epoch`` (epochs

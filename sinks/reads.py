@@ -38,8 +38,23 @@ SESSION_FIELDS = (
     "finalized_at",
     "metadata",
 )
-#: The ``transcript_turns`` columns a reader sees.
-TURN_FIELDS = ("turn_index", "speaker", "text", "status", "started_at", "ended_at", "input_tokens", "output_tokens", "tool_calls", "epoch", "seq")
+#: The ``transcript_turns`` columns a reader sees. ``status`` is ``partial``,
+#: ``complete`` or ``interrupted`` (never completed: its writer died or the
+#: session ended); ``barged_in`` marks a complete turn the other speaker cut short.
+TURN_FIELDS = (
+    "turn_index",
+    "speaker",
+    "text",
+    "status",
+    "barged_in",
+    "started_at",
+    "ended_at",
+    "input_tokens",
+    "output_tokens",
+    "tool_calls",
+    "epoch",
+    "seq",
+)
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,7 +10,7 @@ from turnlog.audit import fold_events
 from turnlog.schemas import encode_event
 from turnlog.sinks.tables import metadata, session_events, sessions, sink_offsets, transcript_turns
 from tests.support import EventFactory, dump_store, messages
-from sqlalchemy import select
+from sqlalchemy import select, text
 
 GROUP = "sink-test"
 NOW = dt.datetime(2026, 2, 1, tzinfo=dt.timezone.utc)
@@ -153,3 +153,93 @@ def test_events_round_trip_byte_for_byte_into_the_log(store):
     with store.engine.connect() as conn:
         payloads = conn.execute(select(session_events.c.payload).order_by(session_events.c.seq)).scalars().all()
     assert payloads == [encode_event(e).decode() for e in events]
+
+
+def stored_turn_flags(store, session_id):
+    with store.engine.connect() as conn:
+        t = transcript_turns.c
+        query = select(t.turn_index, t.status, t.barged_in, t.text).where(t.session_id == session_id).order_by(t.turn_index)
+        return [tuple(r) for r in conn.execute(query)]
+
+
+def test_a_barged_in_turn_is_complete_with_its_spoken_words_and_flagged_apart_from_interrupted(store):
+    f = EventFactory()
+    events = [
+        f.started(),
+        f.partial(1, 0, "Your order ships on"),
+        f.completed(2, 0, "Your order ships on Mon", barged_in=True, tokens=5),  # the user cut in
+        f.completed(3, 1, "Wait, which order?", speaker="B", tokens=2),
+        f.partial(4, 0, "Your order"),  # a late partial never downgrades the barged-in turn
+        f.partial(5, 2, "The one from"),  # left unfinished when the session ends
+        f.ended(6, last_turn=2, seconds=30),
+    ]
+    apply(store, messages(events[:4]))
+    apply(store, messages(events[4:], first_offset=4))
+    assert stored_turn_flags(store, f.session_id) == [
+        (0, "complete", True, "Your order ships on Mon"),
+        (1, "complete", False, "Wait, which order?"),
+        (2, "interrupted", False, "The one from"),
+    ]
+    with store.engine.begin() as conn:
+        assert store.finalize_session(conn, f.session_id, NOW) is True
+    with store.engine.connect() as conn:
+        row = conn.execute(select(sessions).where(sessions.c.id == f.session_id)).mappings().one()
+        payloads = conn.execute(select(session_events.c.payload).where(session_events.c.session_id == f.session_id)).scalars().all()
+    folded = fold_events(payloads)
+    # A barged-in turn counts as a completed turn, never as an interrupted one, in SQL and in the fold alike.
+    assert (row["turn_count"], row["interrupted_turn_count"]) == (folded.turn_count, folded.interrupted_turn_count) == (3, 1)
+    assert (row["input_tokens"], row["output_tokens"]) == (folded.input_tokens, folded.output_tokens) == (7, 2)
+    assert [(t.turn_index, t.status, t.barged_in) for t in folded.ordered_turns] == [
+        (turn, status, barged) for turn, status, barged, _ in stored_turn_flags(store, f.session_id)
+    ]
+
+
+def test_a_newer_completion_of_a_turn_replaces_its_barged_in_flag(store):
+    f = EventFactory()
+    apply(store, messages([f.started(), f.completed(1, 0, "I was say", barged_in=True)]))
+    apply(store, messages([f.completed(2, 0, "I was saying, the invoice", epoch=1)], first_offset=2))
+    assert stored_turn_flags(store, f.session_id) == [(0, "complete", False, "I was saying, the invoice")]
+    apply(store, messages([f.completed(3, 0, "I was saying, the inv", epoch=1, barged_in=True)], first_offset=3))
+    assert stored_turn_flags(store, f.session_id) == [(0, "complete", True, "I was saying, the inv")]
+
+
+def test_verify_digests_tell_a_barged_in_turn_from_a_whole_one(store):
+    from sqlalchemy import update
+
+    from turnlog.verify import compare_digests, session_digests
+
+    f = EventFactory()
+    apply(store, messages([f.started(), f.completed(1, 0, "Hold on", barged_in=True), f.completed(2, 1, "Sure")]))
+    before = session_digests(store, [f.session_id])
+    assert [t["barged_in"] for t in before[f.session_id].turns] == [True, False]
+    with store.engine.begin() as conn:
+        conn.execute(update(transcript_turns).where(transcript_turns.c.session_id == f.session_id).values(barged_in=False))
+    after = session_digests(store, [f.session_id])
+    [difference] = compare_digests(before, after)
+    assert difference.what == "turn 0: barged_in differ"
+
+
+def test_migration_0005_reads_earlier_turns_as_not_barged_in_and_downgrades(store):
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import inspect
+
+    from turnlog.sinks.migrate import MIGRATIONS_DIR, upgrade_to_head
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with store.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0004")
+    assert "barged_in" not in {c["name"] for c in inspect(store.engine).get_columns("transcript_turns")}
+    f = EventFactory()
+    with store.engine.begin() as conn:  # a turn as a sink before 0005 wrote it
+        conn.execute(
+            text(
+                "INSERT INTO transcript_turns (session_id, turn_index, speaker, text, status, started_at, input_tokens,"
+                " output_tokens, epoch, seq) VALUES (:sid, 0, 'A', 'old', 'complete', :at, 0, 0, 0, 1)"
+            ),
+            {"sid": f.session_id, "at": NOW},
+        )
+    upgrade_to_head(store.engine)
+    assert stored_turn_flags(store, f.session_id) == [(0, "complete", False, "old")]
