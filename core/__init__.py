@@ -6,14 +6,17 @@ tools are started with the ``turnlog`` command line.
 
 from turnlog.exceptions import ConfigurationError, TurnlogError
 from turnlog.producers import (
-    DeliveryError,
     InvalidTurnError,
     RecordedSession,
     RecorderError,
+    ResumeApiError,
     ResumeBarrierTimeout,
+    ResumeUnauthorizedError,
     SessionClosedError,
     SessionNotFoundError,
     SessionRecorder,
+    SpoolError,
+    SpoolFullError,
 )
 from turnlog.schemas import EventValidationError, SessionEnded, SessionStarted, ToolCall, TurnCompleted, TurnPartial
 from turnlog.settings import TurnlogSettings
@@ -22,17 +25,20 @@ __version__ = "0.1.0"
 
 __all__ = [
     "ConfigurationError",
-    "DeliveryError",
     "EventValidationError",
     "InvalidTurnError",
     "RecordedSession",
     "RecorderError",
+    "ResumeApiError",
     "ResumeBarrierTimeout",
+    "ResumeUnauthorizedError",
     "SessionClosedError",
     "SessionEnded",
     "SessionNotFoundError",
     "SessionRecorder",
     "SessionStarted",
+    "SpoolError",
+    "SpoolFullError",
     "ToolCall",
     "TurnCompleted",
     "TurnPartial",

@@ -17,6 +17,7 @@ __all__ = [
     "SPOOL_OLDEST_SECONDS",
     "SPOOL_DRAINED",
     "RECORDER_DEGRADED",
+    "SPOOL_COMMIT_SECONDS",
 ]
 
 EVENTS_EMITTED = Counter("turnlog_sequencer_emitted_total", "Events emitted to the ordered transcript.")
@@ -34,6 +35,11 @@ SPOOL_OLDEST_SECONDS = Gauge(
     "turnlog_spool_oldest_unacked_seconds", "Age of the oldest event in the spool not yet acknowledged (seconds)."
 )
 SPOOL_DRAINED = Counter("turnlog_spool_drained_total", "Spooled events acknowledged by the broker (its rate: the drain rate).")
+SPOOL_COMMIT_SECONDS = Histogram(
+    "turnlog_spool_commit_seconds",
+    "One fsynced spool commit (a group of events appended together), wall time (seconds); its count is the fsyncs.",
+    buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
+)
 RECORDER_DEGRADED = Gauge(
     "turnlog_recorder_degraded", "1 while the recorder runs on its spool alone (the broker did not acknowledge in time)."
 )

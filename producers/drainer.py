@@ -37,7 +37,14 @@ from typing import Any
 from confluent_kafka import KafkaError, Message, Producer
 
 from turnlog.faults import fault_point
-from turnlog.metrics import RECORDER_DEGRADED, SPOOL_BYTES, SPOOL_DRAINED, SPOOL_EVENTS, SPOOL_OLDEST_SECONDS
+from turnlog.metrics import (
+    RECORDER_DEGRADED,
+    SPOOL_BYTES,
+    SPOOL_COMMIT_SECONDS,
+    SPOOL_DRAINED,
+    SPOOL_EVENTS,
+    SPOOL_OLDEST_SECONDS,
+)
 from turnlog.producers.exceptions import SpoolFullError
 from turnlog.producers.spool import SpooledEvent, SpoolFile, SpoolRow
 
@@ -262,8 +269,10 @@ class SpoolDrainer:
             return
         events = [e for batch, _ in appends for e in batch]
         tickets = [t for _, batch in appends for t in batch]
+        began = time.perf_counter()
         try:
             ids = self._spool.append(events, delete_ids=acked)
+            SPOOL_COMMIT_SECONDS.observe(time.perf_counter() - began)
         except Exception as e:  # SpoolError: tell every waiter; nothing of it was spooled
             with self._lock:
                 for event in events:
