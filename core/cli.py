@@ -346,6 +346,38 @@ def bench(
     run_bench(settings, options)
 
 
+@app.command("spool-drain")
+def spool_drain(
+    bootstrap_servers: Bootstrap = None,
+    spool_dir: Annotated[
+        Optional[Path], typer.Option("--spool-dir", envvar="TURNLOG_SPOOL_DIR", help="The recorders' spool folder on this host.")
+    ] = None,
+    timeout: Annotated[float, typer.Option(help="Longest wait for the broker to acknowledge everything (seconds).")] = 300.0,
+) -> None:
+    """Deliver what dead recorders left in this host's spool folder (exit 1 if some is left).
+
+    A recorder started on the host does the same by itself; this is for a host
+    whose agents are not coming back (a drained node, a retired pod volume).
+    """
+    import asyncio
+
+    from turnlog.producers import SessionRecorder
+
+    settings = _settings(bootstrap_servers=bootstrap_servers, spool_dir=str(spool_dir) if spool_dir else None)
+    recorder = SessionRecorder(settings.model_copy(update={"spool_close_timeout_seconds": timeout}), producer_id="spool-drain")
+
+    async def drain() -> int:
+        await recorder.start()
+        held = recorder.spooled_events()
+        typer.echo(f"turnlog spool-drain: {held} undelivered events found in {settings.spool_dir}")
+        await recorder.close()
+        return recorder.spooled_events()
+
+    left = asyncio.run(drain())
+    typer.echo(f"turnlog spool-drain: {left} events left undelivered" if left else "turnlog spool-drain: all delivered")
+    raise typer.Exit(1 if left else 0)
+
+
 @app.command("replay-agent", hidden=True)
 def replay_agent(
     transcript: Annotated[Path, typer.Argument(help="A sessions/*.jsonl file.")],

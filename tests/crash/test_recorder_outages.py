@@ -109,7 +109,7 @@ def test_an_agent_killed_during_a_long_broker_outage_loses_no_completed_turn(new
         before = agent.completed()
         # The agent keeps talking, degraded, past the delivery timeout: nothing is given up.
         agent.wait_for(
-            lambda lines: lines[-1].get("degraded") and lines[-1]["completed"] >= before + 5
+            lambda lines: lines and lines[-1].get("degraded") and lines[-1]["completed"] >= before + 5
             and time.monotonic() - outage_began > DELIVERY_TIMEOUT * 2,
             "talking on, degraded, past twice the delivery timeout",
         )
@@ -185,3 +185,28 @@ def test_overlapping_open_turns_and_a_barge_in_survive_a_sigkill(new_pipeline, t
     ]
     assert (row["turn_count"], row["interrupted_turn_count"]) == (5, 2)
     assert_aggregates_match_the_log(row, payloads)
+
+
+def test_spool_drain_delivers_what_an_agent_that_never_reached_the_broker_left(new_pipeline, tmp_path):
+    pipeline = new_pipeline(("sequencer", "sink", "finalizer"))
+    session_id = f"nobroker-{uuid.uuid4().hex[:6]}"
+    unreachable = pipeline.settings.model_copy(update={"bootstrap_servers": "127.0.0.1:1", "ack_wait_seconds": 0.2})
+    agent = ScriptedAgent(unreachable, "talk", session_id, tmp_path / "agent.log")
+    agent.wait_for(lambda lines: lines and lines[-1].get("completed", -1) >= 4 and lines[-1]["degraded"], "five turns, degraded")
+    agent.process.kill()
+    last_completed = agent.completed()
+
+    env = {**os.environ, **pipeline.settings.as_environment()}
+    drained = subprocess.run(
+        [sys.executable, "-m", "turnlog.cli", "spool-drain", "--timeout", "60"], env=env, capture_output=True, text=True, timeout=TIMEOUT
+    )
+    assert drained.returncode == 0, drained.stderr[-3000:]
+    assert "all delivered" in drained.stdout
+    assert not list(Path(pipeline.settings.spool_dir).glob("spool-*.db"))
+
+    def stored_complete():
+        turns, _ = store_rows(pipeline, session_id)
+        return [(t["turn_index"], t["text"]) for t in turns if t["status"] == "complete"]
+
+    wait_until(lambda: len(stored_complete()) > last_completed, timeout=TIMEOUT, what="the drained turns stored")
+    assert stored_complete()[: last_completed + 1] == [(i, f"turn {i} said in full") for i in range(last_completed + 1)]
