@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from functools import cached_property
 
-from pydantic import Field, field_validator
+from pydantic import Field, SecretStr, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = ["TurnlogSettings", "TopicNames", "load_settings"]
@@ -104,6 +104,18 @@ class TurnlogSettings(BaseSettings):
     resume_timeout_seconds: float = Field(
         120.0, gt=0, description="Longest resume() waits at the resume barrier (seconds)."
     )
+    api_url: str | None = Field(
+        None,
+        description="Base URL of turnlog's HTTP API, e.g. http://127.0.0.1:8000 (no path). When set, "
+        "SessionRecorder.resume() passes the resume barrier through the API (POST "
+        "/api/sessions/{id}/resume) and needs no database credentials on the agent's host; unset: "
+        "resume() opens database_url itself (single-host setups).",
+    )
+    api_token: SecretStr | None = Field(
+        None,
+        description="The recorder's bearer token for api_url: one of the API's TURNLOG_API_TOKENS whose "
+        "fleets include the sessions it resumes.",
+    )
     faust_data_dir: str = Field(
         ".turnlog-faust", description="Folder for Faust's local table files (one subfolder per app)."
     )
@@ -134,6 +146,16 @@ class TurnlogSettings(BaseSettings):
             raise ValueError("topic_prefix may use only letters, digits, '.', '_' and '-'")
         return value
 
+    @field_validator("api_url")
+    @classmethod
+    def _api_url_is_http(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        value = value.strip().rstrip("/")
+        if not value.startswith(("http://", "https://")) or len(value.split("://", 1)[1]) == 0:
+            raise ValueError("api_url must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
+        return value
+
     @cached_property
     def topics(self) -> TopicNames:
         return TopicNames(self.topic_prefix)
@@ -141,10 +163,16 @@ class TurnlogSettings(BaseSettings):
     def as_environment(self) -> dict[str, str]:
         """These settings as ``TURNLOG_*`` variables, for a child process."""
         return {
-            f"TURNLOG_{name.upper()}": json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+            f"TURNLOG_{name.upper()}": _environment_value(value)
             for name, value in self.model_dump().items()
             if value is not None
         }
+
+
+def _environment_value(value: object) -> str:
+    if isinstance(value, SecretStr):  # the child needs the secret itself, not its mask
+        return value.get_secret_value()
+    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
 
 
 def load_settings(**overrides: object) -> TurnlogSettings:

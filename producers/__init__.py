@@ -1,13 +1,17 @@
 """The producer library: SessionRecorder over confluent-kafka's idempotent producer."""
 
+from turnlog.producers.api_client import resume_via_api, resume_via_api_async
 from turnlog.producers.exceptions import (
     DeliveryError,
     InvalidTurnError,
     RecorderError,
+    ResumeApiError,
     ResumeBarrierTimeout,
+    ResumeUnauthorizedError,
     SessionClosedError,
     SessionNotFoundError,
 )
+from turnlog.producers.grant import ResumeGrant, StoredTurn
 from turnlog.producers.partitioning import partition_for
 from turnlog.producers.recorder import RecordedSession, SessionRecorder
 
@@ -16,9 +20,15 @@ __all__ = [
     "InvalidTurnError",
     "RecordedSession",
     "RecorderError",
+    "ResumeApiError",
     "ResumeBarrierTimeout",
+    "ResumeGrant",
+    "ResumeUnauthorizedError",
     "SessionClosedError",
     "SessionNotFoundError",
     "SessionRecorder",
+    "StoredTurn",
     "partition_for",
+    "resume_via_api",
+    "resume_via_api_async",
 ]

@@ -11,6 +11,8 @@ __all__ = [
     "SessionNotFoundError",
     "DeliveryError",
     "ResumeBarrierTimeout",
+    "ResumeApiError",
+    "ResumeUnauthorizedError",
 ]
 
 
@@ -42,4 +44,19 @@ class DeliveryError(RecorderError):
 
 
 class ResumeBarrierTimeout(RecorderError, TimeoutError):
-    """resume() waited longer than its timeout for the pipeline to catch up."""
+    """resume() waited longer than its timeout for the pipeline to catch up, or
+    the store or turnlog's API did not answer in time (retry later)."""
+
+
+class ResumeApiError(RecorderError):
+    """turnlog's API answered a resume in a way retrying will not fix (an
+    unexpected status or body); ``status_code`` is the HTTP status, if any."""
+
+    def __init__(self, message: str, status_code: int | None = None) -> None:
+        super().__init__(message)
+        self.status_code = status_code
+
+
+class ResumeUnauthorizedError(ResumeApiError):
+    """turnlog's API refused the recorder's bearer token (HTTP 401): it is
+    missing or unknown there (``TURNLOG_API_TOKEN``)."""

@@ -9,7 +9,13 @@ session, every event its predecessor got acknowledged must be applied.
 3. read the end offset T of the same partition of ``<prefix>.transcript``;
 4. wait until the sink's stored offset (``sink_offsets``, same transaction as
    the rows) is >= T;
-5. read the session's position from the store.
+5. in one transaction: claim the next epoch and read the session's position
+   and stored turns (:func:`claim_resume`), which :meth:`ResumeBarrier.grant`
+   returns as a :class:`~turnlog.producers.grant.ResumeGrant`.
+
+This runs next to the store: in the recorder of a single-host setup, or in
+the API (``POST /api/sessions/{id}/resume``) for agents that have only the
+broker and the API (``turnlog.producers.api_client``).
 """
 
 from __future__ import annotations
@@ -17,39 +23,99 @@ from __future__ import annotations
 import logging
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Collection
+from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
+from sqlalchemy.engine import Connection
 
 from turnlog.producers.exceptions import ResumeBarrierTimeout
+from turnlog.producers.grant import ResumeGrant, StoredTurn
 from turnlog.producers.partitioning import partition_for
 from turnlog.stream_processors.progress import progress_group
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SessionPosition, SqlStore, StoreUnavailableError
 from turnlog.sinks.errors import store_errors
+from turnlog.sinks.reads import get_session, get_turns
 
-__all__ = ["ResumeBarrier"]
+__all__ = ["ResumeBarrier", "claim_resume"]
 
 logger = logging.getLogger(__name__)
 POLL_INTERVAL_SECONDS = 0.1
+_T = TypeVar("_T")
+
+
+def claim_resume(
+    store: SqlStore, conn: Connection, session_id: str, *, fleets: Collection[str] | None = None
+) -> ResumeGrant | None:
+    """Claim the next epoch of ``session_id`` and read its stored turns, in the
+    caller's transaction (``with store.engine.begin() as conn``), so the turns
+    are those of the position the epoch was claimed at.
+
+    ``fleets`` scopes the claim (None: every fleet): a session outside it is
+    answered as a missing one, and nothing is claimed. Only an ``active``
+    session gets a claim; for the others the grant carries their status (see
+    :meth:`SqlStore.claim_epoch`). Returns None if the store has no such
+    session within ``fleets``. Driver errors pass through (wrap the call in
+    ``store_errors()``).
+    """
+    if fleets is not None and get_session(conn, session_id, fleets=fleets) is None:
+        return None
+    claimed = store.claim_epoch(conn, session_id)  # locks the session row to the end of the transaction
+    if claimed is None:
+        return None
+    epoch, position = claimed
+    turns = tuple(StoredTurn.from_row(row) for row in get_turns(conn, session_id))
+    return ResumeGrant(
+        session_id=session_id,
+        epoch=epoch,
+        status=position.status,
+        last_seq=position.last_seq,
+        max_turn_index=position.max_turn_index,
+        turns=turns,
+    )
 
 
 class ResumeBarrier:
-    """Blocking barrier; :meth:`wait` is meant to run in a worker thread."""
+    """Blocking barrier; :meth:`grant` and :meth:`wait` are meant to run in a worker thread."""
 
     def __init__(self, settings: TurnlogSettings, store: SqlStore) -> None:
         self._settings = settings
         self._store = store
 
-    def wait(self, session_id: str, timeout: float) -> tuple[int, SessionPosition] | None:
-        """Pass the barrier for ``session_id``, claim its next epoch, and return
-        ``(new epoch, stored position)``; None if the store does not know the session.
+    def grant(self, session_id: str, timeout: float, *, fleets: Collection[str] | None = None) -> ResumeGrant | None:
+        """Pass the barrier for ``session_id``, then claim its next epoch and read
+        its stored turns in one transaction (:func:`claim_resume`).
+
+        Returns None if the store has no such session (or none within
+        ``fleets``; None: every fleet). A grant whose ``status`` is not
+        ``active`` claimed nothing: the session cannot be resumed.
 
         Raises:
             ResumeBarrierTimeout: the sequencer or the sink did not catch up, or
                 the store did not answer, within ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
+        self._catch_up(session_id, deadline)
+        return self._in_store(deadline, lambda conn: claim_resume(self._store, conn, session_id, fleets=fleets))
+
+    def wait(self, session_id: str, timeout: float) -> tuple[int, SessionPosition] | None:
+        """Pass the barrier for ``session_id``, claim its next epoch, and return
+        ``(new epoch, stored position)``; None if the store does not know the session.
+
+        :meth:`grant` does the same and also returns the stored turns.
+
+        Raises:
+            ResumeBarrierTimeout: the sequencer or the sink did not catch up, or
+                the store did not answer, within ``timeout`` seconds.
+        """
+        deadline = time.monotonic() + timeout
+        self._catch_up(session_id, deadline)
+        return self._in_store(deadline, lambda conn: self._store.claim_epoch(conn, session_id))
+
+    def _catch_up(self, session_id: str, deadline: float) -> None:
+        """Steps 1 to 4 of the module docstring: until the store holds everything
+        acknowledged for ``session_id``'s partition before this call."""
         topics = self._settings.topics
         partition = partition_for(session_id, self._settings.partitions)
         # A throwaway group id for watermarks; the sequencer's id only to read its commits.
@@ -79,10 +145,13 @@ class ResumeBarrier:
             f"the sink ({self._settings.sink_group}) to store {topics.transcript}[{partition}] "
             f"up to offset {transcript_end}",
         )
+
+    def _in_store(self, deadline: float, work: Callable[[Connection], _T]) -> _T:
+        """``work`` in one store transaction, retried while the store is away, up to ``deadline``."""
         while True:
             try:
                 with store_errors(), self._store.engine.begin() as conn:
-                    return self._store.claim_epoch(conn, session_id)
+                    return work(conn)
             except StoreUnavailableError as e:
                 if time.monotonic() >= deadline:
                     raise ResumeBarrierTimeout(f"resume barrier: the store did not answer: {e}") from e

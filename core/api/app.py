@@ -14,6 +14,11 @@ Routes (all under ``/api`` need ``Authorization: Bearer <token>``, see ``auth.py
   backlog from the store, then the live tail (``turnlog.follow``). Ends after
   ``session.ended``.
 - ``GET /api/fleets/{fleet}/analytics``: the analytics projection's figures.
+- ``POST /api/sessions/{id}/resume?timeout=<seconds>``: passes the resume
+  barrier, claims the session's next epoch and returns the grant with the
+  stored turns (``turnlog.producers.grant``): how agents resume without
+  database credentials (``turnlog.producers.api_client``). 409 if the session
+  has ended, 503 with ``Retry-After`` if the pipeline did not catch up in time.
 
 Unauthenticated: ``GET /live`` (the live transcript page; static, it holds no
 data and sends the token itself) and ``GET /healthz``.
@@ -25,7 +30,10 @@ data and sends the token itself) and ``GET /healthz``.
 
 import asyncio
 import datetime as dt
+import logging
+import time
 from collections.abc import AsyncIterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Annotated, Any
@@ -36,6 +44,9 @@ from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from turnlog.api.auth import Scope, TokenTable
 from turnlog.follow import TranscriptHub, follow_session, store_fetch
+from turnlog.producers.exceptions import ResumeBarrierTimeout
+from turnlog.producers.grant import MAX_RESUME_TIMEOUT_SECONDS, ResumeGrant, encode_grant
+from turnlog.producers.resume import ResumeBarrier
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.analytics import AnalyticsProjection
 from turnlog.sinks.base import SqlStore
@@ -45,6 +56,13 @@ __all__ = ["create_app"]
 
 SESSION_STATUSES = ("active", "ended", "finalized", "abandoned")
 SSE_PING_SECONDS = 15
+#: Resume barriers run at once (each holds a thread and two broker clients);
+#: more requests queue, and their time in the queue counts against their timeout.
+RESUME_WORKERS = 8
+#: ``Retry-After`` of a 503 from the resume endpoint (seconds).
+RESUME_RETRY_AFTER_SECONDS = 2
+
+logger = logging.getLogger(__name__)
 
 
 def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True) -> FastAPI:
@@ -52,6 +70,8 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
     (followers then see new events from the store, ``api_poll_seconds`` late)."""
     tokens = TokenTable(settings.api_tokens)
     hub = TranscriptHub(settings) if live else None
+    barrier = ResumeBarrier(settings, store)
+    resume_workers = ThreadPoolExecutor(max_workers=RESUME_WORKERS, thread_name_prefix="turnlog-resume")
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -60,6 +80,7 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
         try:
             yield
         finally:
+            resume_workers.shutdown(wait=False, cancel_futures=True)
             if hub is not None:
                 await asyncio.to_thread(hub.stop)
 
@@ -163,6 +184,56 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
                 await asyncio.sleep(0)
 
         return EventSourceResponse(stream(), ping=SSE_PING_SECONDS, headers={"Cache-Control": "no-store"})
+
+    @app.post("/api/sessions/{session_id}/resume")
+    async def session_resume(
+        session_id: str,
+        granted: Scoped,
+        timeout: Annotated[float | None, Query(gt=0, le=MAX_RESUME_TIMEOUT_SECONDS)] = None,
+    ) -> Response:
+        """Resume a session: pass the resume barrier, claim its next epoch, and
+        return the :class:`~turnlog.producers.grant.ResumeGrant` (epoch, stored
+        position, stored turns in ``turn_index`` order) as JSON.
+
+        This claims an epoch: it is a POST, not idempotent. A retry (after a
+        lost response, say) claims again, which is safe: the newer epoch fences
+        the older one, and the unused one is never written in.
+
+        ``timeout``: longest wait at the barrier (seconds, at most
+        ``MAX_RESUME_TIMEOUT_SECONDS``; default ``resume_timeout_seconds``),
+        counted from the request's arrival, including any wait for one of the
+        ``RESUME_WORKERS`` barrier threads. 404: no such session, or one
+        outside the token's fleets (answered after the same barrier, so a token
+        learns nothing about other fleets); 409: the session has ended, was
+        finalized or abandoned (nothing claimed); 503 with ``Retry-After``: the
+        sequencer, the sink, the broker or the store did not catch up in time.
+        """
+        if "\x00" in session_id:  # no stored id holds one (and Postgres text cannot)
+            raise HTTPException(404, "no such session")
+        wait = timeout if timeout is not None else min(settings.resume_timeout_seconds, MAX_RESUME_TIMEOUT_SECONDS)
+        deadline = time.monotonic() + wait
+
+        def claim() -> ResumeGrant | None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise ResumeBarrierTimeout(f"resume of {session_id}: no free resume worker within {wait:g}s")
+            return barrier.grant(session_id, left, fleets=granted.fleets)
+
+        try:
+            grant = await asyncio.get_running_loop().run_in_executor(resume_workers, claim)
+        except ResumeBarrierTimeout as e:
+            logger.warning("resume of %s: %s", session_id, e)  # the detail (groups, offsets) stays in the log
+            raise HTTPException(
+                503,
+                f"the pipeline did not catch up within {wait:g}s; retry later",
+                headers={"Retry-After": str(RESUME_RETRY_AFTER_SECONDS)},
+            ) from None
+        if grant is None:
+            raise HTTPException(404, f"no session {session_id!r}")
+        if not grant.resumable:
+            raise HTTPException(409, f"session {session_id!r} is {grant.status}; it cannot be resumed")
+        logger.info("resume of %s granted: epoch %d, %d stored turns", session_id, grant.epoch, len(grant.turns))
+        return Response(encode_grant(grant), media_type="application/json", headers={"Cache-Control": "no-store"})
 
     @app.get("/api/fleets/{fleet}/analytics")
     def fleet_analytics(fleet: str, granted: Scoped, minutes: Annotated[int, Query(ge=1, le=1440)] = 60) -> dict[str, Any]:

@@ -1,0 +1,125 @@
+"""What a resume grants: the claimed epoch, the stored position and the stored turns.
+
+:class:`ResumeGrant` is the one value both resume paths give the recorder:
+the direct path (``ResumeBarrier.grant`` over the store, single-host setups)
+and the API path (``POST /api/sessions/{id}/resume``, read back by
+``turnlog.producers.api_client``). The API and the client share its JSON
+shape through :func:`encode_grant` and :func:`decode_grant`, so they cannot
+drift apart.
+
+The JSON is msgspec's encoding of the dataclasses: an object per value,
+timestamps as RFC 3339 strings in UTC, ``turns`` as an array in
+``turn_index`` order. Decoding ignores fields it does not know (a newer
+server may add some) and fills ``barged_in`` with False when an older
+server leaves it out.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import msgspec
+
+__all__ = ["StoredTurn", "ResumeGrant", "encode_grant", "decode_grant", "MAX_RESUME_TIMEOUT_SECONDS"]
+
+#: Longest resume barrier wait the API accepts for one request (seconds). A
+#: request holds one of the API's resume workers for up to this long.
+MAX_RESUME_TIMEOUT_SECONDS = 600.0
+
+
+@dataclass(frozen=True, slots=True)
+class StoredTurn:
+    """One turn as the store holds it when the resume is granted.
+
+    ``status`` is ``partial``, ``complete`` or ``interrupted``: a predecessor's
+    unfinished turn is still ``partial`` here (the sink marks it interrupted
+    once the new epoch's first event is applied). ``barged_in``: the turn was
+    cut short by the other speaker (False where the store has no such column).
+    Token counts are whole tokens; ``tool_calls`` are the stored
+    ``{"name", "arguments", "result"}`` objects, or None.
+    """
+
+    turn_index: int
+    speaker: str
+    text: str
+    status: str
+    started_at: dt.datetime
+    ended_at: dt.datetime | None
+    input_tokens: int
+    output_tokens: int
+    tool_calls: tuple[dict[str, Any], ...] | None
+    barged_in: bool = False
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> StoredTurn:
+        """A turn from a ``transcript_turns`` row mapping (``sinks.reads.get_turns``)."""
+        tool_calls = row.get("tool_calls")
+        return cls(
+            turn_index=row["turn_index"],
+            speaker=row["speaker"],
+            text=row["text"],
+            status=row["status"],
+            started_at=row["started_at"],
+            ended_at=row["ended_at"],
+            input_tokens=row["input_tokens"],
+            output_tokens=row["output_tokens"],
+            tool_calls=tuple(tool_calls) if tool_calls is not None else None,
+            barged_in=bool(row.get("barged_in") or False),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class ResumeGrant:
+    """A claimed resume of a session, read in the same transaction as the claim.
+
+    ``epoch`` is the epoch the new owner writes in (higher than every epoch
+    applied or claimed before, so it fences the predecessor). ``status`` is the
+    session's status in the store; only ``active`` sessions are resumable (for
+    the others nothing was claimed). ``last_seq`` is the highest contiguous
+    stored seq (-1: none), ``max_turn_index`` the highest stored turn (None:
+    no turn), and ``turns`` the stored turns in ``turn_index`` order.
+    """
+
+    session_id: str
+    epoch: int
+    status: str
+    last_seq: int
+    max_turn_index: int | None
+    turns: tuple[StoredTurn, ...] = ()
+
+    @property
+    def resumable(self) -> bool:
+        """Whether the session is active, so this grant may be used to continue it."""
+        return self.status == "active"
+
+    @property
+    def next_seq(self) -> int:
+        """The first seq the new owner sends."""
+        return self.last_seq + 1
+
+    @property
+    def next_turn_index(self) -> int:
+        """The first turn index after every stored turn."""
+        return 0 if self.max_turn_index is None else self.max_turn_index + 1
+
+
+_encoder = msgspec.json.Encoder()
+_decoder = msgspec.json.Decoder(ResumeGrant)
+
+
+def encode_grant(grant: ResumeGrant) -> bytes:
+    """``grant`` as UTF-8 JSON (the body of the API's resume response)."""
+    return _encoder.encode(grant)
+
+
+def decode_grant(data: bytes | str) -> ResumeGrant:
+    """The grant encoded in ``data``.
+
+    Raises:
+        msgspec.DecodeError: ``data`` is not JSON, or does not have the grant's
+            shape (``msgspec.ValidationError`` is a subclass).
+    """
+    return _decoder.decode(data)
