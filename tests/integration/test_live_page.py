@@ -135,3 +135,37 @@ async def test_live_page_reports_a_refused_token(page_pipeline, page):
     await page.goto(url)
     await page.wait_for_function("() => document.querySelector('#state').dataset.state === 'error'")
     assert "401" in await page.text_content("#state")
+
+
+async def test_live_page_marks_a_barged_in_turn_cut_off_apart_from_an_interrupted_one(page_pipeline, page):
+    pipeline = page_pipeline
+    session_id = f"barge-{uuid.uuid4().hex[:6]}"
+    url = f"http://127.0.0.1:{pipeline.settings.api_port}/live#token=page-token&session={session_id}"
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await recorder.start_session(session_id, fleet="fleet-page", agent_id="agent-1")
+        session.update_partial(0, "agent", "Your order ships on")
+        await session.flush_partial()
+        await session.complete_turn(0, "agent", "Your order ships on Mon", barged_in=True)  # the user cut in
+        await until(lambda: stored_turns(pipeline, session_id), "turn 0 committed to the store")
+        await page.goto(url)  # the page follows a session the store knows
+        await page.wait_for_function("() => document.querySelector('#turn-0')?.dataset.bargedIn === 'true'")
+        await session.complete_turn(1, "user", "Wait, which order?")
+        session.update_partial(2, "agent", "The one from")
+        await session.flush_partial()
+        await session.end("hangup")  # turn 2 was never completed: interrupted
+    await page.wait_for_function("() => window.turnlog.ended === true")
+
+    shown = await page.eval_on_selector_all(
+        "#turns .turn",
+        """nodes => nodes.map(n => [Number(n.dataset.turnIndex), n.dataset.status, n.dataset.bargedIn,
+                                    n.querySelector('.cut').hidden ? '' : n.querySelector('.cut').innerText,
+                                    n.querySelector('.text').textContent])""",
+    )
+    assert [tuple(row) for row in shown] == [
+        (0, "complete", "true", "CUT OFF", "Your order ships on Mon"),
+        (1, "complete", "false", "", "Wait, which order?"),
+        (2, "interrupted", "false", "", "The one from"),
+    ]
+    assert await page.locator("#turn-0 .cut").is_visible() and not await page.locator("#turn-2 .cut").is_visible()
+    stored = await until(lambda: len(stored_turns(pipeline, session_id)) == 3 and stored_turns(pipeline, session_id), "3 turns stored")
+    assert [status for _, _, status in stored] == ["complete", "complete", "interrupted"]
