@@ -77,12 +77,15 @@ def no_database(monkeypatch):
 
 
 async def record(settings: TurnlogSettings, session_id: str, fleet: str, *, end: bool) -> None:
-    """Two completed turns and an unfinished third; the recorder then goes away
-    without ending the session (a crashed agent), unless ``end``."""
+    """Two completed turns (the agent's cut short by the user: barged in) and an
+    unfinished third; the recorder then goes away without ending the session
+    (a crashed agent), unless ``end``."""
     async with SessionRecorder(settings) as recorder:
         session = await recorder.start_session(session_id, fleet=fleet, agent_id="agent-1")
         await session.complete_turn(0, "user", "I'd like to cancel my order", input_tokens=7, output_tokens=0)
-        await session.complete_turn(1, "agent", "Sure. Which order is it?", input_tokens=31, output_tokens=6)
+        await session.complete_turn(
+            1, "agent", "Sure. Which order is it?", input_tokens=31, output_tokens=6, barged_in=True
+        )
         session.update_partial(2, "user", "the one from last")
         await session.flush_partial()
         if end:
@@ -121,7 +124,7 @@ def test_an_agent_without_a_database_resumes_through_the_api_with_its_conversati
         (1, "agent", "Sure. Which order is it?", "complete", 31, 6),
         (2, "user", "the one from last", "partial", 0, 0),
     ]
-    assert all(not t.barged_in for t in grant.turns)
+    assert [t.barged_in for t in grant.turns] == [False, True, False]
     assert grant.turns[1].ended_at >= grant.turns[1].started_at and grant.turns[2].ended_at is None
     assert (grant.max_turn_index, grant.next_turn_index) == (2, 3)
 
@@ -205,3 +208,37 @@ def test_a_resume_the_pipeline_cannot_serve_in_time_gets_503_then_succeeds_once_
     log = api.processes["api"].log_path.read_text(errors="replace")
     assert f"resume of {session_id}: resume barrier: timed out waiting for the sink" in log
     assert not any(token in log for token in TOKENS)
+
+
+def test_a_recorder_with_api_url_resumes_continues_and_the_session_finalizes_without_a_database(api, no_database):
+    session_id = f"api-recorder-{uuid.uuid4().hex[:8]}"
+    asyncio.run(record(api.settings, session_id, "fleet-a", end=False))
+    agent = agent_settings(api, "tok-a")
+
+    async def continue_it():
+        async with SessionRecorder(agent) as recorder:
+            session = await recorder.resume(session_id, timeout=TIMEOUT)
+            assert session.epoch == 1 and session.next_turn_index == 3
+            assert [t.text for t in session.turns] == [
+                "I'd like to cancel my order", "Sure. Which order is it?", "the one from last"
+            ]
+            await session.complete_turn(3, "user", "the one from last week", input_tokens=5)
+            await session.end("completed")
+
+    asyncio.run(continue_it())
+    # Read back through the API as well: SQLAlchemy stays refused in this process.
+    url = f"http://127.0.0.1:{api.settings.api_port}/api/sessions/{session_id}/transcript"
+
+    def finalized_transcript():
+        response = httpx.get(url, headers={"Authorization": "Bearer tok-a"}, timeout=10)
+        body = response.json() if response.status_code == 200 else None
+        return body if body and body["session"]["status"] == "finalized" else None
+
+    body = wait_until(finalized_transcript, timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [(t["turn_index"], t["text"], t["status"]) for t in body["turns"]] == [
+        (0, "I'd like to cancel my order", "complete"),
+        (1, "Sure. Which order is it?", "complete"),
+        (2, "the one from last", "interrupted"),
+        (3, "the one from last week", "complete"),
+    ]
+    assert body["session"]["epoch"] == 1

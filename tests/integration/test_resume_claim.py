@@ -28,7 +28,7 @@ def a_session_cut_off_mid_turn(f):
         f.started(),  # fleet "tests"
         f.completed(1, 0, "good morning", speaker="user", tokens=2),
         f.partial(2, 1, "how can"),
-        f.completed(3, 1, "how can I help", speaker="agent", tokens=4),
+        f.completed(3, 1, "how can I help", speaker="agent", tokens=4, barged_in=True),
         f.partial(4, 2, "I wanted to", speaker="user"),
     ]
 
@@ -44,6 +44,7 @@ def test_a_claim_returns_a_new_epoch_and_the_stored_turns_in_order(store):
         (1, "agent", "how can I help", "complete", 4, 1),
         (2, "user", "I wanted to", "partial", 0, 0),
     ]
+    assert [t.barged_in for t in first.turns] == [False, True, False]
     assert first.turns[2].ended_at is None and first.turns[0].ended_at > first.turns[0].started_at
     assert claimed_epoch(store, f.session_id) == 1
     # A second claim (a retry, or a second resumer) gets a higher epoch, which fences the first.
