@@ -69,7 +69,34 @@ class TurnlogSettings(BaseSettings):
         65_536, ge=1, le=262_144, description="Largest turn text the recorder accepts (UTF-8 bytes)."
     )
     delivery_timeout_seconds: float = Field(
-        30.0, gt=0, description="How long the producer retries one event before failing it (seconds)."
+        30.0,
+        gt=0,
+        description="How long a producer retries one record before reporting it failed (seconds). The recorder "
+        "then sends it again from its spool; the services' producers fail the batch.",
+    )
+    spool_dir: str = Field(
+        ".turnlog-spool",
+        description="Folder of the recorder's durable local spool (one SQLite file per recorder). It must "
+        "outlive the agent process (in a container: a volume kept across restarts, one per host or pod), "
+        "because a recorder started later here delivers what a dead one left behind.",
+    )
+    spool_max_bytes: int = Field(
+        256 * 1024 * 1024,
+        ge=1024,
+        description="Most bytes of events the spool holds undelivered; past it the recorder raises "
+        "SpoolFullError (bytes).",
+    )
+    ack_wait_seconds: float = Field(
+        1.0,
+        gt=0,
+        description="Longest complete_turn waits for the broker's acknowledgement before it returns on the "
+        "spool's fsync alone and the recorder runs degraded (seconds).",
+    )
+    spool_close_timeout_seconds: float = Field(
+        30.0,
+        ge=0,
+        description="Longest SessionRecorder.close() waits for the spool to drain (seconds). What is left "
+        "stays in the spool for the next recorder started with the same spool_dir.",
     )
     sequencer_group: str = Field("turnlog-sequencer", description="Consumer group (Faust app id) of the sequencer.")
     sink_group: str = Field("turnlog-sink", description="Consumer group of the SQL sink.")

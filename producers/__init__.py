@@ -2,7 +2,6 @@
 
 from turnlog.producers.api_client import resume_via_api, resume_via_api_async
 from turnlog.producers.exceptions import (
-    DeliveryError,
     InvalidTurnError,
     RecorderError,
     ResumeApiError,
@@ -10,13 +9,14 @@ from turnlog.producers.exceptions import (
     ResumeUnauthorizedError,
     SessionClosedError,
     SessionNotFoundError,
+    SpoolError,
+    SpoolFullError,
 )
 from turnlog.producers.grant import ResumeGrant, StoredTurn
 from turnlog.producers.partitioning import partition_for
 from turnlog.producers.recorder import RecordedSession, SessionRecorder
 
 __all__ = [
-    "DeliveryError",
     "InvalidTurnError",
     "RecordedSession",
     "RecorderError",
@@ -27,6 +27,8 @@ __all__ = [
     "SessionClosedError",
     "SessionNotFoundError",
     "SessionRecorder",
+    "SpoolError",
+    "SpoolFullError",
     "StoredTurn",
     "partition_for",
     "resume_via_api",

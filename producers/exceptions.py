@@ -9,10 +9,11 @@ __all__ = [
     "InvalidTurnError",
     "SessionClosedError",
     "SessionNotFoundError",
-    "DeliveryError",
     "ResumeBarrierTimeout",
     "ResumeApiError",
     "ResumeUnauthorizedError",
+    "SpoolError",
+    "SpoolFullError",
 ]
 
 
@@ -32,17 +33,6 @@ class SessionNotFoundError(RecorderError):
     """resume() found no such session in the store."""
 
 
-class DeliveryError(RecorderError):
-    """The broker did not acknowledge an event within the delivery timeout.
-
-    ``kafka_error`` is confluent-kafka's ``KafkaError``.
-    """
-
-    def __init__(self, message: str, kafka_error: object | None = None) -> None:
-        super().__init__(message)
-        self.kafka_error = kafka_error
-
-
 class ResumeBarrierTimeout(RecorderError, TimeoutError):
     """resume() waited longer than its timeout for the pipeline to catch up, or
     the store or turnlog's API did not answer in time (retry later)."""
@@ -60,3 +50,13 @@ class ResumeApiError(RecorderError):
 class ResumeUnauthorizedError(ResumeApiError):
     """turnlog's API refused the recorder's bearer token (HTTP 401): it is
     missing or unknown there (``TURNLOG_API_TOKEN``)."""
+
+
+class SpoolError(RecorderError):
+    """The local spool cannot be written or read (a full disk, a read-only volume)."""
+
+
+class SpoolFullError(SpoolError):
+    """The spool holds ``TURNLOG_SPOOL_MAX_BYTES`` already; the event was not
+    recorded, and nothing already spooled is lost. It clears as the broker
+    acknowledges spooled events."""
