@@ -7,7 +7,9 @@ Routes (all under ``/api`` need ``Authorization: Bearer <token>``, see ``auth.py
   UTC if no offset), paging by ``limit`` (1..500, default 50) and ``cursor``.
 - ``GET /api/sessions/{id}``: the session row: status, durable position
   (``last_seq``: every seq up to it is stored), aggregates once finalized.
-- ``GET /api/sessions/{id}/transcript``: ``{"session": ..., "turns": [...]}`` in turn order.
+- ``GET /api/sessions/{id}/transcript``: ``{"session": ..., "turns": [...]}`` in turn order;
+  each turn has ``status`` (``partial``, ``complete``, ``interrupted``) and
+  ``barged_in`` (a complete turn the other speaker cut short).
 - ``GET /api/sessions/{id}/events``: Server-Sent Events, one per applied event:
   ``id`` = seq, ``event`` = type, ``data`` = the event's JSON as it crossed
   Kafka. Resumes after ``Last-Event-ID`` (which wins) or ``?after=<seq>``;

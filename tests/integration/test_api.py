@@ -178,6 +178,36 @@ def test_a_session_shows_its_durable_position_aggregates_and_transcript(api):
     assert get(api, "/api/sessions/no-such-session").status_code == 404
 
 
+async def record_barge_in(pipeline: Pipeline, session_id: str) -> None:
+    """The user cuts the agent short (turn 0), the agent answers (turn 1), and turn 2 is left unfinished."""
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await recorder.start_session(session_id, fleet="fleet-a", agent_id="agent-1")
+        session.update_partial(0, "agent", "Your order ships on")
+        await session.flush_partial()
+        await session.complete_turn(0, "agent", "Your order ships on Mon", output_tokens=5, barged_in=True)
+        await session.complete_turn(1, "user", "Wait, which order?", input_tokens=4)
+        session.update_partial(2, "agent", "The one from")
+        await session.flush_partial()
+        await session.end("hangup")
+
+
+def test_the_transcript_flags_a_barged_in_turn_apart_from_an_interrupted_one(api):
+    session_id = f"barge-{uuid.uuid4().hex[:6]}"
+    asyncio.run(record_barge_in(api, session_id))
+    wait_until(lambda: visible(api, session_id, "finalized"), timeout=TIMEOUT, what="finalized")
+    transcript = get(api, f"/api/sessions/{session_id}/transcript", "tok-a").json()
+    assert [(t["turn_index"], t["status"], t["barged_in"], t["text"]) for t in transcript["turns"]] == [
+        (0, "complete", True, "Your order ships on Mon"),
+        (1, "complete", False, "Wait, which order?"),
+        (2, "interrupted", False, "The one from"),
+    ]
+    detail = transcript["session"]
+    # A barged-in turn is a completed turn: counted, its tokens summed, not interrupted.
+    assert (detail["turn_count"], detail["interrupted_turn_count"], detail["input_tokens"], detail["output_tokens"]) == (3, 1, 4, 5)
+    completed = [msgspec.json.decode(payload) for _, payload in stored_events(api, session_id) if '"turn.completed"' in payload]
+    assert [(e["turn_index"], e["schema_version"], e.get("barged_in")) for e in completed] == [(0, 2, True), (1, 1, None)]
+
+
 # -- SSE ----------------------------------------------------------------------------
 async def read_stream(pipeline, session_id, *, token="tok-all", headers=None, params=None, limit=None):
     """Events of one SSE connection: until session.ended, or after ``limit`` events (then disconnect)."""
