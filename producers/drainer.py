@@ -238,7 +238,8 @@ class SpoolDrainer:
     def _next_commands(self) -> tuple[list[tuple[list[SpooledEvent], list[Ticket]]], list[concurrent.futures.Future[int]]]:
         appends: list[tuple[list[SpooledEvent], list[Ticket]]] = []
         adopt_waiters: list[concurrent.futures.Future[int]] = []
-        busy = bool(self._in_flight or self._acked or self._cursor <= self._last_id)
+        to_send = self._cursor <= self._last_id and not self._failed  # while failed, the retry round waits
+        busy = bool(self._in_flight or self._acked or to_send)
         try:
             if busy:
                 # Serve delivery reports while waiting for new work.
