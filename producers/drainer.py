@@ -396,7 +396,7 @@ class SpoolDrainer:
             else:
                 logger.info("producer: %s", err.str())
 
-        return Producer({**self._config, "error_cb": on_error})
+        return Producer({"logger": logger, **self._config, "error_cb": on_error})
 
     def _publish_stats(self) -> None:
         assert self._spool is not None
