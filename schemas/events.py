@@ -6,8 +6,8 @@ Every event carries the envelope ``schema_version``, ``event_id``, ``type``,
 grows by one each time a new process resumes the session (fencing).
 
 Events travel as JSON; :func:`decode_event` validates bytes against this model
-(the checked-in JSON Schema files in ``schemas/json/`` are generated from it by
-``python -m turnlog.schemas.generate``).
+(the current version's JSON Schema files in ``schemas/json/`` are generated
+from it by ``python -m turnlog.schemas.generate``).
 
 Schema evolution
 ----------------
@@ -26,8 +26,9 @@ by a crash). The rules, so that a rolling upgrade never stops a consumer:
 * An old (v1) reader has ``schema_version: Literal[1]`` and
   ``forbid_unknown_fields``: it rejects a version-2 event on its
   ``schema_version`` (``EventValidationError``: "Invalid enum value 2 - at
-  `$.schema_version`"), and every stage sends such a record to the DLQ with
-  that reason, never crashing. A v2 reader reads every v1 event (``barged_in``
+  `$.schema_version`"): the sequencer, the sink and the analytics projection
+  send such a record to the DLQ with that reason (the finalizer and the live followers skip it), and
+  none of them stops. A v2 reader reads every v1 event (``barged_in``
   defaults to False).
 * A reader accepts every version it knows (1 and 2). It rejects a version
   it does not know, and an event labelled lower than its fields need
@@ -40,7 +41,7 @@ by a crash). The rules, so that a rolling upgrade never stops a consumer:
   ``*.v1.schema.json`` files are the v1 readers' contract and are never
   regenerated; the generator writes the current version's files.
 
-The next field follows the same steps: give it a default, raise
+The next field follows the same steps: give it a falsy default, raise
 ``SCHEMA_VERSION``, widen the ``schema_version`` literal, and list the field
 in its event type's ``added_in``; regenerate the JSON Schema files.
 """

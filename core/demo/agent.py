@@ -1,11 +1,24 @@
 """A simulated agent: replays one transcript through SessionRecorder in real time, compressed.
 
-Each turn's words arrive one by one over the turn's (compressed) duration, the
-way speech recognition streams them, as ``update_partial`` calls; the
-recorder's timer flushes the newest partial. Progress goes to stdout as JSON
-lines so the demo can SIGKILL the process in the middle of a chosen turn.
-Event timestamps (``started_at``/``ended_at``) are the recording's own times
-on a base date, so stored durations match the meeting, whatever the speed.
+Turns keep their real timing: each input turn opens at its (compressed) start
+time and completes at its end time, so a turn may open while earlier ones are
+still open (people talk over each other in these meetings), and turns complete
+in whatever order their ends fall. While a turn is open its words arrive one by
+one over its duration, the way speech recognition streams them, as
+``update_partial`` calls; the recorder's timer flushes every open turn's newest
+text. Event timestamps (``started_at``/``ended_at``) are the recording's own
+times on a base date, so stored durations match the meeting whatever the speed.
+
+Turn indexes: the first agent of a session stores input turn ``i`` at turn
+index ``i``. An agent that resumes a session says again, in full and at their
+recorded times, every input turn the store does not hold complete (the turns
+its predecessor left open, and those it never reached), at new turn indexes
+counted on from the recorder's ``next_turn_index``
+(``turnlog.demo.transcripts.unfinished_turns``).
+
+Progress goes to stdout as JSON lines (``started``/``resumed``, ``turn`` when
+a turn opens, ``said`` when its completion returned, ``done``) so the demo can
+SIGKILL the process in the middle of a chosen turn.
 """
 
 from __future__ import annotations
@@ -15,18 +28,15 @@ import datetime as dt
 import os
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
-from sqlalchemy import func, select
-
-from turnlog.demo.transcripts import InputTurn, load_transcript, token_counts
+from turnlog.demo.transcripts import InputTurn, load_transcript, recording_time, token_counts, unfinished_turns
 from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import open_store
-from turnlog.sinks.tables import transcript_turns
 
-__all__ = ["replay_transcript"]
+__all__ = ["replay_transcript", "recording_time", "SpokenTurn", "replay_plan"]
 
 _encode = msgspec.json.Encoder().encode
 
@@ -36,9 +46,17 @@ def _say(**fields: object) -> None:
     sys.stdout.flush()
 
 
-def recording_time(base: dt.datetime, seconds: float) -> dt.datetime:
-    """The event timestamp of ``seconds`` on the recording's clock."""
-    return base + dt.timedelta(seconds=seconds)
+@dataclass(frozen=True, slots=True)
+class SpokenTurn:
+    """An input turn and the turn index this agent records it under."""
+
+    turn_index: int
+    turn: InputTurn
+
+
+def replay_plan(turns: list[InputTurn], *, first_turn_index: int = 0) -> list[SpokenTurn]:
+    """``turns`` (in input order) at consecutive turn indexes from ``first_turn_index``."""
+    return [SpokenTurn(first_turn_index + n, turn) for n, turn in enumerate(turns)]
 
 
 async def replay_transcript(
@@ -51,20 +69,24 @@ async def replay_transcript(
     resume: bool = False,
     fleet: str = "demo",
 ) -> None:
-    """Record ``path`` as ``session_id``; with ``resume``, continue it after its last completed turn.
+    """Record ``path`` as ``session_id``; with ``resume``, continue it in a new epoch.
 
-    A resumed agent reloads the conversation from the store, as a real agent
-    would: after the resume barrier the store holds every turn its predecessor
-    completed, so it goes on with the first input turn not stored complete.
+    A resumed agent rebuilds its place in the conversation from the stored
+    turns ``resume()`` returns, as a real agent would: after the resume barrier
+    they include every turn its predecessor got recorded, so it says again
+    each input turn not stored complete, and goes on from there.
     """
     turns = load_transcript(path)
     async with SessionRecorder(settings, producer_id=f"demo-agent-{os.getpid()}") as recorder:
         recorder.install_sigterm_drain()
-        from_turn = 0
         if resume:
             session = await recorder.resume(session_id)
-            from_turn = await asyncio.to_thread(_completed_turns, settings, session_id)
-            _say(type="resumed", epoch=session.epoch, next_seq=session.next_seq, next_turn=session.next_turn_index, from_input_turn=from_turn)
+            todo = unfinished_turns(turns, [(t.speaker, t.started_at, t.status) for t in session.turns], base_time)
+            plan = replay_plan(todo, first_turn_index=session.next_turn_index)
+            _say(
+                type="resumed", epoch=session.epoch, next_seq=session.next_seq, next_turn=session.next_turn_index,
+                unfinished=len(todo), first_input_turn=todo[0].turn_index if todo else None,
+            )
         else:
             session = await recorder.start_session(
                 session_id,
@@ -73,47 +95,87 @@ async def replay_transcript(
                 metadata={"source": path.name, "speed": speed},
                 started_at=recording_time(base_time, turns[0].start_s),
             )
+            plan = replay_plan(turns)
             _say(type="started")
-        stored_index = session.next_turn_index
-        t0 = turns[min(from_turn, len(turns) - 1)].start_s
-        clock0 = time.monotonic()
-        free_at = 0.0  # real seconds: one turn at a time
-        for turn in turns[from_turn:]:
-            begin = max((turn.start_s - t0) / speed, free_at)
-            length = max(turn.end_s - turn.start_s, 0.0) / speed
-            await _sleep_until(clock0 + begin)
-            _say(type="turn", input_turn=turn.turn_index, stored_turn=stored_index, real_seconds=round(length, 3))
-            await _speak(session, stored_index, turn, base_time, clock0 + begin, length)
-            free_at = begin + length
-            stored_index += 1
-            if recorder.terminating.is_set():
-                _say(type="terminated")
-                return
+        if not await _play(session, plan, speed=speed, base_time=base_time, terminating=recorder.terminating):
+            _say(type="terminated")
+            return
         last_end = max(t.end_s for t in turns)
         await session.end("completed", ended_at=recording_time(base_time, last_end))
         _say(type="done", events=session.next_seq)
 
 
-def _completed_turns(settings: TurnlogSettings, session_id: str) -> int:
-    store = open_store(settings.database_url)
+async def _play(session, plan: list[SpokenTurn], *, speed: float, base_time: dt.datetime, terminating: asyncio.Event) -> bool:  # noqa: ANN001
+    """Say every turn of ``plan`` at its recorded time, several at once where
+    they overlap; True when all were said, False when SIGTERM stopped it (the
+    turns still open then are left to the recorder's drain).
+
+    Raises:
+        the first error of a turn (e.g. ``DeliveryError``); the other open turns are cancelled.
+    """
+    if not plan:
+        return True
+    t0 = plan[0].turn.start_s
+    clock0 = time.monotonic()
+    open_turns: set[asyncio.Task[None]] = set()
+    failed: list[asyncio.Task[None]] = []
+    stop = asyncio.Event()  # SIGTERM's drain finished, or a turn failed
+    watcher = asyncio.create_task(terminating.wait())
+    watcher.add_done_callback(lambda _: stop.set())
+
+    def finished(task: asyncio.Task[None]) -> None:
+        open_turns.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            failed.append(task)
+            stop.set()
+
     try:
-        with store.engine.connect() as conn:
-            return conn.execute(
-                select(func.count()).where(transcript_turns.c.session_id == session_id, transcript_turns.c.status == "complete")
-            ).scalar_one()
+        for spoken in plan:
+            turn = spoken.turn
+            begin = clock0 + (turn.start_s - t0) / speed
+            length = max(turn.end_s - turn.start_s, 0.0) / speed
+            if await _wait(stop, begin):
+                break
+            _say(type="turn", input_turn=turn.turn_index, stored_turn=spoken.turn_index, real_seconds=round(length, 3), open=len(open_turns) + 1)
+            task = asyncio.create_task(_speak(session, spoken, base_time, begin, length), name=f"turn-{spoken.turn_index}")
+            open_turns.add(task)
+            task.add_done_callback(finished)
+        while open_turns and not stop.is_set():
+            waiter = asyncio.create_task(stop.wait())
+            await asyncio.wait({*open_turns, waiter}, return_when=asyncio.FIRST_COMPLETED)
+            waiter.cancel()
     finally:
-        store.engine.dispose()
+        watcher.cancel()
+        for task in list(open_turns):
+            task.cancel()
+    if failed:
+        raise failed[0].exception()  # type: ignore[misc]
+    return not terminating.is_set()
 
 
-async def _speak(session, stored_index: int, turn: InputTurn, base_time: dt.datetime, start: float, length: float) -> None:  # noqa: ANN001
+async def _wait(stop: asyncio.Event, deadline: float) -> bool:
+    """Sleep until ``deadline`` (monotonic); True if ``stop`` was set first."""
+    delay = deadline - time.monotonic()
+    if delay <= 0:
+        return stop.is_set()
+    try:
+        await asyncio.wait_for(stop.wait(), delay)
+    except TimeoutError:
+        return False
+    return True
+
+
+async def _speak(session, spoken: SpokenTurn, base_time: dt.datetime, start: float, length: float) -> None:  # noqa: ANN001
+    turn = spoken.turn
     words = turn.text.split(" ")
     started_at = recording_time(base_time, turn.start_s)
     for count in range(1, len(words)):
-        session.update_partial(stored_index, turn.speaker, " ".join(words[:count]), started_at=started_at)
+        session.update_partial(spoken.turn_index, turn.speaker, " ".join(words[:count]), started_at=started_at)
         await _sleep_until(start + length * count / len(words))
+    await _sleep_until(start + length)
     input_tokens, output_tokens = token_counts(turn)
     await session.complete_turn(
-        stored_index,
+        spoken.turn_index,
         turn.speaker,
         turn.text,
         started_at=started_at,
@@ -121,6 +183,7 @@ async def _speak(session, stored_index: int, turn: InputTurn, base_time: dt.date
         input_tokens=input_tokens,
         output_tokens=output_tokens,
     )
+    _say(type="said", input_turn=turn.turn_index, stored_turn=spoken.turn_index)
 
 
 async def _sleep_until(deadline: float) -> None:

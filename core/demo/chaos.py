@@ -32,9 +32,8 @@ import msgspec
 from confluent_kafka import Consumer, TopicPartition
 from sqlalchemy import func, select
 
-from turnlog.demo.runner import AgentProcess, count_events, print_table, wait_for_finalized
-from turnlog.demo.transcripts import find_transcripts, load_transcript
-from turnlog.demo.verdict import judge_session
+from turnlog.demo.runner import AgentProcess, count_events, load_sessions, print_table, wait_for_finalized
+from turnlog.demo.verdict import ProblemKind, judge_session, problem_totals
 from turnlog.deploy.local import SCRIPTS, ensure_local_services, wait_for_broker
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command
 from turnlog.deploy.topics import create_topics
@@ -79,9 +78,8 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
         }
     )
     log_dir = options.log_dir / run_id
-    files = find_transcripts(options.sessions_dir)
-    transcripts = {f"{p.stem}.{run_id}": load_transcript(p) for p in files}
-    paths = {f"{p.stem}.{run_id}": p for p in files}
+    transcripts, paths = load_sessions(options.sessions_dir, run_id)
+    files = list(paths.values())
     longest = max(max(t.end_s for t in turns) - turns[0].start_s for turns in transcripts.values())
     speed = longest / (options.duration * 0.85)
     base_time = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
@@ -182,19 +180,24 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
             agent.process.stop(5)
     wall = time.monotonic() - started
 
-    verdicts = [judge_session(store, sid, turns, agent_kills.get(sid, 0)) for sid, turns in transcripts.items()]
+    verdicts = [
+        judge_session(store, sid, turns, agent_kills.get(sid, 0), base_time=base_time) for sid, turns in transcripts.items()
+    ]
     print_table(verdicts)
     problems = [p for v in verdicts for p in v.problems]
+    totals = problem_totals(problems)
+    counted = {ProblemKind.LOST_TURNS, ProblemKind.DUPLICATED_TURNS, ProblemKind.ALTERED_TURNS, ProblemKind.OUT_OF_ORDER, ProblemKind.WRONG_AGGREGATE}
     events_sent = _events_sent(settings)
     stored = count_events(store, list(transcripts))
     figures = {
         "events_sent": events_sent,
         "events_stored": stored,
-        "lost_beyond_bound": sum(_number(p, "input turns missing") for p in problems),
-        "duplicated": sum(_number(p, "turns stored more than once or altered") for p in problems),
-        "out_of_order": sum(1 for p in problems if p == "turns out of order"),
-        "wrong_aggregates": sum(1 for p in problems if "recomputation" in p or "duration_seconds" in p or "tokens are" in p),
-        "other_problems": [p for p in problems if not any(k in p for k in ("missing", "more than once", "out of order", "recomputation", "duration_seconds", "tokens are"))],
+        "lost_beyond_bound": totals[ProblemKind.LOST_TURNS],
+        "duplicated": totals[ProblemKind.DUPLICATED_TURNS],
+        "altered": totals[ProblemKind.ALTERED_TURNS],
+        "out_of_order": totals[ProblemKind.OUT_OF_ORDER],
+        "wrong_aggregates": totals[ProblemKind.WRONG_AGGREGATE],
+        "other_problems": [str(p) for p in problems if p.kind not in counted],
     }
     recovery = {
         component: {
@@ -220,11 +223,6 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
                   "speed": round(speed, 2), **figures, "recovery": recovery, "kills": kills, "sessions": [v.as_json() for v in verdicts]}
         options.report_path.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n")
     return ok
-
-
-def _number(problem: str, suffix: str) -> int:
-    head = problem.split(" ", 1)[0]
-    return int(head) if problem.endswith(suffix) and head.isdigit() else 0
 
 
 def _sleep_until(deadline: float) -> None:

@@ -24,8 +24,8 @@ from pathlib import Path
 import msgspec
 from sqlalchemy import func, select
 
-from turnlog.demo.transcripts import InputTurn, find_transcripts, load_transcript
-from turnlog.demo.verdict import SessionVerdict, judge_session
+from turnlog.demo.transcripts import InputTurn, check_replayable, find_transcripts, load_transcript
+from turnlog.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command
 from turnlog.deploy.local import ensure_local_services
 from turnlog.deploy.topics import create_topics
@@ -34,7 +34,7 @@ from turnlog.sinks import SqlStore, open_store, safe_url
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import session_events, sessions
 
-__all__ = ["DemoOptions", "run_demo", "choose_kills"]
+__all__ = ["DemoOptions", "run_demo", "choose_kills", "load_sessions"]
 
 logger = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
@@ -99,11 +99,13 @@ class AgentProcess:
 
 def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     """Run the demo; print the table and verdict; return True when every session is intact."""
-    settings = settings.model_copy(update={"flush_interval_seconds": options.flush_interval_seconds})
-    files = find_transcripts(options.sessions_dir)
     run_id = uuid.uuid4().hex[:8]
-    transcripts = {f"{path.stem}.{run_id}": load_transcript(path) for path in files}
-    paths = {f"{path.stem}.{run_id}": path for path in files}
+    # The run's own spool folder: its resumed agents deliver what its killed ones left there.
+    settings = settings.model_copy(
+        update={"flush_interval_seconds": options.flush_interval_seconds, "spool_dir": str(options.log_dir / run_id / "spool")}
+    )
+    transcripts, paths = load_sessions(options.sessions_dir, run_id)
+    files = list(paths.values())
     kills = choose_kills(transcripts, options.kills, options.speed, options.flush_interval_seconds, options.seed)
     log_dir = options.log_dir / run_id
     base_time = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
@@ -162,11 +164,13 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     wall = time.monotonic() - started
 
     kills_by_session = {k["session_id"]: 1 for k in killed}
-    verdicts = [judge_session(store, sid, turns, kills_by_session.get(sid, 0)) for sid, turns in transcripts.items()]
+    verdicts = [
+        judge_session(store, sid, turns, kills_by_session.get(sid, 0), base_time=base_time) for sid, turns in transcripts.items()
+    ]
     verdicts_by_id = {v.session_id: v for v in verdicts}
     for plan in kills:
         if plan.session_id not in kills_by_session:
-            verdicts_by_id[plan.session_id].problems.append("the planned SIGKILL did not happen")
+            verdicts_by_id[plan.session_id].problems.append(Problem(ProblemKind.KILL_MISSED, 1, "the planned SIGKILL did not happen"))
     events = count_events(store, list(transcripts))
     failed_agents = [a.process.name for a in agents if a.process.popen.returncode not in (0, -9)]
     ok = all(v.ok for v in verdicts) and not failed_agents and len(killed) == len(kills)
@@ -206,6 +210,21 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     return ok
 
 
+def load_sessions(folder: Path, run_id: str) -> tuple[dict[str, list[InputTurn]], dict[str, Path]]:
+    """The transcripts of ``folder`` under this run's session ids (``<file stem>.<run_id>``), and their files.
+
+    Raises:
+        ConfigurationError: no transcripts, an unreadable one, or one the replay cannot tell turns apart in.
+    """
+    transcripts, paths = {}, {}
+    for path in find_transcripts(folder):
+        turns = load_transcript(path)
+        check_replayable(path, turns)
+        transcripts[f"{path.stem}.{run_id}"] = turns
+        paths[f"{path.stem}.{run_id}"] = path
+    return transcripts, paths
+
+
 def _wait_for_agents(agents: list[AgentProcess], lock: threading.Lock, expected: int, deadline: float) -> None:
     while time.monotonic() < deadline:
         with lock:
@@ -242,5 +261,5 @@ def print_table(verdicts: list[SessionVerdict]) -> None:
     print("-" * len(header))
     for v in verdicts:
         duration = f"{v.duration_seconds:.1f}" if v.duration_seconds is not None else "-"
-        problems = "; ".join(v.problems) or "ok"
+        problems = "; ".join(map(str, v.problems)) or "ok"
         print(f"{v.session_id:<26} {v.input_turns:>6} {v.stored_turns:>6} {v.interrupted_turns:>4} {v.status:<10} {duration:>10} {v.events:>7}  {problems}")

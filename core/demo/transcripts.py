@@ -1,14 +1,40 @@
-"""The demo's input: one JSON Lines file per session (see shared/data/README.md)."""
+"""The demo's input: one JSON Lines file per session (see shared/data/README.md).
+
+Also the replay's conventions, shared by the agent (``demo/agent.py``) and the
+verdict (``demo/verdict.py``):
+
+- A turn's event timestamps are the recording's own times on a base date
+  (:func:`recording_time`), so a stored turn names its input turn by
+  ``(speaker, started_at)`` (:func:`turn_key`): no speaker starts two turns at
+  the same instant (:func:`check_replayable`).
+- The first agent of a session stores input turn ``i`` at turn index ``i``.
+  An agent that resumes a session after a crash says again, in full, every
+  input turn not stored complete (:func:`unfinished_turns`), in input order,
+  at turn indexes counted on from the recorder's ``next_turn_index`` (one past
+  the highest stored turn).
+"""
 
 from __future__ import annotations
 
+import datetime as dt
+from collections.abc import Iterable
 from pathlib import Path
 
 import msgspec
 
 from turnlog.exceptions import ConfigurationError
 
-__all__ = ["InputTurn", "load_transcript", "find_transcripts", "AGENT_SPEAKER", "token_counts"]
+__all__ = [
+    "InputTurn",
+    "load_transcript",
+    "find_transcripts",
+    "check_replayable",
+    "AGENT_SPEAKER",
+    "token_counts",
+    "recording_time",
+    "turn_key",
+    "unfinished_turns",
+]
 
 #: In the replay, speaker "A" plays the agent: its words count as output tokens,
 #: everyone else's as input tokens (a word is one token here).
@@ -73,3 +99,40 @@ def token_counts(turn: InputTurn) -> tuple[int, int]:
     """``(input_tokens, output_tokens)`` the replay records for ``turn``."""
     words = len(turn.text.split())
     return (0, words) if turn.speaker == AGENT_SPEAKER else (words, 0)
+
+
+def recording_time(base: dt.datetime, seconds: float) -> dt.datetime:
+    """The event timestamp of ``seconds`` on the recording's clock (``base`` is its second 0)."""
+    return base + dt.timedelta(seconds=seconds)
+
+
+def turn_key(speaker: str, started_at: dt.datetime) -> tuple[str, dt.datetime]:
+    """What names an input turn in the store: its speaker and its start (UTC)."""
+    return speaker, started_at.astimezone(dt.timezone.utc)
+
+
+def check_replayable(path: Path, turns: list[InputTurn]) -> None:
+    """Refuse a transcript in which one speaker starts two turns at the same
+    instant: their stored turns could not be told apart (:func:`turn_key`).
+
+    Raises:
+        ConfigurationError: naming the first such pair.
+    """
+    seen: dict[tuple[str, float], int] = {}
+    for turn in turns:
+        other = seen.setdefault((turn.speaker, turn.start_s), turn.turn_index)
+        if other != turn.turn_index:
+            raise ConfigurationError(
+                f"{path}: turns {other} and {turn.turn_index} are both spoken by {turn.speaker!r} from {turn.start_s} s"
+            )
+
+
+def unfinished_turns(
+    turns: list[InputTurn], stored: Iterable[tuple[str, dt.datetime, str]], base: dt.datetime
+) -> list[InputTurn]:
+    """The input turns a resumed agent says again: those without a stored
+    ``complete`` turn, in input order. ``stored`` gives each stored turn's
+    ``(speaker, started_at, status)``; a stored turn that names no input turn
+    is ignored here (the verdict reports it)."""
+    complete = {turn_key(speaker, started_at) for speaker, started_at, status in stored if status == "complete"}
+    return [t for t in turns if turn_key(t.speaker, recording_time(base, t.start_s)) not in complete]

@@ -1,31 +1,109 @@
 """The demo's verdict: does the store hold every input turn exactly once, in order?
 
 For each session it compares three things:
-- the input transcript (what the agent said),
+- the input transcript (what the agents said),
 - the store (``transcript_turns`` and the finalized ``sessions`` row),
 - an independent fold of the stored event log (``turnlog.audit.fold_events``).
 
-Completed turns must equal the input turns one for one (speaker and text), in
-order. A SIGKILLed agent leaves its unfinished turn ``interrupted``; that turn
-must hold a word prefix of the turn the resumed agent then re-spoke in full.
+What "in order" means with overlapping turns and crashes
+(``turnlog.demo.transcripts`` has the replay's conventions). Each agent
+process that wrote a session is a *generation*; its turns carry its epoch.
+Generation ``g`` says the input turns ``pending(g)`` = those not stored
+complete by the generations before it, in input order, at the turn indexes
+``base(g) + 0, 1, 2, ...`` where ``base(g)`` is one past the highest turn
+index the earlier generations stored (the first generation: ``pending`` is
+every input turn and ``base`` is 0, so input turn ``i`` is turn ``i``). So:
+
+- every input turn is stored ``complete`` exactly once, with its speaker,
+  start time and text (a stored turn names its input turn by speaker and start
+  time);
+- every stored turn sits at the index its generation gave its input turn:
+  sorted by turn index, the complete turns are each generation's completed
+  turns in input order, generation after generation, and so the turns a
+  resumed agent said again come after every turn stored before its resume;
+- a turn a SIGKILL left unfinished is ``interrupted`` (never ``partial``),
+  belongs to a generation that a later one replaced, and holds a word prefix
+  of its input turn, which a later generation stored complete;
+- no more generations than kills + 1;
+- the aggregates equal a recomputation from the log and from the input.
+
+Problems are typed (:class:`Problem`: a :class:`ProblemKind` and a count),
+so reports add them up by kind; their ``detail`` is the readable text.
 """
 
 from __future__ import annotations
 
-from collections import Counter
+import datetime as dt
+import enum
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from sqlalchemy import select
 
 from turnlog.audit import fold_events
-from turnlog.demo.transcripts import InputTurn, token_counts
+from turnlog.demo.transcripts import InputTurn, recording_time, token_counts, turn_key
 from turnlog.sinks import SqlStore
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
-__all__ = ["SessionVerdict", "judge_session"]
+__all__ = [
+    "ProblemKind",
+    "Problem",
+    "TurnRow",
+    "SessionVerdict",
+    "judge_session",
+    "check_turns",
+    "problem_totals",
+]
 
 DURATION_TOLERANCE_SECONDS = 0.002
+
+
+class ProblemKind(enum.Enum):
+    """What is wrong; ``count`` of a :class:`Problem` says how many of it."""
+
+    SESSION_MISSING = "session_missing"
+    NOT_FINALIZED = "not_finalized"
+    LOST_TURNS = "lost_turns"  # input turns never stored complete
+    DUPLICATED_TURNS = "duplicated_turns"  # extra complete copies of an input turn
+    ALTERED_TURNS = "altered_turns"  # a complete turn whose text differs, or that names no input turn
+    OUT_OF_ORDER = "out_of_order"  # turns not at the index their generation gave them
+    PARTIAL_AFTER_END = "partial_after_end"
+    BAD_INTERRUPTED = "bad_interrupted"  # an interrupted turn that is not a prefix of a turn said again later
+    EXTRA_GENERATIONS = "extra_generations"  # more writers (epochs) than kills + 1
+    LOG_MISMATCH = "log_mismatch"  # the store differs from a fold of its own event log
+    WRONG_AGGREGATE = "wrong_aggregate"  # a figure differs from a recomputation
+    KILL_MISSED = "kill_missed"  # a planned SIGKILL did not happen
+
+
+@dataclass(frozen=True, slots=True)
+class Problem:
+    kind: ProblemKind
+    count: int
+    detail: str
+
+    def __str__(self) -> str:
+        return self.detail
+
+    def as_json(self) -> dict[str, Any]:
+        return {"kind": self.kind.value, "count": self.count, "detail": self.detail}
+
+
+@dataclass(frozen=True, slots=True)
+class TurnRow:
+    """A stored turn, as the verdict needs it (a ``transcript_turns`` row)."""
+
+    turn_index: int
+    speaker: str
+    text: str
+    status: str
+    started_at: dt.datetime
+    epoch: int
+
+    @classmethod
+    def from_row(cls, row: Any) -> TurnRow:
+        return cls(row["turn_index"], row["speaker"], row["text"], row["status"], row["started_at"], row["epoch"])
 
 
 @dataclass(slots=True)
@@ -42,18 +120,35 @@ class SessionVerdict:
     output_tokens: int | None
     events: int
     kills: int
-    problems: list[str] = field(default_factory=list)
+    generations: int = 0
+    problems: list[Problem] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
         return not self.problems
 
     def as_json(self) -> dict[str, Any]:
-        return {**asdict(self), "ok": self.ok}
+        data = asdict(self)
+        data["problems"] = [p.as_json() for p in self.problems]
+        return {**data, "ok": self.ok}
 
 
-def judge_session(store: SqlStore, session_id: str, expected: list[InputTurn], kills: int) -> SessionVerdict:
-    """Compare one session's store rows with its input and with a fold of its event log."""
+def problem_totals(problems: Iterable[Problem]) -> dict[ProblemKind, int]:
+    """The sum of ``count`` per kind (every kind present, 0 when none)."""
+    totals = dict.fromkeys(ProblemKind, 0)
+    for problem in problems:
+        totals[problem.kind] += problem.count
+    return totals
+
+
+def judge_session(
+    store: SqlStore, session_id: str, expected: list[InputTurn], kills: int, *, base_time: dt.datetime
+) -> SessionVerdict:
+    """Compare one session's store rows with its input and with a fold of its event log.
+
+    ``base_time`` is second 0 of the recording (the agents' ``--base-time``);
+    ``kills`` how many of the session's agents were SIGKILLed.
+    """
     with store.engine.connect() as conn:
         row = conn.execute(select(sessions).where(sessions.c.id == session_id)).mappings().first()
         turns = conn.execute(
@@ -62,13 +157,14 @@ def judge_session(store: SqlStore, session_id: str, expected: list[InputTurn], k
         payloads = conn.execute(
             select(session_events.c.payload).where(session_events.c.session_id == session_id).order_by(session_events.c.seq)
         ).scalars().all()
+    rows = [TurnRow.from_row(t) for t in turns]
     expected_duration = round(max(t.end_s for t in expected) - expected[0].start_s, 3)
     verdict = SessionVerdict(
         session_id=session_id,
         input_turns=len(expected),
-        stored_turns=len(turns),
-        complete_turns=sum(1 for t in turns if t["status"] == "complete"),
-        interrupted_turns=sum(1 for t in turns if t["status"] == "interrupted"),
+        stored_turns=len(rows),
+        complete_turns=sum(1 for t in rows if t.status == "complete"),
+        interrupted_turns=sum(1 for t in rows if t.status == "interrupted"),
         status=row["status"] if row else "missing",
         duration_seconds=row["duration_seconds"] if row else None,
         expected_duration_seconds=expected_duration,
@@ -76,21 +172,24 @@ def judge_session(store: SqlStore, session_id: str, expected: list[InputTurn], k
         output_tokens=row["output_tokens"] if row else None,
         events=len(payloads),
         kills=kills,
+        generations=len({t.epoch for t in rows}),
     )
     problems = verdict.problems
     if row is None:
-        problems.append("session missing from the store")
+        problems.append(Problem(ProblemKind.SESSION_MISSING, 1, "session missing from the store"))
         return verdict
     if row["status"] != "finalized":
-        problems.append(f"status is {row['status']}, not finalized")
+        problems.append(Problem(ProblemKind.NOT_FINALIZED, 1, f"status is {row['status']}, not finalized"))
 
-    _check_turns(turns, expected, kills, problems)
+    problems.extend(check_turns(rows, expected, base_time=base_time, kills=kills))
 
     folded = fold_events(payloads)
     if folded.seqs != list(range(len(folded.seqs))):
-        problems.append("session_events seqs are not 0..n-1")
+        problems.append(Problem(ProblemKind.LOG_MISMATCH, 1, "session_events seqs are not 0..n-1"))
     if folded.end_seq is None or row["last_seq"] != folded.end_seq:
-        problems.append(f"last_seq {row['last_seq']} != end seq {folded.end_seq}")
+        problems.append(Problem(ProblemKind.LOG_MISMATCH, 1, f"last_seq {row['last_seq']} != end seq {folded.end_seq}"))
+    if [(t.turn_index, t.status, t.text) for t in folded.ordered_turns] != [(t.turn_index, t.status, t.text) for t in rows]:
+        problems.append(Problem(ProblemKind.LOG_MISMATCH, 1, "transcript_turns differ from a fold of session_events"))
     recomputed = {
         "turn_count": folded.turn_count,
         "interrupted_turn_count": folded.interrupted_turn_count,
@@ -99,47 +198,131 @@ def judge_session(store: SqlStore, session_id: str, expected: list[InputTurn], k
     }
     for name, value in recomputed.items():
         if row[name] != value:
-            problems.append(f"{name} is {row[name]}, a recomputation from session_events gives {value}")
-    if [(t.status, t.text) for t in folded.ordered_turns] != [(t["status"], t["text"]) for t in turns]:
-        problems.append("transcript_turns differ from a fold of session_events")
+            problems.append(
+                Problem(ProblemKind.WRONG_AGGREGATE, 1, f"{name} is {row[name]}, a recomputation from session_events gives {value}")
+            )
     for name, value in (("duration_seconds (log)", folded.duration_seconds), ("duration_seconds (input)", expected_duration)):
         if row["duration_seconds"] is None or value is None or abs(row["duration_seconds"] - value) > DURATION_TOLERANCE_SECONDS:
-            problems.append(f"duration_seconds is {row['duration_seconds']}, {name} gives {value}")
+            problems.append(Problem(ProblemKind.WRONG_AGGREGATE, 1, f"duration_seconds is {row['duration_seconds']}, {name} gives {value}"))
     input_tokens = sum(token_counts(t)[0] for t in expected)
     output_tokens = sum(token_counts(t)[1] for t in expected)
     if (row["input_tokens"], row["output_tokens"]) != (input_tokens, output_tokens):
         problems.append(
-            f"tokens are {row['input_tokens']}/{row['output_tokens']}, the input gives {input_tokens}/{output_tokens}"
+            Problem(
+                ProblemKind.WRONG_AGGREGATE,
+                1,
+                f"tokens are {row['input_tokens']}/{row['output_tokens']}, the input gives {input_tokens}/{output_tokens}",
+            )
         )
     return verdict
 
 
-def _check_turns(turns: list[Any], expected: list[InputTurn], kills: int, problems: list[str]) -> None:
-    if [t["turn_index"] for t in turns] != list(range(len(turns))):
-        problems.append("turn indices are not 0..n-1")
-    partial = [t["turn_index"] for t in turns if t["status"] == "partial"]
+def check_turns(rows: Sequence[TurnRow], expected: Sequence[InputTurn], *, base_time: dt.datetime, kills: int) -> list[Problem]:
+    """The problems of a session's stored turns against its input (module docstring).
+
+    Pure: ``rows`` are the stored turns (any order), ``expected`` the input
+    turns in input order, ``base_time`` second 0 of the recording, ``kills``
+    how many of the session's agents were SIGKILLed.
+    """
+    problems: list[Problem] = []
+    rows = sorted(rows, key=lambda r: r.turn_index)
+    by_key = {turn_key(t.speaker, recording_time(base_time, t.start_s)): i for i, t in enumerate(expected)}
+    source = {r.turn_index: by_key.get(turn_key(r.speaker, r.started_at)) for r in rows}
+
+    partial = [r.turn_index for r in rows if r.status == "partial"]
     if partial:
-        problems.append(f"turns still partial after the end: {partial}")
-    complete = [(t["speaker"], t["text"]) for t in turns if t["status"] == "complete"]
-    wanted = [(t.speaker, t.text) for t in expected]
-    if complete != wanted:
-        have, want = Counter(complete), Counter(wanted)
-        missing = sum((want - have).values())
-        duplicated = sum((have - want).values())
-        if missing:
-            problems.append(f"{missing} input turns missing")
-        if duplicated:
-            problems.append(f"{duplicated} turns stored more than once or altered")
-        if not missing and not duplicated:
-            problems.append("turns out of order")
-    interrupted = [i for i, t in enumerate(turns) if t["status"] == "interrupted"]
-    if len(interrupted) > kills:
-        problems.append(f"{len(interrupted)} interrupted turns but only {kills} kills")
-    for i in interrupted:
-        cut = turns[i]
-        retold = next((t for t in turns[i + 1 :] if t["status"] == "complete"), None)
-        if retold is None or retold["speaker"] != cut["speaker"] or not _is_word_prefix(cut["text"], retold["text"]):
-            problems.append(f"interrupted turn {cut['turn_index']} is not a prefix of the turn re-spoken after it")
+        problems.append(Problem(ProblemKind.PARTIAL_AFTER_END, len(partial), f"turns still partial after the end: {_few(partial)}"))
+    odd = [r.turn_index for r in rows if r.status not in ("partial", "complete", "interrupted")]
+    if odd:
+        problems.append(Problem(ProblemKind.ALTERED_TURNS, len(odd), f"turns with an unknown status: {_few(odd)}"))
+
+    complete = [r for r in rows if r.status == "complete"]
+    altered = [
+        r.turn_index for r in complete if source[r.turn_index] is None or r.text != expected[source[r.turn_index]].text  # type: ignore[index]
+    ]
+    if altered:
+        problems.append(
+            Problem(ProblemKind.ALTERED_TURNS, len(altered), f"{len(altered)} complete turns differ from every input turn: {_few(altered)}")
+        )
+    copies = Counter(source[r.turn_index] for r in complete if source[r.turn_index] is not None)
+    lost = [i for i in range(len(expected)) if copies[i] == 0]
+    if lost:
+        problems.append(Problem(ProblemKind.LOST_TURNS, len(lost), f"{len(lost)} input turns missing: {_few(lost)}"))
+    duplicated = sum(n - 1 for n in copies.values() if n > 1)
+    if duplicated:
+        extra = sorted(i for i, n in copies.items() if n > 1)
+        problems.append(
+            Problem(ProblemKind.DUPLICATED_TURNS, duplicated, f"{duplicated} turns stored complete more than once (input turns {_few(extra)})")
+        )
+
+    # Each generation's layout: where it must have put each input turn it said.
+    by_epoch: dict[int, list[TurnRow]] = defaultdict(list)
+    for r in rows:
+        by_epoch[r.epoch].append(r)
+    epochs = sorted(by_epoch)
+    done: set[int] = set()
+    highest = -1
+    misplaced: list[int] = []
+    for epoch in epochs:
+        generation = by_epoch[epoch]
+        said = [(r.turn_index, source[r.turn_index]) for r in generation if source[r.turn_index] not in done | {None}]
+        # A lost input turn (reported above) may have vanished before this generation
+        # resumed (so it said it again) or after: judge the order under the likelier case.
+        misplaced.extend(
+            min(
+                (_misplaced(said, highest + 1, [i for i in range(len(expected)) if i not in done | gone]) for gone in ({*lost}, set())),
+                key=len,
+            )
+        )
+        done.update(source[r.turn_index] for r in generation if r.status == "complete" and source[r.turn_index] is not None)  # type: ignore[misc]
+        highest = max(highest, generation[-1].turn_index)
+    if misplaced:
+        problems.append(
+            Problem(ProblemKind.OUT_OF_ORDER, len(misplaced), f"{len(misplaced)} turns out of order (not where their agent put them): {_few(misplaced)}")
+        )
+
+    final_epoch = epochs[-1] if epochs else None
+    completed_in = defaultdict(list)
+    for r in complete:
+        if source[r.turn_index] is not None:
+            completed_in[source[r.turn_index]].append(r.epoch)
+    bad = []
+    for r in rows:
+        if r.status != "interrupted":
+            continue
+        i = source[r.turn_index]
+        if (
+            i is None
+            or r.epoch == final_epoch
+            or not _is_word_prefix(r.text, expected[i].text)
+            or not any(epoch > r.epoch for epoch in completed_in[i])
+        ):
+            bad.append(r.turn_index)
+    if bad:
+        problems.append(
+            Problem(
+                ProblemKind.BAD_INTERRUPTED,
+                len(bad),
+                f"{len(bad)} interrupted turns are not a word prefix of a turn a later agent said in full: {_few(bad)}",
+            )
+        )
+    if len(epochs) > kills + 1:
+        problems.append(
+            Problem(ProblemKind.EXTRA_GENERATIONS, len(epochs) - kills - 1, f"turns written in {len(epochs)} epochs but only {kills} kills")
+        )
+    return problems
+
+
+def _misplaced(said: list[tuple[int, int]], base: int, pending: list[int]) -> list[int]:
+    """Turn indexes of ``said`` ((turn index, input turn) of one generation) that
+    are not at ``base`` + the input turn's position in ``pending``."""
+    position = {i: n for n, i in enumerate(pending)}
+    return [index for index, i in said if i not in position or index != base + position[i]]
+
+
+def _few(items: Sequence[int], limit: int = 8) -> str:
+    shown = ", ".join(map(str, items[:limit]))
+    return shown + (f", ... ({len(items)} in all)" if len(items) > limit else "")
 
 
 def _is_word_prefix(part: str, whole: str) -> bool:

@@ -37,9 +37,11 @@ def test_the_demo_kills_an_agent_mid_turn_and_every_session_stays_intact(kafka_b
     report = json.loads(report_path.read_text())
     assert report["ok"] and len(report["kills"]) == 1
     by_id = {s["session_id"].rsplit(".", 1)[0]: s for s in report["sessions"]}
-    killed = report["kills"][0]["session_id"].rsplit(".", 1)[0]
-    assert by_id[killed]["interrupted_turns"] == 1
-    assert by_id[killed]["stored_turns"] == by_id[killed]["input_turns"] + 1
+    killed = by_id[report["kills"][0]["session_id"].rsplit(".", 1)[0]]
+    # The kill lands mid-turn, after two flushes of it: at least that turn is left interrupted
+    # (overlapping turns open at that moment may be too), and each is said again in full.
+    assert killed["interrupted_turns"] >= 1 and killed["generations"] == 2
+    assert killed["stored_turns"] == killed["input_turns"] + killed["interrupted_turns"]
     for name in CHOSEN:
         session = by_id[name.removesuffix(".jsonl")]
         assert session["status"] == "finalized" and session["problems"] == []
