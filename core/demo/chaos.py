@@ -1,21 +1,50 @@
-"""``turnlog chaos``: the demo workload under random SIGKILLs of every component.
+"""``turnlog chaos``: the demo workload under SIGKILLs of every component and long outages.
 
 For ``duration`` seconds the real transcripts are replayed (time-compressed so
-they span the run) while a seeded schedule SIGKILLs, in turn, agents (then
-resumed in a new process), the sequencer, the sink, the finalizer and the
-Kafka broker, and restarts each. Afterwards every session is judged as in the
-demo, and the report gives events sent, stored, lost beyond the bound,
-duplicated, out of order, wrong aggregates, and the recovery time of each kill.
+the longest spans 85% of the run, with their real overlapping timing) while a
+seeded schedule (:func:`build_schedule`) does, in one run:
 
-Recovery time is measured from the SIGKILL until the component works again: a
-resumed agent's first line, a replacement sequencer or finalizer joined and
-ready, a replacement sink storing (or caught up), a broker answering.
+- **SIGKILLs** of agents (each resumed in a new process), the sequencer, the
+  sink, the finalizer and the Kafka broker, each restarted at once;
+- **broker outages** longer than the delivery timeout: the broker SIGKILLed
+  and kept down ``max(60, delivery timeout + 30)`` to 120 s (scaled to the
+  run), then started again; at least one per run. The agents go on talking
+  meanwhile: their recorders must keep every event in their local spool and
+  deliver it once the broker is back;
+- **agent SIGKILLs during a broker outage**: the resumed process must first
+  deliver the dead one's spool and pass the resume barrier, which both wait
+  for the broker, so each resume attempt may take the rest of the outage
+  (``resume_timeout_seconds`` is set past the longest outage, and a failed
+  attempt is retried);
+- **Postgres outages**: stopped (``deploy/postgres.sh stop``) or its
+  postmaster SIGKILLed, kept down 20 to 60 s (scaled to the run), then started.
+
+Afterwards every session is judged as in the demo (``turnlog.demo.verdict``)
+and the report gives events sent and stored, turns lost, duplicated, altered
+and out of order, wrong aggregates (sums of the verdict's typed problems by
+kind), each kill and outage with its recovery time, and agents that failed.
+
+Recovery time, from the SIGKILL (for an outage: from the restart) until the
+component works again: a resumed agent's ``resumed`` line; a replacement
+sequencer or finalizer seen by the broker as a new member of its consumer
+group, with the group stable; a replacement sink storing (or caught up with
+the transcript); a broker answering; after an outage, the sink storing again
+(or caught up).
+
+Chaos settings: the run's own topics, groups, Faust data and spool folder;
+``delivery_timeout_seconds`` is 20 s (30 s by default) so that each outage is
+at least three delivery timeouts long: every event spooled during it outlives
+its producer's delivery attempts and has to be driven again from the spool,
+which is what a recorder that "never gives a session up" must survive.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import datetime as dt
 import logging
+import math
 import os
 import random
 import signal
@@ -25,29 +54,49 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import msgspec
-from confluent_kafka import Consumer, TopicPartition
-from sqlalchemy import func, select
+from confluent_kafka import ConsumerGroupState, Consumer, KafkaException, TopicPartition
+from confluent_kafka.admin import AdminClient
+from sqlalchemy import func, select, text
 
 from turnlog.demo.runner import AgentProcess, count_events, load_sessions, print_table, wait_for_finalized
 from turnlog.demo.verdict import ProblemKind, judge_session, problem_totals
-from turnlog.deploy.local import SCRIPTS, ensure_local_services, wait_for_broker
+from turnlog.deploy.local import SCRIPTS, ensure_local_services
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command
 from turnlog.deploy.topics import create_topics
+from turnlog.exceptions import ConfigurationError
+from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import open_store
+from turnlog.sinks import SqlStore, StoreUnavailableError, open_store
+from turnlog.sinks.errors import store_errors
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import sink_offsets
 
-__all__ = ["ChaosOptions", "run_chaos", "COMPONENTS"]
+__all__ = ["ChaosOptions", "run_chaos", "build_schedule", "Schedule", "PlannedKill", "PlannedOutage", "COMPONENTS"]
 
 logger = logging.getLogger(__name__)
 COMPONENTS = ("agent", "sequencer", "sink", "finalizer", "broker")
+SERVICES = ("sequencer", "sink", "finalizer")
 RECOVERY_TIMEOUT_SECONDS = 120.0
-RESUME_ATTEMPTS = 3
+RESUME_ATTEMPTS = 4
+#: The chaos run's producer delivery timeout (see the module docstring).
+CHAOS_DELIVERY_TIMEOUT_SECONDS = 20.0
+#: Outages happen in this part of the run (fractions of ``duration``): while the agents talk.
+OUTAGE_WINDOW = (0.05, 0.85)
+#: Service kills happen in this part, outside outages: the pipeline may still drain a backlog at the end.
+SERVICE_KILL_WINDOW = (0.05, 1.0)
+SERVICE_KILL_SPACING_SECONDS = 6.0
+LATEST_SERVICE_KILL = 1.5  # a service kill held up past this (fraction of ``duration``) is skipped
+PIPELINE_READY_TIMEOUT_SECONDS = 180.0
+AFTER_OUTAGE_SECONDS = 5.0  # left free after an outage for the restarted service to settle
+BROKER_OUTAGE_SECONDS = (60.0, 120.0)
+POSTGRES_OUTAGE_SECONDS = (20.0, 60.0)
+OUTAGE_AGENT_KILL_WINDOW = (0.15, 0.75)  # fractions of a broker outage's length
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,139 +105,555 @@ class ChaosOptions:
     duration: float = 300.0
     seed: int = 1
     kills: int = 25
+    #: agents SIGKILLed (and resumed) during each broker outage
+    outage_agent_kills: int = 2
     report_path: Path | None = None
     flush_interval_seconds: float = 0.2
+    delivery_timeout_seconds: float = CHAOS_DELIVERY_TIMEOUT_SECONDS
     log_dir: Path = Path(".turnlog-chaos")
     state_dir: Path = Path(os.environ.get("TURNLOG_STATE_DIR", Path.home() / ".cache" / "turnlog"))
 
 
+# -- the schedule (pure) -----------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedKill:
+    at: float  # seconds after the start of the run
+    component: str  # one of COMPONENTS
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedOutage:
+    at: float  # seconds after the start of the run
+    service: str  # "broker" or "postgres"
+    down_seconds: float
+    method: str  # "sigkill" or "stop"
+    agent_kills: tuple[float, ...] = ()  # seconds after ``at``: agents SIGKILLed while it is down
+
+
+@dataclass(frozen=True, slots=True)
+class Schedule:
+    kills: tuple[PlannedKill, ...]
+    outages: tuple[PlannedOutage, ...]
+    #: components of requested kills left out: no room outside the outages
+    dropped: tuple[str, ...] = ()
+
+    def as_json(self) -> dict[str, Any]:
+        return msgspec.to_builtins(
+            {"kills": list(self.kills), "outages": list(self.outages), "dropped": list(self.dropped)}
+        )
+
+
+def broker_outage_range(duration: float, delivery_timeout: float) -> tuple[float, float]:
+    """Shortest and longest broker outage (seconds): 60 to 120 s scaled to the
+    run, and never shorter than the delivery timeout + 30 s."""
+    low = max(BROKER_OUTAGE_SECONDS[0], delivery_timeout + 30.0)
+    return low, max(low, min(BROKER_OUTAGE_SECONDS[1], 0.5 * duration))
+
+
+def postgres_outage_range(duration: float) -> tuple[float, float]:
+    """Shortest and longest Postgres outage (seconds): 20 to 60 s scaled to the run."""
+    low = POSTGRES_OUTAGE_SECONDS[0]
+    return low, max(low, min(POSTGRES_OUTAGE_SECONDS[1], 0.2 * duration))
+
+
+def build_schedule(
+    seed: int, duration: float, kills: int, delivery_timeout: float, *, outage_agent_kills: int = 2
+) -> Schedule:
+    """The seeded plan of a chaos run of ``duration`` seconds.
+
+    - Outages: one broker outage and one Postgres outage per full 400 s (at
+      least one of each), in a seeded order with seeded gaps inside
+      ``OUTAGE_WINDOW``, never overlapping each other, each followed by
+      ``AFTER_OUTAGE_SECONDS`` free. Each broker outage SIGKILLs
+      ``outage_agent_kills`` agents while it is down.
+    - ``kills`` instant SIGKILLs, in seeded rounds over ``COMPONENTS``. Agent
+      kills are spread over ``OUTAGE_WINDOW`` (an agent may be killed during a
+      Postgres outage too). Service and broker kills go to slots
+      ``SERVICE_KILL_SPACING_SECONDS`` apart in ``SERVICE_KILL_WINDOW`` outside
+      the outages, in round order; those with no slot left are dropped (named
+      in ``dropped``).
+    """
+    rng = random.Random(seed)
+    start, end = (f * duration for f in OUTAGE_WINDOW)
+    rounds = max(1, int(duration // 400))
+    outages: list[tuple[str, float, str]] = []
+    for _ in range(rounds):
+        outages.append(("broker", rng.uniform(*broker_outage_range(duration, delivery_timeout)), "sigkill"))
+        outages.append(("postgres", rng.uniform(*postgres_outage_range(duration)), rng.choice(("stop", "sigkill"))))
+    rng.shuffle(outages)
+    busy = sum(down + AFTER_OUTAGE_SECONDS for _, down, _ in outages)
+    slack = max(0.0, end - start - busy)
+    cuts = sorted(rng.uniform(0, slack) for _ in outages)
+    gaps = [b - a for a, b in zip([0.0, *cuts], cuts)]
+    planned: list[PlannedOutage] = []
+    at = start
+    for (service, down, method), gap in zip(outages, gaps):
+        at += gap
+        agent_kills: tuple[float, ...] = ()
+        if service == "broker":
+            agent_kills = tuple(sorted(round(rng.uniform(*OUTAGE_AGENT_KILL_WINDOW) * down, 1) for _ in range(outage_agent_kills)))
+        planned.append(PlannedOutage(round(at, 1), service, round(down, 1), method, agent_kills))
+        at += down + AFTER_OUTAGE_SECONDS
+
+    order = [c for _ in range(kills // len(COMPONENTS) + 1) for c in rng.sample(COMPONENTS, len(COMPONENTS))][:kills]
+    agent_count = order.count("agent")
+    span = end - start
+    planned_kills = [
+        PlannedKill(round(start + (n + rng.uniform(0.2, 0.8)) * span / agent_count, 1), "agent") for n in range(agent_count)
+    ]
+    slots = _free_slots(planned, *(f * duration for f in SERVICE_KILL_WINDOW))
+    services = [c for c in order if c != "agent"]
+    placed, dropped = services[: len(slots)], services[len(slots) :]
+    for n, component in enumerate(placed):
+        slot = slots[n * len(slots) // len(placed)]
+        planned_kills.append(PlannedKill(math.ceil(slot * 10) / 10, component))  # never before the slot
+    return Schedule(tuple(sorted(planned_kills, key=lambda k: k.at)), tuple(planned), tuple(dropped))
+
+
+def _free_slots(outages: list[PlannedOutage], start: float, end: float) -> list[float]:
+    """Times ``SERVICE_KILL_SPACING_SECONDS`` apart in ``[start, end)`` outside every outage (and its settling time)."""
+    slots, t = [], start
+    for outage in sorted(outages, key=lambda o: o.at):
+        busy_until = outage.at + outage.down_seconds + AFTER_OUTAGE_SECONDS
+        while t + SERVICE_KILL_SPACING_SECONDS <= min(outage.at, end):
+            slots.append(t)
+            t += SERVICE_KILL_SPACING_SECONDS
+        t = max(t, busy_until)
+    while t < end:
+        slots.append(t)
+        t += SERVICE_KILL_SPACING_SECONDS
+    return slots
+
+
+# -- the run -------------------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class _Agent:
+    """The newest agent process of a session and what its progress lines say."""
+
+    process: AgentProcess | None = None
+    generation: int = 0
+    open_turns: int = 0
+    state: str = "starting"  # starting | resuming | running | done | killed | failed
+    failed: list[str] = field(default_factory=list)  # processes of this session that exited on their own with an error
+    failed_resumes: list[str] = field(default_factory=list)  # resume attempts that exited with an error (then retried)
+
+
+class _Run:
+    """One chaos run: the processes, the schedule's execution, and what happened."""
+
+    def __init__(self, settings: TurnlogSettings, options: ChaosOptions, run_id: str, store: SqlStore) -> None:
+        self.settings = settings
+        self.options = options
+        self.store = store
+        self.log_dir = options.log_dir / run_id
+        self.env = settings.as_environment()
+        self.transcripts, self.paths = load_sessions(options.sessions_dir, run_id)
+        longest = max(max(t.end_s for t in turns) - turns[0].start_s for turns in self.transcripts.values())
+        self.speed = longest / (options.duration * OUTAGE_WINDOW[1])
+        self.base_time = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+        self.rng = random.Random(options.seed + 1)  # which agent is killed, picked among those mid-turn
+        self.lock = threading.Condition()
+        self.agents: dict[str, _Agent] = {sid: _Agent() for sid in self.transcripts}
+        self.agent_kills: dict[str, int] = defaultdict(int)
+        self.records: list[dict[str, Any]] = []
+        self.skipped: list[dict[str, Any]] = []
+        self.failed_resumes: list[str] = []
+        self.killed: set[str] = set()  # names of the agent processes this run SIGKILLed
+        self.services: dict[str, ServiceProcess] = {}
+        self.service_lock = threading.Lock()  # one service kill or outage (and its recovery) at a time
+        self.services_lock = threading.Lock()  # guards replacing a process in ``services``
+        self.service_exits: list[dict[str, Any]] = []  # services that exited by themselves (then restarted)
+        self.finished = threading.Event()
+        self.ours: set[str] = set()  # "broker" / "postgres" while this run is stopping or starting it
+        self.down_by_us: set[str] = set()  # ... and while it keeps it down (an outage)
+        self.interference: list[dict[str, Any]] = []  # broker or Postgres restarts this run did not make
+        self.outage: str | None = None  # the service that is down now, if any
+        self.threads: list[threading.Thread] = []
+        self.started = time.monotonic()
+        self.spool_drain: tuple[int, int] | None = None  # events found in orphaned spools at the end, and left undelivered
+
+    # -- time and records --
+    def now(self) -> float:
+        return time.monotonic() - self.started
+
+    def sleep_until(self, at: float) -> None:
+        delay = self.started + at - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+    def record(self, entry: dict[str, Any]) -> None:
+        with self.lock:
+            self.records.append(entry)
+        what = entry["component"] + (f" ({entry['during']})" if entry.get("during") else "")
+        down = f", down {entry['down_seconds']:.1f}s" if "down_seconds" in entry else ""
+        recovered = entry.get("recovery_seconds")
+        result = f"recovered in {recovered:.2f}s" if recovered is not None else f"NOT RECOVERED ({entry.get('error')})"
+        print(f"  {entry['at_seconds']:6.1f}s {entry['action']:<7} {what:<24} {entry['target']}{down}: {result}", flush=True)
+
+    def background(self, name: str, target: Any, *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        with self.lock:
+            self.threads.append(thread)
+        thread.start()
+
+    # -- agents --
+    def spawn(self, session_id: str, *extra: str) -> AgentProcess:
+        with self.lock:
+            agent = self.agents[session_id]
+            agent.generation += 1
+            agent.open_turns = 0
+            agent.state = "resuming" if extra else "starting"
+            generation = agent.generation
+            name = f"agent{generation}:{session_id}"
+        argv = turnlog_command(
+            "replay-agent", str(self.paths[session_id]), "--session-id", session_id, "--speed", f"{self.speed:.4f}",
+            "--base-time", self.base_time.isoformat(), *extra,
+        )
+        process = ServiceProcess(name, argv, self.env, self.log_dir / f"{name.replace(':', '-')}.log", stdout_pipe=True)
+        started = AgentProcess(process, self.on_line)
+        with self.lock:
+            agent.process = started
+        self.background(f"watch-{name}", self.watch_agent, session_id, started, generation)
+        return started
+
+    def on_line(self, process: AgentProcess, line: dict[str, object]) -> None:
+        name, session_id = process.process.name.split(":", 1)
+        with self.lock:
+            agent = self.agents[session_id]
+            if int(name.removeprefix("agent")) != agent.generation or agent.state == "killed":
+                return  # a line the reader thread got after its process was killed
+            kind = line.get("type")
+            if kind in ("started", "resumed"):
+                agent.state = "running"
+            elif kind == "turn":
+                agent.open_turns += 1
+            elif kind == "said":
+                agent.open_turns -= 1
+            elif kind in ("done", "terminated"):
+                agent.state = "done"
+            self.lock.notify_all()
+
+    def watch_agent(self, session_id: str, process: AgentProcess, generation: int) -> None:
+        code = process.process.popen.wait()
+        name = process.process.name
+        with self.lock:
+            agent = self.agents[session_id]
+            newest = agent.generation == generation
+            if code != 0 and name not in self.killed:
+                where = f"{name} (exit {code}, log {process.process.log_path})"
+                # a resume attempt that gave up is retried; an agent that died while talking lost its session
+                (agent.failed_resumes if newest and agent.state == "resuming" else agent.failed).append(where)
+            if newest and name not in self.killed:
+                agent.state = "done" if code == 0 else "failed"
+            self.lock.notify_all()
+
+    def kill_process(self, process: AgentProcess) -> None:
+        with self.lock:
+            self.killed.add(process.process.name)
+        process.process.kill()
+
+    def kill_agent(self, during: str | None) -> None:
+        """SIGKILL an agent that has a turn open, and resume its session in a new process (in the background)."""
+        at = self.now()
+        with self.lock:
+            candidates = sorted(
+                sid for sid, a in self.agents.items()
+                if a.state == "running" and a.open_turns > 0 and a.process is not None and a.process.process.alive()
+            )
+            if not candidates:
+                self.skipped.append({"at_seconds": round(at, 1), "component": "agent", "during": during, "why": "no agent was mid-turn"})
+                print(f"  {at:6.1f}s skip    agent: none mid-turn")
+                return
+            session_id = self.rng.choice(candidates)
+            agent = self.agents[session_id]
+            agent.state = "killed"
+            open_turns = agent.open_turns
+            process = agent.process
+        assert process is not None
+        self.kill_process(process)
+        self.agent_kills[session_id] += 1
+        self.background(f"resume-{session_id}", self.resume_agent, session_id, at, open_turns, during)
+
+    def resume_agent(self, session_id: str, killed_at: float, open_turns: int, during: str | None) -> None:
+        """Resume in a new process, retrying a failed attempt (an operator or a supervisor would)."""
+        timeout = self.settings.resume_timeout_seconds + 60.0
+        for attempt in range(1, RESUME_ATTEMPTS + 1):
+            process = self.spawn(session_id, "--resume")
+            with self.lock:
+                self.lock.wait_for(lambda: self.agents[session_id].state != "resuming", timeout=timeout)
+                state = self.agents[session_id].state
+            if state in ("running", "done"):
+                self.record({
+                    "at_seconds": round(killed_at, 1), "action": "SIGKILL", "component": "agent", "target": session_id,
+                    "during": during, "open_turns": open_turns, "resume_attempts": attempt,
+                    "recovery_seconds": round(self.now() - killed_at, 2),
+                })
+                return
+            logger.warning("resume of %s failed (attempt %d, %s); see %s", session_id, attempt, state, process.process.log_path)
+            self.kill_process(process)
+            time.sleep(2.0)
+        with self.lock:
+            self.failed_resumes.append(session_id)
+        self.record({
+            "at_seconds": round(killed_at, 1), "action": "SIGKILL", "component": "agent", "target": session_id,
+            "during": during, "open_turns": open_turns, "resume_attempts": RESUME_ATTEMPTS, "recovery_seconds": None,
+            "error": "every resume attempt failed",
+        })
+
+    # -- services --
+    def kill_service(self, planned: PlannedKill) -> None:
+        with self.service_lock:
+            at = self.now()
+            if at > LATEST_SERVICE_KILL * self.options.duration:
+                self.skipped.append({"at_seconds": round(at, 1), "component": planned.component, "why": "too late (an outage or a recovery ran long)"})
+                print(f"  {at:6.1f}s skip    {planned.component}: too late")
+                return
+            began = time.monotonic()
+            error = None
+            if planned.component == "broker":
+                with self.our("broker"):
+                    target = _kill_broker(self.options.state_dir)
+                    _script("kafka.sh", "start")
+                recovered = _wait_until(lambda: _broker_answers(self.settings), RECOVERY_TIMEOUT_SECONDS)
+            else:
+                component = planned.component
+                group = {"sequencer": self.settings.sequencer_group, "finalizer": self.settings.finalizer_group}.get(component)
+                members = _group_members(_admin(self.settings), group)[1] if group else frozenset()
+                before = _sink_progress(self.store, self.settings) if component == "sink" else 0
+                with self.services_lock:
+                    self.services[component].kill()
+                    self.services[component] = self.start_service(component, f"{component}-{int(at)}")
+                    target = f"pid {self.services[component].pid}"
+                if group is not None:
+                    admin = _admin(self.settings)
+                    recovered = _wait_until(lambda: _group_rejoined(admin, group, members), RECOVERY_TIMEOUT_SECONDS, every=0.5)
+                else:
+                    recovered = _wait_until(lambda: self.sink_moved(before), RECOVERY_TIMEOUT_SECONDS, every=0.5)
+            if not recovered:
+                error = f"not recovered within {RECOVERY_TIMEOUT_SECONDS:.0f}s"
+            self.record({
+                "at_seconds": round(at, 1), "action": "SIGKILL", "component": planned.component, "target": target,
+                "recovery_seconds": round(time.monotonic() - began, 2) if recovered else None, **({"error": error} if error else {}),
+            })
+
+    def sink_moved(self, before: int) -> bool:
+        """The sink stored something after ``before`` (its summed offsets), or has nothing left to store."""
+        pending = _watermarks(self.settings, self.settings.topics.transcript)
+        progress = _sink_progress(self.store, self.settings)
+        return pending >= 0 and progress >= 0 and progress > min(before, pending - 1)
+
+    def run_outage(self, planned: PlannedOutage) -> None:
+        with self.service_lock:
+            at = self.now()
+            before = _sink_progress(self.store, self.settings)
+            with self.lock:
+                self.outage = planned.service  # before the kill: an agent killed from now on is killed during it
+            with self.our(planned.service):
+                if planned.service == "broker":
+                    target = _kill_broker(self.options.state_dir)
+                else:
+                    target = _stop_postgres(self.options.state_dir, planned.method)
+            began = self.started + at
+            with self.lock:
+                self.down_by_us.add(planned.service)
+            for offset in planned.agent_kills:
+                self.sleep_until(at + offset)
+                self.kill_agent(during=f"{planned.service} down")
+            self.sleep_until(at + planned.down_seconds)
+            restart = time.monotonic()
+            down = restart - began
+            with self.our(planned.service):
+                with self.lock:
+                    self.down_by_us.discard(planned.service)
+                _script("kafka.sh" if planned.service == "broker" else "postgres.sh", "start")
+            if planned.service == "broker":
+                answered = _wait_until(lambda: _broker_answers(self.settings), RECOVERY_TIMEOUT_SECONDS)
+            else:
+                answered = _wait_until(lambda: _database_answers(self.store), RECOVERY_TIMEOUT_SECONDS)
+            answered_at = time.monotonic()
+            with self.lock:
+                self.outage = None
+            flowing = answered and _wait_until(lambda: self.sink_moved(before), RECOVERY_TIMEOUT_SECONDS, every=0.5)
+            entry = {
+                "at_seconds": round(at, 1), "action": "outage", "component": f"{planned.service} outage",
+                "target": f"{target} ({planned.method})", "down_seconds": round(down, 1),
+                "restart_seconds": round(answered_at - restart, 2),
+                "recovery_seconds": round(time.monotonic() - restart, 2) if flowing else None,
+                "agents_killed_meanwhile": len(planned.agent_kills),
+            }
+            if not flowing:
+                entry["error"] = "the pipeline did not store again in time"
+            self.record(entry)
+
+    @contextlib.contextmanager
+    def our(self, service: str) -> Iterator[None]:
+        """This run is stopping or starting ``service`` ("broker" or "postgres"): not interference."""
+        with self.lock:
+            self.ours.add(service)
+        try:
+            yield
+        finally:
+            with self.lock:
+                self.ours.discard(service)
+
+    def watch_shared_services(self) -> None:
+        """Record every stop or restart of the shared broker and Postgres this run did
+        not make (other people's tests use them too): such a run's figures are not its own."""
+        pids = {"broker": self.options.state_dir / "kafka" / "kafka.pid", "postgres": self.options.state_dir / "postgres" / "postmaster.pid"}
+        known = {service: _running_pid(path) for service, path in pids.items()}
+        while not self.finished.wait(0.5):
+            for service, path in pids.items():
+                with self.lock:
+                    ours, down = service in self.ours, service in self.down_by_us
+                pid = _running_pid(path)
+                if ours:
+                    known[service] = None  # read again once this run's own stop or start is done
+                    continue
+                if down:
+                    if pid is not None and known[service] != pid:
+                        what = f"started (pid {pid}) during this run's outage"
+                        self.interference.append({"at_seconds": round(self.now(), 1), "service": service, "what": what})
+                        print(f"  {self.now():6.1f}s {service} {what}, by someone else", flush=True)
+                    known[service] = pid
+                    continue
+                if known[service] is None:
+                    known[service] = pid
+                elif pid != known[service]:
+                    what = "stopped" if pid is None else f"restarted (pid {pid})"
+                    self.interference.append({"at_seconds": round(self.now(), 1), "service": service, "what": what})
+                    print(f"  {self.now():6.1f}s {service} {what} by someone else", flush=True)
+                    known[service] = pid
+
+    def start_service(self, component: str, log_name: str) -> ServiceProcess:
+        return ServiceProcess(component, turnlog_command(component), self.env, self.log_dir / f"{log_name}.log")
+
+    def supervise_services(self) -> None:
+        """Restart a service that exited by itself (a supervisor would), and report it."""
+        restarted: dict[str, float] = {}
+        while not self.finished.wait(1.0):
+            with self.services_lock:
+                for component, process in list(self.services.items()):
+                    at = self.now()
+                    if process.alive() or at - restarted.get(component, -60.0) < 5.0:  # back off a crash loop
+                        continue
+                    restarted[component] = at
+                    exit_code = process.popen.returncode
+                    self.services[component] = self.start_service(component, f"{component}-restarted-{int(at)}")
+                    self.service_exits.append(
+                        {"at_seconds": round(at, 1), "component": component, "exit": exit_code, "log": str(process.log_path)}
+                    )
+                    print(f"  {at:6.1f}s {component} exited by itself (exit {exit_code}, {process.log_path}); restarted", flush=True)
+
+    def run_service_kills(self, kills: list[PlannedKill]) -> None:
+        for planned in kills:
+            self.sleep_until(planned.at)
+            self.kill_service(planned)
+
+
 def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
     """Run the chaos schedule; print and optionally write the report; True when nothing was violated."""
-    rng = random.Random(options.seed)
     run_id = uuid.uuid4().hex[:8]
-    # Its own topics and groups, so the run starts clean and never touches other runs' data.
-    settings = base.model_copy(
-        update={
-            "flush_interval_seconds": options.flush_interval_seconds,
-            "topic_prefix": f"chaos-{run_id}",
-            "sequencer_group": f"chaos-{run_id}-sequencer",
-            "sink_group": f"chaos-{run_id}-sink",
-            "finalizer_group": f"chaos-{run_id}-finalizer",
-            "faust_data_dir": str(options.log_dir / run_id / "faust"),
-        }
+    schedule = build_schedule(
+        options.seed, options.duration, options.kills, options.delivery_timeout_seconds,
+        outage_agent_kills=options.outage_agent_kills,
     )
-    log_dir = options.log_dir / run_id
-    transcripts, paths = load_sessions(options.sessions_dir, run_id)
-    files = list(paths.values())
-    longest = max(max(t.end_s for t in turns) - turns[0].start_s for turns in transcripts.values())
-    speed = longest / (options.duration * 0.85)
-    base_time = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    longest_outage = max(o.down_seconds for o in schedule.outages)
+    # Its own topics, groups and spool, so the run starts clean and never touches other runs' data.
+    overrides: dict[str, Any] = {
+        "flush_interval_seconds": options.flush_interval_seconds,
+        "delivery_timeout_seconds": options.delivery_timeout_seconds,
+        "resume_timeout_seconds": longest_outage + RECOVERY_TIMEOUT_SECONDS,
+        "topic_prefix": f"chaos-{run_id}",
+        "sequencer_group": f"chaos-{run_id}-sequencer",
+        "sink_group": f"chaos-{run_id}-sink",
+        "finalizer_group": f"chaos-{run_id}-finalizer",
+        "faust_data_dir": str(options.log_dir / run_id / "faust"),
+        "spool_dir": str(options.log_dir / run_id / "spool"),
+    }
+    settings = base.model_copy(update=overrides)
     ensure_local_services(settings)
     store = open_store(settings.database_url)
     upgrade_to_head(store.engine)
     create_topics(settings)
-    print(f"turnlog chaos {run_id}: {len(files)} sessions, speed x{speed:.1f}, {options.duration:.0f}s, seed {options.seed}, logs in {log_dir}")
+    run = _Run(settings, options, run_id, store)
+    print(
+        f"turnlog chaos {run_id}: {len(run.transcripts)} sessions, speed x{run.speed:.1f}, {options.duration:.0f}s, "
+        f"seed {options.seed}, delivery timeout {settings.delivery_timeout_seconds:.0f}s, logs in {run.log_dir}"
+    )
+    for outage in schedule.outages:
+        kills = f", {len(outage.agent_kills)} agent kills meanwhile" if outage.agent_kills else ""
+        print(f"  plan: {outage.service} outage at {outage.at:.0f}s for {outage.down_seconds:.0f}s ({outage.method}{kills})")
+    print(f"  plan: {len(schedule.kills)} SIGKILLs" + (f"; no room for {len(schedule.dropped)} more ({', '.join(schedule.dropped)})" if schedule.dropped else ""))
 
-    env = settings.as_environment()
-    services = start_pipeline(settings, log_dir)
-    agents: dict[str, AgentProcess] = {}
-    progress: dict[str, dict[str, object]] = defaultdict(dict)  # session -> newest progress line
-    resumed = threading.Condition()
-    generation = defaultdict(int)
-    lock = threading.Lock()
-
-    resumed_generation: dict[str, int] = {}  # session -> newest agent generation that has resumed
-
-    def on_line(agent: AgentProcess, line: dict[str, object]) -> None:
-        name, session_id = agent.process.name.split(":", 1)
-        with resumed:
-            progress[session_id] = line
-            if line.get("type") == "resumed":
-                resumed_generation[session_id] = int(name.removeprefix("agent"))
-            resumed.notify_all()
-
-    def spawn(session_id: str, *extra: str) -> None:
-        with lock:
-            generation[session_id] += 1
-            name = f"agent{generation[session_id]}:{session_id}"
-        argv = turnlog_command(
-            "replay-agent", str(paths[session_id]), "--session-id", session_id, "--speed", f"{speed:.4f}",
-            "--base-time", base_time.isoformat(), *extra,
-        )
-        process = ServiceProcess(name, argv, env, log_dir / f"{name.replace(':', '-')}.log", stdout_pipe=True)
-        agents[session_id] = AgentProcess(process, on_line)
-
-    started = time.monotonic()
-    for session_id in transcripts:
-        spawn(session_id)
-
-    kills: list[dict[str, object]] = []
-    agent_kills: dict[str, int] = defaultdict(int)
-    order = [c for _ in range(options.kills // len(COMPONENTS) + 1) for c in rng.sample(COMPONENTS, len(COMPONENTS))][: options.kills]
-    interval = options.duration * 0.8 / max(len(order), 1)
+    run.services = start_pipeline(settings, run.log_dir)
+    # The schedule hits a running pipeline, not one starting up (a Faust worker takes a while on 2 cores).
+    began = time.monotonic()
+    if not _wait_until(lambda: _pipeline_ready(settings), PIPELINE_READY_TIMEOUT_SECONDS, every=1.0):
+        stop_all(run.services)
+        raise ConfigurationError(f"the pipeline did not start within {PIPELINE_READY_TIMEOUT_SECONDS:.0f} s; see {run.log_dir}")
+    print(f"  pipeline ready in {time.monotonic() - began:.1f}s; the schedule starts now", flush=True)
+    run.started = time.monotonic()
+    for session_id in run.transcripts:
+        run.spawn(session_id)
     try:
-        for number, component in enumerate(order):
-            _sleep_until(started + (number + 0.5) * interval)
-            began = time.monotonic()
-            if component == "agent":
-                running = sorted(s for s, a in agents.items() if a.process.alive() and progress[s].get("type") == "turn")
-                if not running:
-                    continue
-                session_id = rng.choice(running)
-                agents[session_id].process.kill()
-                agent_kills[session_id] += 1
-                with resumed:
-                    progress[session_id] = {}
-                for attempt in range(RESUME_ATTEMPTS):  # an operator (or supervisor) retries a failed resume
-                    spawn(session_id, "--resume")
-                    agent = agents[session_id]
-                    with resumed:
-                        resumed.wait_for(
-                            lambda: resumed_generation.get(session_id) == generation[session_id] or not agent.process.alive(),
-                            timeout=RECOVERY_TIMEOUT_SECONDS,
-                        )
-                    if resumed_generation.get(session_id) == generation[session_id]:
-                        break
-                    logger.warning("resume of %s failed (attempt %d); see %s", session_id, attempt + 1, agent.process.log_path)
-                target = session_id
-            elif component == "broker":
-                target = _kill_broker(options.state_dir)
-                wait_for_broker(settings.bootstrap_servers, timeout=RECOVERY_TIMEOUT_SECONDS)
-            else:
-                services[component].kill()
-                before = _sink_progress(store, settings) if component == "sink" else None
-                old_log = services[component].log_path
-                services[component] = ServiceProcess(
-                    component, turnlog_command(component), env, old_log.with_name(f"{component}-{number}.log")
-                )
-                target = f"pid {services[component].pid}"
-                if component == "sink":
-                    # progress, or nothing left to do (caught up with the transcript)
-                    pending = _watermarks(settings, settings.topics.transcript)
-                    _wait_until(lambda: _sink_progress(store, settings) > min(before, pending - 1), RECOVERY_TIMEOUT_SECONDS)
-                else:
-                    log = services[component].log_path
-                    _wait_until(lambda: "[^Worker]: Ready" in log.read_text(errors="replace"), RECOVERY_TIMEOUT_SECONDS)
-            recovery = time.monotonic() - began
-            kills.append({"at_seconds": round(began - started, 1), "component": component, "target": target, "recovery_seconds": round(recovery, 2)})
-            print(f"  {began - started:6.1f}s SIGKILL {component:<9} {target}: recovered in {recovery:.2f}s")
-        _wait_agents(agents, started + options.duration * 3)
-        wait_for_finalized(store, list(transcripts), time.monotonic() + RECOVERY_TIMEOUT_SECONDS * 2)
+        for watch in (run.supervise_services, run.watch_shared_services):
+            threading.Thread(target=watch, name=watch.__name__, daemon=True).start()
+        run.background("service-kills", run.run_service_kills, [k for k in schedule.kills if k.component != "agent"])
+        for outage in schedule.outages:
+            run.background(f"outage-{outage.service}", lambda o=outage: (run.sleep_until(o.at), run.run_outage(o)))
+        for planned in (k for k in schedule.kills if k.component == "agent"):
+            run.sleep_until(planned.at)
+            run.kill_agent(during=run.outage and f"{run.outage} down")
+        deadline = time.monotonic() + options.duration * 3 + sum(o.down_seconds for o in schedule.outages)
+        _join(run, deadline)
+        # The host's agents are not coming back: deliver what the last ones left in the spool
+        # folder (as `turnlog spool-drain` does), so no session waits on an orphaned spool.
+        run.spool_drain = asyncio.run(_drain_spools(settings))
+        wait_for_finalized(store, list(run.transcripts), time.monotonic() + RECOVERY_TIMEOUT_SECONDS * 2)
     finally:
-        stop_all(services)
-        for agent in agents.values():
-            agent.process.stop(5)
-    wall = time.monotonic() - started
+        run.finished.set()
+        with run.services_lock:
+            stop_all(run.services)
+        for agent in run.agents.values():
+            if agent.process is not None:
+                agent.process.process.stop(5)
+        _ensure_services_up(options.state_dir, settings, store)
+    wall = time.monotonic() - run.started
+    return _report(run, schedule, run_id, wall)
 
+
+def _join(run: _Run, deadline: float) -> None:
+    """Until every schedule thread and every session's newest agent has finished."""
+    while time.monotonic() < deadline:
+        with run.lock:
+            busy = [t for t in run.threads if t.is_alive() and not t.name.startswith("watch-")]
+            running = [sid for sid, a in run.agents.items() if a.process is not None and a.process.process.alive()]
+        if not busy and not running:
+            return
+        time.sleep(0.5)
+    logger.error("chaos: agents or schedule steps still running at the deadline")
+
+
+def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
+    options, store, settings = run.options, run.store, run.settings
     verdicts = [
-        judge_session(store, sid, turns, agent_kills.get(sid, 0), base_time=base_time) for sid, turns in transcripts.items()
+        judge_session(store, sid, turns, run.agent_kills.get(sid, 0), base_time=run.base_time)
+        for sid, turns in run.transcripts.items()
     ]
     print_table(verdicts)
     problems = [p for v in verdicts for p in v.problems]
     totals = problem_totals(problems)
-    counted = {ProblemKind.LOST_TURNS, ProblemKind.DUPLICATED_TURNS, ProblemKind.ALTERED_TURNS, ProblemKind.OUT_OF_ORDER, ProblemKind.WRONG_AGGREGATE}
-    events_sent = _events_sent(settings)
-    stored = count_events(store, list(transcripts))
+    counted = {
+        ProblemKind.LOST_TURNS, ProblemKind.DUPLICATED_TURNS, ProblemKind.ALTERED_TURNS, ProblemKind.OUT_OF_ORDER,
+        ProblemKind.WRONG_AGGREGATE,
+    }
+    failed_agents = [f for a in run.agents.values() for f in a.failed]
+    events_sent = _watermarks(settings, settings.topics.events)
+    stored = count_events(store, list(run.transcripts))
     figures = {
         "events_sent": events_sent,
         "events_stored": stored,
@@ -197,85 +662,246 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
         "altered": totals[ProblemKind.ALTERED_TURNS],
         "out_of_order": totals[ProblemKind.OUT_OF_ORDER],
         "wrong_aggregates": totals[ProblemKind.WRONG_AGGREGATE],
-        "other_problems": [str(p) for p in problems if p.kind not in counted],
+        "problems_by_kind": {kind.value: n for kind, n in totals.items() if n},
+        "other_problems": [f"{v.session_id}: {p}" for v in verdicts for p in v.problems if p.kind not in counted],
+        "failed_agents": failed_agents,
+        "failed_resumes": run.failed_resumes,
+        "service_exits": run.service_exits,  # restarted; not a violation by itself
+        "interference": run.interference,  # the shared broker or Postgres stopped by someone else meanwhile
+        "failed_resume_attempts": [f for a in run.agents.values() for f in a.failed_resumes],  # retried
+        "orphaned_spool_events_at_end": run.spool_drain[0] if run.spool_drain else None,
+        "undelivered_spool_events": run.spool_drain[1] if run.spool_drain else None,
     }
-    recovery = {
-        component: {
-            "kills": len(times),
-            "median_seconds": round(statistics.median(times), 2),
-            "max_seconds": round(max(times), 2),
+    recovery: dict[str, dict[str, Any]] = {}
+    for entry in run.records:
+        label = entry["component"] + (f" ({entry['during']})" if entry.get("during") else "")
+        recovery.setdefault(label, {"count": 0, "times": []})
+        recovery[label]["count"] += 1
+        if entry.get("recovery_seconds") is not None:
+            recovery[label]["times"].append(entry["recovery_seconds"])
+    recovery_figures = {
+        label: {
+            "count": r["count"],
+            "recovered": len(r["times"]),
+            "median_seconds": round(statistics.median(r["times"]), 2) if r["times"] else None,
+            "max_seconds": round(max(r["times"]), 2) if r["times"] else None,
         }
-        for component in COMPONENTS
-        if (times := [k["recovery_seconds"] for k in kills if k["component"] == component])
+        for label, r in sorted(recovery.items())
     }
-    ok = not problems and all(v.status == "finalized" for v in verdicts)
-    covered = len(kills) >= min(options.kills, 20) and set(recovery) == set(COMPONENTS)
-    print(f"\n{len(kills)} kills in {wall:.0f}s; events sent {events_sent}, stored {stored}")
-    for key in ("lost_beyond_bound", "duplicated", "out_of_order", "wrong_aggregates"):
+    unrecovered = [e for e in run.records if e.get("recovery_seconds") is None]
+    long_broker_outages = [
+        e for e in run.records
+        if e["component"] == "broker outage" and e["down_seconds"] >= settings.delivery_timeout_seconds + 30
+    ]
+    postgres_outages = [e for e in run.records if e["component"] == "postgres outage"]
+    ok = (
+        not problems
+        and all(v.status == "finalized" for v in verdicts)
+        and not failed_agents
+        and not run.failed_resumes
+        and not unrecovered
+        and run.spool_drain is not None
+        and run.spool_drain[1] == 0
+        and bool(long_broker_outages)
+        and bool(postgres_outages)
+    )
+    killed = {e["component"] for e in run.records if e["action"] == "SIGKILL"}
+    covered = set(COMPONENTS) <= killed
+    print(f"\n{len(run.records)} kills and outages in {wall:.0f}s; events sent {events_sent}, stored {stored}")
+    for key in ("lost_beyond_bound", "duplicated", "altered", "out_of_order", "wrong_aggregates"):
         print(f"  {key}: {figures[key]}")
-    for component, figure in recovery.items():
-        print(f"  recovery {component:<9} kills {figure['kills']:>2}  median {figure['median_seconds']:.2f}s  max {figure['max_seconds']:.2f}s")
+    for line in figures["other_problems"]:
+        print(f"  problem: {line}")
+    for line in failed_agents:
+        print(f"  agent failed: {line}")
+    for session_id in run.failed_resumes:
+        print(f"  resume failed: {session_id}")
+    for event in run.interference:
+        print(f"  NOTE: at {event['at_seconds']}s the shared {event['service']} was {event['what']} by someone else")
+    for exit in run.service_exits:
+        print(f"  {exit['component']} exited by itself at {exit['at_seconds']}s (exit {exit['exit']}) and was restarted")
+    if run.spool_drain:
+        print(f"  spools left by finished agents: {run.spool_drain[0]} events, {run.spool_drain[1]} left undelivered")
+    for label, figure in recovery_figures.items():
+        median = "-" if figure["median_seconds"] is None else f"{figure['median_seconds']:.2f}s"
+        longest = "-" if figure["max_seconds"] is None else f"{figure['max_seconds']:.2f}s"
+        print(f"  recovery {label:<22} {figure['recovered']:>2}/{figure['count']:<2} median {median:>8}  max {longest:>8}")
+    if not long_broker_outages:
+        print(f"  no broker outage of at least {settings.delivery_timeout_seconds + 30:.0f}s happened")
     if not covered:
-        print(f"  note: {len(kills)} kills over {sorted(recovery)}: fewer than planned (no agent was mid-turn at some slots)")
+        print(f"  note: SIGKILLs hit {sorted(killed)}, not every component ({len(run.skipped)} skipped, {len(schedule.dropped)} dropped for room)")
     print("CHAOS VERDICT: " + ("no violations" if ok else "VIOLATIONS: see above"))
     if options.report_path is not None:
-        report = {"run_id": run_id, "ok": ok, "kills_cover_every_component": covered, "seed": options.seed, "duration_seconds": options.duration, "wall_seconds": round(wall, 1),
-                  "speed": round(speed, 2), **figures, "recovery": recovery, "kills": kills, "sessions": [v.as_json() for v in verdicts]}
+        report = {
+            "run_id": run_id, "ok": ok, "kills_cover_every_component": covered, "seed": options.seed,
+            "duration_seconds": options.duration, "wall_seconds": round(wall, 1), "speed": round(run.speed, 2),
+            "settings": {
+                "delivery_timeout_seconds": settings.delivery_timeout_seconds,
+                "resume_timeout_seconds": settings.resume_timeout_seconds,
+                "flush_interval_seconds": settings.flush_interval_seconds,
+            },
+            **figures, "recovery": recovery_figures, "schedule": schedule.as_json(),
+            "kills": sorted(run.records, key=lambda e: e["at_seconds"]), "skipped": run.skipped,
+            "sessions": [v.as_json() for v in verdicts],
+        }
         options.report_path.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n")
     return ok
 
 
-def _sleep_until(deadline: float) -> None:
-    delay = deadline - time.monotonic()
-    if delay > 0:
-        time.sleep(delay)
+# -- helpers ------------------------------------------------------------------------
 
 
-def _wait_until(probe: object, timeout: float) -> bool:
+async def _drain_spools(settings: TurnlogSettings) -> tuple[int, int]:
+    """Deliver the orphaned spools of the run's spool folder: (events found, events left undelivered)."""
+    recorder = SessionRecorder(
+        settings.model_copy(update={"spool_close_timeout_seconds": RECOVERY_TIMEOUT_SECONDS}), producer_id="chaos-spool-drain"
+    )
+    await recorder.start()
+    held = recorder.spooled_events()
+    await recorder.close()
+    return held, recorder.spooled_events()
+
+
+def _wait_until(probe: Any, timeout: float, *, every: float = 0.1) -> bool:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if probe():  # type: ignore[operator]
+        if probe():
             return True
-        time.sleep(0.1)
+        time.sleep(every)
     logger.error("a component did not recover within %.0f s", timeout)
     return False
 
 
+def _script(name: str, command: str) -> None:
+    subprocess.run(["bash", str(SCRIPTS / name), command], check=True, capture_output=True, timeout=180)
+
+
+def _running_pid(pid_file: Path) -> int | None:
+    """The pid in ``pid_file`` if that process runs, else None."""
+    try:
+        pid = int(pid_file.read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if Path(f"/proc/{pid}").exists() else None
+
+
 def _kill_broker(state_dir: Path) -> str:
+    """SIGKILL the local broker; what was killed (someone else may have stopped it already)."""
     pid = int((state_dir / "kafka" / "kafka.pid").read_text().split()[0])
-    os.kill(pid, signal.SIGKILL)
-    _wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30)
-    subprocess.run(["bash", str(SCRIPTS / "kafka.sh"), "start"], check=True, capture_output=True)
+    try:
+        _kill_pid(pid)
+    except ProcessLookupError:
+        return f"pid {pid} (was down already)"
     return f"pid {pid}"
 
 
+def _kill_pid(pid: int) -> int:
+    """SIGKILL ``pid`` and wait until it is gone."""
+    os.kill(pid, signal.SIGKILL)
+    _wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30)
+    return pid
+
+
+def _stop_postgres(state_dir: Path, method: str) -> str:
+    """Stop the local Postgres: ``stop`` (deploy/postgres.sh, a fast shutdown) or
+    ``sigkill`` (the postmaster; its children exit when they see it gone, and
+    the next start recovers from the WAL). Returns what was stopped."""
+    if method == "stop":
+        _script("postgres.sh", "stop")
+        return "deploy/postgres.sh stop"
+    pid = int((state_dir / "postgres" / "postmaster.pid").read_text().split()[0])
+    children = _child_pids(pid)
+    _kill_pid(pid)
+    # The next postmaster refuses to start while an old backend still holds the shared memory.
+    _wait_until(lambda: not any(Path(f"/proc/{child}").exists() for child in children), 60)
+    return f"postmaster pid {pid}"
+
+
+def _child_pids(parent: int) -> list[int]:
+    children = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == parent:
+            children.append(int(stat.parent.name))
+    return children
+
+
+def _database_answers(store: SqlStore) -> bool:
+    try:
+        with store_errors(), store.engine.connect() as conn:
+            conn.execute(text("select 1"))
+        return True
+    except StoreUnavailableError:
+        return False
+
+
+def _ensure_services_up(state_dir: Path, settings: TurnlogSettings, store: SqlStore) -> None:
+    """Whatever happened, leave the shared broker and Postgres running (other people use them)."""
+    if not _broker_answers(settings):
+        subprocess.run(["bash", str(SCRIPTS / "kafka.sh"), "start"], check=False, capture_output=True, timeout=180)
+    if not _database_answers(store):
+        subprocess.run(["bash", str(SCRIPTS / "postgres.sh"), "start"], check=False, capture_output=True, timeout=180)
+
+
+#: The probes' clients keep quiet: a broker that does not answer is an answer here.
+_QUIET = {"log_level": 0}
+
+
+def _admin(settings: TurnlogSettings) -> AdminClient:
+    return AdminClient({"bootstrap.servers": settings.bootstrap_servers, **_QUIET})
+
+
+def _broker_answers(settings: TurnlogSettings) -> bool:
+    try:
+        _admin(settings).list_topics(timeout=2)
+    except KafkaException:
+        return False
+    return True
+
+
+def _group_members(admin: AdminClient, group: str) -> tuple[ConsumerGroupState | None, frozenset[str]]:
+    """The state of consumer group ``group`` and its members' ids, as the broker describes them (None, {} on a broker error)."""
+    try:
+        description = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
+    except KafkaException:
+        return None, frozenset()
+    return description.state, frozenset(m.member_id for m in description.members)
+
+
+def _pipeline_ready(settings: TurnlogSettings) -> bool:
+    """Each service's consumer group is stable with a member."""
+    admin = _admin(settings)
+    for group in (settings.sequencer_group, settings.sink_group, settings.finalizer_group):
+        state, members = _group_members(admin, group)
+        if state != ConsumerGroupState.STABLE or not members:
+            return False
+    return True
+
+
+def _group_rejoined(admin: AdminClient, group: str, before: frozenset[str]) -> bool:
+    """A member the group did not have before the kill has joined, and the group is stable."""
+    state, members = _group_members(admin, group)
+    return state == ConsumerGroupState.STABLE and bool(members - before)
+
+
 def _watermarks(settings: TurnlogSettings, topic: str) -> int:
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"chaos-probe-{uuid.uuid4()}"})
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"chaos-probe-{uuid.uuid4()}", **_QUIET})
     try:
         return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] for p in range(settings.partitions))
-    except Exception:  # the broker may be restarting; "no progress yet"
+    except KafkaException:  # the broker may be restarting: "no progress yet"
         return -1
     finally:
         consumer.close()
 
 
-def _sink_progress(store: object, settings: TurnlogSettings) -> int:
+def _sink_progress(store: SqlStore, settings: TurnlogSettings) -> int:
     try:
-        with store.engine.connect() as conn:  # type: ignore[attr-defined]
+        with store_errors(), store.engine.connect() as conn:
             return conn.execute(
                 select(func.coalesce(func.sum(sink_offsets.c.next_offset), 0)).where(sink_offsets.c.consumer_group == settings.sink_group)
             ).scalar_one()
-    except Exception:
+    except StoreUnavailableError:
         return -1
-
-
-def _events_sent(settings: TurnlogSettings) -> int:
-    return _watermarks(settings, settings.topics.events)
-
-
-def _wait_agents(agents: dict[str, AgentProcess], deadline: float) -> None:
-    while time.monotonic() < deadline:
-        if not any(a.process.alive() for a in agents.values()):
-            return
-        time.sleep(0.5)
-    raise TimeoutError("agents did not finish in time")
