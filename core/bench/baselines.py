@@ -80,6 +80,8 @@ class PostgresMethod:
     rows_per_second: float
     p99_commit_ms: float
     batches: int
+    #: Mean time of ``commit()`` alone (ms): Postgres's WAL flush (fsync) of one batch.
+    mean_commit_ms: float = float("nan")
 
 
 @dataclass(frozen=True, slots=True)
@@ -343,7 +345,7 @@ def postgres_baselines(dsn: str, events: Sequence[tuple[str, bytes]], batch_size
                 commits.append((time.monotonic() - started) * 1000)
                 rows += sum(len(part) for part in batch)
             seconds = time.monotonic() - began
-            results.append(PostgresMethod(name, rows / seconds, percentile(commits, 99), len(batches)))
+            results.append(PostgresMethod(name, rows / seconds, percentile(commits, 99), len(batches), sum(commits) / max(len(commits), 1)))
         with conn.cursor() as cur:
             cur.execute("TRUNCATE session_events, transcript_turns, sessions")
         conn.commit()

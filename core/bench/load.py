@@ -24,6 +24,8 @@ from turnlog.settings import TurnlogSettings
 
 __all__ = ["LoadResult", "run_load", "plans_for_rate"]
 
+_STOP_CHECK_SECONDS = 0.5
+
 
 @dataclass(slots=True)
 class LoadResult:
@@ -33,6 +35,9 @@ class LoadResult:
     events: int = 0
     turns: int = 0
     sessions: list[str] = field(default_factory=list)
+    #: Milliseconds each ``complete_turn`` took (its spool fsync and broker ack): a
+    #: session's next turn waits for it, so slow acks lower the offered rate.
+    complete_ms: list[float] = field(default_factory=list)
 
     @property
     def events_per_second(self) -> float:
@@ -57,22 +62,26 @@ def plans_for_rate(plans: list[SessionPlan], rate: float, *, speed: float, flush
     raise ValueError(f"{len(plans)} sessions at x{speed:g} offer only {offered:,.0f} events/s, not {rate:,.0f}: use more sessions")
 
 
-async def run_load(settings: TurnlogSettings, plans: list[SessionPlan], *, speed: float, seconds: float, tag: str) -> LoadResult:
-    """Replay ``plans`` concurrently at ``speed`` for ``seconds``; session ids get ``tag``.
+async def run_load(
+    settings: TurnlogSettings, plans: list[SessionPlan], *, speed: float, seconds: float, tag: str, stop: asyncio.Event | None = None
+) -> LoadResult:
+    """Replay ``plans`` concurrently at ``speed`` for ``seconds``, or until ``stop`` is
+    set (each session then ends at its next step); session ids get ``tag``.
 
     Raises:
         SpoolFullError: the broker stayed away until the recorder's spool filled.
     """
     result = LoadResult()
     stop_at = time.monotonic() + seconds
+    stop = stop or asyncio.Event()
     async with SessionRecorder(settings, producer_id=f"bench-{tag}") as recorder:
         async def drive(slot: int, plan: SessionPlan) -> None:
             await asyncio.sleep(slot % 100 / 100)  # spread the starts over the first second
             round_ = 0
-            while time.monotonic() < stop_at:
+            while time.monotonic() < stop_at and not stop.is_set():
                 session_id = f"{plan.session_id}-{tag}-{round_}"
                 result.sessions.append(session_id)
-                await _replay(recorder, plan, session_id, speed, stop_at, result)
+                await _replay(recorder, plan, session_id, speed, stop_at, stop, result)
                 round_ += 1
 
         began = time.monotonic()
@@ -81,7 +90,9 @@ async def run_load(settings: TurnlogSettings, plans: list[SessionPlan], *, speed
     return result
 
 
-async def _replay(recorder: SessionRecorder, plan: SessionPlan, session_id: str, speed: float, stop_at: float, result: LoadResult) -> None:
+async def _replay(
+    recorder: SessionRecorder, plan: SessionPlan, session_id: str, speed: float, stop_at: float, stop: asyncio.Event, result: LoadResult
+) -> None:
     session = await recorder.start_session(session_id, fleet=BENCH_FLEET, agent_id="bench")
     flush = recorder.settings.flush_interval_seconds
     clock0 = time.monotonic()
@@ -93,24 +104,31 @@ async def _replay(recorder: SessionRecorder, plan: SessionPlan, session_id: str,
         words = turn.text.split()
         steps = max(1, int(length / flush))
         for step in range(steps):
-            if not await _sleep_until(clock0 + begin + step * length / steps, stop_at):
+            if not await _sleep_until(clock0 + begin + step * length / steps, stop_at, stop):
                 break
             session.update_partial(index, turn.speaker, " ".join(words[: max(1, math.ceil(len(words) * (step + 1) / (steps + 1)))]))
-        if not await _sleep_until(clock0 + begin + length, stop_at):
+        if not await _sleep_until(clock0 + begin + length, stop_at, stop):
             break  # the phase is over: end the session mid-turn (the partial is kept, interrupted)
         tokens_in, tokens_out = token_counts(turn)
+        began = time.perf_counter()
         await session.complete_turn(index, turn.speaker, turn.text, input_tokens=tokens_in, output_tokens=tokens_out)
+        result.complete_ms.append((time.perf_counter() - began) * 1000)
         result.turns += 1
         free_at = begin + length
-        if time.monotonic() >= stop_at:
+        if time.monotonic() >= stop_at or stop.is_set():
             break
     await session.end("completed")
     result.events += session.next_seq  # seqs 0..next_seq-1: every event of the session
 
 
-async def _sleep_until(deadline: float, stop_at: float) -> bool:
-    """Sleep until ``deadline``; False (at ``stop_at``) if the phase ends first."""
-    delay = min(deadline, stop_at) - time.monotonic()
-    if delay > 0:
-        await asyncio.sleep(delay)
-    return deadline <= stop_at
+async def _sleep_until(deadline: float, stop_at: float, stop: asyncio.Event) -> bool:
+    """Sleep until ``deadline``; False (at ``stop_at``) if the phase ends first, or
+    if ``stop`` is set (checked at least every ``_STOP_CHECK_SECONDS``: a silence
+    in a transcript can last many seconds)."""
+    until = min(deadline, stop_at)
+    while not stop.is_set():
+        delay = until - time.monotonic()
+        if delay <= 0:
+            break
+        await asyncio.sleep(min(delay, _STOP_CHECK_SECONDS))
+    return deadline <= stop_at and not stop.is_set()

@@ -1,12 +1,16 @@
 """What the benchmark measures from outside the pipeline: lag, durable throughput,
-commit latency, Postgres commit and WAL counters, resident memory, sink batches."""
+commit latency, Postgres commit and WAL counters, resident memory, sink batches;
+and, inside this process, the recorder's spool commits (``spool_counters``)."""
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 import urllib.request
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import psycopg
 from confluent_kafka import Consumer, TopicPartition
@@ -14,7 +18,21 @@ from confluent_kafka import Consumer, TopicPartition
 from turnlog.settings import TurnlogSettings
 from turnlog.stream_processors.progress import progress_group
 
-__all__ = ["cpu_seconds", "Sample", "Sampler", "PgCounters", "pg_counters", "rss_bytes", "turn_latencies_ms", "sink_batches", "require_commit_timestamps"]
+__all__ = [
+    "cpu_seconds",
+    "Sample",
+    "Sampler",
+    "PgCounters",
+    "pg_counters",
+    "rss_bytes",
+    "turn_latencies_ms",
+    "sink_batches",
+    "require_commit_timestamps",
+    "SpoolCounters",
+    "spool_counters",
+    "bucket_quantile",
+    "spool_cost",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -185,3 +203,102 @@ def sink_batches(metrics_port: int) -> SinkBatches:
     return SinkBatches(
         values.get("turnlog_sink_batch_seconds_count", 0.0), values.get("applied", 0.0), values.get("turnlog_sink_batch_seconds_sum", 0.0)
     )
+
+
+# -- the recorder's spool (in this process: the load generator's recorders) -------------------
+_SPOOL_COMMIT = "turnlog_spool_commit_seconds"
+
+
+@dataclass(frozen=True, slots=True)
+class SpoolCounters:
+    """The spool's Prometheus figures in this process (cumulative): fsynced commits
+    (``turnlog_spool_commit_seconds`` count), their summed wall time (seconds), the
+    histogram's cumulative buckets ``(upper bound in seconds, commits <= it)``, and
+    events the broker acknowledged (``turnlog_spool_drained_total``)."""
+
+    commits: float
+    seconds: float
+    buckets: tuple[tuple[float, float], ...]
+    drained: float
+
+    def __sub__(self, other: SpoolCounters) -> SpoolCounters:
+        before = dict(other.buckets)
+        return SpoolCounters(
+            self.commits - other.commits,
+            self.seconds - other.seconds,
+            tuple((bound, count - before.get(bound, 0.0)) for bound, count in self.buckets),
+            self.drained - other.drained,
+        )
+
+
+def spool_counters() -> SpoolCounters:
+    """Read the spool's metrics from ``prometheus_client.REGISTRY`` (``get_sample_value``).
+
+    Every ``SessionRecorder`` of the process adds to the same metrics, so take
+    these around a phase in which only the load generator records.
+    """
+    from prometheus_client import REGISTRY
+
+    from turnlog.metrics import SPOOL_COMMIT_SECONDS
+
+    def value(name: str, labels: dict[str, str] | None = None) -> float:
+        return REGISTRY.get_sample_value(name, labels) or 0.0
+
+    # The bucket bounds as the histogram labels them ("0.0005", ..., "+Inf").
+    bounds = [s.labels["le"] for metric in SPOOL_COMMIT_SECONDS.collect() for s in metric.samples if s.name == f"{_SPOOL_COMMIT}_bucket"]
+    return SpoolCounters(
+        commits=value(f"{_SPOOL_COMMIT}_count"),
+        seconds=value(f"{_SPOOL_COMMIT}_sum"),
+        buckets=tuple((float(le), value(f"{_SPOOL_COMMIT}_bucket", {"le": le})) for le in bounds),
+        drained=value("turnlog_spool_drained_total"),
+    )
+
+
+def bucket_quantile(buckets: Sequence[tuple[float, float]], q: float) -> tuple[float, float]:
+    """Bounds ``(lower, upper)`` of the ``q``-th percentile (0..100, nearest rank)
+    of a histogram given as cumulative buckets ``(upper bound, count <= it)``.
+
+    The value lies in ``(lower, upper]``: a histogram knows no more than its
+    bucket. ``upper`` is ``inf`` if it lies past the last finite bound; both
+    are NaN when the histogram is empty.
+    """
+    ordered = sorted(buckets)
+    total = ordered[-1][1] if ordered else 0.0
+    if total <= 0:
+        return float("nan"), float("nan")
+    rank = max(1, math.ceil(q / 100 * total))
+    lower = 0.0
+    for bound, count in ordered:
+        if count >= rank:
+            return lower, bound
+        lower = bound
+    return lower, float("inf")  # the buckets do not reach the total: only with no +Inf bucket
+
+
+def spool_cost(delta: SpoolCounters, *, turns: int, events: int) -> dict[str, Any]:
+    """What the spool cost a phase: ``delta`` (counters after minus before) over
+    the ``turns`` completed and ``events`` recorded in it.
+
+    Commits are fsyncs: each spool commit is one WAL append and one fsync
+    (``synchronous=FULL``), shared by every event queued at that moment (group
+    commit). Times are microseconds of wall time of the whole commit (inserts
+    and fsync). The p99 is known only to its histogram bucket: ``commit_p99_us_upper``
+    is that bucket's upper bound (the p99 is at most this), ``commit_p99_us_lower``
+    the bound below it.
+    """
+    commits = delta.commits
+    lower, upper = bucket_quantile(delta.buckets, 99)
+    return {
+        "commits": commits,
+        "turns": turns,
+        "events": events,
+        "fsyncs_per_turn": commits / turns if turns else float("nan"),
+        "fsyncs_per_event": commits / events if events else float("nan"),
+        "events_per_commit": events / commits if commits else float("nan"),
+        "commit_us_mean": delta.seconds / commits * 1e6 if commits else float("nan"),
+        "commit_us_per_turn": delta.seconds / turns * 1e6 if turns else float("nan"),
+        "commit_p99_us_lower": lower * 1e6,
+        "commit_p99_us_upper": upper * 1e6,
+        "commit_seconds": delta.seconds,
+        "drained": delta.drained,
+    }

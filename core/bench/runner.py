@@ -13,7 +13,13 @@ Phases, in order, on a run-private database, topics and consumer groups:
    per completed turn and the sink's mean batch size are taken here.
 4. **Latency** at 50 % and 80 % of M: p50/p95/p99 from each completed turn's
    ``emitted_at`` to the commit of its row (``pg_xact_commit_timestamp``).
-5. **Memory**: resident memory of the sequencer and the sink as open sessions
+   The recorder's spool cost (fsyncs and commit time per completed turn, from
+   this process's Prometheus registry) is taken in phases 3 and 4.
+5. **Resume** at 50 % of M: while the generator offers 0.5 M, sessions are
+   recorded and resumed from a new recorder, one after another
+   (``resume_probe.py``); p50/p99 of ``resume()``, through the store and
+   through ``turnlog api``.
+6. **Memory**: resident memory of the sequencer and the sink as open sessions
    are added, per 1,000 open sessions.
 """
 
@@ -32,9 +38,21 @@ from sqlalchemy.engine import make_url
 
 from turnlog.bench import baselines as base
 from turnlog.bench.load import plans_for_rate, run_load
-from turnlog.bench.probes import Sample, Sampler, cpu_seconds, pg_counters, require_commit_timestamps, rss_bytes, sink_batches, turn_latencies_ms
+from turnlog.bench.probes import (
+    Sample,
+    Sampler,
+    cpu_seconds,
+    pg_counters,
+    require_commit_timestamps,
+    rss_bytes,
+    sink_batches,
+    spool_cost,
+    spool_counters,
+    turn_latencies_ms,
+)
 from turnlog.bench.profile import start_profiles, summarize
-from turnlog.bench.workload import encoded_events, plan_sessions
+from turnlog.bench.resume_probe import resume_summary, run_probe_process
+from turnlog.bench.workload import BENCH_FLEET, encoded_events, plan_sessions
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all
 from turnlog.deploy.topics import create_topics
 from turnlog.schemas import SessionStarted, TurnPartial, encode_event
@@ -65,6 +83,15 @@ class BenchOptions:
     keep: bool = False
     log_dir: Path = Path(".turnlog-bench")
     metrics_port: int = 9464
+    #: Resumes per path (store, API) in the resume phase, taken one after another.
+    resume_samples: int = 40
+    #: Resumes per path with no load first: the same run's idle baseline.
+    resume_idle_samples: int = 10
+    #: Longest the resume phase's load runs (seconds); resumes start 3 s in, none starts in its
+    #: last 5 s, and the load stops once every path has its samples.
+    resume_seconds: float = 150.0
+    #: Also resume through a ``turnlog api`` started for the phase.
+    resume_api: bool = True
 
 
 @dataclass
@@ -98,6 +125,12 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             sink_group=f"bench-{run}-sink",
             finalizer_group=f"bench-{run}-finalizer",
             faust_data_dir=str(options.log_dir / run / "faust"),
+            # A spool folder of the run's own: a recorder adopts every orphaned spool in its
+            # folder, and the default (.turnlog-spool) may hold other runs' and tests' spools.
+            spool_dir=str(options.log_dir / run / "spool"),
+            # Resume through the store unless the resume phase says otherwise.
+            api_url=None,
+            api_token=None,
             flush_interval_seconds=options.flush_interval,
             log_level="WARNING",
         )
@@ -132,7 +165,9 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
         # -- sustained ---------------------------------------------------------------------
         counters_before = pg_counters(admin_psycopg, database)
         batches_before = sink_batches(options.metrics_port)
+        spool_before = spool_counters()
         sustained, phase = _sustained(settings, plans, sampler, capacity, options, tag="s")
+        spool = spool_counters() - spool_before
         batches = sink_batches(options.metrics_port) - batches_before
         counters = pg_counters(admin_psycopg, database) - counters_before
         turns_done = phase.extra["turns"]
@@ -148,8 +183,10 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             "all_commits_per_turn": counters.xact_commit / max(turns_done, 1),
             "wal_syncs_per_turn": counters.wal_sync / max(turns_done, 1),
             "sink_batches": batches.batches,
+            "sink_batch_seconds": batches.seconds,
             "mean_batch_events": batches.records / max(batches.batches, 1),
             "events_per_turn": phase.extra["events"] / max(turns_done, 1),
+            "spool": spool_cost(spool, turns=turns_done, events=phase.extra["events"]),
         }
         report["sustained"]["mean_batch_turns"] = report["sustained"]["mean_batch_events"] / report["sustained"]["events_per_turn"]
 
@@ -161,7 +198,9 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             batches_before = sink_batches(options.metrics_port)
             chosen = plans_for_rate(plans, share * sustained, speed=options.speed, flush_interval=options.flush_interval)
             cpu_before, wall_before = _cpu(processes), time.monotonic()
+            spool_before = spool_counters()
             load = asyncio.run(run_load(settings, chosen, speed=options.speed, seconds=options.phase_seconds, tag=tag))
+            spool = spool_counters() - spool_before
             wall = time.monotonic() - wall_before
             cores = {name: (used - cpu_before[name]) / wall for name, used in _cpu(processes).items()}
             _wait_drained(sampler, 120)
@@ -180,11 +219,25 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
                 "all_commits_per_turn": after.xact_commit / max(load.turns, 1),
                 "mean_batch_events": phase_batches.records / max(phase_batches.batches, 1),
                 "wal_syncs_per_turn": after.wal_sync / max(load.turns, 1),
+                "sink_batch_seconds": phase_batches.seconds,
+                "spool": spool_cost(spool, turns=load.turns, events=load.events),
+                "complete_turn_p50_ms": base.percentile(load.complete_ms, 50),
+                "complete_turn_p99_ms": base.percentile(load.complete_ms, 99),
                 "cores_used": cores,
                 "samples_ms": mine,
             }
             print(f"  cores used at {share:.0%}: " + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()))
-            print(f"latency at {share:.0%}: p50 {base.percentile(mine, 50):.1f} ms, p99 {base.percentile(mine, 99):.1f} ms over {len(mine)} turns")
+            print(f"latency at {share:.0%}: p50 {base.percentile(mine, 50):.1f} ms, p99 {base.percentile(mine, 99):.1f} ms over {len(mine)} turns"
+                  f" at {load.events_per_second:,.0f} ev/s offered; complete_turn p50 {base.percentile(load.complete_ms, 50):.1f} ms,"
+                  f" p99 {base.percentile(load.complete_ms, 99):.1f} ms")
+
+        # -- resume at 50 % ---------------------------------------------------------------------------
+        try:
+            report["resume"] = _resume(settings, plans, sustained, sampler, options, log_dir, run)
+        except Exception as e:  # the other figures still stand
+            report["resume"] = {"error": f"{type(e).__name__}: {e}"}
+            print(f"resume phase failed: {report['resume']['error']}")
+            _wait_drained(sampler, 300)
 
         # -- memory per 1,000 open sessions ---------------------------------------------------------
         report["memory"] = _memory(settings, processes, sampler, options, run)
@@ -242,6 +295,106 @@ def _cpu(processes: dict[str, ServiceProcess]) -> dict[str, float]:
     times = os.times()
     used["generator (this process)"] = times.user + times.system
     return used
+
+
+def _resume(settings: TurnlogSettings, plans, sustained: float, sampler: Sampler, options: BenchOptions, log_dir: Path, run: str) -> dict[str, Any]:
+    """Resume latency while the generator offers half the sustained rate (``resume_probe.py``)."""
+    from pydantic import SecretStr
+
+    probe_settings, api_url = settings, None
+    out: dict[str, Any] = {}
+    api: ServiceProcess | None = None
+    if options.resume_api:
+        token, port = f"bench-{run}-resume", _free_port()
+        try:
+            api = start_pipeline(
+                settings.model_copy(update={"api_tokens": {token: [BENCH_FLEET]}, "api_port": port}),
+                log_dir, services=("api",), extra_env={"TURNLOG_LOG_LEVEL": "WARNING"},
+            )["api"]
+            _wait_http(f"http://127.0.0.1:{port}/healthz", 60, api)
+            probe_settings, api_url = settings.model_copy(update={"api_token": SecretStr(token)}), f"http://127.0.0.1:{port}"
+        except Exception as e:  # the store path is still measured
+            out["api_error"] = f"{type(e).__name__}: {e}"
+            print(f"resume: turnlog api did not start ({out['api_error']}); measuring the store path only")
+    try:
+        probe_log = log_dir / "resume-probe.log"
+        # The same run's baseline: resumes with no load (the pipeline idle).
+        now = time.monotonic()
+        idle = asyncio.run(run_probe_process(probe_settings, api_url=api_url, begin_at=now, end_at=now + 120,
+                                             samples=options.resume_idle_samples, tag="resume-idle", log_path=probe_log))
+        chosen = plans_for_rate(plans, 0.5 * sustained, speed=options.speed, flush_interval=options.flush_interval)
+
+        async def phase() -> tuple[Any, Any]:
+            began, stop = time.monotonic(), asyncio.Event()
+
+            async def probe() -> Any:
+                try:
+                    return await run_probe_process(probe_settings, api_url=api_url, begin_at=began + 3,
+                                                   end_at=began + options.resume_seconds - 5, samples=options.resume_samples,
+                                                   tag="resume", log_path=probe_log)
+                finally:
+                    stop.set()  # the load ends with the probe
+
+            load, probes = await asyncio.gather(
+                run_load(settings, chosen, speed=options.speed, seconds=options.resume_seconds, tag="r50", stop=stop),
+                probe(),
+                return_exceptions=True,  # a failed probe stops the load, which then ends its sessions
+            )
+            for outcome in (load, probes):
+                if isinstance(outcome, BaseException):
+                    raise outcome
+            return load, probes
+
+        load, probes = asyncio.run(phase())
+    finally:
+        if api is not None:
+            api.stop()
+    _wait_drained(sampler, 300)
+    out["offered_events_per_second"] = load.events_per_second
+    out["share_of_sustained"] = load.events_per_second / max(sustained, 1e-9)
+    out["seconds"] = load.seconds
+    out["turns"] = load.turns
+    out["complete_turn_p50_ms"] = base.percentile(load.complete_ms, 50)
+    out["complete_turn_p99_ms"] = base.percentile(load.complete_ms, 99)
+    print(f"resume phase load: {load.events_per_second:,.0f} ev/s offered over {load.seconds:.0f} s "
+          f"({out['share_of_sustained']:.2f} of sustained); complete_turn p50 {out['complete_turn_p50_ms']:.1f} ms, "
+          f"p99 {out['complete_turn_p99_ms']:.1f} ms")
+    out["idle"] = {}
+    for name, samples in idle.items():
+        out["idle"][name] = {**resume_summary(samples.samples_ms, stale=samples.stale), "failures": samples.failures[:10]}
+    for name, samples in probes.items():
+        out[name] = {**resume_summary(samples.samples_ms, stale=samples.stale), "failures": samples.failures[:10]}
+        r, i = out[name], out["idle"][name]
+        print(f"resume via {name} at 50%: p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms over {r['samples']} resumes"
+              f" ({r['failed']} failed, {r['stale']} stale) at {load.events_per_second:,.0f} ev/s offered;"
+              f" idle: p50 {i['p50_ms']:.0f} ms, p99 {i['p99_ms']:.0f} ms over {i['samples']}")
+    return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(url: str, timeout: float, process: ServiceProcess) -> None:
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=2) as answer:
+                if answer.status == 200:
+                    return
+        except OSError:
+            pass
+        if not process.alive():
+            raise RuntimeError(f"it exited; see {process.log_path}")
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"{url} did not answer within {timeout:.0f} s; see {process.log_path}")
+        time.sleep(0.2)
 
 
 def _rows_per_event(payloads: list[tuple[str, bytes]], batch_size: int) -> float:
@@ -360,7 +513,26 @@ def _ratios(report: dict[str, Any]) -> dict[str, Any]:
     ceiling = min(b["K"]["events_per_second"] / 2, b["S"]["events_per_second"], b["P_best"]["events_per_second"])
     sustained = report["sustained"]
     lat50 = report["latency"]["50%"]
+    spool = sustained["spool"]
+    p_best = next(m for m in b["P"] if m["method"] == b["P_best"]["method"])
+    sink_batch_us = sustained["sink_batch_seconds"] / max(sustained["sink_batches"], 1) * 1e6
     return {
+        # The recorder's spool against Postgres's commits, in the same phase (sustained) or run (P).
+        "spool_fsyncs_per_turn_over_wal_syncs_per_turn": spool["fsyncs_per_turn"] / max(sustained["wal_syncs_per_turn"], 1e-9),
+        "spool_fsyncs_per_turn_over_sink_commits_per_turn": spool["fsyncs_per_turn"] / max(sustained["sink_commits_per_turn"], 1e-9),
+        "spool_commit_mean_over_P_commit_mean": spool["commit_us_mean"] / max(p_best.get("mean_commit_ms", float("nan")) * 1000, 1e-9),
+        "spool_commit_mean_over_sink_batch_mean": spool["commit_us_mean"] / max(sink_batch_us, 1e-9),
+        "spool_commit_us_per_turn_over_sink_batch_us_per_turn": spool["commit_us_per_turn"]
+        / max(sustained["sink_batch_seconds"] / max(sustained["turns"], 1) * 1e6, 1e-9),
+        "sink_batch_us_mean": sink_batch_us,
+        # resume() at 50 % load against the same run's idle resumes, per path.
+        **{
+            f"resume_{name}_{q}_over_idle": report["resume"][name][f"{q}_ms"] / max(report["resume"]["idle"][name][f"{q}_ms"], 1e-9)
+            for name in ("store", "api")
+            if name in report.get("resume", {}) and name in report["resume"].get("idle", {})
+            for q in ("p50", "p99")
+        },
+        "P_best_commit_us_mean": p_best.get("mean_commit_ms", float("nan")) * 1000,
         "ceiling_events_per_second": ceiling,
         "sustained_over_ceiling": sustained["events_per_second"] / ceiling,
         "sustained_over_K": sustained["events_per_second"] / b["K"]["events_per_second"],
@@ -371,6 +543,25 @@ def _ratios(report: dict[str, Any]) -> dict[str, Any]:
         "write_transactions_per_turn_over_unsafe": sustained["write_transactions_per_turn"]
         / (b["unsafe"]["commits_per_session"] / max(b["unsafe"]["rows_per_session"] - 1, 1)),
     }
+
+
+def _spool_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Table rows of the recorder's spool cost (sustained phase, and at 50 %)."""
+    s, r = report["sustained"], report.get("ratios", {})
+    spool, at50 = s.get("spool"), report["latency"].get("50%", {}).get("spool")
+    if not spool:
+        return []
+    fifty = lambda key, fmt: f"; at 50%: {format(at50[key], fmt)}" if at50 else ""  # noqa: E731
+    return [
+        ("spool fsyncs per turn (recorder)", f"{spool['fsyncs_per_turn']:.3f}",
+         f"{spool['fsyncs_per_event']:.3f} per event ({spool['events_per_commit']:.1f} events per commit); "
+         f"{r.get('spool_fsyncs_per_turn_over_wal_syncs_per_turn', float('nan')):.1f} x Postgres WAL syncs per turn"
+         + fifty("fsyncs_per_turn", ".3f")),
+        ("spool commit time (recorder)", f"{spool['commit_us_mean']:,.0f} µs/commit, {spool['commit_us_per_turn']:,.0f} µs/turn",
+         f"mean; p99 in ({spool['commit_p99_us_lower']:,.0f}, {spool['commit_p99_us_upper']:,.0f}] µs (its histogram bucket); "
+         f"P commit mean {r.get('P_best_commit_us_mean', float('nan')):,.0f} µs, sink batch mean {r.get('sink_batch_us_mean', float('nan')):,.0f} µs"
+         + (f"; at 50%: {at50['commit_us_mean']:,.0f} µs/commit, {at50['commit_us_per_turn']:,.0f} µs/turn" if at50 else "")),
+    ]
 
 
 def print_table(report: dict[str, Any]) -> None:
@@ -400,9 +591,22 @@ def print_table(report: dict[str, Any]) -> None:
          f"sink + finalizer + autovacuum, cluster-wide xids; at 50%: {lat['50%']['write_transactions_per_turn']:.3f}; "
          f"unsafe: {b['unsafe']['commits_per_session'] / max(b['unsafe']['rows_per_session'] - 1, 1):.3f}"),
         ("WAL syncs per turn", f"{s['wal_syncs_per_turn']:.3f}", f"at 50%: {lat['50%']['wal_syncs_per_turn']:.3f}"),
+        *_spool_rows(report),
         ("unsafe baseline", f"{b['unsafe']['commits_per_session']:.0f} commit/session",
          f"SIGKILL at 50%: {b['unsafe']['turns_said_at_kill']} turns said, {b['unsafe']['turns_stored_after_kill']} stored"),
     ]
+    for name in ("store", "api"):
+        res = report.get("resume", {}).get(name)
+        idle = report.get("resume", {}).get("idle", {}).get(name, {"p50_ms": float("nan"), "p99_ms": float("nan"), "samples": 0})
+        if res:
+            rows.append((f"resume() at 50%, via {name}", f"p50 {res['p50_ms']:.0f} / p99 {res['p99_ms']:.0f} ms",
+                         f"{res['samples']} resumes ({res['failed']} failed, {res['stale']} stale) at "
+                         f"{report['resume']['offered_events_per_second']:,.0f} ev/s offered; idle p50 {idle['p50_ms']:.0f} / p99 "
+                         f"{idle['p99_ms']:.0f} ms over {idle['samples']} (target p99 <= {res['goal_p99_ms']:.0f} ms)"))
+    if report.get("resume", {}).get("error"):
+        rows.append(("resume() at 50%", "not measured", report["resume"]["error"]))
+    if report.get("resume", {}).get("api_error"):
+        rows.append(("resume() via api", "not measured", report["resume"]["api_error"]))
     if m:
         rows.append(("RSS per 1,000 open sessions", f"{m['total_mb_per_1000_sessions']:.2f} MB",
                      ", ".join(f"{k} {v:.2f} MB" for k, v in m["mb_per_1000_sessions"].items()) + " (target <= 5 MB)"))

@@ -1,12 +1,17 @@
-"""The benchmark's pure parts: workload, rate control, percentiles, lag slope, profile summary."""
+"""The benchmark's pure parts: workload, rate control, percentiles, lag slope, profile
+summary, histogram bucket bounds, spool cost, resume summary."""
 
+import asyncio
+import math
+import time
 from pathlib import Path
 
 import pytest
 
 from turnlog.bench.baselines import percentile
-from turnlog.bench.load import plans_for_rate
-from turnlog.bench.probes import Sample
+from turnlog.bench.load import _sleep_until, plans_for_rate
+from turnlog.bench.probes import Sample, SpoolCounters, bucket_quantile, spool_cost, spool_counters
+from turnlog.bench.resume_probe import resume_summary
 from turnlog.bench.profile import summarize
 from turnlog.bench.runner import _lag_slope
 from turnlog.bench.workload import encoded_events, events_per_second, plan_sessions
@@ -76,3 +81,78 @@ def test_profile_summary_ranks_leaf_frames_and_counts_turnlog_code(tmp_path):
     assert summary.samples == 100
     assert summary.top_self[0] == ("execute (psycopg/cursor.py:5)", 0.6)
     assert summary.own_code_share == pytest.approx(0.3)
+
+
+INF = float("inf")
+
+
+def test_bucket_quantile_gives_the_bucket_that_holds_the_nearest_rank():
+    # 100 commits: 90 <= 1 ms, 8 in (1, 2] ms, 2 in (2, 5] ms.
+    buckets = [(0.0005, 0), (0.001, 90), (0.002, 98), (0.005, 100), (INF, 100)]
+    assert bucket_quantile(buckets, 50) == (0.0005, 0.001)
+    assert bucket_quantile(buckets, 98) == (0.001, 0.002)
+    assert bucket_quantile(buckets, 99) == (0.002, 0.005)  # rank 99 lies past 98
+    assert bucket_quantile(list(reversed(buckets)), 99) == (0.002, 0.005)  # order does not matter
+
+
+def test_bucket_quantile_past_the_last_finite_bound_and_empty():
+    assert bucket_quantile([(0.001, 1), (1.0, 98), (INF, 100)], 99) == (1.0, INF)
+    assert all(math.isnan(x) for x in bucket_quantile([(0.001, 0), (INF, 0)], 99))
+    assert all(math.isnan(x) for x in bucket_quantile([], 99))
+
+
+def test_spool_counters_subtract_bucket_by_bucket():
+    before = SpoolCounters(10, 0.01, ((0.001, 8), (INF, 10)), 50)
+    after = SpoolCounters(30, 0.05, ((0.001, 20), (INF, 30)), 170)
+    assert after - before == SpoolCounters(20, pytest.approx(0.04), ((0.001, 12), (INF, 20)), 120)
+
+
+def test_spool_cost_per_turn_per_event_and_per_commit():
+    delta = SpoolCounters(commits=200, seconds=0.3, buckets=((0.001, 150), (0.002, 197), (0.005, 200), (INF, 200)), drained=1000)
+    cost = spool_cost(delta, turns=400, events=1000)
+    assert cost["fsyncs_per_turn"] == 0.5
+    assert cost["fsyncs_per_event"] == 0.2
+    assert cost["events_per_commit"] == 5
+    assert cost["commit_us_mean"] == pytest.approx(1500)
+    assert cost["commit_us_per_turn"] == pytest.approx(750)
+    assert (cost["commit_p99_us_lower"], cost["commit_p99_us_upper"]) == (2000, 5000)
+
+
+def test_spool_cost_of_an_idle_phase_is_nan_not_an_error():
+    cost = spool_cost(SpoolCounters(0, 0.0, ((INF, 0),), 0), turns=0, events=0)
+    assert math.isnan(cost["fsyncs_per_turn"]) and math.isnan(cost["commit_us_mean"]) and math.isnan(cost["commit_p99_us_upper"])
+
+
+def test_spool_counters_read_this_process_registry():
+    from turnlog.metrics import SPOOL_COMMIT_SECONDS
+
+    before = spool_counters()
+    SPOOL_COMMIT_SECONDS.observe(0.0015)
+    delta = spool_counters() - before
+    assert delta.commits == 1 and delta.seconds == pytest.approx(0.0015)
+    assert dict(delta.buckets)[0.001] == 0 and dict(delta.buckets)[0.002] == 1 and dict(delta.buckets)[INF] == 1
+
+
+def test_resume_summary_counts_failures_against_the_percentiles():
+    ok = resume_summary([100.0 + i for i in range(40)])
+    assert (ok["samples"], ok["failed"], ok["p50_ms"], ok["p99_ms"], ok["max_ms"]) == (40, 0, 119.0, 139.0, 139.0)
+    assert ok["goal_met"]
+    failed = resume_summary([100.0] * 39 + [INF])
+    assert failed["failed"] == 1 and failed["p99_ms"] == INF and failed["mean_ms"] == 100.0
+    assert not failed["goal_met"]
+    assert not resume_summary([100.0] * 40, stale=1)["goal_met"]  # a stale grant fails the goal whatever its speed
+    assert not resume_summary([])["goal_met"]
+
+
+def test_a_stopped_load_wakes_from_a_long_silence_and_ends():
+    async def scenario() -> tuple[bool, float, bool]:
+        stop = asyncio.Event()
+        asyncio.get_running_loop().call_later(0.1, stop.set)
+        began = time.monotonic()
+        woke = await _sleep_until(began + 30, began + 60, stop)  # a 30 s silence in the transcript
+        unstopped = await _sleep_until(time.monotonic() + 0.01, time.monotonic() + 60, asyncio.Event())
+        return woke, time.monotonic() - began, unstopped
+
+    woke, waited, unstopped = asyncio.run(scenario())
+    assert not woke and waited < 2
+    assert unstopped
