@@ -422,14 +422,18 @@ class _Run:
             else:
                 component = planned.component
                 group = {"sequencer": self.settings.sequencer_group, "finalizer": self.settings.finalizer_group}.get(component)
-                members = _group_members(_admin(self.settings), group)[1] if group else frozenset()
+                admin = _admin(self.settings)
+                members: frozenset[str] = frozenset()
+                if group is not None:  # who is in the group before the kill (the broker may still be settling)
+                    _wait_until(lambda: bool(_group_members(admin, group)[1]), 30.0, every=0.5)
+                    members = _group_members(admin, group)[1]
                 before = _sink_progress(self.store, self.settings) if component == "sink" else 0
                 with self.services_lock:
+                    killed = self.services[component].pid
                     self.services[component].kill()
                     self.services[component] = self.start_service(component, f"{component}-{int(at)}")
-                    target = f"pid {self.services[component].pid}"
+                    target = f"pid {killed} (replaced by pid {self.services[component].pid})"
                 if group is not None:
-                    admin = _admin(self.settings)
                     recovered = _wait_until(lambda: _group_rejoined(admin, group, members), RECOVERY_TIMEOUT_SECONDS, every=0.5)
                 else:
                     recovered = _wait_until(lambda: self.sink_moved(before), RECOVERY_TIMEOUT_SECONDS, every=0.5)
@@ -646,7 +650,25 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
     ]
     print_table(verdicts)
     problems = [p for v in verdicts for p in v.problems]
-    totals = problem_totals(problems)
+    # A session whose last agent never finished (every resume failed, or it died) was never
+    # said to its end: its missing turns and missing aggregates are that failure, reported
+    # apart, not turns the pipeline lost. Duplicated, altered and reordered turns count everywhere.
+    finished = {sid for sid, agent in run.agents.items() if agent.state == "done"}
+    unfinished_only = {
+        ProblemKind.SESSION_MISSING, ProblemKind.LOST_TURNS, ProblemKind.WRONG_AGGREGATE, ProblemKind.NOT_FINALIZED,
+        ProblemKind.LOG_MISMATCH, ProblemKind.PARTIAL_AFTER_END,
+    }
+    totals = problem_totals(p for v in verdicts for p in v.problems if v.session_id in finished or p.kind not in unfinished_only)
+    unfinished = [
+        {
+            "session_id": v.session_id,
+            "agent": run.agents[v.session_id].state,
+            "input_turns_not_recorded": v.input_turns - v.complete_turns,
+            "status": v.status,
+        }
+        for v in verdicts
+        if v.session_id not in finished
+    ]
     counted = {
         ProblemKind.LOST_TURNS, ProblemKind.DUPLICATED_TURNS, ProblemKind.ALTERED_TURNS, ProblemKind.OUT_OF_ORDER,
         ProblemKind.WRONG_AGGREGATE,
@@ -663,7 +685,11 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
         "out_of_order": totals[ProblemKind.OUT_OF_ORDER],
         "wrong_aggregates": totals[ProblemKind.WRONG_AGGREGATE],
         "problems_by_kind": {kind.value: n for kind, n in totals.items() if n},
-        "other_problems": [f"{v.session_id}: {p}" for v in verdicts for p in v.problems if p.kind not in counted],
+        "other_problems": [
+            f"{v.session_id}: {p}" for v in verdicts for p in v.problems
+            if p.kind not in counted and (v.session_id in finished or p.kind not in unfinished_only)
+        ],
+        "unfinished_sessions": unfinished,  # their agents never finished: a violation of their own
         "failed_agents": failed_agents,
         "failed_resumes": run.failed_resumes,
         "service_exits": run.service_exits,  # restarted; not a violation by itself
@@ -696,6 +722,7 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
     postgres_outages = [e for e in run.records if e["component"] == "postgres outage"]
     ok = (
         not problems
+        and not unfinished
         and all(v.status == "finalized" for v in verdicts)
         and not failed_agents
         and not run.failed_resumes
@@ -710,6 +737,11 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
     print(f"\n{len(run.records)} kills and outages in {wall:.0f}s; events sent {events_sent}, stored {stored}")
     for key in ("lost_beyond_bound", "duplicated", "altered", "out_of_order", "wrong_aggregates"):
         print(f"  {key}: {figures[key]}")
+    for session in unfinished:
+        print(
+            f"  unfinished: {session['session_id']}: its agent is {session['agent']}, "
+            f"{session['input_turns_not_recorded']} input turns never recorded, status {session['status']}"
+        )
     for line in figures["other_problems"]:
         print(f"  problem: {line}")
     for line in failed_agents:
