@@ -32,6 +32,7 @@ __all__ = [
     "spool_counters",
     "bucket_quantile",
     "spool_cost",
+    "lag_stats",
 ]
 
 
@@ -302,3 +303,31 @@ def spool_cost(delta: SpoolCounters, *, turns: int, events: int) -> dict[str, An
         "commit_seconds": delta.seconds,
         "drained": delta.drained,
     }
+
+
+def lag_stats(samples: Sequence[Sample], *, rate: float) -> dict[str, Any]:
+    """The pipeline's lag over ``samples`` (records not yet through it, as in
+    :attr:`Sample.lag`), split into the sequencer's share (events not yet
+    processed) and the sink's (transcript records not yet stored): mean, p50,
+    p99 (nearest rank) and max; and the mean and p99 in seconds at ``rate``
+    events/s (how long the newest record waits behind them)."""
+    from turnlog.bench.baselines import percentile
+
+    def stats(values: list[int]) -> dict[str, float]:
+        return {
+            "mean": sum(values) / len(values) if values else float("nan"),
+            "p50": percentile(values, 50),
+            "p99": percentile(values, 99),
+            "max": max(values) if values else float("nan"),
+        }
+
+    total = [s.lag for s in samples]
+    out: dict[str, Any] = {
+        "samples": len(samples),
+        "records": stats(total),
+        "sequencer_records": stats([s.events_end - s.sequenced for s in samples]),
+        "sink_records": stats([s.transcript_end - s.stored for s in samples]),
+    }
+    out["mean_seconds"] = out["records"]["mean"] / rate if rate > 0 else float("nan")
+    out["p99_seconds"] = out["records"]["p99"] / rate if rate > 0 else float("nan")
+    return out

@@ -43,6 +43,7 @@ from turnlog.bench.probes import (
     Sampler,
     cpu_seconds,
     pg_counters,
+    lag_stats,
     require_commit_timestamps,
     rss_bytes,
     sink_batches,
@@ -223,6 +224,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
                 "spool": spool_cost(spool, turns=load.turns, events=load.events),
                 "complete_turn_p50_ms": base.percentile(load.complete_ms, 50),
                 "complete_turn_p99_ms": base.percentile(load.complete_ms, 99),
+                "lag": lag_stats([s for s in sampler.samples if wall_before + 3 <= s.at <= wall_before + wall], rate=load.events_per_second),
                 "cores_used": cores,
                 "samples_ms": mine,
             }
@@ -233,7 +235,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
 
         # -- resume at 50 % ---------------------------------------------------------------------------
         try:
-            report["resume"] = _resume(settings, plans, sustained, sampler, options, log_dir, run)
+            report["resume"] = _resume(settings, plans, sustained, sampler, options, processes, log_dir, run)
         except Exception as e:  # the other figures still stand
             report["resume"] = {"error": f"{type(e).__name__}: {e}"}
             print(f"resume phase failed: {report['resume']['error']}")
@@ -247,7 +249,10 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
     finally:
         stop_all(processes)
         if not options.keep:  # the run's topics, Faust's changelog and internal topics included
-            base.delete_topics(settings, *base.topics_with_prefix(settings, f"{settings.topic_prefix}"))
+            try:
+                base.delete_topics(settings, *base.topics_with_prefix(settings, f"{settings.topic_prefix}"))
+            except Exception as e:  # the broker is away: still drop the database
+                print(f"turnlog bench {run}: could not delete the topics {settings.topic_prefix}.* ({e}); delete them by hand")
             with psycopg.connect(admin_psycopg, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
     print_table(report)
@@ -297,8 +302,14 @@ def _cpu(processes: dict[str, ServiceProcess]) -> dict[str, float]:
     return used
 
 
-def _resume(settings: TurnlogSettings, plans, sustained: float, sampler: Sampler, options: BenchOptions, log_dir: Path, run: str) -> dict[str, Any]:
-    """Resume latency while the generator offers half the sustained rate (``resume_probe.py``)."""
+def _resume(
+    settings: TurnlogSettings, plans, sustained: float, sampler: Sampler, options: BenchOptions,
+    processes: dict[str, ServiceProcess], log_dir: Path, run: str,
+) -> dict[str, Any]:
+    """Resume latency while the generator offers half the sustained rate (``resume_probe.py``),
+    with the pipeline's lag and the cores each process used meanwhile."""
+    import os
+
     from pydantic import SecretStr
 
     probe_settings, api_url = settings, None
@@ -324,8 +335,11 @@ def _resume(settings: TurnlogSettings, plans, sustained: float, sampler: Sampler
                                              samples=options.resume_idle_samples, tag="resume-idle", log_path=probe_log))
         chosen = plans_for_rate(plans, 0.5 * sustained, speed=options.speed, flush_interval=options.flush_interval)
 
+        window: dict[str, float] = {}
+
         async def phase() -> tuple[Any, Any]:
             began, stop = time.monotonic(), asyncio.Event()
+            window["began"] = began
 
             async def probe() -> Any:
                 try:
@@ -340,12 +354,21 @@ def _resume(settings: TurnlogSettings, plans, sustained: float, sampler: Sampler
                 probe(),
                 return_exceptions=True,  # a failed probe stops the load, which then ends its sessions
             )
+            window["ended"] = time.monotonic()
             for outcome in (load, probes):
                 if isinstance(outcome, BaseException):
                     raise outcome
             return load, probes
 
+        watched = {**processes, **({"api": api} if api is not None else {})}
+        cpu_before, children_before = _cpu(watched), os.times()
         load, probes = asyncio.run(phase())
+        children = os.times()
+        wall = window["ended"] - window["began"]
+        cores = {name: (used - cpu_before[name]) / wall for name, used in _cpu(watched).items()}
+        # The probe is the one child process waited for in the phase (the API is stopped after it).
+        cores["resume probe"] = (children.children_user + children.children_system
+                                 - children_before.children_user - children_before.children_system) / wall
     finally:
         if api is not None:
             api.stop()
@@ -354,11 +377,16 @@ def _resume(settings: TurnlogSettings, plans, sustained: float, sampler: Sampler
     out["share_of_sustained"] = load.events_per_second / max(sustained, 1e-9)
     out["seconds"] = load.seconds
     out["turns"] = load.turns
+    out["cores_used"] = cores
+    # The pipeline's lag while resumes ran (after the load's first 3 s): what a barrier waits behind.
+    out["lag"] = lag_stats([s for s in sampler.samples if window["began"] + 3 <= s.at <= window["ended"]], rate=load.events_per_second)
     out["complete_turn_p50_ms"] = base.percentile(load.complete_ms, 50)
     out["complete_turn_p99_ms"] = base.percentile(load.complete_ms, 99)
     print(f"resume phase load: {load.events_per_second:,.0f} ev/s offered over {load.seconds:.0f} s "
           f"({out['share_of_sustained']:.2f} of sustained); complete_turn p50 {out['complete_turn_p50_ms']:.1f} ms, "
-          f"p99 {out['complete_turn_p99_ms']:.1f} ms")
+          f"p99 {out['complete_turn_p99_ms']:.1f} ms; lag mean {out['lag']['records']['mean']:,.0f} records "
+          f"(sequencer {out['lag']['sequencer_records']['mean']:,.0f}, sink {out['lag']['sink_records']['mean']:,.0f}), "
+          f"p99 {out['lag']['records']['p99']:,.0f}; cores: " + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()))
     out["idle"] = {}
     for name, samples in idle.items():
         out["idle"][name] = {**resume_summary(samples.samples_ms, stale=samples.stale), "failures": samples.failures[:10]}
@@ -603,6 +631,14 @@ def print_table(report: dict[str, Any]) -> None:
                          f"{res['samples']} resumes ({res['failed']} failed, {res['stale']} stale) at "
                          f"{report['resume']['offered_events_per_second']:,.0f} ev/s offered; idle p50 {idle['p50_ms']:.0f} / p99 "
                          f"{idle['p99_ms']:.0f} ms over {idle['samples']} (target p99 <= {res['goal_p99_ms']:.0f} ms)"))
+    resume = report.get("resume", {})
+    if resume.get("lag"):
+        lag = resume["lag"]
+        rows.append(("lag while resuming at 50%", f"mean {lag['records']['mean']:,.0f} / p99 {lag['records']['p99']:,.0f} records",
+                     f"~{lag['mean_seconds']:.2f} s / {lag['p99_seconds']:.2f} s of load; sequencer {lag['sequencer_records']['mean']:,.0f}, "
+                     f"sink {lag['sink_records']['mean']:,.0f} (means); in the latency phase at 50%: mean "
+                     f"{lat.get('50%', {}).get('lag', {}).get('records', {}).get('mean', float('nan')):,.0f} records"))
+        rows.append(("cores used while resuming", ", ".join(f"{n} {c:.2f}" for n, c in resume.get("cores_used", {}).items()), "of 2"))
     if report.get("resume", {}).get("error"):
         rows.append(("resume() at 50%", "not measured", report["resume"]["error"]))
     if report.get("resume", {}).get("api_error"):

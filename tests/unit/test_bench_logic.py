@@ -10,7 +10,7 @@ import pytest
 
 from turnlog.bench.baselines import percentile
 from turnlog.bench.load import _sleep_until, plans_for_rate
-from turnlog.bench.probes import Sample, SpoolCounters, bucket_quantile, spool_cost, spool_counters
+from turnlog.bench.probes import Sample, SpoolCounters, bucket_quantile, lag_stats, spool_cost, spool_counters
 from turnlog.bench.resume_probe import resume_summary
 from turnlog.bench.profile import summarize
 from turnlog.bench.runner import _lag_slope
@@ -156,3 +156,16 @@ def test_a_stopped_load_wakes_from_a_long_silence_and_ends():
     woke, waited, unstopped = asyncio.run(scenario())
     assert not woke and waited < 2
     assert unstopped
+
+
+def test_lag_stats_split_the_lag_between_sequencer_and_sink():
+    # events_end, sequenced, transcript_end, stored: sequencer 100 + 10 * t behind, sink 20 behind
+    samples = [Sample(t, 1000 + 100 * t, 900 - 10 * t, 800, 780) for t in range(10)]
+    stats = lag_stats(samples, rate=500)
+    assert stats["samples"] == 10
+    assert stats["sequencer_records"]["mean"] == pytest.approx(100 + 110 * 4.5)
+    assert stats["sink_records"] == {"mean": 20, "p50": 20, "p99": 20, "max": 20}
+    assert stats["records"]["max"] == 100 + 110 * 9 + 20
+    assert stats["mean_seconds"] == pytest.approx(stats["records"]["mean"] / 500)
+    empty = lag_stats([], rate=500)
+    assert empty["samples"] == 0 and math.isnan(empty["records"]["mean"]) and math.isnan(empty["mean_seconds"])
