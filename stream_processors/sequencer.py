@@ -117,8 +117,33 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
     async def reread_idle_tails() -> None:
         """A record the stream processor dropped is noticed by the next one in its
         partition; if none comes, it is noticed here: an assigned partition with
-        nothing processed for a while, yet records past our position, is re-read."""
+        nothing processed for a while, yet records past our position, is re-read.
+        Then the recorded progress catches up (``progress.py``)."""
+        if app.rebalancing or app.in_recovery:
+            return  # never touch table state while Faust restores or reassigns it
         assigned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topics.events}
+        await reread(assigned)
+        await record_progress(assigned)
+
+    async def record_progress(assigned: set[int]) -> None:
+        try:
+            candidates = {
+                p: next_offset[p] if p in next_offset else await asyncio.to_thread(reader.committed, p)
+                for p in sorted(assigned)
+            }
+            await asyncio.to_thread(progress.catch_up, candidates)
+        except KafkaException as e:  # the next tick tries again
+            logger.warning("could not bring the recorded progress up to date: %s", e)
+
+    @app.on_partitions_revoked.connect
+    async def forget_revoked(_app: Any, revoked: Any, **_: Any) -> None:
+        # Another worker may take these: our positions there would go stale.
+        for tp in revoked:
+            if tp.topic == topics.events:
+                next_offset.pop(tp.partition, None)
+                last_batch_at.pop(tp.partition, None)
+
+    async def reread(assigned: set[int]) -> None:
         now = time.monotonic()
         for partition in sorted(assigned & set(next_offset)):
             if now - last_batch_at.get(partition, now) < IDLE_TAIL_SECONDS:
