@@ -120,12 +120,12 @@ def sequencer(bootstrap_servers: Bootstrap = None) -> None:
 def finalizer(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = None) -> None:
     """Run a finalizer worker (guarded exactly-once aggregates)."""
     from turnlog.sinks import open_store
-    from turnlog.sinks.migrate import require_head
+    from turnlog.sinks.migrate import wait_for_head
     from turnlog.stream_processors.finalizer import build_finalizer
 
     settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
-    require_head(store.engine)
+    wait_for_head(store.engine)
     _run_faust(build_finalizer(settings, store), settings)
 
 
@@ -135,11 +135,11 @@ def sink(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = None) 
     from turnlog.sinks import open_store
     from turnlog.sinks.service import SinkService
 
-    from turnlog.sinks.migrate import require_head
+    from turnlog.sinks.migrate import wait_for_head
 
     settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
-    require_head(store.engine)
+    wait_for_head(store.engine)
     service = SinkService(settings, store)
     # SIGTERM only shortens the stop; correctness never depends on it.
     signal.signal(signal.SIGTERM, lambda *_: service.stopping.set())
@@ -152,12 +152,12 @@ def analytics(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = N
     """Run the analytics projection: per-fleet figures from the transcript, in its own consumer group."""
     from turnlog.sinks import open_store
     from turnlog.sinks.analytics import AnalyticsProjection
-    from turnlog.sinks.migrate import require_head
+    from turnlog.sinks.migrate import wait_for_head
     from turnlog.sinks.service import SinkService
 
     settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
-    require_head(store.engine)
+    wait_for_head(store.engine)
     projection = AnalyticsProjection(store)
     service = SinkService(settings, store, consumer_group=settings.analytics_group, write=projection.write)
     signal.signal(signal.SIGTERM, lambda *_: service.stopping.set())
@@ -177,13 +177,13 @@ def api(
 
     from turnlog.api import create_app
     from turnlog.sinks import open_store
-    from turnlog.sinks.migrate import require_head
+    from turnlog.sinks.migrate import wait_for_head
 
     settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url, api_host=host, api_port=port)
     if not settings.api_tokens:
         logging.getLogger(__name__).warning("TURNLOG_API_TOKENS is empty: every API request will get 401")
     store = open_store(settings.database_url)
-    require_head(store.engine)
+    wait_for_head(store.engine)
     uvicorn.run(
         create_app(settings, store), host=settings.api_host, port=settings.api_port, log_level=settings.log_level.lower()
     )

@@ -10,12 +10,13 @@ from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
+from tenacity import before_sleep_log, retry, retry_if_exception_type, wait_exponential
 
 from turnlog.sinks import safe_url
 from turnlog.sinks.errors import store_errors
-from turnlog.sinks.exceptions import StoreError
+from turnlog.sinks.exceptions import StoreError, StoreUnavailableError
 
-__all__ = ["upgrade_to_head", "require_head", "MIGRATIONS_DIR"]
+__all__ = ["upgrade_to_head", "require_head", "wait_for_head", "MIGRATIONS_DIR"]
 
 logger = logging.getLogger(__name__)
 MIGRATIONS_DIR = Path(__file__).parent / "migrations"
@@ -49,3 +50,20 @@ def require_head(engine: Engine) -> None:
     if current != head:
         where = safe_url(engine.url)
         raise StoreError(f"store {where} is at schema revision {current or 'none'}, not {head}: run `turnlog migrate`")
+
+
+@retry(
+    retry=retry_if_exception_type(StoreUnavailableError),
+    wait=wait_exponential(multiplier=0.5, max=10),
+    before_sleep=before_sleep_log(logger, logging.WARNING),
+    reraise=True,
+)
+def wait_for_head(engine: Engine) -> None:
+    """:func:`require_head`, waiting (backoff up to 10 s, without limit) while the database
+    does not answer: a service started during a database outage waits for it instead
+    of exiting in a crash loop.
+
+    Raises:
+        StoreError: the schema is missing or older (not retried).
+    """
+    require_head(engine)

@@ -90,3 +90,20 @@ def test_the_pipeline_recovers_from_postgres_stopped_and_started(pipeline):
     asyncio.run(record_during_outage())
     check(pipeline, session_id, 8)
     assert all(p.alive() for p in pipeline.processes.values()), pipeline.logs()
+
+
+def test_services_started_while_postgres_is_down_wait_for_it(new_pipeline):
+    if not (STATE / "postgres").exists():
+        pytest.fail(f"this test stops the local Postgres: start it with `bash deploy/services.sh start` (state in {STATE})", pytrace=False)
+    pipeline = new_pipeline(("sequencer",))
+    script("postgres.sh", "stop")
+    try:
+        pipeline.start("sink", "finalizer")
+        exited = lambda: [n for n in ("sink", "finalizer") if not pipeline.processes[n].alive()]  # noqa: E731
+        with pytest.raises(AssertionError, match="timed out"):  # before, both exited at once, in a crash loop
+            wait_until(exited, timeout=8, what="a service to exit while Postgres is down")
+    finally:
+        script("postgres.sh", "start")
+    session_id = f"pgstart-{uuid.uuid4().hex[:6]}"
+    asyncio.run(record(pipeline.settings, session_id, 3, -1, lambda: None))
+    check(pipeline, session_id, 3)
