@@ -111,7 +111,7 @@ async def _play(session, plan: list[SpokenTurn], *, speed: float, base_time: dt.
     turns still open then are left to the recorder's drain).
 
     Raises:
-        the first error of a turn (e.g. ``DeliveryError``); the other open turns are cancelled.
+        the first error of a turn (e.g. ``SpoolFullError``); the other open turns are cancelled.
     """
     if not plan:
         return True
