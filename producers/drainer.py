@@ -166,6 +166,8 @@ class SpoolDrainer:
 
     def adopt_orphans(self) -> concurrent.futures.Future[int]:
         """Adopt spools orphaned since :meth:`start` (on the drainer thread); resolves with the count of events."""
+        if self._thread is None:
+            raise RuntimeError("SpoolDrainer.start() was not called")
         done: concurrent.futures.Future[int] = concurrent.futures.Future()
         self._commands.put(("adopt", done))
         return done

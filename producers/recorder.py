@@ -348,6 +348,7 @@ class SessionRecorder:
             Path(self.settings.spool_dir), {**config, **(producer_config or {})}, max_bytes=self.settings.spool_max_bytes
         )
         self._store = store
+        self._barrier: Any | None = None  # ResumeBarrier, made at the first direct-store resume
         self._sessions: dict[str, RecordedSession] = {}
         self._timer: asyncio.Task[None] | None = None
         self.terminating = asyncio.Event()
@@ -399,6 +400,7 @@ class SessionRecorder:
             SessionClosedError: this recorder already records ``session_id``.
             SpoolFullError, SpoolError: as :meth:`RecordedSession.complete_turn`.
         """
+        self._require_started()
         if session_id in self._sessions:
             raise SessionClosedError(f"session {session_id} is already being recorded here")
         _check_name("fleet", fleet)
@@ -434,6 +436,7 @@ class SessionRecorder:
                 does not cover its fleet).
             SessionClosedError: the session has ended.
         """
+        self._require_started()
         if session_id in self._sessions:
             raise SessionClosedError(f"session {session_id} is being recorded by this recorder already")
         wait = timeout if timeout is not None else self.settings.resume_timeout_seconds
@@ -506,8 +509,15 @@ class SessionRecorder:
             except RecorderError as e:
                 logger.error("session %s: partial not spooled at close: %s", session.session_id, e)
         await asyncio.to_thread(self._drainer.close, self.settings.spool_close_timeout_seconds)
+        if self._barrier is not None:
+            self._barrier.close()
+            self._barrier = None
 
     # -- internals -----------------------------------------------------------
+    def _require_started(self) -> None:
+        if self._timer is None:
+            raise RecorderError("the recorder is not started: use `async with SessionRecorder(...)` or await start()")
+
     def _spool(self, session_id: str, seq: int, payload: bytes) -> Ticket:
         event = SpooledEvent(self.settings.topics.events, session_id.encode("utf-8"), payload, session_id, seq)
         [ticket] = self._drainer.submit([event])
@@ -535,9 +545,11 @@ class SessionRecorder:
         from turnlog.producers.resume import ResumeBarrier  # the store path: SQLAlchemy only where it is used
         from turnlog.sinks import open_store
 
-        if self._store is None:
-            self._store = open_store(self.settings.database_url)
-        return await asyncio.to_thread(ResumeBarrier(self.settings, self._store).grant, session_id, timeout)
+        if self._barrier is None:
+            if self._store is None:
+                self._store = open_store(self.settings.database_url)
+            self._barrier = ResumeBarrier(self.settings, self._store)
+        return await asyncio.to_thread(self._barrier.grant, session_id, timeout)
 
     def _forget(self, session: RecordedSession) -> None:
         if self._sessions.get(session.session_id) is session:

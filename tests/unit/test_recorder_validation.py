@@ -133,3 +133,14 @@ async def test_seq_is_strictly_increasing(session):
     session.update_partial(0, "A", "a b")
     await session.complete_turn(0, "A", "a b c")
     assert [decode_event(p).seq for p in session._recorder.sent] == [1, 2]
+
+
+async def test_a_recorder_that_was_not_started_says_so(tmp_path):
+    from turnlog.producers import RecorderError, SessionRecorder
+
+    recorder = SessionRecorder(TurnlogSettings(spool_dir=str(tmp_path)))
+    with pytest.raises(RecorderError, match="not started"):
+        await recorder.start_session("s-1", fleet="f", agent_id="a")
+    with pytest.raises(RecorderError, match="not started"):
+        await recorder.resume("s-1", timeout=1)
+    assert list(tmp_path.iterdir()) == []  # no I/O before start()
