@@ -537,11 +537,9 @@ class SessionRecorder:
 
     async def _grant(self, session_id: str, timeout: float) -> ResumeGrant | None:
         if self.settings.api_url:
-            from turnlog.producers.api_client import resume_via_api
+            from turnlog.producers.api_client import resume_via_api_async
 
-            return await asyncio.to_thread(
-                resume_via_api, self.settings.api_url, self.settings.api_token, session_id, timeout
-            )
+            return await resume_via_api_async(self.settings.api_url, self.settings.api_token, session_id, timeout)
         from turnlog.producers.resume import ResumeBarrier  # the store path: SQLAlchemy only where it is used
         from turnlog.sinks import open_store
 

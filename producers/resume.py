@@ -21,6 +21,7 @@ broker and the API (``turnlog.producers.api_client``).
 from __future__ import annotations
 
 import logging
+import threading
 import time
 import uuid
 from collections.abc import Callable, Collection
@@ -28,6 +29,7 @@ from typing import TypeVar
 
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from sqlalchemy.engine import Connection
+from tenacity import RetryCallState, Retrying, retry_if_result, wait_exponential
 
 from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.grant import ResumeGrant, StoredTurn
@@ -42,6 +44,7 @@ __all__ = ["ResumeBarrier", "claim_resume"]
 
 logger = logging.getLogger(__name__)
 POLL_INTERVAL_SECONDS = 0.1
+FIRST_POLL_SECONDS = 0.005
 _T = TypeVar("_T")
 
 
@@ -82,6 +85,8 @@ class ResumeBarrier:
     def __init__(self, settings: TurnlogSettings, store: SqlStore) -> None:
         self._settings = settings
         self._store = store
+        self._clients_lock = threading.Lock()
+        self._clients: tuple[Consumer, Consumer] | None = None
 
     def grant(self, session_id: str, timeout: float, *, fleets: Collection[str] | None = None) -> ResumeGrant | None:
         """Pass the barrier for ``session_id``, then claim its next epoch and read
@@ -118,33 +123,59 @@ class ResumeBarrier:
         acknowledged for ``session_id``'s partition before this call."""
         topics = self._settings.topics
         partition = partition_for(session_id, self._settings.partitions)
-        # A throwaway group id for watermarks; the sequencer's id only to read its commits.
-        watermarks = Consumer(self._consumer_config(f"turnlog-resume-{uuid.uuid4()}"))
-        sequencer = Consumer(self._consumer_config(progress_group(self._settings.sequencer_group)))
         try:
             events_tp = TopicPartition(topics.events, partition)
-            events_end = self._retrying(deadline, lambda: _end_offset(watermarks, events_tp, deadline), "the events end offset")
+            events_end = self._retrying(
+                deadline, lambda: self._with_clients(lambda w, _: _end_offset(w, events_tp, deadline)), "the events end offset"
+            )
             self._until(
                 deadline,
-                lambda: _committed(sequencer, events_tp, deadline) >= events_end,
+                lambda: self._with_clients(lambda _, p: _committed(p, events_tp, deadline)) >= events_end,
                 f"the sequencer ({self._settings.sequencer_group}) to consume {topics.events}[{partition}] "
                 f"up to offset {events_end}",
             )
             transcript_tp = TopicPartition(topics.transcript, partition)
             transcript_end = self._retrying(
-                deadline, lambda: _end_offset(watermarks, transcript_tp, deadline), "the transcript end offset"
+                deadline,
+                lambda: self._with_clients(lambda w, _: _end_offset(w, transcript_tp, deadline)),
+                "the transcript end offset",
             )
         except KafkaException as e:
             raise ResumeBarrierTimeout(f"resume barrier for {session_id}: broker error: {e}") from e
-        finally:
-            watermarks.close()
-            sequencer.close()
         self._until(
             deadline,
             lambda: self._sink_offset(topics.transcript, partition) >= transcript_end,
             f"the sink ({self._settings.sink_group}) to store {topics.transcript}[{partition}] "
             f"up to offset {transcript_end}",
         )
+
+    def _with_clients(self, call: Callable[[Consumer, Consumer], int]) -> int:
+        """``call(watermarks, progress)`` on this barrier's two lookup consumers, made
+        once and kept across resumes (a new client's first lookup can take most of a
+        second); replaced after a broker error."""
+        with self._clients_lock:
+            if self._clients is None:
+                # A throwaway group id for watermarks; the sequencer's progress group only to read its commits.
+                self._clients = (
+                    Consumer(self._consumer_config(f"turnlog-resume-{uuid.uuid4()}")),
+                    Consumer(self._consumer_config(progress_group(self._settings.sequencer_group))),
+                )
+            try:
+                return call(*self._clients)
+            except KafkaException:
+                self._close_clients()
+                raise
+
+    def _close_clients(self) -> None:
+        if self._clients is not None:
+            for consumer in self._clients:
+                consumer.close()
+            self._clients = None
+
+    def close(self) -> None:
+        """Close the lookup consumers (a later resume makes new ones)."""
+        with self._clients_lock:
+            self._close_clients()
 
     def _in_store(self, deadline: float, work: Callable[[Connection], _T]) -> _T:
         """``work`` in one store transaction, retried while the store is away, up to ``deadline``."""
@@ -176,21 +207,31 @@ class ResumeBarrier:
     @staticmethod
     def _retrying(deadline: float, read: Callable[[], int], what: str) -> int:
         """``read()`` until it gives an offset; it gives -1 on a retriable broker error."""
-        while True:
-            value = read()
-            if value >= 0:
-                return value
-            if time.monotonic() >= deadline:
-                raise ResumeBarrierTimeout(f"resume barrier: timed out reading {what} (the broker kept failing)")
-            time.sleep(POLL_INTERVAL_SECONDS)
+        return _poll(read, lambda value: value < 0, deadline, f"timed out reading {what} (the broker kept failing)")
 
     @staticmethod
-    def _until(deadline: float, condition: object, what: str) -> None:
-        assert callable(condition)
-        while not condition():
-            if time.monotonic() >= deadline:
-                raise ResumeBarrierTimeout(f"resume barrier: timed out waiting for {what}")
-            time.sleep(POLL_INTERVAL_SECONDS)
+    def _until(deadline: float, condition: Callable[[], bool], what: str) -> None:
+        _poll(condition, lambda done: not done, deadline, f"timed out waiting for {what}")
+
+
+def _poll(probe: Callable[[], _T], again: Callable[[_T], bool], deadline: float, failure: str) -> _T:
+    """``probe()`` until ``again(result)`` is false, first every 5 ms, then less often, up to
+    every ``POLL_INTERVAL_SECONDS``: a caught-up pipeline passes in milliseconds.
+
+    Raises:
+        ResumeBarrierTimeout: ``deadline`` (monotonic) passed first; ``failure`` says what for.
+    """
+
+    def timed_out(_: RetryCallState) -> _T:
+        raise ResumeBarrierTimeout(f"resume barrier: {failure}")
+
+    retrying = Retrying(
+        retry=retry_if_result(again),
+        wait=wait_exponential(multiplier=FIRST_POLL_SECONDS, max=POLL_INTERVAL_SECONDS),
+        stop=lambda _: time.monotonic() >= deadline,
+        retry_error_callback=timed_out,
+    )
+    return retrying(probe)
 
 
 def _left(deadline: float) -> float:

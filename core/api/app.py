@@ -58,7 +58,7 @@ __all__ = ["create_app"]
 
 SESSION_STATUSES = ("active", "ended", "finalized", "abandoned")
 SSE_PING_SECONDS = 15
-#: Resume barriers run at once (each holds a thread and two broker clients);
+#: Resume barriers run at once (each holds a thread; they share two broker clients);
 #: more requests queue, and their time in the queue counts against their timeout.
 RESUME_WORKERS = 8
 #: ``Retry-After`` of a 503 from the resume endpoint (seconds).
@@ -83,6 +83,7 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
             yield
         finally:
             resume_workers.shutdown(wait=False, cancel_futures=True)
+            barrier.close()
             if hub is not None:
                 await asyncio.to_thread(hub.stop)
 
