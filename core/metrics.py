@@ -18,6 +18,7 @@ __all__ = [
     "SPOOL_DRAINED",
     "RECORDER_DEGRADED",
     "SPOOL_COMMIT_SECONDS",
+    "SPOOL_QUARANTINED",
 ]
 
 EVENTS_EMITTED = Counter("turnlog_sequencer_emitted_total", "Events emitted to the ordered transcript.")
@@ -42,4 +43,8 @@ SPOOL_COMMIT_SECONDS = Histogram(
 )
 RECORDER_DEGRADED = Gauge(
     "turnlog_recorder_degraded", "1 while the recorder runs on its spool alone (the broker did not acknowledge in time)."
+)
+SPOOL_QUARANTINED = Counter(
+    "turnlog_spool_quarantined_total",
+    "Spooled events the producer refused for good (e.g. too large), set aside in the spool's quarantined table.",
 )

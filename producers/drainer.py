@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, Message, Producer
+from confluent_kafka import KafkaError, KafkaException, Message, Producer
 
 from turnlog.faults import fault_point
 from turnlog.metrics import (
@@ -44,15 +44,18 @@ from turnlog.metrics import (
     SPOOL_DRAINED,
     SPOOL_EVENTS,
     SPOOL_OLDEST_SECONDS,
+    SPOOL_QUARANTINED,
 )
-from turnlog.producers.exceptions import SpoolFullError
+from turnlog.producers.exceptions import RecorderError, SpoolError, SpoolFullError
 from turnlog.producers.spool import SpooledEvent, SpoolFile, SpoolRow
 
 __all__ = ["SpoolDrainer", "Ticket", "MAX_IN_FLIGHT"]
 
 logger = logging.getLogger(__name__)
-#: Records produced and not yet acknowledged, at most (well under librdkafka's queue limit).
-MAX_IN_FLIGHT = 2000
+#: Records produced and not yet acknowledged, at most: below the sequencer's default reorder
+#: buffer (1024 per session), so a failed record re-sent after the rest of its window never
+#: overflows it; and well under librdkafka's queue limit.
+MAX_IN_FLIGHT = 500
 #: Waits between re-delivery rounds after a failure (seconds): doubling from the first, capped.
 RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.5, 15.0
 _IDLE_WAIT_SECONDS = 0.1
@@ -66,8 +69,26 @@ class Ticket:
     the spool, ``acked`` once the broker acknowledged it (both ``None`` results;
     ``spooled`` fails with :class:`~turnlog.producers.exceptions.SpoolError`)."""
 
-    spooled: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
-    acked: concurrent.futures.Future[None] = field(default_factory=concurrent.futures.Future)
+    spooled: concurrent.futures.Future[None] = field(default_factory=lambda: _running_future())
+    acked: concurrent.futures.Future[None] = field(default_factory=lambda: _running_future())
+
+
+def _running_future() -> concurrent.futures.Future[None]:
+    """A future in the RUNNING state: ``cancel()`` is refused, so an awaiting task that
+    is cancelled (``asyncio.wrap_future`` passes cancellation on) cannot cancel it
+    under the drainer's feet."""
+    future: concurrent.futures.Future[None] = concurrent.futures.Future()
+    future.set_running_or_notify_cancel()
+    return future
+
+
+def _settle(future: concurrent.futures.Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+    if future.done():
+        return
+    if error is not None:
+        future.set_exception(error)
+    else:
+        future.set_result(result)
 
 
 @dataclass(slots=True)
@@ -121,6 +142,9 @@ class SpoolDrainer:
         self._failures = 0
         self._retry_at: float | None = None
         self._stopping = False
+        self._closed = False
+        self._pending_appends: list[tuple[list[SpooledEvent], list[Ticket]]] = []  # a failed commit, retried first
+        self._write_retry_at = 0.0
 
     @property
     def path(self) -> Path | None:
@@ -136,9 +160,11 @@ class SpoolDrainer:
         """
         if self._thread is not None:
             return
+        if self._closed:
+            raise RecorderError("this recorder was closed; make a new SessionRecorder")
         self._spool = SpoolFile(self.folder)
         self._producer = self._new_producer()
-        self._take_in(self._spool.adopt_orphans())
+        self._spool.adopt_orphans(self._take_in)
         self._thread = threading.Thread(target=self._run, name="turnlog-spool-drainer", daemon=True)
         self._thread.start()
 
@@ -149,10 +175,14 @@ class SpoolDrainer:
             SpoolFullError: the spool would exceed ``max_bytes``; nothing was queued.
             RuntimeError: :meth:`start` was not called.
         """
+        if self._closed:
+            raise RecorderError("the recorder is closed; nothing more can be recorded")
         if self._thread is None:
             raise RuntimeError("SpoolDrainer.start() was not called")
         size = sum(len(e.value) for e in events)
         with self._lock:
+            if self._closed:
+                raise RecorderError("the recorder is closed; nothing more can be recorded")
             if self._backlog.bytes + size > self.max_bytes:
                 raise SpoolFullError(
                     f"the spool {self.path} holds {self._backlog.bytes} bytes; {size} more would pass the limit "
@@ -160,16 +190,21 @@ class SpoolDrainer:
                 )
             for e in events:
                 self._backlog.add(e.session_id, len(e.value))
-        tickets = [Ticket() for _ in events]
-        self._commands.put(("append", (list(events), tickets)))
+            tickets = [Ticket() for _ in events]
+            self._commands.put(("append", (list(events), tickets)))  # under the lock: never after the stop
         return tickets
 
     def adopt_orphans(self) -> concurrent.futures.Future[int]:
         """Adopt spools orphaned since :meth:`start` (on the drainer thread); resolves with the count of events."""
+        if self._closed:
+            raise RecorderError("the recorder is closed")
         if self._thread is None:
             raise RuntimeError("SpoolDrainer.start() was not called")
         done: concurrent.futures.Future[int] = concurrent.futures.Future()
-        self._commands.put(("adopt", done))
+        with self._lock:
+            if self._closed:
+                raise RecorderError("the recorder is closed")
+            self._commands.put(("adopt", done))
         return done
 
     def pending(self, session_id: str | None = None) -> int:
@@ -189,7 +224,7 @@ class SpoolDrainer:
                 return
             self._degraded = True
             held = self._backlog.events
-        RECORDER_DEGRADED.set(1)
+            RECORDER_DEGRADED.set(1)
         logger.warning(
             "recorder degraded: the broker has not acknowledged within %.1f s; %d events are safe in the spool %s "
             "(a local disk: it does not survive the loss of this host) and are delivered when the broker is back",
@@ -203,9 +238,11 @@ class SpoolDrainer:
         if self._thread is None:
             return 0
         deadline = time.monotonic() + timeout
-        while self.pending() and time.monotonic() < deadline:
+        while self.pending() > 0 and time.monotonic() < deadline:
             time.sleep(0.05)
-        self._commands.put(("stop", None))
+        with self._lock:
+            self._closed = True  # submit() refuses from here: nothing is queued after the stop
+            self._commands.put(("stop", None))
         self._thread.join()
         self._thread = None
         left = self.pending()
@@ -217,24 +254,28 @@ class SpoolDrainer:
     def _run(self) -> None:
         assert self._spool is not None
         stats_at = 0.0
-        while not self._stopping:
+        adopt_waiters: list[concurrent.futures.Future[int]] = []
+        while True:
             try:
                 appends, adopt_waiters = self._next_commands()
-                if self._stopping:
-                    break
-                self._write(appends)
+                self._write(appends)  # on the stop too: what was queued before it is spooled
                 for waiter in adopt_waiters:
                     self._adopt_now(waiter)
+                adopt_waiters = []
+                if self._stopping:
+                    break
                 assert self._producer is not None
                 self._producer.poll(0)
                 self._produce_more()
-                now = time.monotonic()
-                if now - stats_at >= _STATS_EVERY_SECONDS:
-                    stats_at = now
-                    self._publish_stats()
             except Exception:  # a disk error must not end delivery for good: log, wait, go on
                 logger.exception("spool drainer: unexpected error; retrying in %.1f s", RETRY_FIRST_SECONDS)
+                for waiter in adopt_waiters:
+                    _settle(waiter, error=SpoolError("adopting orphaned spools failed; see the recorder's log"))
                 time.sleep(RETRY_FIRST_SECONDS)
+            now = time.monotonic()
+            if now - stats_at >= _STATS_EVERY_SECONDS:
+                stats_at = now
+                self._publish_stats()
         self._finish()
 
     def _next_commands(self) -> tuple[list[tuple[list[SpooledEvent], list[Ticket]]], list[concurrent.futures.Future[int]]]:
@@ -258,47 +299,61 @@ class SpoolDrainer:
                     adopt_waiters.append(payload)
                 else:
                     self._stopping = True
+                    break  # submit() refuses after the stop: nothing can follow it
                 command = self._commands.get_nowait()
         except queue.Empty:
             pass
         return appends, adopt_waiters
 
     def _write(self, appends: list[tuple[list[SpooledEvent], list[Ticket]]]) -> None:
+        """Commit the queued appends (after any whose commit failed before) in one fsync.
+
+        A failed commit (a full disk) is retried, in order, with backoff: each event
+        already has its seq, so failing it would leave a gap the session never fills.
+        """
         assert self._spool is not None
+        appends = self._pending_appends + appends
+        self._pending_appends = []
         acked, self._acked = self._acked, []
+        if appends and time.monotonic() < self._write_retry_at and not self._stopping:
+            self._pending_appends = appends
+            appends = []
         if not appends:
             if acked:
-                self._spool.delete(acked)
+                try:
+                    self._spool.delete(acked)
+                except SpoolError:
+                    self._acked.extend(acked)
+                    raise
             return
         events = [e for batch, _ in appends for e in batch]
         tickets = [t for _, batch in appends for t in batch]
         began = time.perf_counter()
         try:
             ids = self._spool.append(events, delete_ids=acked)
-            SPOOL_COMMIT_SECONDS.observe(time.perf_counter() - began)
-        except Exception as e:  # SpoolError: tell every waiter; nothing of it was spooled
-            with self._lock:
-                for event in events:
-                    self._backlog.remove(event.session_id, len(event.value))
-            for ticket in tickets:
-                ticket.spooled.set_exception(e)
-                ticket.acked.set_exception(e)
+        except SpoolError as e:
             self._acked.extend(acked)
+            self._pending_appends = appends
+            self._write_retry_at = time.monotonic() + RETRY_FIRST_SECONDS
+            logger.error("spool: cannot commit %d events (%s); retrying, in order", len(events), e)
+            if self._stopping:
+                raise
             return
+        SPOOL_COMMIT_SECONDS.observe(time.perf_counter() - began)
+        self._last_id = ids[-1]
+        self._cursor = min(self._cursor, ids[0])
         for row_id, ticket in zip(ids, tickets, strict=True):
             self._tickets[row_id] = ticket
-            ticket.spooled.set_result(None)
-        self._last_id = ids[-1]
+        for ticket in tickets:
+            _settle(ticket.spooled)
 
     def _adopt_now(self, waiter: concurrent.futures.Future[int]) -> None:
         assert self._spool is not None
+        counted: list[int] = []
         try:
-            rows = self._spool.adopt_orphans()
-        except Exception as e:  # SpoolError
-            waiter.set_exception(e)
-            return
-        self._take_in(rows)
-        waiter.set_result(len(rows))
+            self._spool.adopt_orphans(lambda rows: (self._take_in(rows), counted.append(len(rows))))
+        finally:
+            _settle(waiter, sum(counted))
 
     def _take_in(self, rows: list[SpoolRow]) -> None:
         if not rows:
@@ -318,6 +373,7 @@ class SpoolDrainer:
                 return  # let the rest of the window settle first
             now = time.monotonic()
             if self._retry_at is None:
+                self._failures += 1  # failed rounds, not records: one round may fail hundreds
                 wait = min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2 ** min(self._failures - 1, 16))
                 self._retry_at = now + wait
                 logger.warning("spool: delivery failed; %d events held, next delivery round in %.1f s", self.pending(), wait)
@@ -350,9 +406,28 @@ class SpoolDrainer:
         except BufferError:
             self._producer.poll(0.01)  # librdkafka's queue is full: serve reports, go on next round
             return False
+        except KafkaException as e:  # this record can never be produced (too large): set it aside
+            self._quarantine(row, e)
+            return True
         self._in_flight[row.id] = (event.session_id, len(event.value))
         fault_point("producer.after_produce")
         return True
+
+    def _quarantine(self, row: SpoolRow, error: KafkaException) -> None:
+        """Move a record the client refuses for good out of the delivery order, so it
+        cannot block the rest of the spool; it stays on disk (``quarantined`` table)."""
+        assert self._spool is not None
+        self._spool.quarantine(row.id)
+        with self._lock:
+            self._backlog.remove(row.event.session_id, len(row.event.value))
+        SPOOL_QUARANTINED.inc()
+        logger.error(
+            "spool: event seq %d of session %s cannot be produced (%s); set aside in the quarantined table of %s",
+            row.event.seq, row.event.session_id, error, self.path,
+        )
+        ticket = self._tickets.pop(row.id, None)
+        if ticket is not None:
+            _settle(ticket.acked, error=SpoolError(f"the producer refused the event for good: {error}"))
 
     def _on_delivery(self, row_id: int, err: KafkaError | None) -> None:
         held = self._in_flight.pop(row_id, None)
@@ -362,7 +437,6 @@ class SpoolDrainer:
             if not self._failed:
                 logger.warning("spool: delivery failed (%s); the event stays in the spool and is sent again", err.str())
             self._failed = True
-            self._failures += 1
             if err.fatal():
                 self._fatal = True
             return
@@ -373,11 +447,12 @@ class SpoolDrainer:
             empty = self._backlog.events == 0
         SPOOL_DRAINED.inc()
         ticket = self._tickets.pop(row_id, None)
-        if ticket is not None and not ticket.acked.done():
-            ticket.acked.set_result(None)
+        if ticket is not None:
+            _settle(ticket.acked)
         if empty and self._degraded:
-            self._degraded = False
-            RECORDER_DEGRADED.set(0)
+            with self._lock:
+                self._degraded = False
+                RECORDER_DEGRADED.set(0)
             logger.warning("recorder recovered: the broker acknowledged every spooled event")
 
     def _replace_producer(self) -> None:
@@ -413,11 +488,20 @@ class SpoolDrainer:
         assert self._spool is not None and self._producer is not None
         self._producer.flush(1.0)  # reports for what is in flight (close() waited already)
         self._producer.poll(0)
-        if self._acked:
-            self._spool.delete(self._acked)
-            self._acked = []
-        self._spool.close(remove_if_empty=True)
-        self._publish_stats_closed()
+        try:
+            if self._acked:
+                self._spool.delete(self._acked)
+                self._acked = []
+        finally:
+            closed = RecorderError("the recorder closed before the broker acknowledged this event; it stays in the spool")
+            for ticket in self._tickets.values():
+                _settle(ticket.acked, error=closed)
+            for _, tickets in self._pending_appends:
+                for ticket in tickets:
+                    _settle(ticket.spooled, error=SpoolError("the recorder closed while the spool could not be written"))
+                    _settle(ticket.acked, error=closed)
+            self._spool.close(remove_if_empty=True)
+            self._publish_stats_closed()
 
     def _publish_stats_closed(self) -> None:
         SPOOL_EVENTS.set(0)

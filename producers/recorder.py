@@ -68,6 +68,9 @@ __all__ = ["SessionRecorder", "RecordedSession"]
 logger = logging.getLogger(__name__)
 MAX_NAME_CHARS = 200
 MAX_TURN_INDEX = 2**31 - 1  # the schema's (and the store's integer column's) bound
+#: Largest encoded event (bytes): under the producer's and the broker's default record
+#: limit (1,000,000 bytes), so no spooled event can be refused by Kafka for its size.
+MAX_EVENT_BYTES = 900_000
 _SPOOL_POLL_SECONDS = 0.05
 
 
@@ -289,6 +292,11 @@ class RecordedSession:
             raise InvalidTurnError(f"{event_type.__struct_config__.tag}: {e.reason}") from e
         except (TypeError, msgspec.EncodeError) as e:
             raise InvalidTurnError(f"{event_type.__struct_config__.tag}: cannot encode: {e}") from e
+        if len(payload) > MAX_EVENT_BYTES:
+            raise InvalidTurnError(
+                f"{event_type.__struct_config__.tag}: the event is {len(payload)} bytes encoded; the limit is "
+                f"{MAX_EVENT_BYTES} (Kafka's record size): shorten the text, tool calls or metadata"
+            )
         ticket = self._recorder._spool(self.session_id, self._next_seq, payload)  # raises SpoolFullError
         self._next_seq += 1
         acked = asyncio.wrap_future(ticket.acked)
@@ -441,8 +449,11 @@ class SessionRecorder:
             raise SessionClosedError(f"session {session_id} is being recorded by this recorder already")
         wait = timeout if timeout is not None else self.settings.resume_timeout_seconds
         deadline = time.monotonic() + wait
-        await asyncio.wrap_future(self._drainer.adopt_orphans())
-        while self._drainer.pending(session_id):
+        try:
+            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._drainer.adopt_orphans())), wait)
+        except TimeoutError as e:
+            raise ResumeBarrierTimeout(f"resume of {session_id}: adopting this host's orphaned spools took over {wait:.0f} s") from e
+        while self._drainer.pending(session_id) > 0:
             if time.monotonic() >= deadline:
                 raise ResumeBarrierTimeout(
                     f"resume of {session_id}: {self._drainer.pending(session_id)} of its events in the spool "
@@ -526,7 +537,7 @@ class SessionRecorder:
     async def _settle(self, ticket: Ticket) -> None:
         """Wait until ``ticket`` is spooled, then for its ack up to ``ack_wait_seconds``
         (not at all while degraded)."""
-        await asyncio.wrap_future(ticket.spooled)  # raises SpoolError
+        await asyncio.shield(asyncio.wrap_future(ticket.spooled))  # raises SpoolError
         if self._drainer.degraded:
             return
         wait = self.settings.ack_wait_seconds

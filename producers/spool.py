@@ -30,7 +30,7 @@ import os
 import sqlite3
 import time
 import uuid
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -41,6 +41,9 @@ __all__ = ["SpoolFile", "SpoolRow", "SpooledEvent", "SPOOL_GLOB"]
 logger = logging.getLogger(__name__)
 SPOOL_GLOB = "spool-*.db"
 
+_QUARANTINE = """
+CREATE TABLE IF NOT EXISTS quarantined AS SELECT * FROM spooled WHERE 0
+"""
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS spooled (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -95,10 +98,14 @@ class SpoolFile:
         self._db = _connect(self.path, create=True)
 
     # -- writing ------------------------------------------------------------
-    def append(self, events: Iterable[SpooledEvent], *, delete_ids: Iterable[int] = ()) -> list[int]:
+    def append(
+        self, events: Iterable[SpooledEvent], *, delete_ids: Iterable[int] = (), spooled_at: Iterable[float] | None = None
+    ) -> list[int]:
         """Commit ``events`` (in order) and fsync; also delete ``delete_ids`` in the same
-        transaction. Returns the new rows' ids, in order."""
-        now = time.time()
+        transaction. ``spooled_at``: each event's first spooling time (Unix seconds;
+        default now). Returns the new rows' ids, in order."""
+        events = list(events)
+        times = list(spooled_at) if spooled_at is not None else [time.time()] * len(events)
         with self._errors("append to"):
             self._db.execute("PRAGMA synchronous=FULL")
             with self._db:
@@ -106,10 +113,18 @@ class SpoolFile:
                 return [
                     self._db.execute(
                         "INSERT INTO spooled (topic, key, value, session_id, seq, spooled_at) VALUES (?, ?, ?, ?, ?, ?)",
-                        (e.topic, e.key, e.value, e.session_id, e.seq, now),
+                        (e.topic, e.key, e.value, e.session_id, e.seq, at),
                     ).lastrowid
-                    for e in events
+                    for e, at in zip(events, times, strict=True)
                 ]
+
+    def quarantine(self, row_id: int) -> None:
+        """Move one row out of the delivery order into the ``quarantined`` table (kept on disk)."""
+        with self._errors("quarantine in"):
+            self._db.execute("PRAGMA synchronous=FULL")
+            with self._db:
+                self._db.execute("INSERT INTO quarantined SELECT * FROM spooled WHERE id = ?", (row_id,))
+                self._db.execute("DELETE FROM spooled WHERE id = ?", (row_id,))
 
     def delete(self, ids: Iterable[int]) -> None:
         """Delete acknowledged rows (no fsync: see the module docstring)."""
@@ -141,52 +156,66 @@ class SpoolFile:
         return None if row is None else row[0]
 
     # -- orphans ------------------------------------------------------------
-    def adopt_orphans(self) -> list[SpoolRow]:
-        """Move the rows of every orphaned spool in the folder into this one.
+    def adopt_orphans(self, on_adopted: Callable[[list[SpoolRow]], object]) -> int:
+        """Move the rows of every orphaned spool in the folder into this one; returns how many.
 
         An orphan is a spool file whose lock nobody holds (its recorder died).
-        Its rows are committed here, in their order, before its file is
-        deleted; a crash in between leaves them in both places, which only
-        re-sends them (duplicates by seq). Returns the adopted rows as stored here.
+        Its rows are committed here, in their order and with their first
+        spooling time, then ``on_adopted(rows as stored here)`` is called, then
+        its file is deleted (the database first, the lock last). A crash in
+        between leaves them in both places, which only re-sends them
+        (duplicates by seq). An orphan that cannot be read is left in place.
         """
-        adopted: list[SpoolRow] = []
+        adopted = 0
         for path in sorted(self.folder.glob(SPOOL_GLOB)):
             if path == self.path:
                 continue
             lock_fd = _take_lock(path)
             if lock_fd is None:
                 continue  # a live recorder's spool
+            removed = False
             try:
                 if not path.exists():
-                    continue  # adopted by another recorder a moment ago
+                    removed = True  # adopted by another recorder a moment ago
+                    continue
                 try:
                     orphan = _connect(path, create=False)
+                    try:
+                        rows = list(_rows(orphan, "ORDER BY id", ()))
+                        set_aside = orphan.execute("SELECT * FROM quarantined ORDER BY id").fetchall()
+                    finally:
+                        orphan.close()
                 except sqlite3.Error as e:
                     logger.error("spool %s cannot be read (%s); left in place", path, e)
                     continue
-                try:
-                    rows = list(_rows(orphan, "ORDER BY id", ()))
-                finally:
-                    orphan.close()
-                ids = self.append([r.event for r in rows])
-                adopted.extend(SpoolRow(i, r.event, r.spooled_at) for i, r in zip(ids, rows, strict=True))
-                for suffix in ("-wal", "-shm", ""):
+                if set_aside:
+                    with self._errors("keep the quarantined rows in"), self._db:
+                        self._db.executemany(
+                            "INSERT INTO quarantined (topic, key, value, session_id, seq, spooled_at) VALUES (?, ?, ?, ?, ?, ?)",
+                            [row[1:] for row in set_aside],
+                        )
+                ids = self.append([r.event for r in rows], spooled_at=[r.spooled_at for r in rows])
+                on_adopted([SpoolRow(i, r.event, r.spooled_at) for i, r in zip(ids, rows, strict=True)])
+                adopted += len(rows)
+                for suffix in ("", "-wal", "-shm"):
                     with contextlib.suppress(FileNotFoundError):
                         Path(f"{path}{suffix}").unlink()
+                removed = True
                 if rows:
                     logger.warning("adopted %d undelivered events from the orphaned spool %s", len(rows), path)
             finally:
-                with contextlib.suppress(FileNotFoundError):
-                    _lock_path(path).unlink()
+                if removed:
+                    with contextlib.suppress(FileNotFoundError):
+                        _lock_path(path).unlink()
                 os.close(lock_fd)
         return adopted
 
     def close(self, *, remove_if_empty: bool) -> None:
         """Close the file and release its lock; with ``remove_if_empty``, delete it when it holds nothing."""
-        empty = self.oldest_spooled_at() is None
+        empty = self.oldest_spooled_at() is None and not self._db.execute("SELECT 1 FROM quarantined LIMIT 1").fetchone()
         self._db.close()
         if remove_if_empty and empty:
-            for suffix in ("-wal", "-shm", ""):
+            for suffix in ("", "-wal", "-shm"):
                 with contextlib.suppress(FileNotFoundError):
                     Path(f"{self.path}{suffix}").unlink()
             with contextlib.suppress(FileNotFoundError):
@@ -223,6 +252,7 @@ def _connect(path: Path, *, create: bool) -> sqlite3.Connection:
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=FULL")
     db.execute(_SCHEMA)
+    db.execute(_QUARANTINE)
     return db
 
 

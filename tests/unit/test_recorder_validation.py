@@ -144,3 +144,12 @@ async def test_a_recorder_that_was_not_started_says_so(tmp_path):
     with pytest.raises(RecorderError, match="not started"):
         await recorder.resume("s-1", timeout=1)
     assert list(tmp_path.iterdir()) == []  # no I/O before start()
+
+
+async def test_an_event_too_large_for_kafka_is_refused_before_it_takes_a_seq(session):
+    huge = [{"name": "lookup", "result": "x" * 950_000}]
+    with pytest.raises(InvalidTurnError, match="bytes encoded"):
+        await session.complete_turn(0, "A", "ok", tool_calls=huge)
+    assert session._recorder.sent == [] and session.next_seq == 1
+    await session.complete_turn(0, "A", "ok")  # the turn can still be recorded
+    assert session.next_seq == 2

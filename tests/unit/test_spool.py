@@ -31,14 +31,16 @@ def test_a_live_spool_is_never_adopted_and_an_orphan_is_adopted_in_order(tmp_pat
     dead = SpoolFile(tmp_path)
     dead.append([event("s", seq) for seq in range(5)])
     newcomer = SpoolFile(tmp_path)
-    assert newcomer.adopt_orphans() == []  # both hold their locks
+    adopted: list = []
+    assert newcomer.adopt_orphans(adopted.extend) == 0 and adopted == []  # both hold their locks
 
     dead.close(remove_if_empty=False)  # its lock is released, as the kernel does at SIGKILL
-    adopted = newcomer.adopt_orphans()
+    assert newcomer.adopt_orphans(adopted.extend) == 5
     assert [(r.event.session_id, r.event.seq) for r in adopted] == [("s", seq) for seq in range(5)]
     assert [r.event.seq for r in newcomer.rows_from(0, 10)] == [0, 1, 2, 3, 4]
+    assert [r.spooled_at for r in adopted] == [r.spooled_at for r in newcomer.rows_from(0, 10)]
     assert not dead.path.exists() and live.path.exists()
-    assert newcomer.adopt_orphans() == []
+    assert newcomer.adopt_orphans(adopted.extend) == 0
     live.close(remove_if_empty=True)
     newcomer.close(remove_if_empty=True)
 
@@ -63,5 +65,101 @@ def test_the_drainer_refuses_past_its_byte_limit_and_keeps_what_it_holds(tmp_pat
     finally:
         assert drainer.close(timeout=0) == 1  # no broker: it stays in the spool for the next recorder
     reopened = SpoolFile(tmp_path)
-    assert [r.event.seq for r in reopened.adopt_orphans()] == [0]
+    adopted: list = []
+    reopened.adopt_orphans(adopted.extend)
+    assert [r.event.seq for r in adopted] == [0]
     reopened.close(remove_if_empty=False)
+
+
+def test_an_unreadable_orphan_is_left_in_place_and_the_good_ones_are_adopted(tmp_path):
+    good = SpoolFile(tmp_path)
+    good.append([event("s", 0), event("s", 1)])
+    good.close(remove_if_empty=False)
+    broken = tmp_path / "spool-0-broken.db"
+    broken.write_bytes(b"this is not a database" * 100)
+    newcomer = SpoolFile(tmp_path)
+    adopted: list = []
+    assert newcomer.adopt_orphans(adopted.extend) == 2
+    assert [r.event.seq for r in adopted] == [0, 1]
+    assert broken.exists() and not good.path.exists()
+    newcomer.close(remove_if_empty=False)
+
+
+def test_a_quarantined_row_leaves_the_delivery_order_but_not_the_disk(tmp_path):
+    spool = SpoolFile(tmp_path)
+    ids = spool.append([event("a", 0), event("a", 1)])
+    spool.quarantine(ids[0])
+    assert [r.event.seq for r in spool.rows_from(0, 10)] == [1]
+    spool.delete([ids[1]])
+    spool.close(remove_if_empty=True)
+    assert spool.path.exists()  # the quarantined row is kept for an operator
+    newcomer = SpoolFile(tmp_path)
+    newcomer.adopt_orphans(lambda rows: None)
+    newcomer.close(remove_if_empty=True)
+    assert newcomer.path.exists() and not spool.path.exists()  # carried over, still kept
+
+
+def test_a_cancelled_waiter_does_not_stall_the_others(tmp_path):
+    """A task cancelled while it waits for the fsync (asyncio passes the cancellation on
+    to the ticket) must not keep the other events of the same group commit waiting."""
+    import asyncio
+
+    config = idempotent_config("127.0.0.1:1", client_id="unit", delivery_timeout_seconds=1)
+    drainer = SpoolDrainer(tmp_path, config, max_bytes=10_000)
+    drainer.start()
+
+    async def main():
+        first, second = drainer.submit([event("a", 0), event("b", 0)])
+        waiter = asyncio.ensure_future(asyncio.wrap_future(first.spooled))
+        await asyncio.sleep(0)
+        waiter.cancel()
+        await asyncio.wait_for(asyncio.wrap_future(second.spooled), 10)
+        adopted = await asyncio.wait_for(asyncio.wrap_future(drainer.adopt_orphans()), 10)
+        return first.spooled.cancelled(), adopted
+
+    try:
+        cancelled, adopted = asyncio.run(main())
+        assert not cancelled and adopted == 0
+    finally:
+        assert drainer.close(timeout=0) == 2
+
+
+def test_a_closed_drainer_refuses_new_events_and_a_restart(tmp_path):
+    from turnlog.producers.exceptions import RecorderError
+
+    config = idempotent_config("127.0.0.1:1", client_id="unit", delivery_timeout_seconds=1)
+    drainer = SpoolDrainer(tmp_path, config, max_bytes=10_000)
+    drainer.start()
+    [ticket] = drainer.submit([event("a", 0)])
+    assert drainer.close(timeout=0) == 1
+    assert ticket.spooled.done() and ticket.spooled.exception() is None  # queued before the stop: spooled
+    assert ticket.acked.exception() is not None  # never acknowledged: the waiter is told, not left hanging
+    with pytest.raises(RecorderError, match="closed"):
+        drainer.submit([event("a", 1)])
+    with pytest.raises(RecorderError, match="closed"):
+        drainer.start()
+
+
+def test_a_failed_commit_is_retried_in_order_and_never_leaves_a_gap(tmp_path):
+    from turnlog.producers.exceptions import SpoolError
+
+    config = idempotent_config("127.0.0.1:1", client_id="unit", delivery_timeout_seconds=1)
+    drainer = SpoolDrainer(tmp_path, config, max_bytes=10_000)
+    drainer.start()
+    real_append, failures = drainer._spool.append, []
+
+    def full_disk_once(events, **kwargs):
+        if not failures:
+            failures.append(1)
+            raise SpoolError("database or disk is full")
+        return real_append(events, **kwargs)
+
+    drainer._spool.append = full_disk_once
+    try:
+        tickets = drainer.submit([event("a", 0), event("a", 1)])
+        for ticket in tickets:
+            assert ticket.spooled.result(timeout=10) is None  # spooled after the retry, not failed
+        assert failures == [1]
+        assert [r.event.seq for r in drainer._spool.rows_from(0, 10)] == [0, 1]
+    finally:
+        drainer.close(timeout=0)
