@@ -271,11 +271,16 @@ class SpoolDrainer:
                 logger.exception("spool drainer: unexpected error; retrying in %.1f s", RETRY_FIRST_SECONDS)
                 for waiter in adopt_waiters:
                     _settle(waiter, error=SpoolError("adopting orphaned spools failed; see the recorder's log"))
+                if self._stopping:
+                    break  # close() is waiting: what could not be spooled is failed in _finish
                 time.sleep(RETRY_FIRST_SECONDS)
             now = time.monotonic()
             if now - stats_at >= _STATS_EVERY_SECONDS:
                 stats_at = now
-                self._publish_stats()
+                try:
+                    self._publish_stats()
+                except SpoolError as e:  # metrics must never stop delivery
+                    logger.warning("spool metrics not updated: %s", e)
         self._finish()
 
     def _next_commands(self) -> tuple[list[tuple[list[SpooledEvent], list[Ticket]]], list[concurrent.futures.Future[int]]]:
