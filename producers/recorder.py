@@ -122,7 +122,6 @@ class RecordedSession:
         self._next_turn_index = next_turn_index
         self._open: dict[int, _OpenTurn] = {}
         self._completed: set[int] = set()
-        self._pending: set[asyncio.Future[None]] = set()
         self.closed = False
 
     @property
@@ -255,11 +254,10 @@ class RecordedSession:
 
     async def wait_acknowledged(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (None: no limit) until the broker acknowledged
-        every event recorded so far; True if it did."""
-        if not self._pending:
-            return True
-        _, not_done = await asyncio.wait(list(self._pending), timeout=timeout)
-        return not not_done
+        every event of this session spooled on this host (this recorder's, and any a
+        dead recorder left); True if it did."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        return await self._recorder._delivered(self.session_id, deadline)
 
     # -- internals -----------------------------------------------------------
     def _emit_partials(self) -> list[Ticket]:
@@ -299,9 +297,6 @@ class RecordedSession:
             )
         ticket = self._recorder._spool(self.session_id, self._next_seq, payload)  # raises SpoolFullError
         self._next_seq += 1
-        acked = asyncio.wrap_future(ticket.acked)
-        self._pending.add(acked)
-        acked.add_done_callback(self._pending.discard)
         return ticket
 
     def _check_open(self) -> None:
@@ -453,13 +448,11 @@ class SessionRecorder:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._drainer.adopt_orphans())), wait)
         except TimeoutError as e:
             raise ResumeBarrierTimeout(f"resume of {session_id}: adopting this host's orphaned spools took over {wait:.0f} s") from e
-        while self._drainer.pending(session_id) > 0:
-            if time.monotonic() >= deadline:
-                raise ResumeBarrierTimeout(
-                    f"resume of {session_id}: {self._drainer.pending(session_id)} of its events in the spool "
-                    f"{self.spool_path} were not delivered within {wait:.0f} s (is the broker reachable?)"
-                )
-            await asyncio.sleep(_SPOOL_POLL_SECONDS)
+        if not await self._delivered(session_id, deadline):
+            raise ResumeBarrierTimeout(
+                f"resume of {session_id}: {self._drainer.pending(session_id)} of its events in the spool "
+                f"{self.spool_path} were not delivered within {wait:.0f} s (is the broker reachable?)"
+            )
         grant = await self._grant(session_id, max(0.1, deadline - time.monotonic()))
         if grant is None:
             raise SessionNotFoundError(f"no session {session_id} in the store")
@@ -541,10 +534,23 @@ class SessionRecorder:
         if self._drainer.degraded:
             return
         wait = self.settings.ack_wait_seconds
-        try:
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(ticket.acked)), wait)
-        except TimeoutError:
+        acked = asyncio.wrap_future(ticket.acked)
+        # A failure after we stopped waiting (close()) is the drainer's to report, not this caller's.
+        acked.add_done_callback(lambda f: f.cancelled() or f.exception())
+        done, _ = await asyncio.wait({acked}, timeout=wait)  # never cancels the ack on a timeout
+        if done:
+            acked.result()  # raises SpoolError for an event the producer refused for good
+        else:
             self._drainer.note_slow_ack(wait)
+
+    async def _delivered(self, session_id: str, deadline: float | None) -> bool:
+        """Until the broker acknowledged every spooled event of ``session_id`` (True),
+        or ``deadline`` (monotonic; None: no limit) passed (False)."""
+        while self._drainer.pending(session_id) > 0:
+            if deadline is not None and time.monotonic() >= deadline:
+                return False
+            await asyncio.sleep(_SPOOL_POLL_SECONDS)
+        return True
 
     async def _grant(self, session_id: str, timeout: float) -> ResumeGrant | None:
         if self.settings.api_url:
