@@ -7,6 +7,7 @@ from pathlib import Path
 import faust
 
 from turnlog.settings import TurnlogSettings
+from turnlog.stream_processors.recovery import OrderedTableManager
 
 __all__ = ["make_app", "raw_topic"]
 
@@ -38,6 +39,8 @@ def make_app(settings: TurnlogSettings, app_id: str) -> faust.App:
         broker_session_timeout=10.0,
         broker_heartbeat_interval=2.0,
         table_standby_replicas=0,
+        # Faust's recovery completion drops fetched records (faust-streaming#596): see recovery.py.
+        TableManager=OrderedTableManager,
     )
 
 

@@ -1,0 +1,124 @@
+"""Faust's recovery completion, reordered so no fetched record is dropped.
+
+The bug (faust-streaming#596, also #216, #221), in faust-streaming 0.15.3
+``Recovery.on_recovery_completed`` (``faust/tables/recovery.py``):
+
+1. it resumes the stream partitions, while the fetcher is running (the
+   changelog restore resumed the flow);
+2. it then awaits ``perform_seek()`` (seek to the committed offsets); during
+   that await the fetcher reads the resumed partitions and puts records into
+   the agents' input queues;
+3. it then calls ``app.flow_control.resume()``, and mode's
+   ``FlowControlEvent.resume()`` clears every queue created with
+   ``clear_on_resume=True``, which every agent's input queue is. Those records
+   are gone, never acked, while the fetcher's position is past them.
+
+What follows depends on the offsets: the consumer's gap tracking
+(``Consumer._add_gap``) lets the committed offset jump past the lost records,
+or ``_new_offset`` never moves past them and the partition's commit stalls for
+good. It happens at every start that restores a changelog while a backlog
+waits, and at rebalances under traffic.
+
+The fix keeps the stream partitions paused until they are seeked, and clears
+the queues (``flow_control.resume()``) before they are resumed: seek, clear,
+resume partitions, resume flow, with no ``await`` between the last three, so
+the fetcher cannot run in between. ``_resume_streams`` (apps without tables,
+such as the finalizer) has the same order and gets the same fix.
+
+The override is written against exactly one faust-streaming version,
+:data:`FAUST_VERSION`, which ``pyproject.toml`` pins;
+``tests/unit/test_faust_recovery.py`` fails when the installed version or the
+upstream methods replaced here change. The reproduction and the write-up for
+upstream are in ``docs/faust-recovery.md``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any, cast
+
+from faust.tables import TableManager
+from faust.tables.recovery import Recovery
+
+__all__ = ["FAUST_VERSION", "OrderedRecovery", "OrderedTableManager"]
+
+#: The faust-streaming version these overrides were written against.
+FAUST_VERSION = "0.15.3"
+
+
+class OrderedRecovery(Recovery):
+    """Faust's ``Recovery`` with the stream partitions seeked and the agents'
+    queues cleared before the partitions are resumed."""
+
+    def _stream_partitions(self) -> set[Any]:
+        return {tp for tp in self.app.consumer.assignment() if not self._is_changelog_tp(tp)}
+
+    async def _seek_then_resume_streams(self) -> None:
+        """Seek the (still paused) stream partitions, then clear the queues and
+        resume partitions and flow in one step of the event loop.
+
+        Raises:
+            RebalanceAgain, ServiceStopped: as Faust's own recovery does.
+        """
+        app = self.app
+        consumer = app.consumer
+        streams = self._stream_partitions()
+        consumer.pause_partitions(streams)  # paused since the rebalance; say it again, it costs nothing
+        if streams:
+            self.log.info("Seek stream partitions to committed offsets.")
+            await self._wait(consumer.perform_seek(), timeout=app.conf.broker_request_timeout)
+        self.completed.set()
+        # No await from here on: the fetcher cannot run between these.
+        app.flow_control.resume()  # clears the clear_on_resume queues: nothing from past the seek is lost
+        consumer.resume_partitions(self._stream_partitions())
+        consumer.resume_flow()
+
+    async def _after_streams_resumed(self, *, standbys_ready: bool) -> None:
+        app = self.app
+        await cast(Any, app)._fetcher.maybe_start()  # make sure the fetcher runs
+        self.tables.on_actives_ready()
+        if standbys_ready:
+            self.tables.on_standbys_ready()
+        app.on_rebalance_end()
+        self.log.info("Worker ready")
+
+    async def _resume_streams(self, generation_id: int = 0) -> None:
+        """Upstream's path for apps without tables, reordered."""
+        app = self.app
+        await app.on_rebalance_complete.send()
+        if app.consumer_generation_id != generation_id:
+            self.log.warning("Recovery rebalancing again")
+            return
+        await self._seek_then_resume_streams()
+        await self._after_streams_resumed(standbys_ready=True)
+
+    async def on_recovery_completed(self, generation_id: int = 0) -> None:
+        """Upstream's completion of an active table restore, reordered."""
+        app = self.app
+        self.log.info("Restore complete!")
+        await app.on_rebalance_complete.send()
+        self._set_recovery_ended()
+        callbacks = [
+            asyncio.ensure_future(table.on_recovery_completed(self.actives_for_table[table], self.standbys_for_table[table]))
+            for table in self.tables.values()
+        ]
+        if callbacks:
+            await asyncio.wait(callbacks)
+        if app.consumer_generation_id != generation_id:
+            self.log.warning(f"Recovery rebalancing again app id {app.consumer_generation_id} param {generation_id}")
+            return
+        await self._seek_then_resume_streams()
+        await self._after_streams_resumed(standbys_ready=not app.assignor.assigned_standbys())
+
+
+class OrderedTableManager(TableManager):
+    """Faust's ``TableManager`` whose recovery service is :class:`OrderedRecovery`.
+
+    Installed with ``faust.App(..., TableManager=OrderedTableManager)``.
+    """
+
+    @property
+    def recovery(self) -> Recovery:
+        if self._recovery is None:
+            self._recovery = OrderedRecovery(self.app, self, beacon=self.beacon, loop=self.loop)
+        return self._recovery
