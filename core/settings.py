@@ -8,11 +8,20 @@ from __future__ import annotations
 
 import json
 from functools import cached_property
+from pathlib import Path
+from typing import Literal
 
-from pydantic import Field, SecretStr, field_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["TurnlogSettings", "TopicNames", "load_settings"]
+__all__ = ["TurnlogSettings", "TopicNames", "load_settings", "KafkaSecurityProtocol", "KafkaSaslMechanism"]
+
+#: librdkafka's ``security.protocol`` values turnlog supports (Faust's aiokafka takes the same names).
+KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
+#: ``sasl.mechanism`` values both clients (librdkafka and aiokafka) support with a username and password.
+KafkaSaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
+_SASL_PROTOCOLS = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
+_TLS_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
 
 
 class TopicNames:
@@ -30,10 +39,38 @@ class TopicNames:
 class TurnlogSettings(BaseSettings):
     """All of turnlog's configuration. Environment names are ``TURNLOG_<FIELD>``."""
 
-    model_config = SettingsConfigDict(env_prefix="TURNLOG_", frozen=True, extra="ignore")
+    # Inputs stay out of validation errors: a failing model check would print every
+    # value given, secrets (kafka_sasl_password, api_token) included.
+    model_config = SettingsConfigDict(env_prefix="TURNLOG_", frozen=True, extra="ignore", hide_input_in_errors=True)
 
     bootstrap_servers: str = Field(
         "127.0.0.1:9092", description="Kafka bootstrap servers, comma separated host:port."
+    )
+    kafka_security_protocol: KafkaSecurityProtocol = Field(
+        "PLAINTEXT",
+        description="How every Kafka client connects: PLAINTEXT, SSL (TLS), SASL_PLAINTEXT or SASL_SSL "
+        "(SASL over TLS). The SASL ones need kafka_sasl_mechanism, kafka_sasl_username and kafka_sasl_password.",
+    )
+    kafka_sasl_mechanism: KafkaSaslMechanism | None = Field(
+        None, description="SASL mechanism: PLAIN, SCRAM-SHA-256 or SCRAM-SHA-512 (SASL protocols only)."
+    )
+    kafka_sasl_username: str | None = Field(None, description="SASL username (SASL protocols only).")
+    kafka_sasl_password: SecretStr | None = Field(
+        None, description="SASL password (SASL protocols only); never logged or shown in a repr."
+    )
+    kafka_ssl_ca_location: str | None = Field(
+        None,
+        description="PEM file of the CA that signed the brokers' certificates (TLS protocols only; unset: "
+        "the system's trust store).",
+    )
+    kafka_ssl_certificate_location: str | None = Field(
+        None, description="PEM file of this client's certificate, for mutual TLS (needs kafka_ssl_key_location)."
+    )
+    kafka_ssl_key_location: str | None = Field(
+        None, description="PEM file of this client's private key, for mutual TLS (needs kafka_ssl_certificate_location)."
+    )
+    kafka_ssl_key_password: SecretStr | None = Field(
+        None, description="Password of kafka_ssl_key_location, if the key is encrypted; never logged."
     )
     database_url: str = Field(
         "sqlite:///turnlog.db",
@@ -182,6 +219,42 @@ class TurnlogSettings(BaseSettings):
         if not value.startswith(("http://", "https://")) or len(value.split("://", 1)[1]) == 0:
             raise ValueError("api_url must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
         return value
+
+    @model_validator(mode="after")
+    def _kafka_security_is_complete(self) -> TurnlogSettings:
+        """Fail at load on a security setup the clients would only reject at their first connection."""
+        protocol = self.kafka_security_protocol
+        sasl = {
+            "kafka_sasl_mechanism": self.kafka_sasl_mechanism,
+            "kafka_sasl_username": self.kafka_sasl_username,
+            "kafka_sasl_password": self.kafka_sasl_password,
+        }
+        if protocol in _SASL_PROTOCOLS:
+            missing = [name for name, value in sasl.items() if not value]
+            if missing:
+                raise ValueError(f"kafka_security_protocol={protocol} needs {', '.join(missing)}")
+        else:
+            stray = [name for name, value in sasl.items() if value is not None]
+            if stray:
+                raise ValueError(f"{', '.join(stray)} set, but kafka_security_protocol={protocol} uses no SASL")
+        tls_files = {
+            "kafka_ssl_ca_location": self.kafka_ssl_ca_location,
+            "kafka_ssl_certificate_location": self.kafka_ssl_certificate_location,
+            "kafka_ssl_key_location": self.kafka_ssl_key_location,
+        }
+        if protocol not in _TLS_PROTOCOLS:
+            stray = [name for name, value in {**tls_files, "kafka_ssl_key_password": self.kafka_ssl_key_password}.items()
+                     if value is not None]
+            if stray:
+                raise ValueError(f"{', '.join(stray)} set, but kafka_security_protocol={protocol} uses no TLS")
+        if (self.kafka_ssl_certificate_location is None) != (self.kafka_ssl_key_location is None):
+            raise ValueError("kafka_ssl_certificate_location and kafka_ssl_key_location go together (mutual TLS)")
+        if self.kafka_ssl_key_password is not None and self.kafka_ssl_key_location is None:
+            raise ValueError("kafka_ssl_key_password set without kafka_ssl_key_location")
+        for name, location in tls_files.items():
+            if location is not None and not Path(location).is_file():
+                raise ValueError(f"{name}: no such file: {location}")
+        return self
 
     @cached_property
     def topics(self) -> TopicNames:
