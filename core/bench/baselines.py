@@ -2,6 +2,8 @@
 
 - **K**: raw confluent-kafka, idempotent and ``acks=all``, produce -> consume with
   no processing: events/s, and the p99 produce -> consume latency.
+- **S0**: a bare Faust agent that only consumes a topic, ``take_events(1000)`` and
+  nothing else (``consume_only.py``): records/s, the floor of any Faust app here.
 - **S**: a bare Faust agent copying one topic to another (``passthrough.py``): events/s.
 - **P**: the sink's rows (``plan_batch`` of the same payloads) written with raw
   psycopg 3 into the same tables, three ways: ``executemany`` in pipeline mode,
@@ -44,6 +46,8 @@ __all__ = [
     "UnsafeBaseline",
     "kafka_baseline",
     "faust_baseline",
+    "faust_consume_baseline",
+    "batch_rate",
     "postgres_baselines",
     "unsafe_baseline",
     "percentile",
@@ -226,6 +230,49 @@ def faust_baseline(settings: TurnlogSettings, events: Sequence[tuple[str, bytes]
         probe.close()
         delete_topics(settings, source, target)
     return ThroughputBaseline(rate)
+
+
+def faust_consume_baseline(settings: TurnlogSettings, events: Sequence[tuple[str, bytes]], log_dir: Path, timeout: float = 600) -> ThroughputBaseline:
+    """S0: pre-fill a topic, start the consume-only agent (``consume_only.py``); records/s
+    from its first batch to its last, as the agent itself timed them."""
+    import json
+
+    run = uuid.uuid4().hex[:6]
+    source = f"{settings.topic_prefix}.bench-s0-{run}.in"
+    create_bench_topics(settings, source)
+    produce_all(settings, source, events)
+    env = {**os.environ, **settings.as_environment(), "TURNLOG_LOG_LEVEL": "WARNING"}
+    log_dir.mkdir(parents=True, exist_ok=True)
+    result_path = log_dir / f"faust-consume-only-{run}.json"
+    with (log_dir / "faust-consume-only.log").open("ab") as log:
+        agent = subprocess.Popen(
+            [sys.executable, "-m", "turnlog.bench.consume_only", source, f"{settings.topic_prefix}-bench-s0-{run}", str(len(events)), str(result_path)],
+            env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
+        )
+    try:
+        deadline = time.monotonic() + timeout
+        while not result_path.exists():
+            if time.monotonic() > deadline or agent.poll() is not None:
+                raise RuntimeError(f"the consume-only agent did not read {len(events)} records; see {log_dir / 'faust-consume-only.log'}")
+            time.sleep(0.1)
+        result = json.loads(result_path.read_text())
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(20)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+        delete_topics(settings, source)
+    return ThroughputBaseline(batch_rate(result["records"], result["first_batch"], result["seconds"]))
+
+
+def batch_rate(records: int, first_batch: int, seconds: float) -> float:
+    """Records/s of a consumer that timed its batches: the records after the first
+    batch over the seconds from the first batch to the last (the first batch's
+    records arrived before the clock started). NaN if it all came in one batch."""
+    if seconds <= 0 or records <= first_batch:
+        return float("nan")
+    return (records - first_batch) / seconds
 
 
 def _drain_rate(count: Any, total: int, timeout: float, process: subprocess.Popen[bytes] | None = None) -> float:

@@ -1,0 +1,53 @@
+"""Baseline S0: a bare Faust agent that consumes one topic and does nothing else.
+
+Run as ``python -m turnlog.bench.consume_only SOURCE APP_ID TOTAL RESULT_PATH``
+(the benchmark starts it as a child process, on the same app settings as the
+sequencer's). The agent reads ``SOURCE`` in batches of up to 1,000
+(``stream.take_events(1000, within=1.0)``), counts them, and once it has seen
+``TOTAL`` records writes ``{"records", "first_batch", "seconds"}`` as JSON to
+``RESULT_PATH``: the records after the first batch and the seconds from the
+first batch to the last. Nothing is produced, so this is the floor of any
+Faust app here: what Faust costs per record before an agent does any work.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from turnlog.settings import load_settings
+from turnlog.stream_processors.app import make_app, raw_topic
+
+#: The batch S0 takes (the figure the issue quotes: ``take_events(1000)``).
+TAKE = 1000
+
+
+def main() -> None:
+    source_name, app_id, total_text, result_path = sys.argv[1:5]
+    total = int(total_text)
+    settings = load_settings()
+    app = make_app(settings, app_id)
+    source = raw_topic(app, source_name)
+    seen = {"records": 0, "first_at": 0.0, "first_batch": 0, "written": False}
+
+    @app.agent(source, name="consume-only")
+    async def consume(stream):  # type: ignore[no-untyped-def]
+        async for events in stream.take_events(TAKE, within=1.0):
+            now = time.monotonic()
+            if not seen["records"]:
+                seen["first_at"], seen["first_batch"] = now, len(events)
+            seen["records"] += len(events)
+            if seen["records"] >= total and not seen["written"]:
+                seen["written"] = True
+                result = {"records": seen["records"], "first_batch": seen["first_batch"], "seconds": now - seen["first_at"]}
+                Path(result_path).write_text(json.dumps(result))
+
+    from turnlog.cli import _run_faust
+
+    _run_faust(app, settings)
+
+
+if __name__ == "__main__":
+    main()
