@@ -9,6 +9,7 @@ __all__ = [
     "DUPLICATES_DROPPED",
     "DLQ_ROUTED",
     "GAPS_OPENED",
+    "OFFSET_JUMPS",
     "SESSIONS_FINALIZED",
     "SINK_RECORDS",
     "SINK_BATCH_SECONDS",
@@ -24,6 +25,10 @@ __all__ = [
 EVENTS_EMITTED = Counter("turnlog_sequencer_emitted_total", "Events emitted to the ordered transcript.")
 DUPLICATES_DROPPED = Counter("turnlog_sequencer_duplicates_total", "Events dropped as duplicates by (session_id, seq).")
 DLQ_ROUTED = Counter("turnlog_dlq_total", "Records routed to the DLQ, by stage and reason class.", ["stage", "reason"])
+OFFSET_JUMPS = Counter(
+    "turnlog_sequencer_offset_jumps_total",
+    "Times the sequencer's consumer skipped offsets of a partition (a stream-processor bug: must stay 0).",
+)
 GAPS_OPENED = Counter("turnlog_sequencer_gaps_total", "Times a session started waiting for a missing seq.")
 SESSIONS_FINALIZED = Counter("turnlog_sessions_finalized_total", "Sessions this finalizer finalized.")
 SINK_RECORDS = Counter("turnlog_sink_records_total", "Transcript records handled by the sink, by outcome.", ["outcome"])

@@ -12,7 +12,7 @@ from turnlog.stream_processors.recovery import OrderedTableManager
 __all__ = ["make_app", "raw_topic"]
 
 
-def make_app(settings: TurnlogSettings, app_id: str) -> faust.App:
+def make_app(settings: TurnlogSettings, app_id: str, *, commit_interval_seconds: float = 1.0) -> faust.App:
     """A Faust app whose id is the consumer group ``app_id``; at-least-once,
     producer ``acks=all``, offsets committed only after the producer flushed."""
     datadir = Path(settings.faust_data_dir) / app_id
@@ -32,7 +32,7 @@ def make_app(settings: TurnlogSettings, app_id: str) -> faust.App:
         producer_linger=settings.producer_linger_ms / 1000.0,
         producer_max_batch_size=256 * 1024,
         consumer_auto_offset_reset="earliest",
-        broker_commit_interval=1.0,
+        broker_commit_interval=commit_interval_seconds,
         web_enabled=False,
         # A SIGKILLed worker holds its partitions until the group's session
         # times out: keep that short so a replacement takes over quickly.

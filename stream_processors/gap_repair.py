@@ -1,12 +1,9 @@
-"""Re-read ranges of a source partition that the stream processor skipped.
-
-faust-streaming can drop records it fetched around a rebalance or the table
-restore at start-up, and commit past them (seen here: about a hundred records
-over six partitions at one sequencer start). The sequencer defends in two ways,
-both reading the log again with this reader:
+"""Read ranges of a source partition again, for the sequencer's two tripwires.
 
 - offset continuity: the first record of a partition must follow the group's
-  committed offset, and each later one the previous one; a jump is re-read;
+  committed offset, and each later one the previous one; a jump (faust-streaming
+  dropped fetched records at recovery completion before ``recovery.py``) is an
+  alarm, and the skipped range is read again;
 - session gaps: a missing seq, if it was ever written, sits between the offsets
   ``SessionSequence.missing_range`` names.
 """

@@ -5,68 +5,201 @@ a changelog-backed table, emits ordered events to ``<prefix>.transcript`` on
 the same partition, and routes rejects to ``<prefix>.dlq`` with the reason and
 the original bytes (see ``turnlog.dlq`` for the headers).
 
-Order of work for each batch of records (``stream.take_events``):
+Order of work for each batch of records (``stream.take_events``), in
+:meth:`Sequencer.process`:
 
 1. decide every record against the session states (pure: ``sequencing.py``);
-2. send the emissions and rejects, and wait until Kafka acknowledged them all;
+2. send the emissions and rejects through turnlog's idempotent producer
+   (``emitter.py``) and wait until Kafka acknowledged them all;
 3. only then write the new states to the table (and so to its changelog);
-4. Faust acks the batch's records; its periodic commit flushes the producer
-   (changelog included) before it commits their offsets.
+4. Faust acks the batch's records; its periodic commit flushes its producer
+   (the changelog) before it commits their offsets.
 
 So the stored state is never ahead of what the transcript holds: a crash
 before (3) re-processes the batch from the old state and re-emits the same
 events in the same order (duplicates, dropped by seq downstream); a crash
 after (3) re-processes against the new state, where they are duplicates.
+
+The group's committed offset is what the resume barrier waits on
+(``producers/resume.py``): since Faust's recovery completion no longer drops
+fetched records (``recovery.py``), it never passes an unprocessed record.
+Two checks stay as tripwires: offset continuity per partition (a jump is an
+error log and ``turnlog_sequencer_offset_jumps_total``; the skipped records
+are read again so nothing is lost) and a session's seq gap (the offsets
+where the missing seq must be are read again).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-import time
+from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 import faust
-from confluent_kafka import KafkaException
+from confluent_kafka import KafkaException, Producer
 
 from turnlog import metrics
 from turnlog.dlq import dlq_headers, reason_class
 from turnlog.faults import fault_point
+from turnlog.producers.kafka import idempotent_config
 from turnlog.schemas import EventValidationError, decode_event
-from turnlog.settings import TurnlogSettings
+from turnlog.settings import TopicNames, TurnlogSettings
 from turnlog.stream_processors.app import make_app, raw_topic
+from turnlog.stream_processors.emitter import EmissionBatch, EmissionFailed, EmissionProducer
 from turnlog.stream_processors.gap_repair import LogRangeReader
-from turnlog.stream_processors.progress import ProgressCommitter
 from turnlog.stream_processors.sequencing import SessionSequence, sequence
 
-__all__ = ["build_sequencer", "TABLE_NAME", "BATCH_SIZE", "BATCH_WAIT_SECONDS"]
+__all__ = ["build_sequencer", "Sequencer", "SourceRecord", "TABLE_NAME", "BATCH_SIZE", "BATCH_WAIT_SECONDS"]
 
 logger = logging.getLogger(__name__)
 TABLE_NAME = "sequencer-state"
-BATCH_SIZE = 500
+BATCH_SIZE = 1000
 BATCH_WAIT_SECONDS = 0.02
-#: A partition with nothing processed for this long, but records past our position, is re-read (seconds).
-IDLE_TAIL_SECONDS = 2.0
 CHANGELOG_SEGMENT_MS = 10 * 60 * 1000
+#: Faust commits the acked offsets this often (seconds); the resume barrier waits on them.
+COMMIT_INTERVAL_SECONDS = 0.2
+EMISSION_DELIVERY_TIMEOUT_SECONDS = 120.0
 
 
 @dataclass(frozen=True, slots=True)
-class _Position:
-    """Where a re-read record came from (what a Faust message says of itself)."""
+class SourceRecord:
+    """One record of ``<prefix>.events``: from Faust's stream, or read again from the log."""
 
-    topic: str
+    key: bytes | None
+    value: bytes
     partition: int
     offset: int
 
 
+class Sequencer:
+    """One worker's sequencing over its session states (a Faust table, or any mapping).
+
+    ``states`` maps a session key (bytes) to its :meth:`SessionSequence.to_json`.
+    """
+
+    def __init__(
+        self,
+        *,
+        states: MutableMapping[bytes, Any],
+        emissions: EmissionProducer,
+        reader: LogRangeReader,
+        topics: TopicNames,
+        max_buffer: int,
+    ) -> None:
+        self._states = states
+        self._emissions = emissions
+        self._reader = reader
+        self._topics = topics
+        self._max_buffer = max_buffer
+        self._next_offset: dict[int, int] = {}  # partition -> the offset its next record should have
+        self._repaired: dict[bytes, int] = {}  # key -> the next_seq whose gap was already read again
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Drop positions of revoked partitions: another worker may take them."""
+        for partition in partitions:
+            self._next_offset.pop(partition, None)
+
+    async def process(self, records: list[SourceRecord]) -> None:
+        """Sequence one batch: decide, send, await the acks, then store the states.
+
+        Raises:
+            EmissionFailed: the broker refused an emission; nothing of the batch was stored.
+        """
+        batch = self._emissions.batch()
+        touched: dict[bytes, tuple[SessionSequence, SourceRecord]] = {}
+        for record in records:
+            for skipped in await self._skipped_before(record):
+                self._decide(batch, touched, skipped)
+            self._decide(batch, touched, record)
+        for skipped in await self._missing_seqs(touched):
+            self._decide(batch, touched, skipped)
+        await batch.delivered()  # acks=all: the emissions are durable before the state moves
+        fault_point("sequencer.after_emit")
+        for key, (state, _) in touched.items():
+            self._states[key] = state.to_json()
+
+    def _decide(self, batch: EmissionBatch, touched: dict[bytes, tuple[SessionSequence, SourceRecord]], record: SourceRecord) -> None:
+        key, raw = record.key, record.value
+        try:
+            event = decode_event(raw)
+        except EventValidationError as e:
+            self._reject(batch, record, raw, f"invalid: {e.reason}")
+            return
+        if key != event.session_id.encode("utf-8"):
+            self._reject(batch, record, raw, f"invalid: record key {key!r} is not the session_id")
+            return
+        assert key is not None
+        try:
+            state = touched[key][0] if key in touched else SessionSequence.from_json(self._states.get(key))
+            decision = sequence(state, event, raw, record.offset, max_buffer=self._max_buffer)
+        except Exception as e:  # a bug here must not stop the pipeline; the bytes go to the DLQ
+            logger.exception("sequencing %s seq %d failed", event.session_id, event.seq)
+            self._reject(batch, record, raw, f"internal: {type(e).__name__}: {e}")
+            return
+        metrics.EVENTS_EMITTED.inc(len(decision.emit))
+        if decision.duplicate:
+            metrics.DUPLICATES_DROPPED.inc()
+        if decision.gap_opened:
+            metrics.GAPS_OPENED.inc()
+            logger.info("gap in %s: waiting for seq %d (got %d)", event.session_id, state.next_seq, event.seq)
+        touched[key] = (state, record)
+        for out in decision.emit:
+            batch.send(self._topics.transcript, key=key, value=out, partition=record.partition)
+        for held, reason in decision.dlq:
+            self._reject(batch, record, held, reason)
+
+    def _reject(self, batch: EmissionBatch, record: SourceRecord, raw: bytes, reason: str) -> None:
+        metrics.DLQ_ROUTED.labels("sequencer", reason_class(reason)).inc()
+        logger.warning("DLQ %s[%d]@%d: %s", self._topics.events, record.partition, record.offset, reason)
+        headers = dlq_headers(reason, self._topics.events, record.partition, record.offset)
+        batch.send(self._topics.dlq, key=record.key, value=raw, partition=record.partition, headers=headers)
+
+    async def _skipped_before(self, record: SourceRecord) -> list[SourceRecord]:
+        """The tripwire: records of the partition between the expected offset and
+        this one, read again from the log (normally none)."""
+        partition = record.partition
+        expected = self._next_offset.get(partition)
+        if expected is None:
+            try:
+                expected = await asyncio.to_thread(self._reader.committed, partition)
+            except KafkaException as e:  # cannot check this start; the session gap check still runs
+                logger.warning("committed offset of %s[%d] unknown: %s", self._topics.events, partition, e)
+                expected = record.offset
+        self._next_offset[partition] = max(expected, record.offset + 1)
+        if record.offset <= expected:
+            return []
+        metrics.OFFSET_JUMPS.inc()
+        found = await asyncio.to_thread(self._reader.read, partition, expected, record.offset - 1)
+        logger.error(
+            "offsets %d..%d of %s[%d] were never delivered by the consumer (a stream-processor bug); "
+            "read them again: %d records",
+            expected, record.offset - 1, self._topics.events, partition, len(found),
+        )
+        return [SourceRecord(key, raw, partition, offset) for offset, key, raw in found]
+
+    async def _missing_seqs(self, touched: dict[bytes, tuple[SessionSequence, SourceRecord]]) -> list[SourceRecord]:
+        """For each session left waiting on a seq, the records at the offsets where it must be."""
+        found: list[SourceRecord] = []
+        for key, (state, record) in list(touched.items()):
+            gap = state.missing_range()
+            if gap is None or self._repaired.get(key) == state.next_seq:
+                continue
+            self._repaired[key] = state.next_seq
+            reread = await asyncio.to_thread(self._reader.read, record.partition, gap[0], gap[1], key)
+            if reread:
+                logger.warning("gap in %r: re-read %d records from %s[%d]", key, len(reread), self._topics.events, record.partition)
+            found.extend(SourceRecord(k, raw, record.partition, offset) for offset, k, raw in reread)
+        return found
+
+
 def build_sequencer(settings: TurnlogSettings) -> faust.App:
     """The sequencer app (consumer group ``settings.sequencer_group``)."""
-    app = make_app(settings, settings.sequencer_group)
+    app = make_app(settings, settings.sequencer_group, commit_interval_seconds=COMMIT_INTERVAL_SECONDS)
     topics = settings.topics
     events = raw_topic(app, topics.events)
-    transcript = raw_topic(app, topics.transcript)
-    dlq = raw_topic(app, topics.dlq)
+    outputs = [raw_topic(app, topics.transcript), raw_topic(app, topics.dlq)]
     states = app.Table(
         TABLE_NAME,
         default=None,
@@ -80,155 +213,44 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         extra_topic_configs={"segment.ms": str(CHANGELOG_SEGMENT_MS), "min.cleanable.dirty.ratio": "0.1"},
         help="SessionSequence per session id (JSON).",
     )
-
-    async def reject(key: bytes | None, raw: bytes, reason: str, message: Any) -> Any:
-        metrics.DLQ_ROUTED.labels("sequencer", reason_class(reason)).inc()
-        logger.warning("DLQ %s[%d]@%d: %s", message.topic, message.partition, message.offset, reason)
-        headers = dlq_headers(reason, message.topic, message.partition, message.offset)
-        return await dlq.send(key=key, value=raw, headers=headers, partition=message.partition)
-
-    reader = LogRangeReader(settings.bootstrap_servers, topics.events, settings.sequencer_group)
-    repaired: dict[bytes, int] = {}  # key -> the next_seq whose gap was already re-read
-    next_offset: dict[int, int] = {}  # partition -> the offset the next record should have
-    progress = ProgressCommitter(settings.bootstrap_servers, topics.events, settings.sequencer_group)
-
-    def apply(state: SessionSequence, event: Any, raw: bytes, offset: int) -> Any:
-        decision = sequence(state, event, raw, offset, max_buffer=settings.reorder_buffer_size)
-        metrics.EVENTS_EMITTED.inc(len(decision.emit))
-        if decision.duplicate:
-            metrics.DUPLICATES_DROPPED.inc()
-        if decision.gap_opened:
-            metrics.GAPS_OPENED.inc()
-            logger.info("gap in %s: waiting for seq %d (got %d)", event.session_id, state.next_seq, event.seq)
-        return decision
-
-    # The agent's batches and the idle-tail re-read never interleave: both
-    # read and write the same session states.
-    batch_lock = asyncio.Lock()
-    last_batch_at: dict[int, float] = {}  # partition -> when a batch last held one of its records
+    emissions = EmissionProducer(
+        lambda: Producer(
+            idempotent_config(
+                settings.bootstrap_servers,
+                client_id=f"{settings.sequencer_group}-emissions",
+                delivery_timeout_seconds=EMISSION_DELIVERY_TIMEOUT_SECONDS,
+            )
+        )
+    )
+    sequencer = Sequencer(
+        states=states,
+        emissions=emissions,
+        reader=LogRangeReader(settings.bootstrap_servers, topics.events, settings.sequencer_group),
+        topics=topics,
+        max_buffer=settings.reorder_buffer_size,
+    )
 
     @app.agent(events, name="sequence-events")
     async def sequence_events(stream: faust.StreamT[bytes]) -> None:
-        async for records in stream.take_events(BATCH_SIZE, within=BATCH_WAIT_SECONDS):
-            async with batch_lock:
-                await process([(record.key, record.value, record.message) for record in records])
-
-    @app.timer(interval=IDLE_TAIL_SECONDS)
-    async def reread_idle_tails() -> None:
-        """A record the stream processor dropped is noticed by the next one in its
-        partition; if none comes, it is noticed here: an assigned partition with
-        nothing processed for a while, yet records past our position, is re-read.
-        Then the recorded progress catches up (``progress.py``)."""
-        if app.rebalancing or app.in_recovery:
-            return  # never touch table state while Faust restores or reassigns it
-        assigned = {tp.partition for tp in app.consumer.assignment() if tp.topic == topics.events}
-        await reread(assigned)
-        await record_progress(assigned)
-
-    async def record_progress(assigned: set[int]) -> None:
-        try:
-            candidates = {
-                p: next_offset[p] if p in next_offset else await asyncio.to_thread(reader.committed, p)
-                for p in sorted(assigned)
-            }
-            await asyncio.to_thread(progress.catch_up, candidates)
-        except KafkaException as e:  # the next tick tries again
-            logger.warning("could not bring the recorded progress up to date: %s", e)
+        for topic in outputs:  # sent to through `emissions`, so Faust would not create them on a first send
+            await topic.maybe_declare()
+        async for batch in stream.take_events(BATCH_SIZE, within=BATCH_WAIT_SECONDS):
+            records = [SourceRecord(e.key, e.value, e.message.partition, e.message.offset) for e in batch]
+            try:
+                await sequencer.process(records)
+            except EmissionFailed as e:
+                # Nothing of the batch was stored or acked: a restart processes it again.
+                logger.error("stopping: %s", e)
+                await app.crash(e)
+                return
 
     @app.on_partitions_revoked.connect
     async def forget_revoked(_app: Any, revoked: Any, **_: Any) -> None:
-        # Another worker may take these: our positions there would go stale.
-        for tp in revoked:
-            if tp.topic == topics.events:
-                next_offset.pop(tp.partition, None)
-                last_batch_at.pop(tp.partition, None)
+        sequencer.forget(tp.partition for tp in revoked if tp.topic == topics.events)
+        await emissions.flush()
 
-    async def reread(assigned: set[int]) -> None:
-        now = time.monotonic()
-        for partition in sorted(assigned & set(next_offset)):
-            if now - last_batch_at.get(partition, now) < IDLE_TAIL_SECONDS:
-                continue
-            try:
-                end = await asyncio.to_thread(reader.end_offset, partition)
-            except KafkaException as e:
-                logger.warning("end offset of %s[%d] unknown: %s", topics.events, partition, e)
-                continue
-            async with batch_lock:
-                expected = next_offset.get(partition, end)
-                if expected >= end:
-                    continue
-                found = await asyncio.to_thread(reader.read, partition, expected, end - 1)
-                logger.warning(
-                    "offsets %d..%d of %s[%d] were never delivered; re-read %d records",
-                    expected, end - 1, topics.events, partition, len(found),
-                )
-                await process([(key, raw, _Position(topics.events, partition, offset)) for offset, key, raw in found])
-
-    async def process(items: list[tuple[bytes | None, bytes, Any]]) -> None:
-        """One batch: ``(key, value, message)`` items, ``message`` giving topic, partition and offset."""
-        touched: dict[bytes, tuple[SessionSequence, Any]] = {}
-        sent: list[Any] = []
-
-        async def handle(key: bytes | None, raw: bytes, message: Any) -> None:
-            try:
-                event = decode_event(raw)
-            except EventValidationError as e:
-                sent.append(await reject(key, raw, f"invalid: {e.reason}", message))
-                return
-            if key != event.session_id.encode("utf-8"):
-                sent.append(await reject(key, raw, f"invalid: record key {key!r} is not the session_id", message))
-                return
-            try:
-                state = touched[key][0] if key in touched else SessionSequence.from_json(states.get(key))
-                decision = apply(state, event, raw, message.offset)
-            except Exception as e:  # a bug here must not stop the pipeline; the bytes go to the DLQ
-                logger.exception("sequencing %s seq %d failed", event.session_id, event.seq)
-                sent.append(await reject(key, raw, f"internal: {type(e).__name__}: {e}", message))
-                return
-            touched[key] = (state, message)
-            for out in decision.emit:
-                sent.append(await transcript.send(key=key, value=out, partition=message.partition))
-            for held, reason in decision.dlq:
-                sent.append(await reject(key, held, reason, message))
-
-        batch_at = time.monotonic()
-        for record_key, record_value, message in items:
-            last_batch_at[message.partition] = batch_at
-            expected = next_offset.get(message.partition)
-            if expected is None:
-                try:
-                    expected = await asyncio.to_thread(reader.committed, message.partition)
-                except KafkaException as e:  # cannot check this start; the session gap re-read still runs
-                    logger.warning("committed offset of %s[%d] unknown: %s", message.topic, message.partition, e)
-                    expected = message.offset
-            if message.offset > expected:  # records skipped before this one: read them again
-                skipped = await asyncio.to_thread(reader.read, message.partition, expected, message.offset - 1)
-                logger.warning(
-                    "offsets %d..%d of %s[%d] were not delivered; re-read %d records",
-                    expected, message.offset - 1, message.topic, message.partition, len(skipped),
-                )
-                for offset, key, raw in skipped:
-                    await handle(key, raw, _Position(message.topic, message.partition, offset))
-            next_offset[message.partition] = max(expected, message.offset + 1)
-            await handle(record_key, record_value, message)
-        for key, (state, message) in list(touched.items()):
-            gap = state.missing_range()
-            if gap is None or repaired.get(key) == state.next_seq:
-                continue
-            repaired[key] = state.next_seq
-            found = await asyncio.to_thread(reader.read, message.partition, gap[0], gap[1], key)
-            if found:
-                logger.warning("gap in %r: re-read %d records from %s[%d]", key, len(found), topics.events, message.partition)
-            for offset, _, raw in found:
-                await handle(key, raw, _Position(message.topic, message.partition, offset))
-        await asyncio.gather(*sent)  # acks=all: the emissions are durable before the state moves
-        fault_point("sequencer.after_emit")
-        for key, (state, _) in touched.items():
-            states[key] = state.to_json()
-        batch_partitions = {message.partition for _, _, message in items}
-        try:
-            progress.commit({p: next_offset[p] for p in batch_partitions})
-        except KafkaException as e:  # only the resume barrier waits on it; the next batch commits again
-            logger.warning("could not record progress: %s", e)
+    @app.on_before_shutdown.connect
+    async def close_emissions(_app: Any, **_: Any) -> None:
+        await emissions.close()
 
     return app

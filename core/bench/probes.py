@@ -16,7 +16,6 @@ import psycopg
 from confluent_kafka import Consumer, TopicPartition
 
 from turnlog.settings import TurnlogSettings
-from turnlog.stream_processors.progress import progress_group
 
 __all__ = [
     "cpu_seconds",
@@ -64,7 +63,7 @@ class Sampler:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
         self._consumer = Consumer(
-            {"bootstrap.servers": settings.bootstrap_servers, "group.id": progress_group(settings.sequencer_group), "enable.auto.commit": False}
+            {"bootstrap.servers": settings.bootstrap_servers, "group.id": settings.sequencer_group, "enable.auto.commit": False}
         )
 
     def start(self) -> Sampler:

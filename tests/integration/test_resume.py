@@ -66,36 +66,3 @@ async def test_a_resumed_agent_does_not_overwrite_its_predecessors_in_flight_tur
             await late.resume(session_id, timeout=TIMEOUT)
 
 
-async def test_a_lost_progress_commit_does_not_hold_the_barrier_on_an_idle_partition(new_pipeline):
-    """The sequencer's progress commits are asynchronous: one lost to a broker restart
-    must not hold the resume barrier once the partition has gone idle."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from turnlog.producers.partitioning import partition_for
-    from turnlog.stream_processors.progress import progress_group
-
-    pipeline = new_pipeline(("sequencer", "sink", "finalizer"))
-    pipeline.wait_ready()
-    settings = pipeline.settings
-    session_id = f"progress-{uuid.uuid4().hex[:8]}"
-    async with SessionRecorder(settings) as recorder:
-        session = await recorder.start_session(session_id, fleet="tests", agent_id="first")
-        for index in range(3):
-            await session.complete_turn(index, "agent", f"turn {index}")
-    partition = partition_for(session_id, settings.partitions)
-    tp = TopicPartition(settings.topics.events, partition)
-    progress = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": progress_group(settings.sequencer_group),
-                         "enable.auto.commit": False})
-    try:
-        def recorded() -> int:
-            return progress.committed([tp], timeout=10)[0].offset
-
-        end = wait_until(lambda: recorded() >= 4 and recorded(), timeout=TIMEOUT, what="progress recorded")
-        progress.commit(offsets=[TopicPartition(tp.topic, tp.partition, 1)], asynchronous=False)  # as if lost
-        assert recorded() == 1
-        wait_until(lambda: recorded() >= end, timeout=30, what="the recorded progress caught up again")
-    finally:
-        progress.close()
-    async with SessionRecorder(settings) as successor:
-        resumed = await successor.resume(session_id, timeout=30)
-        assert [t.text for t in resumed.turns] == ["turn 0", "turn 1", "turn 2"]

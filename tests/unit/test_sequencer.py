@@ -1,0 +1,145 @@
+"""The sequencer's batch logic (``Sequencer``), with the broker replaced by
+in-memory stand-ins: the log is a list of records, emissions are collected."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from turnlog import metrics
+from turnlog.schemas import decode_event, encode_event
+from turnlog.settings import TopicNames
+from turnlog.stream_processors.sequencer import Sequencer, SourceRecord
+from tests.support import EventFactory
+
+TOPICS = TopicNames("t")
+
+
+class _Batch:
+    def __init__(self, sent: list[tuple[str, bytes, int, Any]], fail: bool) -> None:
+        self._sent = sent
+        self._fail = fail
+        self._pending: list[tuple[str, bytes, int, Any]] = []
+
+    def send(self, topic: str, *, key: bytes | None, value: bytes, partition: int, headers: Any = None) -> None:
+        self._pending.append((topic, value, partition, headers))
+
+    async def delivered(self) -> None:
+        if self._fail:
+            raise RuntimeError("broker refused")
+        self._sent.extend(self._pending)
+
+
+class _Emissions:
+    def __init__(self) -> None:
+        self.sent: list[tuple[str, bytes, int, Any]] = []
+        self.fail = False
+
+    def batch(self) -> _Batch:
+        return _Batch(self.sent, self.fail)
+
+
+class _Log:
+    """Partition 0 of the events topic, with the group's committed offset."""
+
+    def __init__(self, records: list[SourceRecord], committed: int = 0) -> None:
+        self.records = records
+        self._committed = committed
+        self.reads: list[tuple[int, int]] = []
+
+    def committed(self, partition: int) -> int:
+        return self._committed
+
+    def read(self, partition: int, first: int, last: int, key: bytes | None = None) -> list[tuple[int, bytes | None, bytes]]:
+        self.reads.append((first, last))
+        return [(r.offset, r.key, r.value) for r in self.records if first <= r.offset <= last and key in (None, r.key)]
+
+
+def _log_of(events: list[Any]) -> list[SourceRecord]:
+    return [SourceRecord(e.session_id.encode(), encode_event(e), 0, offset) for offset, e in enumerate(events)]
+
+
+def _sequencer(log: _Log) -> tuple[Sequencer, dict[bytes, Any], _Emissions]:
+    states: dict[bytes, Any] = {}
+    emissions = _Emissions()
+    sequencer = Sequencer(states=states, emissions=emissions, reader=log, topics=TOPICS, max_buffer=8)  # type: ignore[arg-type]
+    return sequencer, states, emissions
+
+
+def _emitted_seqs(emissions: _Emissions) -> list[int]:
+    return [decode_event(value).seq for topic, value, _, _ in emissions.sent if topic == TOPICS.transcript]
+
+
+async def test_a_batch_is_emitted_in_order_and_its_state_stored() -> None:
+    f = EventFactory()
+    records = _log_of([f.started(), f.partial(1, 0, "a"), f.completed(2, 0, "a b")])
+    sequencer, states, emissions = _sequencer(_Log(records))
+    await sequencer.process(records)
+    assert _emitted_seqs(emissions) == [0, 1, 2]
+    assert states[f.session_id.encode()]["next_seq"] == 3
+
+
+async def test_the_state_is_not_stored_when_the_emissions_are_not_delivered() -> None:
+    f = EventFactory()
+    records = _log_of([f.started(), f.completed(1, 0, "a")])
+    sequencer, states, emissions = _sequencer(_Log(records))
+    emissions.fail = True
+    try:
+        await sequencer.process(records)
+    except RuntimeError:
+        pass
+    assert states == {} and emissions.sent == []
+
+
+async def test_an_offset_jump_trips_the_alarm_and_the_skipped_records_are_read_again() -> None:
+    f = EventFactory()
+    records = _log_of([f.started(), f.partial(1, 0, "a"), f.partial(2, 0, "a b"), f.completed(3, 0, "a b c")])
+    log = _Log(records, committed=0)
+    sequencer, _, emissions = _sequencer(log)
+    before = metrics.OFFSET_JUMPS._value.get()
+    await sequencer.process([records[0]])
+    await sequencer.process([records[3]])  # the consumer skipped offsets 1 and 2
+    assert metrics.OFFSET_JUMPS._value.get() == before + 1
+    assert log.reads == [(1, 2)]
+    assert _emitted_seqs(emissions) == [0, 1, 2, 3]
+
+
+async def test_the_first_record_after_assignment_is_checked_against_the_committed_offset() -> None:
+    f = EventFactory()
+    records = _log_of([f.started(), f.partial(1, 0, "a"), f.completed(2, 0, "a b")])
+    log = _Log(records, committed=0)
+    sequencer, _, emissions = _sequencer(log)
+    before = metrics.OFFSET_JUMPS._value.get()
+    await sequencer.process([records[0]])
+    sequencer.forget([0])  # revoked, then assigned again: the group committed offset 1
+    log._committed = 1
+    await sequencer.process([records[1], records[2]])  # starts exactly at the committed offset
+    assert metrics.OFFSET_JUMPS._value.get() == before and log.reads == []
+    sequencer.forget([0])
+    await sequencer.process([records[2]])  # the committed offset (1) was passed: offset 1 is read again
+    assert metrics.OFFSET_JUMPS._value.get() == before + 1 and log.reads == [(1, 1)]
+    assert _emitted_seqs(emissions) == [0, 1, 2]
+
+
+async def test_a_session_gap_reads_the_missing_offsets_again_once() -> None:
+    f = EventFactory()
+    records = _log_of([f.started(), f.completed(1, 0, "a"), f.completed(2, 1, "b")])
+    log = _Log(records)
+    sequencer, _, emissions = _sequencer(log)
+    sequencer._next_offset[0] = 0
+    # Offset 1 is delivered after offset 2 only in this batch's order: the continuity
+    # check is satisfied by position, the session waits for seq 1 and reads offset 1 again.
+    await sequencer.process([records[0]])
+    sequencer._next_offset[0] = 3
+    await sequencer.process([records[2]])
+    assert (1, 1) in log.reads
+    assert _emitted_seqs(emissions) == [0, 1, 2]
+
+
+async def test_a_record_whose_key_is_not_its_session_goes_to_the_dlq() -> None:
+    f = EventFactory()
+    record = SourceRecord(b"someone-else", encode_event(f.started()), 0, 0)
+    sequencer, states, emissions = _sequencer(_Log([record]))
+    await sequencer.process([record])
+    [(topic, value, _, headers)] = emissions.sent
+    assert topic == TOPICS.dlq and value == record.value and states == {}
+    assert dict(headers)["turnlog-reason"].startswith(b"invalid: record key")
