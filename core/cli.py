@@ -93,7 +93,7 @@ def _run_faust(faust_app: object, settings: TurnlogSettings) -> None:
 
     # A Faust worker exits if it cannot bootstrap; wait for the broker first
     # (a broker outage after start-up is retried by the client itself).
-    wait_for_broker(settings.bootstrap_servers)
+    wait_for_broker(settings)
 
     class Worker(FaustWorker):  # the class name labels its log lines: "[^Worker]: Ready" is watched for
         def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:

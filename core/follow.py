@@ -31,8 +31,9 @@ import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
-from confluent_kafka import OFFSET_END, Consumer, KafkaException, TopicPartition
+from confluent_kafka import OFFSET_END, TopicPartition
 
+from turnlog import kafka
 from turnlog.schemas import EventValidationError, decode_event
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
@@ -104,13 +105,8 @@ class TranscriptHub:
 
     def __init__(self, settings: TurnlogSettings, *, consumer_config: dict[str, Any] | None = None) -> None:
         self.settings = settings
-        self._config = {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "group.id": f"{settings.topic_prefix}-live-{uuid.uuid4().hex[:8]}",  # required by the client; never joined
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            **(consumer_config or {}),
-        }
+        self._group_id = f"{settings.topic_prefix}-live-{uuid.uuid4().hex[:8]}"  # required by the client; never joined
+        self._config = {"enable.auto.offset.store": False, **(consumer_config or {})}
         self._subscribers: dict[str, set[Subscription]] = {}
         self._lock = threading.Lock()
         self._stopping = threading.Event()
@@ -149,20 +145,22 @@ class TranscriptHub:
 
     def _run(self) -> None:
         topic = self.settings.topics.transcript
-        consumer = Consumer(dict(self._config))
+        consumer = kafka.consumer(self.settings, group_id=self._group_id, **self._config)
+        offsets = kafka.OffsetReader(self.settings)
         try:
             while not self._stopping.is_set():
                 try:
-                    partitions = consumer.list_topics(topic, timeout=5).topics[topic].partitions
-                    if partitions:
-                        break
+                    partitions = offsets.partitions(topic)
+                    break
+                except kafka.UnknownTopicError:
                     logger.warning("transcript hub: topic %s does not exist (yet); followers read the store only", topic)
-                except KafkaException as e:
+                except kafka.BrokerError as e:
                     logger.warning("transcript hub: cannot read %s's partitions yet: %s", topic, e)
                 self._stopping.wait(TOPIC_RETRY_SECONDS)
             else:
                 return
-            consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in sorted(partitions)])
+            offsets.close()
+            consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in partitions])
             logger.info("transcript hub: following %d partitions of %s", len(partitions), topic)
             while not self._stopping.is_set():
                 record = consumer.poll(0.5)

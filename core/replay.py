@@ -25,10 +25,10 @@ import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
-
+from confluent_kafka import KafkaError, TopicPartition
 from sqlalchemy import select
 
+from turnlog import kafka
 from turnlog.exceptions import TurnlogError
 from turnlog.producers.partitioning import partition_for
 from turnlog.schemas import EventValidationError, decode_event
@@ -100,18 +100,15 @@ def replay_events(
     started = time.monotonic()
     topic = settings.topics.events
     wanted = set(session_ids)
-    consumer = Consumer(
-        {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "group.id": f"{settings.topic_prefix}-replay",  # never joined or committed: partitions are assigned
-            "enable.auto.commit": False,
-            "enable.auto.offset.store": False,
-            "enable.partition.eof": True,
-        }
+    with kafka.OffsetReader(settings) as offsets:
+        starts, ends = _offset_range(offsets, topic, settings, from_time, wanted)
+    consumer = kafka.consumer(
+        settings,
+        group_id=f"{settings.topic_prefix}-replay",  # never joined or committed: partitions are assigned
+        **{"enable.auto.offset.store": False, "enable.partition.eof": True},
     )
     result = ReplayResult()
     try:
-        starts, ends = _offset_range(consumer, topic, settings, from_time, wanted)
         total = sum(max(0, ends[p] - starts[p]) for p in ends)
         pending = {p for p in ends if ends[p] > starts[p]}
         if progress:
@@ -153,33 +150,33 @@ def replay_events(
 
 
 def _offset_range(
-    consumer: Consumer,
+    offsets: kafka.OffsetReader,
     topic: str,
     settings: TurnlogSettings,
     from_time: dt.datetime | None,
     wanted: set[str],
 ) -> tuple[dict[int, int], dict[int, int]]:
-    """``(start offsets, end offsets)`` per partition to read."""
+    """``(start offsets, end offsets)`` per partition to read.
+
+    Raises:
+        ReplayError: the topic does not exist or the broker did not answer.
+    """
     try:
-        metadata = consumer.list_topics(topic, timeout=10).topics[topic]
-    except KafkaException as e:
-        raise ReplayError(f"cannot reach the broker at {settings.bootstrap_servers}: {e}") from e
-    if metadata.error is not None or not metadata.partitions:
-        raise ReplayError(f"topic {topic} does not exist (TURNLOG_TOPIC_PREFIX={settings.topic_prefix!r})")
-    partitions = sorted(metadata.partitions)
-    if wanted:
-        partitions = sorted({partition_for(sid, len(metadata.partitions)) for sid in wanted})
-    ends: dict[int, int] = {}
-    starts: dict[int, int] = {}
-    for p in partitions:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)
-        ends[p], starts[p] = high, low
-    if from_time is not None:
-        millis = int(from_time.timestamp() * 1000)
-        found = consumer.offsets_for_times([TopicPartition(topic, p, millis) for p in partitions], timeout=10)
-        for tp in found:
-            # -1: no record at or after the time in this partition: nothing to read.
-            starts[tp.partition] = ends[tp.partition] if tp.offset < 0 else max(tp.offset, starts[tp.partition])
+        partitions = offsets.partitions(topic)
+        if wanted:
+            partitions = sorted({partition_for(sid, len(partitions)) for sid in wanted})
+        marks = offsets.watermarks(topic, partitions)
+        starts = {p: marks[p].low for p in partitions}
+        ends = {p: marks[p].high for p in partitions}
+        if from_time is not None:
+            found = offsets.offsets_for_time(topic, partitions, int(from_time.timestamp() * 1000))
+            for p, offset in found.items():
+                # None: no record at or after the time in this partition: nothing to read.
+                starts[p] = ends[p] if offset is None else max(offset, starts[p])
+    except kafka.UnknownTopicError as e:
+        raise ReplayError(f"topic {topic} does not exist (TURNLOG_TOPIC_PREFIX={settings.topic_prefix!r})") from e
+    except kafka.BrokerError as e:
+        raise ReplayError(f"cannot read the offsets of {topic} at {settings.bootstrap_servers}: {e}") from e
     return starts, ends
 
 

@@ -7,11 +7,10 @@ import subprocess
 import time
 from pathlib import Path
 
-from confluent_kafka import KafkaException
-from confluent_kafka.admin import AdminClient
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
 
+from turnlog import kafka
 from turnlog.exceptions import ConfigurationError
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import StoreUnavailableError, open_store, safe_url
@@ -24,15 +23,12 @@ SCRIPTS = Path(__file__).parent
 LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
 
-def broker_answers(bootstrap_servers: str, timeout: float = 5.0) -> bool:
-    try:
-        AdminClient({"bootstrap.servers": bootstrap_servers}).list_topics(timeout=timeout)
-        return True
-    except KafkaException:
-        return False
+def broker_answers(settings: TurnlogSettings, timeout: float = 5.0) -> bool:
+    """True if a broker of ``settings`` answers within ``timeout`` seconds (see :func:`turnlog.kafka.broker_answers`)."""
+    return kafka.broker_answers(settings, timeout)
 
 
-def wait_for_broker(bootstrap_servers: str, *, timeout: float | None = None) -> None:
+def wait_for_broker(settings: TurnlogSettings, *, timeout: float | None = None) -> None:
     """Block until a broker answers, polling with capped backoff (forever when ``timeout`` is None).
 
     Raises:
@@ -40,11 +36,11 @@ def wait_for_broker(bootstrap_servers: str, *, timeout: float | None = None) -> 
     """
     deadline = None if timeout is None else time.monotonic() + timeout
     delay, warned = 0.5, False
-    while not broker_answers(bootstrap_servers):
+    while not broker_answers(settings):
         if deadline is not None and time.monotonic() >= deadline:
-            raise ConfigurationError(f"no Kafka broker answers at {bootstrap_servers}")
+            raise ConfigurationError(f"no Kafka broker answers at {settings.bootstrap_servers}")
         if not warned:
-            logger.warning("waiting for a Kafka broker at %s", bootstrap_servers)
+            logger.warning("waiting for a Kafka broker at %s", settings.bootstrap_servers)
             warned = True
         time.sleep(delay)
         delay = min(delay * 2, 5.0)
@@ -69,7 +65,7 @@ def ensure_local_services(settings: TurnlogSettings) -> None:
         ConfigurationError: a remote service does not answer (turnlog starts only
             local ones), or a deploy script failed (its output says why).
     """
-    if not broker_answers(settings.bootstrap_servers):
+    if not broker_answers(settings):
         hosts = {server.rsplit(":", 1)[0].strip("[]") for server in settings.bootstrap_servers.split(",")}
         if not hosts <= LOCAL_HOSTS:
             raise ConfigurationError(f"no Kafka broker answers at {settings.bootstrap_servers}")

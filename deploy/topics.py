@@ -10,9 +10,9 @@ from __future__ import annotations
 import logging
 import time
 
-from confluent_kafka import KafkaError, KafkaException
 from confluent_kafka.admin import AdminClient, NewTopic
 
+from turnlog import kafka
 from turnlog.exceptions import ConfigurationError
 from turnlog.settings import TurnlogSettings
 
@@ -39,27 +39,30 @@ def create_topics(settings: TurnlogSettings, *, timeout: float = 30.0) -> list[s
     """Create the missing topics; returns the names created.
 
     Raises:
-        ConfigurationError: an existing topic has another partition count than
-            ``settings.partitions`` (co-partitioning would break), or the broker
-            refused the request.
+        ConfigurationError: no broker answers, an existing topic has another
+            partition count than ``settings.partitions`` (co-partitioning would
+            break), or the broker refused the request.
+        BrokerError: the broker stopped answering while the topics' metadata was read.
     """
-    admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
-    try:
-        admin.list_topics(timeout=min(timeout, 10.0))
-    except KafkaException as e:
+    admin = kafka.admin(settings)
+    if not kafka.broker_answers(settings, min(timeout, 10.0)):
         raise ConfigurationError(
             f"no Kafka broker answers at {settings.bootstrap_servers} (start one with `bash deploy/services.sh start`)"
-        ) from e
+        )
     specs = topic_specs(settings)
     created = []
-    for name, future in admin.create_topics(specs, request_timeout=timeout, operation_timeout=timeout).items():
+    with kafka.broker_errors("create_topics"):
+        futures = admin.create_topics(specs, request_timeout=timeout, operation_timeout=timeout)
+    for name, future in futures.items():
         try:
-            future.result()
+            with kafka.broker_errors(f"creating topic {name}"):
+                future.result()
             created.append(name)
             logger.info("created topic %s", name)
-        except KafkaException as e:
-            if e.args[0].code() != KafkaError.TOPIC_ALREADY_EXISTS:
-                raise ConfigurationError(f"cannot create topic {name}: {e.args[0].str()}") from e
+        except kafka.TopicAlreadyExistsError:
+            pass
+        except kafka.BrokerError as e:
+            raise ConfigurationError(f"cannot create topic {name}: {e}") from e
     for spec in specs:
         partitions = _partition_count(admin, spec.topic, timeout)
         if partitions != settings.partitions:
@@ -74,7 +77,8 @@ def _partition_count(admin: AdminClient, topic: str, timeout: float) -> int:
     """The topic's partition count, polling until new metadata has propagated."""
     deadline = time.monotonic() + timeout
     while True:
-        found = admin.list_topics(topic=topic, timeout=timeout).topics.get(topic)
+        with kafka.broker_errors(f"metadata of {topic}"):
+            found = admin.list_topics(topic=topic, timeout=timeout).topics.get(topic)
         if found is not None and found.error is None and found.partitions:
             return len(found.partitions)
         if time.monotonic() >= deadline:

@@ -34,9 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from confluent_kafka import KafkaError, KafkaException, Message, Producer
+from confluent_kafka import KafkaError, Message, Producer
 
 from turnlog.faults import fault_point
+from turnlog.kafka import RecordRefusedError, produce, producer_from_config
 from turnlog.metrics import (
     RECORDER_DEGRADED,
     SPOOL_BYTES,
@@ -407,18 +408,18 @@ class SpoolDrainer:
             self._on_delivery(row.id, err)
 
         try:
-            self._producer.produce(event.topic, value=event.value, key=event.key, on_delivery=on_delivery)
+            produce(self._producer, event.topic, event.value, key=event.key, on_delivery=on_delivery)
         except BufferError:
             self._producer.poll(0.01)  # librdkafka's queue is full: serve reports, go on next round
             return False
-        except KafkaException as e:  # this record can never be produced (too large): set it aside
+        except RecordRefusedError as e:  # this record can never be produced (too large): set it aside
             self._quarantine(row, e)
             return True
         self._in_flight[row.id] = (event.session_id, len(event.value))
         fault_point("producer.after_produce")
         return True
 
-    def _quarantine(self, row: SpoolRow, error: KafkaException) -> None:
+    def _quarantine(self, row: SpoolRow, error: RecordRefusedError) -> None:
         """Move a record the client refuses for good out of the delivery order, so it
         cannot block the rest of the spool; it stays on disk (``quarantined`` table)."""
         assert self._spool is not None
@@ -478,7 +479,7 @@ class SpoolDrainer:
             else:
                 logger.info("producer: %s", err.str())
 
-        return Producer({"logger": logger, **self._config, "error_cb": on_error})
+        return producer_from_config({"logger": logger, **self._config, "error_cb": on_error})
 
     def _publish_stats(self) -> None:
         assert self._spool is not None

@@ -38,6 +38,7 @@ from typing import Any
 
 import msgspec
 
+from turnlog import kafka
 from turnlog.producers.drainer import SpoolDrainer, Ticket
 from turnlog.producers.exceptions import (
     InvalidTurnError,
@@ -47,7 +48,6 @@ from turnlog.producers.exceptions import (
     SessionNotFoundError,
 )
 from turnlog.producers.grant import ResumeGrant, StoredTurn
-from turnlog.producers.kafka import idempotent_config
 from turnlog.producers.spool import SpooledEvent
 from turnlog.schemas.events import EARLIEST_YEAR, LATEST_YEAR
 from turnlog.schemas import (
@@ -342,11 +342,7 @@ class SessionRecorder:
     ) -> None:
         self.settings = settings or TurnlogSettings()
         self.producer_id = producer_id or f"recorder-{uuid.uuid4()}"
-        config = idempotent_config(
-            self.settings.bootstrap_servers,
-            client_id=self.producer_id,
-            delivery_timeout_seconds=self.settings.delivery_timeout_seconds,
-        )
+        config = kafka.producer_config(self.settings, client_id=self.producer_id)
         self._drainer = SpoolDrainer(
             Path(self.settings.spool_dir), {**config, **(producer_config or {})}, max_bytes=self.settings.spool_max_bytes
         )

@@ -2,10 +2,10 @@
 session, every event its predecessor got acknowledged must be applied.
 
 1. read the end offset E of the session's partition of ``<prefix>.events``;
-2. wait until the sequencer has recorded progress >= E there (it records it
-   under ``<sequencer group>.progress`` after each batch's emissions are
-   acknowledged, so everything it emitted for those events is in
-   ``<prefix>.transcript``; see ``stream_processors/progress.py``);
+2. wait until the sequencer's group has committed offset >= E there (Faust
+   commits a record's offset only after the record's batch is acked, which
+   is after everything it emitted is acknowledged in ``<prefix>.transcript``;
+   see ``stream_processors/sequencer.py``);
 3. read the end offset T of the same partition of ``<prefix>.transcript``;
 4. wait until the sink's stored offset (``sink_offsets``, same transaction as
    the rows) is >= T;
@@ -21,20 +21,17 @@ broker and the API (``turnlog.producers.api_client``).
 from __future__ import annotations
 
 import logging
-import threading
 import time
-import uuid
 from collections.abc import Callable, Collection
 from typing import TypeVar
 
-from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from sqlalchemy.engine import Connection
 from tenacity import RetryCallState, Retrying, retry_if_result, wait_exponential
 
+from turnlog.kafka import BrokerError, BrokerUnavailableError, OffsetReader
 from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.grant import ResumeGrant, StoredTurn
 from turnlog.producers.partitioning import partition_for
-from turnlog.stream_processors.progress import progress_group
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SessionPosition, SqlStore, StoreUnavailableError
 from turnlog.sinks.errors import store_errors
@@ -85,8 +82,8 @@ class ResumeBarrier:
     def __init__(self, settings: TurnlogSettings, store: SqlStore) -> None:
         self._settings = settings
         self._store = store
-        self._clients_lock = threading.Lock()
-        self._clients: tuple[Consumer, Consumer] | None = None
+        # Made once and kept across resumes: a new client's first lookup can take most of a second.
+        self._offsets = OffsetReader(settings)
 
     def grant(self, session_id: str, timeout: float, *, fleets: Collection[str] | None = None) -> ResumeGrant | None:
         """Pass the barrier for ``session_id``, then claim its next epoch and read
@@ -123,24 +120,21 @@ class ResumeBarrier:
         acknowledged for ``session_id``'s partition before this call."""
         topics = self._settings.topics
         partition = partition_for(session_id, self._settings.partitions)
+        progress = progress_group(self._settings.sequencer_group)
         try:
-            events_tp = TopicPartition(topics.events, partition)
             events_end = self._retrying(
-                deadline, lambda: self._with_clients(lambda w, _: _end_offset(w, events_tp, deadline)), "the events end offset"
+                deadline, lambda: self._end_offset(topics.events, partition, deadline), "the events end offset"
             )
             self._until(
                 deadline,
-                lambda: self._with_clients(lambda _, p: _committed(p, events_tp, deadline)) >= events_end,
+                lambda: self._committed(progress, topics.events, partition, deadline) >= events_end,
                 f"the sequencer ({self._settings.sequencer_group}) to consume {topics.events}[{partition}] "
                 f"up to offset {events_end}",
             )
-            transcript_tp = TopicPartition(topics.transcript, partition)
             transcript_end = self._retrying(
-                deadline,
-                lambda: self._with_clients(lambda w, _: _end_offset(w, transcript_tp, deadline)),
-                "the transcript end offset",
+                deadline, lambda: self._end_offset(topics.transcript, partition, deadline), "the transcript end offset"
             )
-        except KafkaException as e:
+        except BrokerError as e:
             raise ResumeBarrierTimeout(f"resume barrier for {session_id}: broker error: {e}") from e
         self._until(
             deadline,
@@ -149,33 +143,26 @@ class ResumeBarrier:
             f"up to offset {transcript_end}",
         )
 
-    def _with_clients(self, call: Callable[[Consumer, Consumer], int]) -> int:
-        """``call(watermarks, progress)`` on this barrier's two lookup consumers, made
-        once and kept across resumes (a new client's first lookup can take most of a
-        second); replaced after a broker error."""
-        with self._clients_lock:
-            if self._clients is None:
-                # A throwaway group id for watermarks; the sequencer's progress group only to read its commits.
-                self._clients = (
-                    Consumer(self._consumer_config(f"turnlog-resume-{uuid.uuid4()}")),
-                    Consumer(self._consumer_config(progress_group(self._settings.sequencer_group))),
-                )
-            try:
-                return call(*self._clients)
-            except KafkaException:
-                self._close_clients()
-                raise
+    def _end_offset(self, topic: str, partition: int, deadline: float) -> int:
+        """The partition's end offset, or -1 while the broker is unavailable (the barrier polls on)."""
+        try:
+            return self._offsets.end_offsets(topic, [partition], deadline=deadline)[partition]
+        except BrokerUnavailableError as e:
+            logger.info("resume barrier: broker not ready (%s); polling on", e)
+            return -1
 
-    def _close_clients(self) -> None:
-        if self._clients is not None:
-            for consumer in self._clients:
-                consumer.close()
-            self._clients = None
+    def _committed(self, group_id: str, topic: str, partition: int, deadline: float) -> int:
+        """``group_id``'s committed offset (0 when none), or -1 while the broker is unavailable."""
+        try:
+            committed = self._offsets.committed(group_id, topic, [partition], deadline=deadline)[partition]
+        except BrokerUnavailableError as e:
+            logger.info("resume barrier: broker not ready (%s); polling on", e)
+            return -1
+        return committed or 0
 
     def close(self) -> None:
-        """Close the lookup consumers (a later resume makes new ones)."""
-        with self._clients_lock:
-            self._close_clients()
+        """Drop the offsets lookup client (a later resume makes a new one)."""
+        self._offsets.close()
 
     def _in_store(self, deadline: float, work: Callable[[Connection], _T]) -> _T:
         """``work`` in one store transaction, retried while the store is away, up to ``deadline``."""
@@ -187,13 +174,6 @@ class ResumeBarrier:
                 if time.monotonic() >= deadline:
                     raise ResumeBarrierTimeout(f"resume barrier: the store did not answer: {e}") from e
                 time.sleep(POLL_INTERVAL_SECONDS)
-
-    def _consumer_config(self, group_id: str) -> dict[str, object]:
-        return {
-            "bootstrap.servers": self._settings.bootstrap_servers,
-            "group.id": group_id,
-            "enable.auto.commit": False,
-        }
 
     def _sink_offset(self, topic: str, partition: int) -> int:
         try:
@@ -232,54 +212,3 @@ def _poll(probe: Callable[[], _T], again: Callable[[_T], bool], deadline: float,
         retry_error_callback=timed_out,
     )
     return retrying(probe)
-
-
-def _left(deadline: float) -> float:
-    return max(0.1, deadline - time.monotonic())
-
-
-# Broker answers that mean "not now" (a coordinator moving or loading, a broker
-# restarting), on top of those librdkafka itself flags retriable.
-_RETRIABLE_CODES = frozenset(
-    {
-        KafkaError.NOT_COORDINATOR,
-        KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
-        KafkaError.COORDINATOR_NOT_AVAILABLE,
-        KafkaError.LEADER_NOT_AVAILABLE,
-        KafkaError.NOT_LEADER_FOR_PARTITION,
-        KafkaError._TRANSPORT,
-        KafkaError._TIMED_OUT,
-        KafkaError._ALL_BROKERS_DOWN,
-    }
-)
-
-
-def _retriable(error: KafkaException) -> bool:
-    kafka_error = error.args[0] if error.args else None
-    if not isinstance(kafka_error, KafkaError):
-        return False
-    if kafka_error.retriable() or kafka_error.code() in _RETRIABLE_CODES:
-        logger.info("resume barrier: broker not ready (%s); polling on", kafka_error.str())
-        return True
-    return False
-
-
-def _committed(consumer: Consumer, tp: TopicPartition, deadline: float) -> int:
-    """The group's committed offset (0 when none), or -1 on a retriable broker error."""
-    try:
-        [committed] = consumer.committed([TopicPartition(tp.topic, tp.partition)], timeout=min(5.0, _left(deadline)))
-    except KafkaException as e:
-        if _retriable(e):
-            return -1
-        raise
-    return committed.offset if committed.offset >= 0 else 0
-
-
-def _end_offset(consumer: Consumer, tp: TopicPartition, deadline: float) -> int:
-    """The partition's end offset, or -1 on a retriable broker error."""
-    try:
-        return consumer.get_watermark_offsets(tp, timeout=min(5.0, _left(deadline)), cached=False)[1]
-    except KafkaException as e:
-        if _retriable(e):
-            return -1
-        raise

@@ -31,7 +31,7 @@ from tenacity import RetryCallState, retry, retry_if_exception_type, wait_expone
 from turnlog import metrics
 from turnlog.dlq import dlq_headers, reason_class
 from turnlog.faults import fault_point
-from turnlog.producers.kafka import idempotent_config
+from turnlog import kafka
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import BatchResult, BatchWriter, SqlStore
 from turnlog.sinks.batch import SourceMessage
@@ -96,10 +96,8 @@ class SinkService:
         self.store = store
         self.consumer_group = consumer_group or settings.sink_group
         self._write = write or store.write_transcript
+        # Connection and group.id come from the Kafka layer (kafka.consumer); these are this service's own.
         self._config = {
-            "bootstrap.servers": settings.bootstrap_servers,
-            "group.id": self.consumer_group,
-            "enable.auto.commit": False,
             "enable.auto.offset.store": False,
             "auto.offset.reset": "earliest",
             # A SIGKILLed sink holds its partitions until its session times out.
@@ -113,7 +111,7 @@ class SinkService:
 
     def run(self) -> None:
         """Consume and apply until :attr:`stopping` is set."""
-        consumer = Consumer(dict(self._config))
+        consumer = kafka.consumer(self.settings, group_id=self.consumer_group, **self._config)
         consumer.subscribe([self.settings.topics.transcript], on_assign=self._seek_to_stored)
         batch: list[SourceMessage] = []
         boundary = False  # the batch holds something other than a partial
@@ -206,18 +204,15 @@ class SinkService:
     def _dead_letter(self, message: SourceMessage, reason: str) -> None:
         """Produce ``message`` to the DLQ and wait for the ack, before its offset is skipped."""
         if self._dlq is None:
-            self._dlq = Producer(
-                idempotent_config(
-                    self.settings.bootstrap_servers,
-                    client_id=f"{self.consumer_group}-dlq",
-                    delivery_timeout_seconds=self.settings.delivery_timeout_seconds,
-                )
-            )
+            self._dlq = kafka.producer(self.settings, client_id=f"{self.consumer_group}-dlq")
         logger.error("DLQ %s[%d]@%d: %s", message.topic, message.partition, message.offset, reason)
         metrics.DLQ_ROUTED.labels("sink", reason_class(reason)).inc()
         headers = dlq_headers(reason, message.topic, message.partition, message.offset)
-        self._dlq.produce(
-            self.settings.topics.dlq, key=message.key, value=message.value, partition=message.partition, headers=headers
-        )
+        try:
+            kafka.produce(
+                self._dlq, self.settings.topics.dlq, message.value, key=message.key, partition=message.partition, headers=headers
+            )
+        except kafka.RecordRefusedError as e:
+            raise StoreError(f"could not dead-letter {message.topic}[{message.partition}]@{message.offset}: {e}") from e
         if self._dlq.flush(DLQ_FLUSH_TIMEOUT_SECONDS):
             raise StoreError(f"could not dead-letter {message.topic}[{message.partition}]@{message.offset}: DLQ unreachable")

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import faust
 
+from turnlog.kafka.faust_auth import faust_credentials
 from turnlog.settings import TurnlogSettings
 from turnlog.stream_processors.recovery import OrderedTableManager
 
@@ -14,13 +15,15 @@ __all__ = ["make_app", "raw_topic"]
 
 def make_app(settings: TurnlogSettings, app_id: str, *, commit_interval_seconds: float = 1.0) -> faust.App:
     """A Faust app whose id is the consumer group ``app_id``; at-least-once,
-    producer ``acks=all``, offsets committed only after the producer flushed."""
+    producer ``acks=all``, offsets committed only after the producer flushed.
+    It connects like every other turnlog client (``TURNLOG_KAFKA_*``: TLS, SASL)."""
     datadir = Path(settings.faust_data_dir) / app_id
     datadir.parent.mkdir(parents=True, exist_ok=True)
     brokers = [f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")]
     return faust.App(
         app_id,
         broker=brokers,
+        broker_credentials=faust_credentials(settings),  # None for PLAINTEXT: Faust's default
         store="memory://",
         datadir=str(datadir),
         topic_partitions=settings.partitions,

@@ -20,7 +20,8 @@ from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 from sqlalchemy.exc import OperationalError
 
-from turnlog.deploy.local import broker_answers
+from turnlog.kafka import broker_answers
+from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.migrate import upgrade_to_head
 
@@ -39,7 +40,7 @@ def _docker_engine_answers() -> bool:
 @pytest.fixture(scope="session")
 def kafka_bootstrap() -> Iterator[str]:
     bootstrap = os.environ.get("TURNLOG_TEST_BOOTSTRAP_SERVERS", DEFAULT_BOOTSTRAP)
-    if broker_answers(bootstrap):
+    if broker_answers(TurnlogSettings(bootstrap_servers=bootstrap)):
         yield bootstrap
         return
     if _docker_engine_answers():

@@ -60,10 +60,10 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from confluent_kafka import ConsumerGroupState, Consumer, KafkaException, TopicPartition
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import func, select, text
 
+from turnlog import kafka
 from turnlog.demo.runner import AgentProcess, count_events, load_sessions, print_table, wait_for_finalized
 from turnlog.demo.verdict import ProblemKind, judge_session, problem_totals
 from turnlog.deploy.local import SCRIPTS, ensure_local_services
@@ -883,50 +883,47 @@ _QUIET = {"log_level": 0}
 
 
 def _admin(settings: TurnlogSettings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.bootstrap_servers, **_QUIET})
+    return kafka.admin(settings, **_QUIET)
 
 
 def _broker_answers(settings: TurnlogSettings) -> bool:
-    try:
-        _admin(settings).list_topics(timeout=2)
-    except KafkaException:
-        return False
-    return True
+    return kafka.broker_answers(settings, 2.0, quiet=True)
 
 
-def _group_members(admin: AdminClient, group: str) -> tuple[ConsumerGroupState | None, frozenset[str]]:
-    """The state of consumer group ``group`` and its members' ids, as the broker describes them (None, {} on a broker error)."""
+def _group_members(admin: AdminClient, group: str) -> tuple[bool, frozenset[str]]:
+    """Whether consumer group ``group`` is stable, and its members' ids, as the broker describes
+    them ((False, {}) on a broker error)."""
     try:
-        description = admin.describe_consumer_groups([group], request_timeout=5)[group].result()
-    except KafkaException:
-        return None, frozenset()
-    return description.state, frozenset(m.member_id for m in description.members)
+        found = kafka.group_members(admin, group)
+    except kafka.BrokerError:
+        return False, frozenset()
+    return found.stable, found.member_ids
 
 
 def _pipeline_ready(settings: TurnlogSettings) -> bool:
     """Each service's consumer group is stable with a member."""
     admin = _admin(settings)
     for group in (settings.sequencer_group, settings.sink_group, settings.finalizer_group):
-        state, members = _group_members(admin, group)
-        if state != ConsumerGroupState.STABLE or not members:
+        stable, members = _group_members(admin, group)
+        if not stable or not members:
             return False
     return True
 
 
 def _group_rejoined(admin: AdminClient, group: str, before: frozenset[str]) -> bool:
     """A member the group did not have before the kill has joined, and the group is stable."""
-    state, members = _group_members(admin, group)
-    return state == ConsumerGroupState.STABLE and bool(members - before)
+    stable, members = _group_members(admin, group)
+    return stable and bool(members - before)
 
 
 def _watermarks(settings: TurnlogSettings, topic: str) -> int:
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"chaos-probe-{uuid.uuid4()}", **_QUIET})
+    """Records in ``topic`` (the sum of its end offsets), or -1 if the broker did not answer within 5 s."""
     try:
-        return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=5)[1] for p in range(settings.partitions))
-    except KafkaException:  # the broker may be restarting: "no progress yet"
+        with kafka.OffsetReader(settings, **_QUIET) as offsets:
+            ends = offsets.end_offsets(topic, range(settings.partitions), deadline=time.monotonic() + 5.0)
+    except kafka.BrokerError:  # the broker may be restarting: "no progress yet"
         return -1
-    finally:
-        consumer.close()
+    return sum(ends.values())
 
 
 def _sink_progress(store: SqlStore, settings: TurnlogSettings) -> int:
