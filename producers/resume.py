@@ -120,14 +120,13 @@ class ResumeBarrier:
         acknowledged for ``session_id``'s partition before this call."""
         topics = self._settings.topics
         partition = partition_for(session_id, self._settings.partitions)
-        progress = progress_group(self._settings.sequencer_group)
         try:
             events_end = self._retrying(
                 deadline, lambda: self._end_offset(topics.events, partition, deadline), "the events end offset"
             )
             self._until(
                 deadline,
-                lambda: self._committed(progress, topics.events, partition, deadline) >= events_end,
+                lambda: self._committed(self._settings.sequencer_group, topics.events, partition, deadline) >= events_end,
                 f"the sequencer ({self._settings.sequencer_group}) to consume {topics.events}[{partition}] "
                 f"up to offset {events_end}",
             )
