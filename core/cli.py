@@ -87,24 +87,10 @@ def migrate(database_url: DatabaseUrl = None) -> None:
 
 
 def _run_faust(faust_app: object, settings: TurnlogSettings) -> None:
-    from faust import Worker as FaustWorker
+    """Kept for ``turnlog.bench`` until it calls :func:`turnlog.stream_processors.worker.run_worker` itself."""
+    from turnlog.stream_processors.worker import run_worker
 
-    from turnlog.deploy.local import wait_for_broker
-
-    # A Faust worker exits if it cannot bootstrap; wait for the broker first
-    # (a broker outage after start-up is retried by the client itself).
-    wait_for_broker(settings)
-
-    class Worker(FaustWorker):  # the class name labels its log lines: "[^Worker]: Ready" is watched for
-        def on_setup_root_logger(self, logger: logging.Logger, level: int) -> None:
-            # Faust's terminal spinner leaves the root logger at DEBUG so it can spin
-            # on every record: aiokafka then builds a debug record per message sent
-            # (10% of the sequencer's CPU in the benchmark's profile). No spinner.
-            self.spinner = None
-            logger.setLevel(level)
-
-    worker = Worker(faust_app, loglevel=settings.log_level.lower(), quiet=True)
-    worker.execute_from_commandline()
+    run_worker(faust_app, settings)  # type: ignore[arg-type]
 
 
 @app.command()
