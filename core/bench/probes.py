@@ -19,6 +19,7 @@ from turnlog.settings import TurnlogSettings
 
 __all__ = [
     "cpu_seconds",
+    "cpu_us_per_event",
     "Sample",
     "Sampler",
     "PgCounters",
@@ -166,6 +167,22 @@ def cpu_seconds(pid: int) -> float:
     with open(f"/proc/{pid}/stat") as stat:
         fields = stat.read().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def cpu_us_per_event(before: dict[str, float], after: dict[str, float], events: int, *, seconds: float) -> dict[str, Any]:
+    """CPU microseconds each process used per event between two readings of
+    :func:`cpu_seconds` (``{name: seconds}``), over the ``events`` that went through
+    meanwhile, and the cores each used over those ``seconds``; the pipeline's total
+    is the sum over every process read. NaN per event when no event went through."""
+    used = {name: after[name] - before[name] for name in before if name in after}
+    per_event = {name: cpu / events * 1e6 if events > 0 else float("nan") for name, cpu in used.items()}
+    return {
+        "events": events,
+        "seconds": seconds,
+        "us_per_event": per_event,
+        "pipeline_us_per_event": sum(per_event.values()) if events > 0 else float("nan"),
+        "cores": {name: cpu / seconds if seconds > 0 else float("nan") for name, cpu in used.items()},
+    }
 
 
 def rss_bytes(pid: int) -> int:

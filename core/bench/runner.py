@@ -2,11 +2,13 @@
 
 Phases, in order, on a run-private database, topics and consumer groups:
 
-1. **Baselines** K, S, P and unsafe on the workload's payloads (``baselines.py``).
+1. **Baselines** K, S0, S, P and unsafe on the workload's payloads (``baselines.py``).
 2. **Capacity**: a backlog of the payloads is produced to ``<prefix>.events``
    while the pipeline is down; the pipeline (sequencer, sink, finalizer) then
    drains it. Durable events/s from the first stored record to the last is the
-   capacity C. py-spy profiles the sequencer and the sink meanwhile.
+   capacity C. py-spy profiles the sequencer and the sink meanwhile. Each
+   service's CPU time (``/proc/<pid>/stat``) over the same span, divided by the
+   events stored in it, is its CPU microseconds per event at capacity.
 3. **Sustained**: the load generator (``load.py``, the real ``SessionRecorder``)
    offers 0.9 C, then less, until the pipeline's lag stays flat for the whole
    phase; that rate is the sustained maximum M. Postgres commits and WAL syncs
@@ -19,7 +21,13 @@ Phases, in order, on a run-private database, topics and consumer groups:
    recorded and resumed from a new recorder, one after another
    (``resume_probe.py``); p50/p99 of ``resume()``, through the store and
    through ``turnlog api``.
-6. **Memory**: resident memory of the sequencer and the sink as open sessions
+6. **Direct peer** (``direct.py``): the design a user would pick instead, each
+   agent upserting its own events straight into Postgres (a database of its
+   own), one commit per event. Its capacity (unpaced), its maximum sustained
+   rate (the same search as phase 3, lateness instead of lag), and at the
+   latency phase's 50 % session count: commit p50/p99 and write transactions
+   per turn.
+7. **Memory**: resident memory of the sequencer and the sink as open sessions
    are added, per 1,000 open sessions.
 """
 
@@ -27,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -37,11 +46,13 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from turnlog.bench import baselines as base
+from turnlog.bench.direct import direct_summary, run_direct
 from turnlog.bench.load import plans_for_rate, run_load
 from turnlog.bench.probes import (
     Sample,
     Sampler,
     cpu_seconds,
+    cpu_us_per_event,
     pg_counters,
     lag_stats,
     require_commit_timestamps,
@@ -61,7 +72,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
 from turnlog.sinks.migrate import upgrade_to_head
 
-__all__ = ["BenchOptions", "run_bench"]
+__all__ = ["BenchOptions", "run_bench", "quick_options"]
 
 #: Lag may grow by at most this share of the offered rate per second and still count as flat.
 FLAT_LAG_SLOPE = 0.02
@@ -93,6 +104,27 @@ class BenchOptions:
     resume_seconds: float = 150.0
     #: Also resume through a ``turnlog api`` started for the phase.
     resume_api: bool = True
+    #: Run the direct peer (``direct.py``).
+    direct: bool = True
+    #: Connections the direct agents share (PgBouncer in transaction mode, as a user would run it).
+    direct_connections: int = 16
+
+
+def quick_options(options: BenchOptions) -> BenchOptions:
+    """``options`` cut down for a smoke test of every phase (a minute or two, figures
+    not comparable with a full run): short phases, 10 turns per session, few resumes,
+    small memory steps."""
+    from dataclasses import replace
+
+    return replace(
+        options,
+        turns_per_session=min(options.turns_per_session, 10),
+        phase_seconds=min(options.phase_seconds, 8.0),
+        memory_sessions=min(options.memory_sessions, 500),
+        resume_samples=min(options.resume_samples, 4),
+        resume_idle_samples=min(options.resume_idle_samples, 2),
+        resume_seconds=min(options.resume_seconds, 30.0),
+    )
 
 
 @dataclass
@@ -241,6 +273,14 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             print(f"resume phase failed: {report['resume']['error']}")
             _wait_drained(sampler, 300)
 
+        # -- the direct peer ----------------------------------------------------------------------------
+        if options.direct:
+            try:
+                report["direct"] = _direct(plans, sustained, options, admin_psycopg, f"{database}_direct", run)
+            except Exception as e:  # the pipeline's figures still stand
+                report["direct"] = {"error": f"{type(e).__name__}: {e}"}
+                print(f"direct phase failed: {report['direct']['error']}")
+
         # -- memory per 1,000 open sessions ---------------------------------------------------------
         report["memory"] = _memory(settings, processes, sampler, options, run)
         samples = sampler.stop()
@@ -273,6 +313,9 @@ def _baselines(settings: TurnlogSettings, options: BenchOptions, payloads: list[
     k = base.kafka_baseline(settings, payloads)
     out["K"] = asdict(k)
     print(f"K  raw Kafka produce->consume: {k.events_per_second:,.0f} events/s, p99 {k.p99_ms:.1f} ms")
+    s0 = base.faust_consume_baseline(settings, payloads, log_dir)
+    out["S0"] = asdict(s0)
+    print(f"S0 bare Faust consume-only:    {s0.events_per_second:,.0f} records/s (take_events(1000))")
     s = base.faust_baseline(settings, payloads, log_dir)
     out["S"] = asdict(s)
     print(f"S  bare Faust pass-through:    {s.events_per_second:,.0f} events/s")
@@ -439,14 +482,18 @@ def _drain(sampler: Sampler, total: int, options: BenchOptions, processes: dict[
     deadline = time.monotonic() + 900
     profiles = None
     first: Sample | None = None
+    services = {name: p for name, p in processes.items() if name in ("sequencer", "sink", "finalizer")}
+    cpu_first: dict[str, float] = {}
     while True:
         latest = sampler.samples[-1] if sampler.samples else None
         if latest is not None and latest.stored > 0 and first is None:
             first = latest
+            cpu_first = {name: cpu_seconds(p.pid) for name, p in services.items()}
             if options.profile_dir is not None:
                 pids = {name: processes[name].pid for name in ("sequencer", "sink")}
                 profiles = start_profiles(pids, options.profile_dir, seconds=min(20.0, options.phase_seconds))
         if latest is not None and latest.stored >= total:
+            cpu_last = {name: cpu_seconds(p.pid) for name, p in services.items()}
             break
         if time.monotonic() > deadline:
             raise RuntimeError(f"the pipeline did not drain the backlog: {latest}")
@@ -459,6 +506,9 @@ def _drain(sampler: Sampler, total: int, options: BenchOptions, processes: dict[
                 summary = summarize(name, path)
                 report["profile"][name] = asdict(summary)
     assert first is not None
+    report["cpu_at_capacity"] = cpu_us_per_event(cpu_first, cpu_last, latest.stored - first.stored, seconds=latest.at - first.at)
+    print("CPU per event at capacity: " + ", ".join(f"{k} {v:,.0f} µs" for k, v in report["cpu_at_capacity"]["us_per_event"].items())
+          + f" (pipeline {report['cpu_at_capacity']['pipeline_us_per_event']:,.0f} µs over {latest.stored - first.stored:,} events)")
     return (latest.stored - first.stored) / max(latest.at - first.at, 1e-9)
 
 
@@ -508,6 +558,92 @@ def _sustained(settings, plans, sampler: Sampler, capacity: float, options: Benc
         rate = 0.8 * min(rate, durable)
     phase = Phase("sustained", began, ended, load.events_per_second, durable, slope, False, {**totals, "attempts": attempts})
     return durable, phase
+
+
+def _direct(plans, sustained: float, options: BenchOptions, database: str, run: str) -> dict[str, Any]:
+    """The direct peer (``direct.py``), in a database of its own: only its commits count
+    there (``pg_stat_database``), and the pipeline's finalizer never sweeps its sessions.
+
+    Capacity: every plan's agents writing back to back. Maximum sustained: the
+    pipeline's search (0.9 of capacity, then 0.8 of the committed rate, up to four
+    attempts) with the agents' lateness in place of the pipeline's lag. Then the
+    latency phase's 50 % session count: commit latency, and write transactions per
+    turn from Postgres's counters, beside the agents' own count.
+    """
+    import os
+
+    admin = make_url(options.admin_url)
+    url = admin.set(database=database)
+    dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
+    admin_dsn = admin.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(admin_dsn, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
+    out: dict[str, Any] = {"connections": options.direct_connections, "phase_seconds": options.phase_seconds}
+    try:
+        engine = open_store(url.render_as_string(hide_password=False)).engine
+        upgrade_to_head(engine)
+        engine.dispose()
+
+        def phase(chosen: list, tag: str, paced: bool) -> dict[str, Any]:
+            began, cpu_before = time.monotonic(), os.times()
+            result = asyncio.run(run_direct(dsn, chosen, speed=options.speed, flush_interval=options.flush_interval,
+                                            seconds=options.phase_seconds, tag=tag, connections=options.direct_connections, paced=paced))
+            cpu_after = os.times()
+            cpu = cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system
+            summary = direct_summary(result, (began + 3, began + options.phase_seconds - 1))
+            # The agents' side only (this process): Postgres's own CPU is not counted, as the pipeline's figure leaves out the broker's.
+            summary["cpu_us_per_event"] = cpu / result.events * 1e6 if result.events else float("nan")
+            summary["cores"] = cpu / result.seconds if result.seconds else float("nan")
+            return summary
+
+        capacity = phase(plans, "dc", paced=False)
+        for key in ("lateness_slope", "lateness_p99_ms", "flat"):  # no clock to be late against
+            capacity.pop(key)
+        out["capacity"] = capacity
+        print(f"direct capacity: {capacity['committed_events_per_second']:,.0f} events/s committed by {len(plans)} agents writing back to back"
+              f" on {options.direct_connections} connections; this process {capacity['cores']:.2f} cores, {capacity['cpu_us_per_event']:,.0f} µs/event")
+
+        rate, attempts = 0.9 * capacity["committed_events_per_second"], []
+        for attempt in range(4):
+            try:
+                chosen, limited = plans_for_rate(plans, rate, speed=options.speed, flush_interval=options.flush_interval), False
+            except ValueError:  # every plan offers less: the workload, not the design, is the limit
+                chosen, limited = plans, True
+            summary = phase(chosen, f"ds{attempt}", paced=True)
+            attempts.append({"sessions": len(chosen), "offered": summary["events_per_second"], "durable": summary["committed_events_per_second"],
+                             "lateness_slope": summary["lateness_slope"], "flat": summary["flat"], "workload_limited": limited})
+            print(f"direct sustained attempt {attempt + 1}: {len(chosen)} sessions offered {summary['events_per_second']:,.0f} events/s,"
+                  f" committed {summary['committed_events_per_second']:,.0f}/s, lateness slope {summary['lateness_slope']:+.4f} s/s"
+                  f" -> {'flat' if summary['flat'] else 'growing'}" + (" (every session of the workload)" if limited else ""))
+            if summary["flat"]:
+                break
+            rate = 0.8 * min(rate, summary["committed_events_per_second"])
+        out["sustained"] = {**summary, "attempts": attempts, "workload_limited": limited and summary["flat"]}
+
+        chosen = plans_for_rate(plans, 0.5 * sustained, speed=options.speed, flush_interval=options.flush_interval)
+        before = pg_counters(admin_dsn, database)
+        summary = phase(chosen, "d50", paced=True)
+        time.sleep(1.0)  # the backends report their statistics as they exit
+        counters = pg_counters(admin_dsn, database) - before
+        stored = turn_latencies_ms(dsn, f"bench-{run}-%-d50-")
+        turns = max(summary["turns"], 1)
+        out["at_50"] = {
+            **summary,
+            "write_transactions_per_turn": counters.write_transactions / turns,
+            "db_commits_per_turn": counters.xact_commit / turns,
+            "wal_syncs_per_turn": counters.wal_sync / turns,
+            "turn_to_store_p50_ms": base.percentile(stored, 50),
+            "turn_to_store_p99_ms": base.percentile(stored, 99),
+        }
+        a = out["at_50"]
+        print(f"direct at 50% ({len(chosen)} sessions, {a['events_per_second']:,.0f} ev/s offered): commit p50 {a['commit_p50_ms']:.1f} ms,"
+              f" p99 {a['commit_p99_ms']:.1f} ms over {a['turns']} turns; write transactions per turn {a['write_transactions_per_turn']:.3f}"
+              f" (its own count {a['transactions_per_turn']:.3f})")
+    finally:
+        if not options.keep:
+            with psycopg.connect(admin_dsn, autocommit=True) as conn:
+                conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    return out
 
 
 def _memory(settings: TurnlogSettings, processes: dict[str, ServiceProcess], sampler: Sampler, options: BenchOptions, run: str) -> dict[str, Any]:
@@ -570,7 +706,73 @@ def _ratios(report: dict[str, Any]) -> dict[str, Any]:
         "sink_commits_per_turn_times_b": sustained["sink_commits_per_turn"] * sustained["mean_batch_turns"],
         "write_transactions_per_turn_over_unsafe": sustained["write_transactions_per_turn"]
         / (b["unsafe"]["commits_per_session"] / max(b["unsafe"]["rows_per_session"] - 1, 1)),
+        **peer_ratios(report),
     }
+
+
+def _over(numerator: Any, denominator: Any) -> float:
+    """``numerator / denominator``; NaN when either is missing or the denominator is 0 or NaN."""
+    if numerator is None or denominator is None or denominator == 0 or math.isnan(denominator):
+        return float("nan")
+    return numerator / denominator
+
+
+def peer_ratios(report: dict[str, Any]) -> dict[str, float]:
+    """The issue's ratios against baselines of the same run: sustained / S0; at the 50 %
+    session count, turnlog's acknowledged (``complete_turn``) and stored turn p99 over
+    the direct peer's commit p99, and turnlog's write transactions per turn over the
+    direct peer's (both from Postgres's transaction ids); sustained over the direct
+    peer's sustained. A figure that is missing gives NaN."""
+    b, s = report.get("baselines", {}), report.get("sustained", {})
+    lat50, direct = report.get("latency", {}).get("50%", {}), report.get("direct", {})
+    d50, dsus = direct.get("at_50", {}), direct.get("sustained", {})
+    return {
+        "sustained_over_S0": _over(s.get("events_per_second"), b.get("S0", {}).get("events_per_second")),
+        "S_over_S0": _over(b.get("S", {}).get("events_per_second"), b.get("S0", {}).get("events_per_second")),
+        "ack_p99_at_50_over_direct_commit_p99": _over(lat50.get("complete_turn_p99_ms"), d50.get("commit_p99_ms")),
+        "turn_to_store_p99_at_50_over_direct_commit_p99": _over(lat50.get("p99_ms"), d50.get("commit_p99_ms")),
+        "write_transactions_per_turn_at_50_over_direct": _over(lat50.get("write_transactions_per_turn"), d50.get("write_transactions_per_turn")),
+        "sink_commits_per_turn_at_50_over_direct": _over(lat50.get("sink_commits_per_turn"), d50.get("transactions_per_turn")),
+        "sustained_over_direct_sustained": _over(s.get("events_per_second"), dsus.get("committed_events_per_second")),
+    }
+
+
+def _peer_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Table rows of CPU per event at capacity and of the direct peer, with their ratios."""
+    r, rows = report.get("ratios", {}), []
+    nan = float("nan")
+    cpu = report.get("cpu_at_capacity")
+    if cpu:
+        rows.append(("CPU per event at capacity", f"{cpu['pipeline_us_per_event']:,.0f} µs (pipeline)",
+                     ", ".join(f"{k} {v:,.0f}" for k, v in cpu["us_per_event"].items()) + f" µs over {cpu['events']:,} events"
+                     " (target: a third of before)"))
+    direct = report.get("direct", {})
+    if direct.get("error"):
+        rows.append(("direct peer", "not measured", direct["error"]))
+    if direct.get("capacity"):
+        c = direct["capacity"]
+        rows.append(("direct capacity (unpaced)", f"{c['committed_events_per_second']:,.0f} ev/s",
+                     f"{c['sessions']} agents on {direct['connections']} connections; agents' process {c['cores']:.2f} cores, "
+                     f"{c['cpu_us_per_event']:,.0f} µs/event (Postgres not counted)"))
+    if direct.get("sustained"):
+        d = direct["sustained"]
+        rows.append(("direct max sustained", f"{'>= ' if d['workload_limited'] else ''}{d['committed_events_per_second']:,.0f} ev/s",
+                     f"{d['sessions']} sessions, lateness slope {d['lateness_slope']:+.4f} s/s -> {'flat' if d['flat'] else 'growing'}; "
+                     f"turnlog sustained = {r.get('sustained_over_direct_sustained', nan):.2f} x"))
+    if direct.get("at_50"):
+        d = direct["at_50"]
+        rows.append(("direct commit at 50%", f"p50 {d['commit_p50_ms']:.1f} / p99 {d['commit_p99_ms']:.1f} ms",
+                     f"{d['turns']} turns at {d['events_per_second']:,.0f} ev/s ({d['sessions']} sessions); store-side p99 "
+                     f"{d['turn_to_store_p99_ms']:.1f} ms"))
+        rows.append(("turnlog turn p99 / direct commit p99", f"{r.get('ack_p99_at_50_over_direct_commit_p99', nan):.2f} acknowledged",
+                     f"complete_turn p99 over direct commit p99 at 50% (target <= 2); turn-to-store p99: "
+                     f"{r.get('turn_to_store_p99_at_50_over_direct_commit_p99', nan):.2f} x"))
+        lat50 = report.get("latency", {}).get("50%", {})
+        rows.append(("write transactions per turn at 50%",
+                     f"turnlog {lat50.get('write_transactions_per_turn', nan):.3f} / direct {d['write_transactions_per_turn']:.3f}",
+                     f"= {r.get('write_transactions_per_turn_at_50_over_direct', nan):.3f} (target < 1); direct's own count "
+                     f"{d['transactions_per_turn']:.3f}; sink commits / direct's: {r.get('sink_commits_per_turn_at_50_over_direct', nan):.3f}"))
+    return rows
 
 
 def _spool_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
@@ -601,12 +803,14 @@ def print_table(report: dict[str, Any]) -> None:
     rows = [
         ("capacity (draining a backlog)", f"{report.get('capacity', {}).get('events_per_second', float('nan')):,.0f} ev/s", "no generator running"),
         ("K raw Kafka produce->consume", f"{b['K']['events_per_second']:,.0f} ev/s", f"p99 {b['K']['p99_ms']:.1f} ms"),
-        ("S bare Faust pass-through", f"{b['S']['events_per_second']:,.0f} ev/s", ""),
+        *([("S0 bare Faust consume-only", f"{b['S0']['events_per_second']:,.0f} rec/s", "take_events(1000), nothing else")] if "S0" in b else []),
+        ("S bare Faust pass-through", f"{b['S']['events_per_second']:,.0f} ev/s", f"{r.get('S_over_S0', float('nan')):.2f} x S0" if "S0" in b else ""),
         *[(f"P psycopg {p['method']}", f"{p['rows_per_second']:,.0f} rows/s", f"p99 commit {p['p99_commit_ms']:.1f} ms") for p in b["P"]],
         ("P best, as events", f"{b['P_best']['events_per_second']:,.0f} ev/s", f"{b['P_best']['rows_per_event']:.2f} rows/event"),
         ("ceiling min(K/2, S, P)", f"{r['ceiling_events_per_second']:,.0f} ev/s", ""),
         ("sustained end-to-end (lag flat)", f"{s['events_per_second']:,.0f} ev/s",
-         f"{r['sustained_over_ceiling']:.2f} x ceiling (target >= 0.5); lag slope {s['lag_slope_events_per_second']:+.1f}/s"),
+         f"{r['sustained_over_ceiling']:.2f} x ceiling; {r.get('sustained_over_S0', float('nan')):.2f} x S0 (target >= 0.5); "
+         f"lag slope {s['lag_slope_events_per_second']:+.1f}/s"),
         *[(f"turn-to-durable at {k}", f"p50 {v['p50_ms']:.1f} / p95 {v['p95_ms']:.1f} / p99 {v['p99_ms']:.1f} ms",
            f"{v['turns']} turns at {v['offered_events_per_second']:,.0f} ev/s" + (f"; p99 {r['p99_at_50_over_K_p99']:.1f} x K p99 (target p99 <= 100 ms)" if k == "50%" else ""))
           for k, v in lat.items()],
@@ -620,6 +824,7 @@ def print_table(report: dict[str, Any]) -> None:
          f"unsafe: {b['unsafe']['commits_per_session'] / max(b['unsafe']['rows_per_session'] - 1, 1):.3f}"),
         ("WAL syncs per turn", f"{s['wal_syncs_per_turn']:.3f}", f"at 50%: {lat['50%']['wal_syncs_per_turn']:.3f}"),
         *_spool_rows(report),
+        *_peer_rows(report),
         ("unsafe baseline", f"{b['unsafe']['commits_per_session']:.0f} commit/session",
          f"SIGKILL at 50%: {b['unsafe']['turns_said_at_kill']} turns said, {b['unsafe']['turns_stored_after_kill']} stored"),
     ]

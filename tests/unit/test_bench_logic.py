@@ -1,5 +1,6 @@
 """The benchmark's pure parts: workload, rate control, percentiles, lag slope, profile
-summary, histogram bucket bounds, spool cost, resume summary."""
+summary, histogram bucket bounds, spool cost, resume summary, S0's batch rate, CPU per
+event, the direct peer's statements and summary, the ratios against the peers, quick mode."""
 
 import asyncio
 import math
@@ -8,12 +9,13 @@ from pathlib import Path
 
 import pytest
 
-from turnlog.bench.baselines import percentile
+from turnlog.bench.baselines import batch_rate, percentile
+from turnlog.bench.direct import EVENT_SQL, TURN_SQL, DirectResult, direct_summary, lateness_flat, least_squares_slope
 from turnlog.bench.load import _sleep_until, plans_for_rate
-from turnlog.bench.probes import Sample, SpoolCounters, bucket_quantile, lag_stats, spool_cost, spool_counters
+from turnlog.bench.probes import Sample, SpoolCounters, bucket_quantile, cpu_seconds, cpu_us_per_event, lag_stats, spool_cost, spool_counters
 from turnlog.bench.resume_probe import resume_summary
 from turnlog.bench.profile import summarize
-from turnlog.bench.runner import _lag_slope
+from turnlog.bench.runner import BenchOptions, _lag_slope, peer_ratios, quick_options
 from turnlog.bench.workload import encoded_events, events_per_second, plan_sessions
 from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, decode_event
 
@@ -169,3 +171,94 @@ def test_lag_stats_split_the_lag_between_sequencer_and_sink():
     assert stats["mean_seconds"] == pytest.approx(stats["records"]["mean"] / 500)
     empty = lag_stats([], rate=500)
     assert empty["samples"] == 0 and math.isnan(empty["records"]["mean"]) and math.isnan(empty["mean_seconds"])
+
+
+def test_s0_rate_leaves_out_the_first_batch_and_is_nan_for_one_batch():
+    assert batch_rate(11_000, 1_000, 2.0) == 5_000
+    assert math.isnan(batch_rate(1_000, 1_000, 0.0))
+    assert math.isnan(batch_rate(5_000, 1_000, 0.0))
+
+
+def test_cpu_per_event_per_service_and_for_the_pipeline():
+    before = {"sequencer": 10.0, "sink": 5.0, "finalizer": 2.0}
+    after = {"sequencer": 13.0, "sink": 6.5, "finalizer": 2.5}
+    cpu = cpu_us_per_event(before, after, 10_000, seconds=5.0)
+    assert cpu["us_per_event"] == pytest.approx({"sequencer": 300, "sink": 150, "finalizer": 50})
+    assert cpu["pipeline_us_per_event"] == pytest.approx(500)
+    assert cpu["cores"] == pytest.approx({"sequencer": 0.6, "sink": 0.3, "finalizer": 0.1})
+    idle = cpu_us_per_event(before, after, 0, seconds=5.0)
+    assert math.isnan(idle["pipeline_us_per_event"]) and math.isnan(idle["us_per_event"]["sink"])
+
+
+def test_cpu_seconds_reads_this_process():
+    import os
+
+    assert cpu_seconds(os.getpid()) >= 0
+
+
+def test_the_direct_peer_uses_the_sinks_guards():
+    # A higher epoch replaces an event at the same seq; an equal one changes nothing.
+    assert "ON CONFLICT (session_id, seq) DO UPDATE" in EVENT_SQL and "WHERE EXCLUDED.epoch > session_events.epoch" in EVENT_SQL
+    # A turn is replaced only by a newer (epoch, seq), and never a completed turn by a partial.
+    assert "ON CONFLICT (session_id, turn_index) DO UPDATE" in TURN_SQL
+    assert "EXCLUDED.seq > transcript_turns.seq" in TURN_SQL and "EXCLUDED.status <> 'partial'" in TURN_SQL
+    assert "session_id = EXCLUDED.session_id" not in TURN_SQL  # the key is not rewritten
+
+
+def test_least_squares_slope_and_the_flat_rule():
+    assert least_squares_slope([(t, 0.5 + 0.1 * t) for t in range(10)]) == pytest.approx(0.1)
+    assert least_squares_slope([(0, 1.0), (1, 2.0)]) == 0.0  # too few points
+    assert least_squares_slope([(1, 1.0), (1, 2.0), (1, 3.0)]) == 0.0  # no spread in x
+    assert lateness_flat(0.01) and lateness_flat(-0.5) and not lateness_flat(0.1)
+
+
+def test_direct_summary_rates_and_lateness_over_the_window():
+    result = DirectResult(seconds=10.0, events=300, turns=100, transactions=300, sessions=["p-0-d-0", "p-0-d-1", "p-1-d-0"])
+    result.commit_ms = [float(i) for i in range(1, 101)]
+    result.write_ms = [1.0] * 300
+    result.committed_at = [i / 30 for i in range(300)]  # 30 commits a second over 10 s
+    keeping_up = [(i / 30, 0.002) for i in range(300)]
+    falling_behind = [(i / 30, 0.5 * i / 30) for i in range(300)]
+    summary = direct_summary(DirectResult(**{**_fields(result), "lateness": keeping_up}), (3.0, 9.0))
+    assert summary["sessions"] == 2  # rounds of one plan count once
+    assert summary["committed_events_per_second"] == pytest.approx(30, rel=0.02)
+    assert summary["transactions_per_turn"] == 3 and summary["events_per_second"] == 30
+    assert (summary["commit_p50_ms"], summary["commit_p99_ms"]) == (50.0, 99.0)
+    assert summary["flat"] and summary["lateness_p99_ms"] == pytest.approx(2)
+    behind = direct_summary(DirectResult(**{**_fields(result), "lateness": falling_behind}), (3.0, 9.0))
+    assert behind["lateness_slope"] == pytest.approx(0.5) and not behind["flat"]
+    empty = direct_summary(DirectResult(), (3.0, 9.0))
+    assert math.isnan(empty["transactions_per_turn"]) and math.isnan(empty["commit_p99_ms"]) and empty["flat"]
+
+
+def _fields(result: DirectResult) -> dict:
+    return {name: getattr(result, name) for name in DirectResult.__slots__}
+
+
+def test_peer_ratios_against_s0_and_the_direct_peer():
+    report = {
+        "baselines": {"S0": {"events_per_second": 5000.0}, "S": {"events_per_second": 2000.0}},
+        "sustained": {"events_per_second": 2500.0},
+        "latency": {"50%": {"complete_turn_p99_ms": 30.0, "p99_ms": 90.0, "write_transactions_per_turn": 0.2, "sink_commits_per_turn": 0.1}},
+        "direct": {"at_50": {"commit_p99_ms": 20.0, "write_transactions_per_turn": 2.5, "transactions_per_turn": 2.5},
+                   "sustained": {"committed_events_per_second": 5000.0}},
+    }
+    r = peer_ratios(report)
+    assert r["sustained_over_S0"] == 0.5 and r["S_over_S0"] == 0.4
+    assert r["ack_p99_at_50_over_direct_commit_p99"] == 1.5 and r["turn_to_store_p99_at_50_over_direct_commit_p99"] == 4.5
+    assert r["write_transactions_per_turn_at_50_over_direct"] == pytest.approx(0.08)
+    assert r["sink_commits_per_turn_at_50_over_direct"] == pytest.approx(0.04)
+    assert r["sustained_over_direct_sustained"] == 0.5
+    # A phase that failed or was skipped leaves NaN, not an error.
+    missing = peer_ratios({"baselines": {"S": {"events_per_second": 2000.0}}, "sustained": {"events_per_second": 2500.0},
+                           "direct": {"error": "RuntimeError: x"}})
+    assert all(math.isnan(v) for v in missing.values())
+
+
+def test_quick_mode_shortens_every_phase_and_keeps_the_rest():
+    full = BenchOptions(sessions_dir=Path("s"), admin_url="postgresql://x", sessions=700, direct_connections=8)
+    quick = quick_options(full)
+    assert quick.phase_seconds < full.phase_seconds and quick.turns_per_session <= 10
+    assert quick.memory_sessions < full.memory_sessions and quick.resume_samples < full.resume_samples
+    assert quick.resume_seconds < full.resume_seconds
+    assert (quick.sessions, quick.direct_connections, quick.admin_url) == (700, 8, "postgresql://x")
