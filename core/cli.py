@@ -316,9 +316,12 @@ def bench(
     plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the PNG plot here.")] = None,
     profile_dir: Annotated[Optional[Path], typer.Option("--profile-dir", help="Profile sequencer and sink with py-spy; collapsed stacks here.")] = None,
     keep: Annotated[bool, typer.Option(help="Keep the run's database and topics.")] = False,
+    direct: Annotated[bool, typer.Option(help="Also measure the direct peer (agents upserting straight into Postgres).")] = True,
+    direct_connections: Annotated[int, typer.Option(help="Connections the direct peer's agents share.")] = 16,
+    quick: Annotated[bool, typer.Option("--quick", help="Smoke test: every phase, cut short (figures not comparable with a full run).")] = False,
 ) -> None:
     """Benchmark the pipeline on Postgres against baselines measured in the same run (see docs/benchmarks.md)."""
-    from turnlog.bench.runner import BenchOptions, run_bench
+    from turnlog.bench.runner import BenchOptions, quick_options, run_bench
 
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     if not settings.database_url.startswith("postgresql"):
@@ -327,9 +330,9 @@ def bench(
     options = BenchOptions(
         sessions_dir=sessions, admin_url=settings.database_url, sessions=concurrency, turns_per_session=turns,
         phase_seconds=phase_seconds, speed=speed, memory_sessions=memory_sessions, report_path=report, plot_path=plot,
-        profile_dir=profile_dir, keep=keep,
+        profile_dir=profile_dir, keep=keep, direct=direct, direct_connections=direct_connections,
     )
-    run_bench(settings, options)
+    run_bench(settings, quick_options(options) if quick else options)
 
 
 @app.command("spool-drain")
