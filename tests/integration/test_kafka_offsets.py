@@ -1,0 +1,65 @@
+"""The Kafka layer's offsets helper against the real broker."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+import pytest
+from confluent_kafka import TopicPartition
+
+import turnlog.kafka as kafka
+from turnlog.deploy.topics import create_topics
+from turnlog.settings import TurnlogSettings
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+def settings(kafka_bootstrap: str) -> TurnlogSettings:
+    run = uuid.uuid4().hex[:10]
+    settings = TurnlogSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"test-{run}", partitions=3)
+    create_topics(settings)
+    return settings
+
+
+def test_watermarks_end_offsets_and_committed_offsets(settings: TurnlogSettings):
+    topic = settings.topics.events
+    producer = kafka.producer(settings, client_id="test-offsets")
+    for n in range(5):
+        kafka.produce(producer, topic, b"%d" % n, partition=1)
+    kafka.produce(producer, topic, b"x", partition=2)
+    assert producer.flush(10) == 0
+
+    with kafka.OffsetReader(settings) as offsets:
+        assert offsets.partitions(topic) == [0, 1, 2]
+        assert offsets.end_offsets(topic) == {0: 0, 1: 5, 2: 1}
+        assert offsets.watermarks(topic, [1]) == {1: kafka.Watermarks(low=0, high=5)}
+
+        group = f"{settings.topic_prefix}-group"
+        assert offsets.committed(group, topic, [0, 1]) == {0: None, 1: None}
+        committer = kafka.consumer(settings, group_id=group)
+        committer.commit(offsets=[TopicPartition(topic, 1, 3)], asynchronous=False)
+        committer.close()
+        assert offsets.committed(group, topic, [0, 1, 2]) == {0: None, 1: 3, 2: None}
+
+        later = int(time.time() * 1000) + 60_000
+        assert offsets.offsets_for_time(topic, [1], later) == {1: None}
+        assert offsets.offsets_for_time(topic, [1], 0) == {1: 0}
+
+
+def test_an_unknown_topic_is_a_turnlog_error(settings: TurnlogSettings):
+    with kafka.OffsetReader(settings) as offsets, pytest.raises(kafka.UnknownTopicError):
+        offsets.end_offsets(f"{settings.topic_prefix}.no-such-topic")
+
+
+def test_an_unreachable_broker_gives_up_within_the_budget():
+    unreachable = TurnlogSettings(bootstrap_servers="127.0.0.1:1")
+    began = time.monotonic()
+    with kafka.OffsetReader(unreachable, log_level=0) as offsets, pytest.raises(kafka.BrokerUnavailableError):
+        offsets.end_offsets("anything", [0], deadline=time.monotonic() + 3.0)
+    assert time.monotonic() - began < 6.0
+
+
+def test_creating_topics_twice_is_quiet(settings: TurnlogSettings):
+    assert create_topics(settings) == []
