@@ -19,7 +19,13 @@ classes once, at the boundary, with ``raise ... from e``::
     │       └── ResumeUnauthorizedError
     ├── StoreError                         (turnlog.sinks.exceptions)
     │   └── StoreUnavailableError
-    └── ServiceError                       (turnlog.stream_processors.exceptions)
+    ├── ServiceError                       (turnlog.stream_processors.exceptions)
+    └── BrokerError                        (turnlog.kafka.exceptions)
+        ├── BrokerUnavailableError
+        ├── BrokerConfigurationError       (also a ConfigurationError)
+        ├── UnknownTopicError
+        ├── TopicAlreadyExistsError
+        └── RecordRefusedError
 """
 
 from __future__ import annotations
