@@ -10,6 +10,7 @@ import sys
 
 from turnlog.settings import load_settings
 from turnlog.stream_processors.app import make_app, raw_topic
+from turnlog.stream_processors.worker import run_worker
 
 
 def main() -> None:
@@ -23,9 +24,7 @@ def main() -> None:
         async for key, value in stream.items():
             await sink.send(key=key, value=value)
 
-    from turnlog.cli import _run_faust
-
-    _run_faust(app, settings)
+    run_worker(app, settings)
 
 
 if __name__ == "__main__":
