@@ -9,7 +9,7 @@ from sqlalchemy import select
 
 from turnlog.audit import fold_events
 from turnlog.producers import SessionRecorder, partition_for
-from turnlog.producers.kafka import idempotent_config
+from turnlog import kafka
 from turnlog.schemas import decode_event, encode_event
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 from tests.support import EventFactory, wait_until
@@ -69,7 +69,7 @@ async def test_round_trip_stores_every_turn_in_order_and_finalizes(pipeline):
 def test_an_app_level_resend_with_a_fresh_produce_is_stored_once(pipeline):
     f = EventFactory(f"resend-{uuid.uuid4().hex[:8]}")
     events = [f.started(), f.completed(1, 0, "only once"), f.ended(2, last_turn=0)]
-    producer = Producer(idempotent_config(pipeline.settings.bootstrap_servers, client_id="test-resend", delivery_timeout_seconds=10))
+    producer = kafka.producer(pipeline.settings, client_id="test-resend", delivery_timeout_seconds=10)
     topic = pipeline.settings.topics.events
     for event in [events[0], events[1], events[1], events[1], events[2]]:  # three separate produce() calls of seq 1
         producer.produce(topic, key=f.session_id.encode(), value=encode_event(event))
@@ -108,7 +108,7 @@ def test_invalid_and_fenced_events_go_to_the_dlq_and_the_pipeline_goes_on(pipeli
 
 
 def test_our_partition_for_agrees_with_the_idempotent_producers_murmur2(pipeline):
-    producer = Producer(idempotent_config(pipeline.settings.bootstrap_servers, client_id="test-partitioner", delivery_timeout_seconds=10))
+    producer = kafka.producer(pipeline.settings, client_id="test-partitioner", delivery_timeout_seconds=10)
     delivered = {}
     keys = [f"key-{i}-{uuid.uuid4().hex[:6]}" for i in range(30)]
     for key in keys:

@@ -6,8 +6,9 @@ import pytest
 
 from turnlog.producers.drainer import SpoolDrainer
 from turnlog.producers.exceptions import SpoolFullError
-from turnlog.producers.kafka import idempotent_config
+from turnlog.kafka import producer_config
 from turnlog.producers.spool import SpooledEvent, SpoolFile
+from turnlog.settings import TurnlogSettings
 
 
 def event(session_id: str, seq: int, size: int = 10) -> SpooledEvent:
@@ -53,7 +54,7 @@ def test_an_empty_spool_is_removed_at_close(tmp_path):
 
 
 def test_the_drainer_refuses_past_its_byte_limit_and_keeps_what_it_holds(tmp_path):
-    config = idempotent_config("127.0.0.1:1", client_id="unit", delivery_timeout_seconds=1)
+    config = producer_config(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), client_id="unit", delivery_timeout_seconds=1)
     drainer = SpoolDrainer(tmp_path, config, max_bytes=100)
     drainer.start()
     try:
@@ -104,7 +105,7 @@ def test_a_cancelled_waiter_does_not_stall_the_others(tmp_path):
     to the ticket) must not keep the other events of the same group commit waiting."""
     import asyncio
 
-    config = idempotent_config("127.0.0.1:1", client_id="unit", delivery_timeout_seconds=1)
+    config = producer_config(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), client_id="unit", delivery_timeout_seconds=1)
     drainer = SpoolDrainer(tmp_path, config, max_bytes=10_000)
     drainer.start()
 
@@ -127,7 +128,7 @@ def test_a_cancelled_waiter_does_not_stall_the_others(tmp_path):
 def test_a_closed_drainer_refuses_new_events_and_a_restart(tmp_path):
     from turnlog.producers.exceptions import RecorderError
 
-    config = idempotent_config("127.0.0.1:1", client_id="unit", delivery_timeout_seconds=1)
+    config = producer_config(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), client_id="unit", delivery_timeout_seconds=1)
     drainer = SpoolDrainer(tmp_path, config, max_bytes=10_000)
     drainer.start()
     [ticket] = drainer.submit([event("a", 0)])
@@ -143,7 +144,7 @@ def test_a_closed_drainer_refuses_new_events_and_a_restart(tmp_path):
 def test_a_failed_commit_is_retried_in_order_and_never_leaves_a_gap(tmp_path):
     from turnlog.producers.exceptions import SpoolError
 
-    config = idempotent_config("127.0.0.1:1", client_id="unit", delivery_timeout_seconds=1)
+    config = producer_config(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), client_id="unit", delivery_timeout_seconds=1)
     drainer = SpoolDrainer(tmp_path, config, max_bytes=10_000)
     drainer.start()
     real_append, failures = drainer._spool.append, []
