@@ -86,20 +86,14 @@ def migrate(database_url: DatabaseUrl = None) -> None:
     upgrade_to_head(open_store(settings.database_url).engine)
 
 
-def _run_faust(faust_app: object, settings: TurnlogSettings) -> None:
-    """Kept for ``turnlog.bench`` until it calls :func:`turnlog.stream_processors.worker.run_worker` itself."""
-    from turnlog.stream_processors.worker import run_worker
-
-    run_worker(faust_app, settings)  # type: ignore[arg-type]
-
-
 @app.command()
 def sequencer(bootstrap_servers: Bootstrap = None) -> None:
     """Run a sequencer worker (order, dedupe, fence, DLQ). Scale by starting more."""
     from turnlog.stream_processors.sequencer import build_sequencer
+    from turnlog.stream_processors.worker import run_worker
 
     settings = _service_settings(bootstrap_servers=bootstrap_servers)
-    _run_faust(build_sequencer(settings), settings)
+    run_worker(build_sequencer(settings), settings)
 
 
 @app.command()
@@ -108,11 +102,12 @@ def finalizer(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = N
     from turnlog.sinks import open_store
     from turnlog.sinks.migrate import wait_for_head
     from turnlog.stream_processors.finalizer import build_finalizer
+    from turnlog.stream_processors.worker import run_worker
 
     settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
     wait_for_head(store.engine)
-    _run_faust(build_finalizer(settings, store), settings)
+    run_worker(build_finalizer(settings, store), settings)
 
 
 @app.command()
