@@ -24,6 +24,7 @@ from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
 
+from turnlog import kafka
 from turnlog.stream_processors.exceptions import ServiceError
 
 __all__ = ["EmissionFailed", "EmissionBatch", "EmissionProducer"]
@@ -35,15 +36,16 @@ QUEUE_FULL_WAIT_SECONDS = 30.0
 
 
 class EmissionFailed(ServiceError):
-    """The broker refused an emission for good (its delivery timeout passed, or a fatal producer error).
+    """An emission was not delivered: the broker refused it for good, its delivery
+    timeout passed, the producer hit a fatal error, or librdkafka refused it at send.
 
     Attributes:
-        error: librdkafka's error, typed (``KafkaError``).
+        cause: the broker error, typed (``turnlog.kafka.BrokerError``; its ``code`` is librdkafka's).
     """
 
-    def __init__(self, error: KafkaError) -> None:
-        super().__init__(f"emission not delivered: {error.str()}")
-        self.error = error
+    def __init__(self, cause: kafka.BrokerError) -> None:
+        super().__init__(f"emission not delivered: {cause}")
+        self.cause = cause
 
 
 class EmissionBatch:
@@ -70,7 +72,8 @@ class EmissionBatch:
 
         Raises:
             RuntimeError: after :meth:`delivered` was called.
-            EmissionFailed: librdkafka's queue stayed full for ``QUEUE_FULL_WAIT_SECONDS``.
+            EmissionFailed: librdkafka refused the record, or its queue stayed full for
+                ``QUEUE_FULL_WAIT_SECONDS``.
         """
         with self._lock:
             if self._sealed:
@@ -108,7 +111,7 @@ class EmissionBatch:
         if self._done.done():
             return
         if self._error is not None:
-            self._done.set_exception(EmissionFailed(self._error))
+            self._done.set_exception(EmissionFailed(kafka.to_broker_error(self._error, "delivering an emission")))
         else:
             self._done.set_result(None)
 
@@ -126,9 +129,16 @@ class EmissionProducer:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._closed = False
 
     def start(self) -> None:
-        """Create the producer and start the poll thread (idempotent). Call it on the event loop."""
+        """Create the producer and start the poll thread (idempotent). Call it on the event loop.
+
+        Raises:
+            ServiceError: after :meth:`close`.
+        """
+        if self._closed:
+            raise ServiceError("the emission producer is closed")
         if self._producer is not None:
             return
         self._loop = asyncio.get_running_loop()
@@ -147,11 +157,13 @@ class EmissionProducer:
         deadline = time.monotonic() + QUEUE_FULL_WAIT_SECONDS
         while True:
             try:
-                self._producer.produce(topic, value, key, partition=partition, headers=headers, on_delivery=on_delivery)
+                kafka.produce(self._producer, topic, value, key=key, partition=partition, headers=headers, on_delivery=on_delivery)
                 return
+            except kafka.RecordRefusedError as e:
+                raise EmissionFailed(e) from e
             except BufferError:  # librdkafka's queue is full: let deliveries drain it
                 if time.monotonic() > deadline:
-                    raise EmissionFailed(KafkaError(KafkaError._QUEUE_FULL)) from None
+                    raise EmissionFailed(kafka.to_broker_error(KafkaError(KafkaError._QUEUE_FULL), "sending")) from None
                 self._producer.poll(0.01)
 
     def call_soon(self, callback: Callable[[], None]) -> None:
@@ -173,6 +185,7 @@ class EmissionProducer:
     async def close(self, timeout: float = 30.0) -> None:
         """Flush, then stop the poll thread. Records still unacknowledged after ``timeout`` seconds are
         logged; their source records were never acked, so they are processed again after a restart."""
+        self._closed = True
         if self._producer is None:
             return
         left = await self.flush(timeout)

@@ -38,12 +38,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import faust
-from confluent_kafka import KafkaException, Producer
 
-from turnlog import metrics
+from turnlog import kafka, metrics
 from turnlog.dlq import dlq_headers, reason_class
 from turnlog.faults import fault_point
-from turnlog.producers.kafka import idempotent_config
 from turnlog.schemas import EventValidationError, decode_event
 from turnlog.settings import TopicNames, TurnlogSettings
 from turnlog.stream_processors.app import make_app, raw_topic
@@ -164,7 +162,7 @@ class Sequencer:
         if expected is None:
             try:
                 expected = await asyncio.to_thread(self._reader.committed, partition)
-            except KafkaException as e:  # cannot check this start; the session gap check still runs
+            except kafka.BrokerError as e:  # cannot check this start; the session gap check still runs
                 logger.warning("committed offset of %s[%d] unknown: %s", self._topics.events, partition, e)
                 expected = record.offset
         self._next_offset[partition] = max(expected, record.offset + 1)
@@ -214,18 +212,16 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         help="SessionSequence per session id (JSON).",
     )
     emissions = EmissionProducer(
-        lambda: Producer(
-            idempotent_config(
-                settings.bootstrap_servers,
-                client_id=f"{settings.sequencer_group}-emissions",
-                delivery_timeout_seconds=EMISSION_DELIVERY_TIMEOUT_SECONDS,
-            )
+        lambda: kafka.producer(
+            settings,
+            client_id=f"{settings.sequencer_group}-emissions",
+            delivery_timeout_seconds=EMISSION_DELIVERY_TIMEOUT_SECONDS,
         )
     )
     sequencer = Sequencer(
         states=states,
         emissions=emissions,
-        reader=LogRangeReader(settings.bootstrap_servers, topics.events, settings.sequencer_group),
+        reader=LogRangeReader(settings, topics.events, settings.sequencer_group),
         topics=topics,
         max_buffer=settings.reorder_buffer_size,
     )

@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, TopicPartition
 from confluent_kafka.admin import AdminClient, NewTopic
 
-from turnlog.producers.kafka import idempotent_config
+from turnlog import kafka
 from turnlog.producers.partitioning import partition_for
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.batch import SourceMessage, plan_batch
@@ -97,7 +97,7 @@ class UnsafeBaseline:
 
 
 def _admin(settings: TurnlogSettings) -> AdminClient:
-    return AdminClient({"bootstrap.servers": settings.bootstrap_servers})
+    return kafka.admin(settings)
 
 
 def create_bench_topics(settings: TurnlogSettings, *names: str) -> None:
@@ -123,7 +123,7 @@ def delete_topics(settings: TurnlogSettings, *names: str) -> None:
 
 def produce_all(settings: TurnlogSettings, topic: str, events: Sequence[tuple[str, bytes]]) -> float:
     """Produce ``events`` (``(key, value)``) with the idempotent producer and wait for every ack; seconds taken."""
-    producer = Producer(idempotent_config(settings.bootstrap_servers, client_id="bench-prefill", delivery_timeout_seconds=120))
+    producer = kafka.producer(settings, client_id="bench-prefill", delivery_timeout_seconds=120)
     began = time.monotonic()
     for key, value in events:
         while True:
@@ -161,10 +161,7 @@ def _produce_and_consume(settings: TurnlogSettings, events: Sequence[tuple[str, 
     finished_at = [0.0]
 
     def consume() -> None:
-        consumer = Consumer(
-            {"bootstrap.servers": settings.bootstrap_servers, "group.id": f"{topic}-reader", "auto.offset.reset": "earliest",
-             "enable.auto.commit": False, "fetch.wait.max.ms": 5}
-        )
+        consumer = kafka.consumer(settings, group_id=f"{topic}-reader", **{"auto.offset.reset": "earliest", "fetch.wait.max.ms": 5})
         consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.partitions)])
         consumer.consume(1, 0.5)  # connect before the clock starts
         ready.set()
@@ -186,7 +183,7 @@ def _produce_and_consume(settings: TurnlogSettings, events: Sequence[tuple[str, 
     if pace is None:
         produce_all(settings, topic, events)
     else:
-        producer = Producer(idempotent_config(settings.bootstrap_servers, client_id="bench-k", delivery_timeout_seconds=120))
+        producer = kafka.producer(settings, client_id="bench-k", delivery_timeout_seconds=120)
         # Warm up first: the idempotent producer's first send waits for its producer id.
         producer.produce(f"{topic}", key=b"warm-up", value=b"{}", partition=0)
         producer.flush(30)
@@ -218,7 +215,7 @@ def faust_baseline(settings: TurnlogSettings, events: Sequence[tuple[str, bytes]
             [sys.executable, "-m", "turnlog.bench.passthrough", source, target, f"{settings.topic_prefix}-bench-s-{run}"],
             env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
         )
-    probe = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"bench-s-{run}-probe"})
+    probe = kafka.consumer(settings, group_id=f"bench-s-{run}-probe")
     try:
         rate = _drain_rate(lambda: topic_end(probe, target, settings.partitions), len(events), timeout, agent)
     finally:

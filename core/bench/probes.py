@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import psycopg
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import TopicPartition
 
+from turnlog import kafka
 from turnlog.settings import TurnlogSettings
 
 __all__ = [
@@ -63,9 +64,8 @@ class Sampler:
         self.samples: list[Sample] = []
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
-        self._consumer = Consumer(
-            {"bootstrap.servers": settings.bootstrap_servers, "group.id": settings.sequencer_group, "enable.auto.commit": False}
-        )
+        # Reads the sequencer group's commits; it never subscribes, so it never joins the group.
+        self._consumer = kafka.consumer(settings, group_id=settings.sequencer_group)
 
     def start(self) -> Sampler:
         self._thread.start()
