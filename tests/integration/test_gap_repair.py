@@ -58,7 +58,7 @@ def test_the_range_reader_returns_only_the_sessions_records_in_the_range(pipelin
     settings = pipeline_without_sequencer.settings
     f = EventFactory(f"range-{uuid.uuid4().hex[:8]}")
     offsets = produce(settings, f.session_id, [f.started(), f.completed(1, 0, "a"), f.completed(2, 1, "b")])
-    reader = LogRangeReader(settings.bootstrap_servers, settings.topics.events, settings.sequencer_group)
+    reader = LogRangeReader(settings, settings.topics.events, settings.sequencer_group)
     partition = partition_for(f.session_id, settings.partitions)
     try:
         found = reader.read(partition, offsets[1], offsets[2], f.session_id.encode())
