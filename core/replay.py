@@ -4,9 +4,11 @@ The raw log is read partition by partition in offset order, up to the end
 offsets taken when the replay starts, and put through the sequencer's own pure
 state machine (``stream_processors.sequencing``): the same ordering, dedupe and
 fencing as the live pipeline. What it emits is written with the sink's own
-``SqlStore.apply_batch`` (no consumer offsets: the replay owns no group), and
-ended sessions are then finalized with the finalizer's guarded UPDATE. So a
-rebuilt store holds the same rows and the same aggregates as the live one.
+``SqlStore.apply_batch`` (no consumer offsets: the replay owns no group), which
+finalizes each session in the transaction that leaves it ended and complete,
+as the live sink does; the guarded UPDATE is then tried once more on every
+session seen. So a rebuilt store holds the same rows and the same aggregates
+as the live one.
 
 A session the target store already holds starts from its stored position
 (epoch, ``last_seq``), so replaying twice, or replaying the tail of the log
@@ -144,7 +146,7 @@ def replay_events(
         (sid, state.next_seq, len(state.buffer)) for sid, state in states.items() if state is not None and state.buffer
     )
     result.sessions_settled = sum(1 for state in states.values() if state is None)
-    result.sessions_finalized = _finalize(store, [sid for sid, state in states.items() if state is not None])
+    result.sessions_finalized += _finalize(store, [sid for sid, state in states.items() if state is not None])
     result.seconds = time.monotonic() - started
     return result
 
@@ -241,6 +243,7 @@ def _write(store: SqlStore, emitted: list[SourceMessage], result: ReplayResult) 
     with store_errors(), store.engine.begin() as conn:
         applied = store.apply_batch(conn, None, emitted)
     result.events_applied += applied.applied
+    result.sessions_finalized += len(applied.finalized)
     emitted.clear()
 
 

@@ -32,7 +32,7 @@ from sqlalchemy.engine import Connection
 
 from turnlog.schemas import EventValidationError, SessionEnded, SessionStarted, TurnCompleted, decode_event
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.batch import RejectedMessage, SourceMessage
+from turnlog.sinks.batch import RejectedMessage, SourceMessage, WriteResult
 from turnlog.sinks.tables import (
     analytics_sessions,
     analytics_turns,
@@ -66,8 +66,9 @@ class AnalyticsProjection:
     def __init__(self, store: SqlStore) -> None:
         self.store = store
 
-    def write(self, conn: Connection, messages: Sequence[SourceMessage]) -> list[RejectedMessage]:
-        """Apply ``messages`` to the figures in ``conn``'s transaction (a ``BatchWriter``)."""
+    def write(self, conn: Connection, messages: Sequence[SourceMessage]) -> WriteResult:
+        """Apply ``messages`` to the figures in ``conn``'s transaction (a ``BatchWriter``;
+        it finalizes nothing: finalizing is the transcript sink's)."""
         rejected: list[RejectedMessage] = []
         starts: dict[str, SessionStarted] = {}
         turns: dict[tuple[str, int], TurnCompleted] = {}
@@ -92,7 +93,7 @@ class AnalyticsProjection:
             self._count_turns(conn, turns)
         if ends:
             self._count_ends(conn, ends)
-        return rejected
+        return WriteResult(rejected)
 
     def _count_starts(self, conn: Connection, starts: dict[str, SessionStarted]) -> None:
         stmt = self.store.insert(analytics_sessions).on_conflict_do_nothing(

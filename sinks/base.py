@@ -14,7 +14,22 @@ Order inside :meth:`SqlStore.apply_batch` (one transaction, so all or nothing):
 4. upsert ``transcript_turns`` under the ``(epoch, seq)`` and status guard;
 5. mark partial turns ``interrupted`` when their writer's epoch is superseded
    or their session has ended;
-6. move ``sink_offsets`` forward (never backward).
+6. finalize every session of the batch that is now ended and complete: the
+   guarded ``UPDATE`` of :meth:`SqlStore.finalize_session`, after the rows;
+7. move ``sink_offsets`` forward (never backward).
+
+Finalization sits in the batch's transaction (DESIGN.md, "finalize once" and
+"exactly-once effect in the store"). The aggregates are computed in SQL from
+the rows this transaction just wrote, never from running totals; the guard
+(``status = 'ended' AND last_seq >= end_seq``) matches once, and the offsets
+of the ``session.ended`` (or of the record that closed the session's last gap)
+commit with it. A crash before the commit loses the rows, the aggregates and
+the offsets together and the batch is applied again; a re-delivered batch is
+below the stored offsets, or finds the session ``finalized`` already and
+matches nothing. No moment exists where a committed session is ended and
+complete but not finalized, and no second consumer of the transcript is needed
+to find the ``session.ended``. The finalizer service remains as a sweep for
+stores written otherwise (``stream_processors/finalizer.py``).
 
 The Kafka consumer (``sinks/service.py``) never commits offsets to Kafka; on
 partition assignment it seeks to the offsets stored here.
@@ -33,36 +48,49 @@ from sqlalchemy import Engine, and_, case, func, literal, or_, select, update
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import Select
 
+from turnlog import metrics
+from turnlog.faults import fault_point
 from turnlog.sinks.batch import (
     TURN_COMPLETE,
     TURN_INTERRUPTED,
     TURN_PARTIAL,
-    RejectedMessage,
     SourceMessage,
+    WriteResult,
     advance_contiguous,
     merge_session,
     next_offsets,
     plan_batch,
+    ready_to_finalize,
 )
 from turnlog.sinks.tables import SecondsBetween, session_events, sessions, sink_offsets, transcript_turns
 
-__all__ = ["SqlStore", "BatchResult", "BatchWriter", "SessionPosition"]
+__all__ = ["SqlStore", "BatchResult", "BatchWriter", "SessionPosition", "WriteResult", "report_finalized"]
 
 logger = logging.getLogger(__name__)
 
 
 #: Writes the rows of a batch's fresh records in the caller's transaction and
-#: returns the records it refused (``SqlStore.apply_tracked``).
-BatchWriter = Callable[[Connection, Sequence[SourceMessage]], list[RejectedMessage]]
+#: says which records it refused and which sessions it finalized
+#: (``SqlStore.apply_tracked``).
+BatchWriter = Callable[[Connection, Sequence[SourceMessage]], WriteResult]
 
 
 @dataclass(frozen=True, slots=True)
 class BatchResult:
-    """What :meth:`SqlStore.apply_batch` did: counts of records."""
+    """What :meth:`SqlStore.apply_batch` did: counts of records, and the sessions
+    it finalized (in its transaction: they are finalized once that commits)."""
 
     applied: int
     stale: int
     rejected: int
+    finalized: tuple[str, ...] = ()
+
+
+def report_finalized(session_ids: Iterable[str]) -> None:
+    """Count and log sessions whose finalization has committed (call it after the commit)."""
+    for session_id in session_ids:
+        metrics.SESSIONS_FINALIZED.inc()
+        logger.info("finalized %s", session_id)
 
 
 @dataclass(frozen=True, slots=True)
@@ -126,17 +154,20 @@ class SqlStore(abc.ABC):
 
         In ``conn``'s transaction: lock ``consumer_group``'s ``sink_offsets`` rows
         for the batch's partitions, drop records below them, let ``write`` turn
-        the rest into rows (it returns the records it refused, with a reason),
-        then move the offsets past the whole batch. The transcript sink and the
-        analytics projection (``sinks/analytics.py``) are two ``write`` functions
-        over this one frame.
+        the rest into rows (it returns the records it refused, with a reason,
+        and the sessions it finalized), then move the offsets past the whole
+        batch. The transcript sink and the analytics projection
+        (``sinks/analytics.py``) are two ``write`` functions over this one frame.
+        Sessions in ``BatchResult.finalized`` are finalized once the caller
+        commits; :func:`report_finalized` counts them after that.
         """
         stored: dict[tuple[str, int], int] = {}
         if consumer_group is not None:
             partitions = {(m.topic, m.partition) for m in messages}
             stored = self.stored_offsets(conn, consumer_group, partitions, lock=True)
         fresh = [m for m in messages if m.offset >= stored.get((m.topic, m.partition), 0)]
-        rejected = write(conn, fresh)
+        written = write(conn, fresh)
+        rejected = written.rejected
         for refused in rejected:
             m = refused.message
             if on_rejected is not None:
@@ -146,20 +177,45 @@ class SqlStore(abc.ABC):
         if consumer_group is not None:
             self._advance_offsets(conn, consumer_group, next_offsets(fresh), stored)
         return BatchResult(
-            applied=len(fresh) - len(rejected), stale=len(messages) - len(fresh), rejected=len(rejected)
+            applied=len(fresh) - len(rejected),
+            stale=len(messages) - len(fresh),
+            rejected=len(rejected),
+            finalized=written.finalized,
         )
 
-    def write_transcript(self, conn: Connection, messages: Sequence[SourceMessage]) -> list[RejectedMessage]:
-        """Write the transcript rows of ``messages`` (no offsets); return the undecodable ones."""
+    def write_transcript(self, conn: Connection, messages: Sequence[SourceMessage]) -> WriteResult:
+        """Write the transcript rows of ``messages`` (no offsets), then finalize, in
+        ``conn``'s transaction, the sessions they leave ended and complete.
+
+        Returns the undecodable records and the sessions finalized here. The
+        candidates are the batch's sessions whose merged row is ended and
+        complete (:func:`~turnlog.sinks.batch.ready_to_finalize`): the batch
+        applied their ``session.ended``, or closed the last gap of a session
+        ended before. The decision comes from the decoded events, never from
+        the record's bytes; the guarded ``UPDATE`` has the last word.
+        """
         plan = plan_batch(messages)
+        ready: list[str] = []
         if plan.event_rows:
             self._insert_events(conn, plan.event_rows)
         if plan.sessions:
-            self._upsert_sessions(conn, plan.sessions)
+            ready = self._upsert_sessions(conn, plan.sessions)
         if plan.turns:
             self._upsert_turns(conn, [t.as_row() for t in plan.turns])
         self._mark_interrupted(conn, plan.sessions)
-        return plan.rejected
+        return WriteResult(plan.rejected, self._finalize_ready(conn, ready))
+
+    def _finalize_ready(self, conn: Connection, session_ids: Sequence[str]) -> tuple[str, ...]:
+        """The guarded finalize of each of ``session_ids``, after the batch's rows; those it finalized."""
+        if not session_ids:
+            return ()
+        # When, not what: finalized_at is the one wall-clock value; the
+        # aggregates come from the persisted rows and event timestamps.
+        finalized_at = dt.datetime.now(dt.timezone.utc)
+        done = tuple(sid for sid in session_ids if self.finalize_session(conn, sid, finalized_at))
+        if done:
+            fault_point("sink.after_finalize")
+        return done
 
     def _insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         stmt = self.insert(session_events)
@@ -172,7 +228,9 @@ class SqlStore(abc.ABC):
         )
         conn.execute(stmt, rows)
 
-    def _upsert_sessions(self, conn: Connection, changes_by_id: Mapping[str, Any]) -> None:
+    def _upsert_sessions(self, conn: Connection, changes_by_id: Mapping[str, Any]) -> list[str]:
+        """Upsert the batch's ``sessions`` rows (locked, in id order); return the ids the
+        rows leave ended and complete (candidates for the guarded finalize)."""
         ids = sorted(changes_by_id)
         query = self.lock(select(sessions).where(sessions.c.id.in_(ids)).order_by(sessions.c.id))
         stored = {row.id: row._mapping for row in conn.execute(query)}
@@ -207,6 +265,7 @@ class SqlStore(abc.ABC):
             },
         )
         conn.execute(stmt, rows)
+        return [row["id"] for row in rows if ready_to_finalize(row)]
 
     def _contiguous_from_log(self, conn: Connection, session_id: str, last_seq: int) -> int:
         later = conn.execute(
@@ -361,7 +420,9 @@ class SqlStore(abc.ABC):
         return result.rowcount == 1
 
     def finalizable_sessions(self, conn: Connection, limit: int = 100) -> list[str]:
-        """Ids of sessions that are ended and complete in the store but not finalized."""
+        """Ids of sessions that are ended and complete in the store but not finalized
+        (none, once every batch is written by :meth:`write_transcript`; the
+        finalizer's sweep looks for them)."""
         query = (
             select(sessions.c.id)
             .where(sessions.c.status == "ended", sessions.c.last_seq >= sessions.c.end_seq)

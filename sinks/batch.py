@@ -39,7 +39,9 @@ __all__ = [
     "advance_contiguous",
     "next_offsets",
     "RejectedMessage",
+    "WriteResult",
     "merge_session",
+    "ready_to_finalize",
     "TURN_PARTIAL",
     "TURN_COMPLETE",
     "TURN_INTERRUPTED",
@@ -153,6 +155,19 @@ class RejectedMessage:
 
 
 @dataclass(frozen=True, slots=True)
+class WriteResult:
+    """What a batch writer did in the caller's transaction (``sinks.base.BatchWriter``).
+
+    ``rejected``: the records it refused, with a reason; ``finalized``: the
+    sessions whose guarded finalize matched in this transaction (committed, or
+    not, together with the rows and the offsets).
+    """
+
+    rejected: list[RejectedMessage] = field(default_factory=list)
+    finalized: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
 class BatchPlan:
     """Rows to write for one batch, each already deduplicated within the batch."""
 
@@ -239,7 +254,8 @@ def merge_session(stored: Mapping[str, Any] | None, changes: SessionChanges, las
     """The ``sessions`` row after a batch: stored values, overlaid by the batch's.
 
     Status only moves forward (active -> ended; finalized and abandoned stay);
-    the aggregate columns are the finalizer's and are never written here.
+    the aggregate columns are never written here: only the guarded finalize
+    (``SqlStore.finalize_session``) computes them, from the persisted rows.
     """
     row: dict[str, Any] = {
         "id": changes.session_id,
@@ -272,3 +288,19 @@ def merge_session(stored: Mapping[str, Any] | None, changes: SessionChanges, las
     row["epoch"] = max(row["epoch"], changes.max_epoch)
     row["last_seq"] = max(row["last_seq"], last_seq)
     return row
+
+
+def ready_to_finalize(row: Mapping[str, Any]) -> bool:
+    """Whether a ``sessions`` row as :func:`merge_session` leaves it is ended and
+    complete in the store (every seq up to ``end_seq`` applied), not yet finalized.
+
+    The same test as the ``WHERE`` of ``SqlStore.finalize_session``, which stays
+    the arbiter (finalize once): this only spares the sink an ``UPDATE`` for the
+    sessions of a batch that cannot match it.
+
+    >>> ready_to_finalize({"status": "ended", "end_seq": 6, "last_seq": 6})
+    True
+    >>> ready_to_finalize({"status": "ended", "end_seq": 6, "last_seq": 4})
+    False
+    """
+    return row["status"] == "ended" and row["end_seq"] is not None and row["last_seq"] >= row["end_seq"]

@@ -33,7 +33,7 @@ from turnlog.dlq import dlq_headers, reason_class
 from turnlog.faults import fault_point
 from turnlog import kafka
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks.base import BatchResult, BatchWriter, SqlStore
+from turnlog.sinks.base import BatchResult, BatchWriter, SqlStore, report_finalized
 from turnlog.sinks.batch import SourceMessage
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.exceptions import RecordRejectedError, StoreError, StoreUnavailableError
@@ -194,6 +194,7 @@ class SinkService:
             )
             fault_point("sink.after_write")
         fault_point("sink.after_commit")
+        report_finalized(result.finalized)  # finalized in the batch's transaction, now committed
         return result
 
     @_while_store_unavailable

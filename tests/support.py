@@ -10,11 +10,11 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Any, TypeVar
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, encode_event
 from turnlog.sinks import SourceMessage, SqlStore
-from turnlog.sinks.tables import metadata
+from turnlog.sinks.tables import metadata, sessions
 
 T = TypeVar("T")
 BASE = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
@@ -76,6 +76,20 @@ def dump_store(store: SqlStore, *, skip_columns: tuple[str, ...] = ("finalized_a
             rows = conn.execute(select(*columns).order_by(*table.primary_key.columns)).all()
             dump[table.name] = [tuple(row) for row in rows]
     return dump
+
+
+def unfinalize(store: SqlStore, session_id: str) -> None:
+    """Leave ``session_id`` as a sink that did not finalize in its batch left it:
+    ended and complete, no aggregates (the finalizer's sweep is for such rows)."""
+    with store.engine.begin() as conn:
+        conn.execute(
+            update(sessions)
+            .where(sessions.c.id == session_id, sessions.c.status == "finalized")
+            .values(
+                status="ended", turn_count=None, interrupted_turn_count=None, duration_seconds=None,
+                input_tokens=None, output_tokens=None, finalized_at=None,
+            )
+        )
 
 
 def free_port() -> int:

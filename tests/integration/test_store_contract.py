@@ -9,8 +9,8 @@ from alembic.runtime.migration import MigrationContext
 from turnlog.audit import fold_events
 from turnlog.schemas import encode_event
 from turnlog.sinks.tables import metadata, session_events, sessions, sink_offsets, transcript_turns
-from tests.support import EventFactory, dump_store, messages
-from sqlalchemy import select, text
+from tests.support import EventFactory, dump_store, messages, unfinalize
+from sqlalchemy import func, select, text
 
 GROUP = "sink-test"
 NOW = dt.datetime(2026, 2, 1, tzinfo=dt.timezone.utc)
@@ -40,21 +40,23 @@ def test_migrations_produce_exactly_the_declared_schema(store):
 
 
 def test_the_same_batch_applied_twice_leaves_an_identical_store(store):
-    batch = messages(whole_session(EventFactory()))
+    f = EventFactory()
+    batch = messages(whole_session(f))
     first = apply(store, batch)
-    once = dump_store(store)
+    once = dump_store(store, skip_columns=())  # finalized_at included: a redelivery finalizes nothing again
     second = apply(store, batch)
     assert (first.applied, second.applied, second.stale) == (7, 0, 7)
-    assert dump_store(store) == once
+    assert (first.finalized, second.finalized) == ((f.session_id,), ())
+    assert dump_store(store, skip_columns=()) == once
 
 
 def test_the_same_events_at_new_offsets_change_nothing(store):
     f = EventFactory()
     apply(store, messages(whole_session(f)))
-    once = dump_store(store, skip_columns=("finalized_at", "next_offset"))
-    result = apply(store, messages(whole_session(f), first_offset=100))
-    assert result.applied == 7
-    assert dump_store(store, skip_columns=("finalized_at", "next_offset")) == once
+    once = dump_store(store, skip_columns=("next_offset",))
+    result = apply(store, messages(whole_session(f), first_offset=100))  # re-emitted by a restarted sequencer
+    assert (result.applied, result.finalized) == (7, ())
+    assert dump_store(store, skip_columns=("next_offset",)) == once
 
 
 def test_a_stale_lower_seq_update_in_the_same_batch_loses(store):
@@ -76,27 +78,60 @@ def test_a_partial_never_downgrades_a_completed_turn_across_batches(store):
     assert (turn["status"], turn["text"]) == ("complete", "done")
 
 
+def assert_aggregates_equal_the_log(store, session_id, *, turns, interrupted, tokens, seconds):
+    with store.engine.connect() as conn:
+        row = conn.execute(select(sessions).where(sessions.c.id == session_id)).mappings().one()
+        payloads = conn.execute(select(session_events.c.payload).where(session_events.c.session_id == session_id)).scalars().all()
+    folded = fold_events(payloads)
+    assert row["status"] == "finalized" and row["finalized_at"] is not None
+    assert (row["turn_count"], row["interrupted_turn_count"]) == (folded.turn_count, folded.interrupted_turn_count) == (turns, interrupted)
+    assert (row["input_tokens"], row["output_tokens"]) == (folded.input_tokens, folded.output_tokens) == tokens
+    assert row["duration_seconds"] == folded.duration_seconds == seconds
+    return row
+
+
+def test_the_batch_that_ends_a_session_finalizes_it_in_its_transaction(store):
+    f = EventFactory()
+    result = apply(store, messages(whole_session(f)))
+    assert result.finalized == (f.session_id,)
+    # Committed with the rows and the offsets: never ended-and-complete without its aggregates.
+    assert_aggregates_equal_the_log(store, f.session_id, turns=3, interrupted=1, tokens=(6, 2), seconds=42.125)
+    with store.engine.begin() as conn:
+        assert store.finalizable_sessions(conn) == []
+        assert store.finalize_session(conn, f.session_id, NOW) is False  # finalize once
+
+
+def test_a_rolled_back_batch_finalizes_nothing_and_its_redelivery_finalizes_once(store):
+    f = EventFactory()
+    batch = messages(whole_session(f))
+    with store.engine.connect() as conn:  # a sink killed before its commit
+        transaction = conn.begin()
+        assert store.apply_batch(conn, GROUP, batch).finalized == (f.session_id,)
+        transaction.rollback()
+    with store.engine.connect() as conn:
+        assert conn.execute(select(func.count()).select_from(sessions)).scalar_one() == 0
+        assert conn.execute(select(func.count()).select_from(sink_offsets)).scalar_one() == 0
+    assert apply(store, batch).finalized == (f.session_id,)
+    assert_aggregates_equal_the_log(store, f.session_id, turns=3, interrupted=1, tokens=(6, 2), seconds=42.125)
+
+
 def test_finalize_twice_gives_one_result_equal_to_a_recomputation_from_the_log(store):
     f = EventFactory()
     apply(store, messages(whole_session(f)))
+    unfinalize(store, f.session_id)  # as a sink that did not finalize in its batch left it
     with store.engine.begin() as conn:
         first = store.finalize_session(conn, f.session_id, NOW)
     with store.engine.begin() as conn:
         second = store.finalize_session(conn, f.session_id, NOW + dt.timedelta(hours=1))
     assert (first, second) == (True, False)
-    with store.engine.connect() as conn:
-        row = conn.execute(select(sessions).where(sessions.c.id == f.session_id)).mappings().one()
-        payloads = conn.execute(select(session_events.c.payload)).scalars().all()
-    folded = fold_events(payloads)
-    assert row["status"] == "finalized" and row["finalized_at"] == NOW
-    assert (row["turn_count"], row["interrupted_turn_count"]) == (folded.turn_count, folded.interrupted_turn_count) == (3, 1)
-    assert (row["input_tokens"], row["output_tokens"]) == (folded.input_tokens, folded.output_tokens) == (6, 2)
-    assert row["duration_seconds"] == folded.duration_seconds == 42.125
+    row = assert_aggregates_equal_the_log(store, f.session_id, turns=3, interrupted=1, tokens=(6, 2), seconds=42.125)
+    assert row["finalized_at"] == NOW
 
 
 def test_racing_finalizers_finalize_once(store):
     f = EventFactory()
     apply(store, messages(whole_session(f)))
+    unfinalize(store, f.session_id)
     results, barrier = [], threading.Barrier(4)
 
     def finalize():
@@ -112,18 +147,31 @@ def test_racing_finalizers_finalize_once(store):
     assert sorted(results) == [False, False, False, True]
 
 
-def test_an_incomplete_session_is_not_finalized(store):
+def test_the_sweep_finalizes_a_session_stored_without_finalization_once(store):
+    from turnlog.stream_processors.finalizer import sweep_once
+
+    f, g = EventFactory(), EventFactory()
+    apply(store, messages(whole_session(f)))
+    apply(store, messages(whole_session(g)[:4], first_offset=7))  # g is still active
+    unfinalize(store, f.session_id)
+    assert sweep_once(store, page=1) == [f.session_id]
+    assert sweep_once(store) == []
+    assert_aggregates_equal_the_log(store, f.session_id, turns=3, interrupted=1, tokens=(6, 2), seconds=42.125)
+
+
+def test_an_incomplete_session_is_not_finalized_until_the_batch_that_completes_it(store):
     f = EventFactory()
     events = whole_session(f)
-    apply(store, messages(events[:3] + events[4:]))  # seq 3 never arrived
+    assert apply(store, messages(events[:3] + events[4:])).finalized == ()  # seq 3 never arrived
     with store.engine.begin() as conn:
         assert store.finalize_session(conn, f.session_id, NOW) is False
         assert store.finalizable_sessions(conn) == []
         row = conn.execute(select(sessions.c.status, sessions.c.last_seq)).one()
     assert tuple(row) == ("ended", 2)
-    apply(store, messages([events[3]], first_offset=50))  # the gap fills later
+    # The gap fills later, in a batch without the session.ended: that batch finalizes it.
+    assert apply(store, messages([events[3]], first_offset=50)).finalized == (f.session_id,)
     with store.engine.begin() as conn:
-        assert store.finalize_session(conn, f.session_id, NOW) is True
+        assert store.finalize_session(conn, f.session_id, NOW) is False
 
 
 def test_sink_offsets_never_move_backward(store):
@@ -174,15 +222,13 @@ def test_a_barged_in_turn_is_complete_with_its_spoken_words_and_flagged_apart_fr
         f.ended(6, last_turn=2, seconds=30),
     ]
     apply(store, messages(events[:4]))
-    apply(store, messages(events[4:], first_offset=4))
+    assert apply(store, messages(events[4:], first_offset=4)).finalized == (f.session_id,)
     assert stored_turn_flags(store, f.session_id) == [
         (0, "complete", True, "Your order ships on Mon"),
         (1, "complete", False, "Wait, which order?"),
         (2, "interrupted", False, "The one from"),
     ]
-    with store.engine.begin() as conn:
-        assert store.finalize_session(conn, f.session_id, NOW) is True
-    with store.engine.connect() as conn:
+    with store.engine.connect() as conn:  # the second batch ended the session and finalized it
         row = conn.execute(select(sessions).where(sessions.c.id == f.session_id)).mappings().one()
         payloads = conn.execute(select(session_events.c.payload).where(session_events.c.session_id == f.session_id)).scalars().all()
     folded = fold_events(payloads)
