@@ -1,5 +1,7 @@
-"""The pipeline fixture: sequencer, sink and finalizer as real processes on the
-real broker and Postgres, with topics and consumer groups unique to the run."""
+"""The pipeline fixture: sequencer and sink (which finalizes sessions in its
+batches) as real processes on the real broker and Postgres, with topics and
+consumer groups unique to the run; tests that need the finalizer's sweep start
+it themselves."""
 
 from __future__ import annotations
 
@@ -108,9 +110,10 @@ def new_pipeline(kafka_bootstrap: str, postgres_databases, tmp_path: Path) -> It
 
 @pytest.fixture(scope="module")
 def pipeline(kafka_bootstrap: str, postgres_databases, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pipeline]:
-    """The whole pipeline on a fresh Postgres database, shared by a module's tests."""
+    """The pipeline on a fresh Postgres database, shared by a module's tests. No
+    finalizer: what is finalized here, the sink finalized."""
     tmp = tmp_path_factory.mktemp("pipeline")
-    running = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp, ("sequencer", "sink", "finalizer"))
+    running = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp, ("sequencer", "sink"))
     yield running
     stop_all(running.processes)
     running.store.engine.dispose()

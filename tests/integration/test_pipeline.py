@@ -1,7 +1,9 @@
-"""End to end on the real broker and Postgres: recorder -> Kafka -> sequencer -> sink -> finalizer."""
+"""End to end on the real broker and Postgres: recorder -> Kafka -> sequencer -> sink,
+which finalizes each session in the transaction of the batch that ends it."""
 
 from __future__ import annotations
 
+import threading
 import uuid
 
 from confluent_kafka import Consumer, Producer, TopicPartition
@@ -64,6 +66,42 @@ async def test_round_trip_stores_every_turn_in_order_and_finalizes(pipeline):
     assert (row["turn_count"], row["interrupted_turn_count"], row["input_tokens"], row["output_tokens"]) == (3, 1, 5, 4)
     assert row["duration_seconds"] == folded.duration_seconds
     assert (row["fleet"], row["agent_id"], row["metadata"], row["last_seq"], row["end_seq"]) == ("tests", "a1", {"k": "v"}, 5, 5)
+
+
+async def test_the_sink_batch_that_ends_a_session_finalizes_it_with_no_finalizer_running(pipeline):
+    assert "finalizer" not in pipeline.processes
+    session_id = f"fin-{uuid.uuid4().hex[:8]}"
+    seen: list[tuple[str, int, int | None]] = []
+    stop = threading.Event()
+
+    def watch() -> None:  # every committed state of the row, as often as the database answers
+        with pipeline.store.engine.connect() as conn:
+            while not stop.is_set():
+                row = conn.execute(
+                    select(sessions.c.status, sessions.c.last_seq, sessions.c.end_seq).where(sessions.c.id == session_id)
+                ).first()
+                conn.rollback()  # a fresh snapshot each time
+                if row is not None and (not seen or seen[-1] != tuple(row)):
+                    seen.append(tuple(row))
+                stop.wait(0.002)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        async with SessionRecorder(pipeline.settings) as recorder:
+            session = await recorder.start_session(session_id, fleet="tests", agent_id="a1")
+            await session.complete_turn(0, "user", "hello", input_tokens=2)
+            await session.complete_turn(1, "agent", "hi there", output_tokens=3)
+            await session.end("hangup")
+        row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    finally:
+        stop.set()
+        watcher.join()
+    # Never committed as ended and complete but not finalized: the aggregates commit with the session.ended.
+    assert not [s for s in seen if s[0] == "ended" and s[2] is not None and s[1] >= s[2]], seen
+    assert seen[-1] == ("finalized", 3, 3)
+    assert (row["turn_count"], row["input_tokens"], row["output_tokens"]) == (2, 2, 3)
+    assert f"finalized {session_id}" in pipeline.processes["sink"].log_path.read_text(errors="replace")
 
 
 def test_an_app_level_resend_with_a_fresh_produce_is_stored_once(pipeline):

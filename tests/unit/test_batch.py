@@ -11,6 +11,7 @@ from turnlog.sinks.batch import (
     advance_contiguous,
     merge_session,
     plan_batch,
+    ready_to_finalize,
     turn_update_wins,
 )
 from tests.support import EventFactory, messages
@@ -76,6 +77,32 @@ def test_merge_session_never_moves_status_backward():
     assert merged["status"] == "finalized" and merged["epoch"] == 2 and merged["last_seq"] == 9
     fresh = merge_session(None, changes, last_seq=-1)
     assert fresh["status"] == "ended" and fresh["end_seq"] == 9
+
+
+def stored_row(status, last_seq, end_seq):
+    return {
+        "fleet": "x", "agent_id": "y", "status": status, "started_at": None, "ended_at": None,
+        "end_reason": None, "epoch": 0, "last_seq": last_seq, "end_seq": end_seq, "metadata": None,
+    }
+
+
+def test_a_batch_whose_session_ended_reaches_its_end_is_ready_to_finalize():
+    f = EventFactory("s")
+    ends = SessionChanges("s", ended=f.ended(9), seqs={8, 9})
+    assert ready_to_finalize(merge_session(stored_row("active", 7, None), ends, last_seq=9))
+    assert not ready_to_finalize(merge_session(stored_row("active", 5, None), ends, last_seq=5))  # seqs 6, 7 missing
+
+
+def test_a_batch_that_closes_an_ended_sessions_last_gap_makes_it_ready_to_finalize():
+    fills = SessionChanges("s", seqs={6})  # no session.ended in this batch: it came before the gap closed
+    assert ready_to_finalize(merge_session(stored_row("ended", 5, 9), fills, last_seq=9))
+    assert not ready_to_finalize(merge_session(stored_row("ended", 4, 9), fills, last_seq=4))
+
+
+@pytest.mark.parametrize("status", ["finalized", "abandoned", "active"])
+def test_only_an_ended_session_is_ready_to_finalize(status):
+    changes = SessionChanges("s", seqs={9})
+    assert not ready_to_finalize(merge_session(stored_row(status, 8, 9 if status != "active" else None), changes, last_seq=9))
 
 
 def test_a_barged_in_turn_plans_as_complete_with_its_flag_and_a_partial_cannot_downgrade_it():
