@@ -12,6 +12,9 @@ from turnlog.stream_processors.recovery import OrderedTableManager
 
 __all__ = ["make_app", "raw_topic"]
 
+#: Records an agent's input queue holds (Faust's default: 4096).
+STREAM_BUFFER_MAXSIZE = 16384
+
 
 def make_app(settings: TurnlogSettings, app_id: str, *, commit_interval_seconds: float = 1.0) -> faust.App:
     """A Faust app whose id is the consumer group ``app_id``; at-least-once,
@@ -30,8 +33,8 @@ def make_app(settings: TurnlogSettings, app_id: str, *, commit_interval_seconds:
         topic_replication_factor=settings.replication_factor,
         topic_allow_declare=True,
         producer_acks=-1,
-        # Let sends gather into batches: one produce request per partition per
-        # linger instead of one per record (the sequencer emits a record per event).
+        # Faust's own producer now carries only the table changelog (the
+        # sequencer's emissions go through emitter.py); let it batch.
         producer_linger=settings.producer_linger_ms / 1000.0,
         producer_max_batch_size=256 * 1024,
         consumer_auto_offset_reset="earliest",
@@ -42,6 +45,11 @@ def make_app(settings: TurnlogSettings, app_id: str, *, commit_interval_seconds:
         broker_session_timeout=10.0,
         broker_heartbeat_interval=2.0,
         table_standby_replicas=0,
+        # Faust's cost is per record: its repaired Cython fast paths (stream
+        # iteration takes records already queued; one decode per message) and a
+        # deeper input queue cut it. Both measured in docs/benchmarks.md.
+        cython_optimizations=True,
+        stream_buffer_maxsize=STREAM_BUFFER_MAXSIZE,
         # Faust's recovery completion drops fetched records (faust-streaming#596): see recovery.py.
         TableManager=OrderedTableManager,
     )
