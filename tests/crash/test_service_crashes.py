@@ -7,7 +7,6 @@ what it must hold: every event exactly once, in order, aggregates once.
 
 from __future__ import annotations
 
-import datetime as dt
 import signal
 import threading
 import uuid
@@ -21,11 +20,10 @@ from turnlog.schemas import decode_event, encode_event
 from turnlog.sinks import SourceMessage, open_store
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import session_events, sink_offsets
-from tests.integration.test_pipeline import finalized, logged_payloads, stored_turns
-from tests.support import EventFactory, dump_store, wait_until
+from tests.integration.test_pipeline import finalized, logged_payloads, session_row, stored_turns
+from tests.support import EventFactory, dump_store, unfinalize, wait_until
 
 TIMEOUT = 120
-NOW = dt.datetime.now(dt.timezone.utc)
 
 
 def session_events_of(f, turns=8):
@@ -86,7 +84,7 @@ def read_topic(settings, topic):
 
 @pytest.mark.parametrize("point", ["sink.after_write", "sink.after_commit"])
 def test_a_sink_killed_at_a_fault_point_leaves_no_partial_batch_and_recovers_to_the_same_store(new_pipeline, tmp_path, point):
-    pipeline = new_pipeline(("sequencer", "finalizer"), sink_batch_size=4)
+    pipeline = new_pipeline(("sequencer",), sink_batch_size=4)  # no finalizer: the sink finalizes
     settings = pipeline.settings
     batches = {f"crash-{i}-{uuid.uuid4().hex[:6]}": None for i in range(3)}
     events = {sid: session_events_of(EventFactory(sid)) for sid in batches}
@@ -107,56 +105,91 @@ def test_a_sink_killed_at_a_fault_point_leaves_no_partial_batch_and_recovers_to_
         wait_until(lambda sid=sid: finalized(pipeline, sid), timeout=TIMEOUT, what=f"{sid} finalized after the restart")
         assert [tuple(t) for t in stored_turns(pipeline, sid)] == expected_turns(events[sid])
 
-    # The same transcript applied in one go by an uninterrupted sink: the same store.
+    # The same transcript applied in one go by an uninterrupted sink: the same store, aggregates included.
+    assert dump_store(pipeline.store) == reference_store(settings, tmp_path, events)
+
+
+def reference_store(settings, tmp_path, events):
+    """The dump of a store the whole transcript was applied to in one batch (which finalizes every session)."""
     reference = open_store(f"sqlite:///{tmp_path / 'reference.db'}")
     upgrade_to_head(reference.engine)
     with reference.engine.begin() as conn:
-        reference.apply_batch(conn, settings.sink_group, read_topic(settings, settings.topics.transcript))
-    with reference.engine.begin() as conn:
-        for sid in events:
-            assert reference.finalize_session(conn, sid, NOW)
-    assert dump_store(pipeline.store) == dump_store(reference)
+        result = reference.apply_batch(conn, settings.sink_group, read_topic(settings, settings.topics.transcript))
+    assert sorted(result.finalized) == sorted(events)
+    try:
+        return dump_store(reference)
+    finally:
+        reference.engine.dispose()
+
+
+def test_a_sink_killed_after_finalizing_in_its_batch_commits_neither_and_finalizes_once_after_restart(new_pipeline, tmp_path):
+    pipeline = new_pipeline(("sequencer",), sink_batch_size=4)
+    settings = pipeline.settings
+    sid = f"finkill-{uuid.uuid4().hex[:6]}"
+    events = {sid: session_events_of(EventFactory(sid))}
+    produce(settings, events)
+    total = len(events[sid])
+    wait_until(lambda: len(read_topic(settings, settings.topics.transcript)) == total, timeout=TIMEOUT, what="the whole transcript")
+    pipeline.start("sink", faults="sink.after_finalize=kill")
+    died_by_sigkill(pipeline, "sink")
+
+    # Killed after the guarded UPDATE, before the commit: the batch holding session.ended is
+    # gone with its aggregates and its offsets; nothing says ended, nothing says finalized.
+    row = session_row(pipeline, sid)
+    assert (row["status"], row["end_seq"], row["turn_count"]) == ("active", None, None)
+    with pipeline.store.engine.connect() as conn:
+        stored_events = conn.execute(select(func.count()).select_from(session_events)).scalar_one()
+        stored_offsets = conn.execute(select(func.coalesce(func.sum(sink_offsets.c.next_offset), 0))).scalar_one()
+    assert stored_offsets == stored_events < total
+
+    pipeline.start("sink")  # re-applies the batch: rows, aggregates and offsets in one transaction again
+    wait_until(lambda: finalized(pipeline, sid), timeout=TIMEOUT, what=f"{sid} finalized after the restart")
+    assert dump_store(pipeline.store) == reference_store(settings, tmp_path, events)
+    log = pipeline.processes["sink"].log_path.read_text(errors="replace")
+    assert log.count(f"finalized {sid}") == 1
 
 
 def test_the_same_batch_applied_twice_by_two_sink_processes_gives_an_identical_store(new_pipeline):
-    pipeline = new_pipeline(("sequencer", "sink", "finalizer"))
+    pipeline = new_pipeline(("sequencer", "sink"))
     sid = f"twice-{uuid.uuid4().hex[:6]}"
     events = session_events_of(EventFactory(sid))
     produce(pipeline.settings, {sid: events})
     wait_until(lambda: finalized(pipeline, sid), timeout=TIMEOUT, what="finalized")
-    before = dump_store(pipeline.store)
+    before = dump_store(pipeline.store, skip_columns=())
     # Rewind the sink's stored offsets (as an operator replaying the topic would) and run it again.
     with pipeline.store.engine.begin() as conn:
         conn.execute(sink_offsets.delete())
     pipeline.stop("sink")
     pipeline.start("sink")
-    wait_until(lambda: dump_store(pipeline.store, skip_columns=("finalized_at",)) == before, timeout=TIMEOUT,
+    wait_until(lambda: dump_store(pipeline.store, skip_columns=()) == before, timeout=TIMEOUT,
                what="the replayed sink to rewrite the same store")
-    assert dump_store(pipeline.store) == before
+    # The redelivered session.ended found the session finalized: finalized_at is the first one.
+    assert dump_store(pipeline.store, skip_columns=()) == before
 
 
-def test_a_finalizer_killed_after_its_update_does_not_double_the_aggregates(new_pipeline):
+def test_a_finalizer_sweep_killed_after_its_update_does_not_double_the_aggregates(new_pipeline):
     pipeline = new_pipeline(("sequencer", "sink"))
-    sid = f"fin-{uuid.uuid4().hex[:6]}"
-    events = session_events_of(EventFactory(sid))
-    produce(pipeline.settings, {sid: events})
+    sids = sorted(f"fin-{i}-{uuid.uuid4().hex[:6]}" for i in range(2))
+    events = {sid: session_events_of(EventFactory(sid)) for sid in sids}
+    produce(pipeline.settings, events)
+    for sid in sids:
+        wait_until(lambda sid=sid: finalized(pipeline, sid), timeout=TIMEOUT, what=f"{sid} stored")
+        unfinalize(pipeline.store, sid)  # as a sink that did not finalize in its batch left them
     pipeline.start("finalizer", faults="finalizer.after_update=kill")
     died_by_sigkill(pipeline, "finalizer")
-    first = finalized(pipeline, sid)
-    assert first is not None
-    pipeline.start("finalizer")  # re-reads session.ended: its guarded UPDATE matches nothing now
-    folded = fold_events(logged_payloads(pipeline, sid))
-    log = pipeline.processes["finalizer"].log_path
-    wait_until(lambda: f"{sid} was finalized already" in log.read_text(errors="replace"), timeout=TIMEOUT,
-               what="the restarted finalizer to re-read session.ended")
-    row = finalized(pipeline, sid)
-    assert row == first
-    assert (row["turn_count"], row["input_tokens"], row["output_tokens"]) == (folded.turn_count, folded.input_tokens, folded.output_tokens) == (8, 36, 8)
-    assert row["duration_seconds"] == folded.duration_seconds == 120.5
+    first = [finalized(pipeline, sid) for sid in sids]
+    assert first[0] is not None and first[1] is None  # the sweep goes in id order: killed after the first
+    pipeline.start("finalizer")  # its sweep's guarded UPDATE matches the first session no more
+    wait_until(lambda: finalized(pipeline, sids[1]), timeout=TIMEOUT, what="the restarted sweep to finalize the second")
+    assert finalized(pipeline, sids[0]) == first[0]  # finalized_at included
+    for sid in sids:
+        row, folded = finalized(pipeline, sid), fold_events(logged_payloads(pipeline, sid))
+        assert (row["turn_count"], row["input_tokens"], row["output_tokens"]) == (folded.turn_count, folded.input_tokens, folded.output_tokens) == (8, 36, 8)
+        assert row["duration_seconds"] == folded.duration_seconds == 120.5
 
 
 def test_a_sequencer_killed_between_emit_and_commit_loses_and_reorders_nothing(new_pipeline):
-    pipeline = new_pipeline(("sink", "finalizer"))
+    pipeline = new_pipeline(("sink",))
     settings = pipeline.settings
     sids = [f"seq-{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
     events = {sid: session_events_of(EventFactory(sid), turns=10) for sid in sids}
@@ -182,7 +215,7 @@ def test_a_sequencer_killed_between_emit_and_commit_loses_and_reorders_nothing(n
 def test_scaling_the_sequencer_from_one_worker_to_two_and_back_while_events_flow(new_pipeline):
     from turnlog.deploy.processes import ServiceProcess, turnlog_command
 
-    pipeline = new_pipeline(("sequencer", "sink", "finalizer"))
+    pipeline = new_pipeline(("sequencer", "sink"))
     settings = pipeline.settings
     sids = [f"scale-{i}-{uuid.uuid4().hex[:6]}" for i in range(6)]
     events = {sid: session_events_of(EventFactory(sid), turns=12) for sid in sids}
@@ -206,7 +239,7 @@ def test_scaling_the_sequencer_from_one_worker_to_two_and_back_while_events_flow
 
 
 def test_a_paused_sink_that_wakes_after_another_took_over_cannot_undo_its_work(new_pipeline):
-    pipeline = new_pipeline(("sequencer", "finalizer"))
+    pipeline = new_pipeline(("sequencer",))
     settings = pipeline.settings
     sid = f"paused-{uuid.uuid4().hex[:6]}"
     f = EventFactory(sid)
