@@ -45,7 +45,7 @@ def finished(kafka_bootstrap, postgres_databases, tmp_path_factory):
     from turnlog.deploy.processes import stop_all
 
     pipeline = make_pipeline(
-        kafka_bootstrap, postgres_databases.create(), tmp_path_factory.mktemp("ops"), ("sequencer", "sink", "finalizer")
+        kafka_bootstrap, postgres_databases.create(), tmp_path_factory.mktemp("ops"), ("sequencer", "sink")
     )
     ids = [f"ops-{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
     for i, session_id in enumerate(ids):
