@@ -30,7 +30,9 @@ OFFSET_JUMPS = Counter(
     "Times the sequencer's consumer skipped offsets of a partition (a stream-processor bug: must stay 0).",
 )
 GAPS_OPENED = Counter("turnlog_sequencer_gaps_total", "Times a session started waiting for a missing seq.")
-SESSIONS_FINALIZED = Counter("turnlog_sessions_finalized_total", "Sessions this finalizer finalized.")
+SESSIONS_FINALIZED = Counter(
+    "turnlog_sessions_finalized_total", "Sessions this process finalized (the sink in its batches, or the finalizer's sweep)."
+)
 SINK_RECORDS = Counter("turnlog_sink_records_total", "Transcript records handled by the sink, by outcome.", ["outcome"])
 SINK_BATCH_SECONDS = Histogram("turnlog_sink_batch_seconds", "Time to write one batch and its offsets (seconds).")
 

@@ -163,7 +163,10 @@ class TurnlogSettings(BaseSettings):
         "are durable in Kafka once acked; this only delays their row and keeps commits per turn <= 1.",
     )
     finalizer_sweep_seconds: float = Field(
-        2.0, gt=0, description="How often the finalizer sweeps for ended sessions it can finalize (seconds)."
+        2.0,
+        gt=0,
+        description="How often the finalizer sweeps for ended, complete sessions not yet finalized (seconds); "
+        "the sink finalizes sessions in its batches, the sweep catches what a store holds otherwise.",
     )
     resume_timeout_seconds: float = Field(
         120.0, gt=0, description="Longest resume() waits at the resume barrier (seconds)."
