@@ -276,7 +276,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
         # -- the direct peer ----------------------------------------------------------------------------
         if options.direct:
             try:
-                report["direct"] = _direct(plans, sustained, options, admin_psycopg, f"{database}_direct", run)
+                report["direct"] = _direct(plans, sustained, options, f"{database}_direct", run)
             except Exception as e:  # the pipeline's figures still stand
                 report["direct"] = {"error": f"{type(e).__name__}: {e}"}
                 print(f"direct phase failed: {report['direct']['error']}")
