@@ -128,6 +128,18 @@ def test_restarting_the_sequencer_with_a_changelog_restore_under_a_backlog_skips
     for session_id, events in sessions.items():
         assert seen.get(session_id.encode()) == list(range(len(events))), session_id
 
+    # The states restored from the changelog are the ones written: a session of the
+    # first start, sent again in full, is all duplicates to a freshly started worker.
+    first = next(iter(sessions))
+    emitted_before = sum(1 for m in read_topic(settings, settings.topics.transcript) if m.key == first.encode())
+    _produce(settings, {first: sessions[first]})
+    worker = Sequencer(pipeline, "sequencer-last")
+    try:
+        wait_until(lambda: _caught_up(settings), timeout=TIMEOUT, what="the re-sent session consumed")
+    finally:
+        worker.process.stop()
+    assert sum(1 for m in read_topic(settings, settings.topics.transcript) if m.key == first.encode()) == emitted_before
+
 
 class _Agents:
     """Sessions sent turn by turn from a thread, paced, until told to end them."""

@@ -12,6 +12,7 @@ from turnlog.stream_processors.sequencer import Sequencer, SourceRecord
 from tests.support import EventFactory
 
 TOPICS = TopicNames("t")
+CHANGELOG = "t-sequencer-state-changelog"
 
 
 class _Batch:
@@ -61,8 +62,14 @@ def _log_of(events: list[Any]) -> list[SourceRecord]:
 def _sequencer(log: _Log) -> tuple[Sequencer, dict[bytes, Any], _Emissions]:
     states: dict[bytes, Any] = {}
     emissions = _Emissions()
-    sequencer = Sequencer(states=states, emissions=emissions, reader=log, topics=TOPICS, max_buffer=8)  # type: ignore[arg-type]
+    sequencer = Sequencer(states=states, changelog=CHANGELOG, emissions=emissions, reader=log, topics=TOPICS, max_buffer=8)  # type: ignore[arg-type]
     return sequencer, states, emissions
+
+
+def _changelog(emissions: _Emissions) -> list[tuple[bytes, int]]:
+    import json
+
+    return [(json.loads(value)["next_seq"], partition) for topic, value, partition, _ in emissions.sent if topic == CHANGELOG]
 
 
 def _emitted_seqs(emissions: _Emissions) -> list[int]:
@@ -76,6 +83,7 @@ async def test_a_batch_is_emitted_in_order_and_its_state_stored() -> None:
     await sequencer.process(records)
     assert _emitted_seqs(emissions) == [0, 1, 2]
     assert states[f.session_id.encode()]["next_seq"] == 3
+    assert _changelog(emissions) == [(3, 0)]  # one state per session per batch, after the emissions
 
 
 async def test_the_state_is_not_stored_when_the_emissions_are_not_delivered() -> None:
