@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import abc
 import datetime as dt
+import functools
 import logging
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -217,16 +218,59 @@ class SqlStore(abc.ABC):
             fault_point("sink.after_finalize")
         return done
 
-    def _insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+    # The upsert statements are built once per store: building one (its
+    # ``excluded`` columns) costs about as much as executing it for a small batch.
+    @functools.cached_property
+    def _events_upsert(self) -> Any:
         stmt = self.insert(session_events)
         # A higher epoch replaces a fenced writer's event at the same seq; an
         # equal one is a duplicate and changes nothing.
-        stmt = stmt.on_conflict_do_update(
+        return stmt.on_conflict_do_update(
             index_elements=[session_events.c.session_id, session_events.c.seq],
             set_={c: stmt.excluded[c] for c in ("epoch", "event_id", "type", "emitted_at", "payload")},
             where=stmt.excluded.epoch > session_events.c.epoch,
         )
-        conn.execute(stmt, rows)
+
+    @functools.cached_property
+    def _sessions_upsert(self) -> Any:
+        stmt = self.insert(sessions)
+        writable = (
+            "fleet", "agent_id", "started_at", "ended_at", "end_reason", "epoch", "last_seq", "max_seq", "end_seq", "metadata",
+        )
+        # No IN (...) here: expanding parameters cannot be used with executemany.
+        status_kept = or_(sessions.c.status == "finalized", sessions.c.status == "abandoned")
+        return stmt.on_conflict_do_update(
+            index_elements=[sessions.c.id],
+            set_={
+                **{c: stmt.excluded[c] for c in writable},
+                "status": case((status_kept, sessions.c.status), else_=stmt.excluded.status),
+            },
+        )
+
+    @functools.cached_property
+    def _turns_upsert(self) -> Any:
+        stmt = self.insert(transcript_turns)
+        t = transcript_turns.c
+        new = stmt.excluded
+        newer = or_(new.epoch > t.epoch, and_(new.epoch == t.epoch, new.seq > t.seq))
+        no_downgrade = or_(t.status != TURN_COMPLETE, new.status != TURN_PARTIAL)
+        return stmt.on_conflict_do_update(
+            index_elements=[t.session_id, t.turn_index],
+            set_={c.name: new[c.name] for c in transcript_turns.c if not c.primary_key},
+            where=and_(newer, no_downgrade),
+        )
+
+    @functools.cached_property
+    def _offsets_upsert(self) -> Any:
+        stmt = self.insert(sink_offsets)
+        return stmt.on_conflict_do_update(
+            index_elements=[sink_offsets.c.consumer_group, sink_offsets.c.topic, sink_offsets.c.partition],
+            set_={"next_offset": stmt.excluded.next_offset},
+            where=stmt.excluded.next_offset > sink_offsets.c.next_offset,
+        )
+
+    def _insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
+        conn.execute(self._events_upsert, rows)
 
     def _upsert_sessions(self, conn: Connection, changes_by_id: Mapping[str, Any]) -> list[str]:
         """Upsert the batch's ``sessions`` rows (locked, in id order); return the ids the
@@ -251,20 +295,7 @@ class SqlStore(abc.ABC):
             row = merge_session(current, changes, reached)
             row["max_seq"] = max(max_seq, row["last_seq"])
             rows.append(row)
-        stmt = self.insert(sessions)
-        writable = (
-            "fleet", "agent_id", "started_at", "ended_at", "end_reason", "epoch", "last_seq", "max_seq", "end_seq", "metadata",
-        )
-        # No IN (...) here: expanding parameters cannot be used with executemany.
-        status_kept = or_(sessions.c.status == "finalized", sessions.c.status == "abandoned")
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[sessions.c.id],
-            set_={
-                **{c: stmt.excluded[c] for c in writable},
-                "status": case((status_kept, sessions.c.status), else_=stmt.excluded.status),
-            },
-        )
-        conn.execute(stmt, rows)
+        conn.execute(self._sessions_upsert, rows)
         return [row["id"] for row in rows if ready_to_finalize(row)]
 
     def _contiguous_from_log(self, conn: Connection, session_id: str, last_seq: int) -> int:
@@ -280,17 +311,7 @@ class SqlStore(abc.ABC):
         return -1 if found is None else found
 
     def _upsert_turns(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
-        stmt = self.insert(transcript_turns)
-        t = transcript_turns.c
-        new = stmt.excluded
-        newer = or_(new.epoch > t.epoch, and_(new.epoch == t.epoch, new.seq > t.seq))
-        no_downgrade = or_(t.status != TURN_COMPLETE, new.status != TURN_PARTIAL)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[t.session_id, t.turn_index],
-            set_={c.name: new[c.name] for c in transcript_turns.c if not c.primary_key},
-            where=and_(newer, no_downgrade),
-        )
-        conn.execute(stmt, rows)
+        conn.execute(self._turns_upsert, rows)
 
     def _mark_interrupted(self, conn: Connection, changes_by_id: Mapping[str, Any]) -> None:
         t = transcript_turns.c
@@ -321,13 +342,7 @@ class SqlStore(abc.ABC):
         ]
         if not rows:
             return
-        stmt = self.insert(sink_offsets)
-        stmt = stmt.on_conflict_do_update(
-            index_elements=[sink_offsets.c.consumer_group, sink_offsets.c.topic, sink_offsets.c.partition],
-            set_={"next_offset": stmt.excluded.next_offset},
-            where=stmt.excluded.next_offset > sink_offsets.c.next_offset,
-        )
-        conn.execute(stmt, rows)
+        conn.execute(self._offsets_upsert, rows)
 
     def skip_records(self, conn: Connection, consumer_group: str, messages: Sequence[SourceMessage]) -> None:
         """Move the group's offsets past ``messages`` without writing their rows

@@ -61,7 +61,7 @@ __all__ = ["build_sequencer", "Sequencer", "SourceRecord", "TABLE_NAME", "BATCH_
 logger = logging.getLogger(__name__)
 TABLE_NAME = "sequencer-state"
 BATCH_SIZE = 1000
-BATCH_WAIT_SECONDS = 0.02
+BATCH_WAIT_SECONDS = 0.005
 CHANGELOG_SEGMENT_MS = 10 * 60 * 1000
 #: Faust commits the acked offsets this often (seconds); the resume barrier waits on them.
 COMMIT_INTERVAL_SECONDS = 0.2
