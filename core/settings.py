@@ -151,7 +151,7 @@ class TurnlogSettings(BaseSettings):
     )
     sink_batch_size: int = Field(500, ge=1, description="Most events the sink writes in one transaction.")
     sink_batch_wait_seconds: float = Field(
-        0.01,
+        0.002,
         gt=0,
         description="Longest one sink poll waits to fill a batch (seconds): a completed turn waits at most "
         "this long for company before its commit.",
