@@ -40,7 +40,7 @@ from turnlog.sinks.reads import get_session, get_turns
 __all__ = ["ResumeBarrier", "claim_resume"]
 
 logger = logging.getLogger(__name__)
-POLL_INTERVAL_SECONDS = 0.1
+POLL_INTERVAL_SECONDS = 0.05
 FIRST_POLL_SECONDS = 0.005
 _T = TypeVar("_T")
 

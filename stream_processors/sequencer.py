@@ -64,7 +64,7 @@ BATCH_SIZE = 1000
 BATCH_WAIT_SECONDS = 0.005
 CHANGELOG_SEGMENT_MS = 10 * 60 * 1000
 #: Faust commits the acked offsets this often (seconds); the resume barrier waits on them.
-COMMIT_INTERVAL_SECONDS = 0.2
+COMMIT_INTERVAL_SECONDS = 0.1
 EMISSION_DELIVERY_TIMEOUT_SECONDS = 120.0
 EMISSION_LINGER_MS = 1
 _JSON = msgspec.json.Encoder()
