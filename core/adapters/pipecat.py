@@ -1,0 +1,400 @@
+"""Pipecat adapter: a pipecat-ai 1.x pipeline records its conversation through turnlog.
+
+Usage (inside ``async with SessionRecorder() as recorder:``)::
+
+    from turnlog.adapters.pipecat import TurnlogObserver
+
+    observer = await TurnlogObserver.open(recorder, "call-42", fleet="support", agent_id="bot-7")
+    context = LLMContext([SYSTEM_PROMPT, *observer.messages])      # the stored conversation, after a crash
+    aggregators = LLMContextAggregatorPair(context)
+    worker = PipelineWorker(Pipeline([transport.input(), stt, aggregators.user(), llm, tts,
+                                      transport.output(), aggregators.assistant()]))
+    observer.attach(worker, aggregators)
+    await WorkerRunner().run(worker)
+
+What is recorded, and from where (Pipecat's ``TranscriptProcessor`` is gone
+since 1.0, so this is an observer plus the aggregators' events):
+
+- **User turns.** The :class:`InterimTranscriptionFrame` and
+  :class:`TranscriptionFrame` frames the user aggregator processes give the
+  open user turn's partial text (the final segments so far, then the current
+  interim one); ``on_user_turn_message_added`` completes it with the text the
+  aggregator wrote to the LLM context.
+- **Assistant turns.** The :class:`LLMTextFrame` / :class:`TTSTextFrame`
+  frames the assistant aggregator processes (with a TTS, the words the output
+  transport released as they were spoken) give the open assistant turn's
+  partial text; ``on_assistant_turn_stopped`` completes it with the
+  aggregator's text. ``AssistantTurnStoppedMessage.interrupted`` after an
+  :class:`InterruptionFrame` (the user barged in) is recorded as
+  ``barged_in=True`` with the words spoken. A turn stopped by a
+  :class:`CancelFrame` is left open with its words, so the end of the session
+  keeps it ``interrupted`` (cut off by the hang-up, not by the user).
+- **Tokens.** :class:`LLMUsageMetricsData` in the :class:`MetricsFrame`
+  frames reaching the assistant aggregator (``PipelineParams(enable_metrics=True,
+  enable_usage_metrics=True)``): ``prompt_tokens`` and ``completion_tokens``
+  summed over the LLM calls since the last assistant turn, recorded on the
+  next completed assistant turn.
+- **The end.** The worker's ``on_pipeline_finished`` ends the session when its
+  frame is one of ``end_on`` (default :class:`EndFrame` -> ``"completed"``,
+  :class:`CancelFrame` -> ``"cancelled"``). A :class:`StopFrame`, or a process
+  that dies, leaves the session active and resumable.
+
+Order: observer callbacks and aggregator events run in different asyncio
+tasks, so each callback only puts a typed item on one queue, in the order
+Pipecat produced them (an observer is told about a frame when the
+aggregator starts processing it, before the aggregator fires the event
+that frame causes), and one writer task makes the recorder calls in that
+order. Speakers are ``"user"`` and ``"assistant"``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+try:
+    from pipecat.frames.frames import (
+        AggregatedTextFrame,
+        CancelFrame,
+        EndFrame,
+        Frame,
+        InterimTranscriptionFrame,
+        LLMTextFrame,
+        MetricsFrame,
+        TranscriptionFrame,
+        TTSTextFrame,
+    )
+    from pipecat.metrics.metrics import LLMUsageMetricsData
+    from pipecat.observers.base_observer import BaseObserver, FrameProcessed
+    from pipecat.utils.string import TextPartForConcatenation, concatenate_aggregated_text
+except ImportError as e:  # pragma: no cover - exercised only without the extra
+    raise ImportError(
+        "turnlog.adapters.pipecat needs pipecat-ai 1.x: pip install 'turnlog[pipecat]'"
+    ) from e
+
+from turnlog.producers import (
+    RecordedSession,
+    RecorderError,
+    SessionNotFoundError,
+    SessionRecorder,
+    StoredTurn,
+)
+
+__all__ = ["ASSISTANT", "USER", "TurnlogObserver", "history_messages"]
+
+logger = logging.getLogger(__name__)
+
+#: The speaker names this adapter records (also the LLM context roles).
+USER = "user"
+ASSISTANT = "assistant"
+#: What ``on_pipeline_finished`` ends the session with, by the type of its frame.
+END_REASONS: Mapping[type[Frame], str] = {EndFrame: "completed", CancelFrame: "cancelled"}
+
+
+def history_messages(turns: Iterable[StoredTurn]) -> list[dict[str, str]]:
+    """The stored turns as LLM context messages, in ``turn_index`` order.
+
+    Returns ``[{"role": "user" | "assistant", "content": text}, ...]``: a turn
+    spoken by ``"user"`` is a user message, any other speaker an assistant
+    message. Every turn with text is kept, a predecessor's unfinished
+    (``partial``) turn included: those are the words already said or heard
+    before the crash. Turns with empty text are left out.
+    """
+    ordered = sorted(turns, key=lambda t: t.turn_index)
+    return [{"role": USER if t.speaker == USER else ASSISTANT, "content": t.text} for t in ordered if t.text]
+
+
+# -- what the callbacks put on the queue (in Pipecat's order) ------------------
+@dataclass(frozen=True, slots=True)
+class _UserText:
+    part: TextPartForConcatenation
+    final: bool  # a TranscriptionFrame (a final segment), else an interim one
+
+
+@dataclass(frozen=True, slots=True)
+class _UserTurnAdded:
+    content: str
+
+
+@dataclass(frozen=True, slots=True)
+class _AssistantText:
+    part: TextPartForConcatenation
+
+
+@dataclass(frozen=True, slots=True)
+class _AssistantTurnStopped:
+    content: str
+    interrupted: bool
+
+
+@dataclass(frozen=True, slots=True)
+class _Usage:
+    prompt_tokens: int
+    completion_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Cancelled:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class _Finished:
+    reason: str
+
+
+_Item = _UserText | _UserTurnAdded | _AssistantText | _AssistantTurnStopped | _Usage | _Cancelled | _Finished
+
+
+class TurnlogObserver(BaseObserver):
+    """Records one Pipecat pipeline's conversation as one turnlog session.
+
+    Create it with :meth:`open` (resumes the session if turnlog has it, else
+    starts it), build the LLM context from :attr:`messages`, then
+    :meth:`attach` it to the worker and the aggregator pair before the worker
+    runs. The module docstring says what is recorded from which frame or event.
+
+    ``end_on``: the frame types whose ``on_pipeline_finished`` ends the
+    session (see :data:`END_REASONS`). The pipeline runner's SIGINT/SIGTERM
+    handler cancels the pipeline, so with the default a signalled process
+    also ends its session; pass ``end_on=(EndFrame,)`` to keep a cancelled
+    session resumable (a client that reconnects to another process).
+
+    A recorder call that fails with a :class:`~turnlog.producers.RecorderError`
+    (a text over the size limit, a full spool) is logged and counted in
+    :attr:`errors`, and the writer goes on with the next event; any other
+    error stops the writer and is raised by :meth:`wait_closed`.
+    """
+
+    def __init__(
+        self,
+        session: RecordedSession,
+        *,
+        resumed: bool = False,
+        end_on: Sequence[type[Frame]] = (EndFrame, CancelFrame),
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        for frame_type in end_on:
+            if frame_type not in END_REASONS:
+                raise ValueError(f"end_on takes frame types out of {sorted(t.__name__ for t in END_REASONS)}, got {frame_type!r}")
+        self.session = session
+        #: True if :meth:`open` resumed a session turnlog already had.
+        self.resumed = resumed
+        #: The recorder errors the writer logged and went past (newest last).
+        self.errors: list[RecorderError] = []
+        self._end_on = tuple(end_on)
+        self._user_aggregator: object | None = None
+        self._assistant_aggregator: object | None = None
+        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
+        self._finishing = False
+        # The writer's state (only the writer task touches it).
+        self._next_index = session.next_turn_index
+        self._user_turn: int | None = None
+        self._user_finals: list[TextPartForConcatenation] = []
+        self._user_interim: TextPartForConcatenation | None = None
+        self._assistant_turn: int | None = None
+        self._assistant_parts: list[TextPartForConcatenation] = []
+        self._cancelled = False
+        self._prompt_tokens = 0
+        self._completion_tokens = 0
+
+    @classmethod
+    async def open(
+        cls,
+        recorder: SessionRecorder,
+        session_id: str,
+        *,
+        fleet: str,
+        agent_id: str,
+        metadata: Mapping[str, Any] | None = None,
+        resume: bool = True,
+        resume_timeout: float | None = None,
+        end_on: Sequence[type[Frame]] = (EndFrame, CancelFrame),
+    ) -> TurnlogObserver:
+        """Resume ``session_id`` if turnlog has it (``resume=True``), else start it.
+
+        A resume first waits at turnlog's resume barrier (up to
+        ``resume_timeout`` seconds; default ``settings.resume_timeout_seconds``),
+        so a new session costs one such check. ``fleet``, ``agent_id`` and
+        ``metadata`` are used only when the session is started.
+
+        Raises:
+            SessionClosedError: the session has ended already (it cannot be resumed).
+            ResumeBarrierTimeout: the pipeline did not catch up in time (retry later).
+            InvalidTurnError, SpoolError: as :meth:`SessionRecorder.start_session`.
+        """
+        if resume:
+            try:
+                session = await recorder.resume(session_id, timeout=resume_timeout)
+            except SessionNotFoundError:
+                pass
+            else:
+                return cls(session, resumed=True, end_on=end_on)
+        session = await recorder.start_session(session_id, fleet=fleet, agent_id=agent_id, metadata=metadata)
+        return cls(session, resumed=False, end_on=end_on)
+
+    # -- what the user reads -----------------------------------------------------
+    @property
+    def turns(self) -> tuple[StoredTurn, ...]:
+        """The turns turnlog held when the session was resumed (empty for a new session)."""
+        return self.session.turns
+
+    @property
+    def messages(self) -> list[dict[str, str]]:
+        """:attr:`turns` as LLM context messages (see :func:`history_messages`)."""
+        return history_messages(self.session.turns)
+
+    def attach(self, worker: Any, aggregators: Any) -> None:
+        """Observe ``worker`` (a ``PipelineWorker``) and the aggregator pair before it runs.
+
+        ``aggregators``: an ``LLMContextAggregatorPair``, or a ``(user,
+        assistant)`` pair of its aggregators. Adds this observer to the
+        worker, and handlers for the user aggregator's
+        ``on_user_turn_message_added``, the assistant aggregator's
+        ``on_assistant_turn_stopped`` and the worker's ``on_pipeline_finished``.
+        Do not also pass this observer in the worker's ``observers``.
+        """
+        user, assistant = aggregators
+        self._user_aggregator, self._assistant_aggregator = user, assistant
+        user.add_event_handler("on_user_turn_message_added", self._on_user_turn_message_added)
+        assistant.add_event_handler("on_assistant_turn_stopped", self._on_assistant_turn_stopped)
+        worker.add_event_handler("on_pipeline_finished", self._on_pipeline_finished)
+        worker.add_observer(self)
+
+    async def wait_closed(self, timeout: float | None = None) -> None:
+        """Wait until the writer has recorded everything up to the session's end.
+
+        Raises:
+            TimeoutError: not ended within ``timeout`` seconds (None: no limit).
+            Exception: the error that stopped the writer, if one did.
+        """
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_forever(), name="turnlog-pipecat-writer")
+        await asyncio.wait_for(asyncio.shield(self._writer), timeout)
+
+    # -- Pipecat's callbacks: each only queues, in Pipecat's order ---------------
+    async def on_process_frame(self, data: FrameProcessed) -> None:
+        """Queue the frames the aggregators start processing (see the module docstring)."""
+        frame = data.frame
+        if data.processor is self._user_aggregator:
+            if isinstance(frame, (TranscriptionFrame, InterimTranscriptionFrame)) and frame.text.strip():
+                part = TextPartForConcatenation(frame.text, includes_inter_part_spaces=frame.includes_inter_frame_spaces)
+                self._put(_UserText(part, final=isinstance(frame, TranscriptionFrame)))
+        elif data.processor is self._assistant_aggregator:
+            if isinstance(frame, (LLMTextFrame, TTSTextFrame)):
+                if frame.append_to_context and frame.text:
+                    text = frame.raw_text if isinstance(frame, AggregatedTextFrame) and frame.raw_text else frame.text
+                    self._put(_AssistantText(TextPartForConcatenation(text, includes_inter_part_spaces=frame.includes_inter_frame_spaces)))
+            elif isinstance(frame, MetricsFrame):
+                for metric in frame.data:
+                    if isinstance(metric, LLMUsageMetricsData):
+                        self._put(_Usage(metric.value.prompt_tokens or 0, metric.value.completion_tokens or 0))
+            elif isinstance(frame, CancelFrame):
+                self._put(_Cancelled())
+
+    async def _on_user_turn_message_added(self, aggregator: Any, message: Any) -> None:
+        self._put(_UserTurnAdded(message.content))
+
+    async def _on_assistant_turn_stopped(self, aggregator: Any, message: Any) -> None:
+        self._put(_AssistantTurnStopped(message.content or "", bool(message.interrupted)))
+
+    async def _on_pipeline_finished(self, worker: Any, frame: Frame) -> None:
+        for frame_type in self._end_on:
+            if isinstance(frame, frame_type):
+                self._put(_Finished(END_REASONS[frame_type]))
+                return
+
+    async def cleanup(self) -> None:
+        """At the worker's teardown: wait until the writer has recorded what is queued
+        (and, if the pipeline's end ended the session, the end itself)."""
+        await super().cleanup()
+        if self._writer is None or self._writer.done():
+            return
+        joined = asyncio.ensure_future(self._queue.join())
+        try:
+            await asyncio.wait({joined, self._writer}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            joined.cancel()
+        if self._finishing:
+            await asyncio.wait({self._writer})
+
+    # -- the writer ------------------------------------------------------------
+    def _put(self, item: _Item) -> None:
+        if self._finishing:
+            logger.debug("session %s: %s after the end; not recorded", self.session.session_id, type(item).__name__)
+            return
+        if isinstance(item, _Finished):
+            self._finishing = True
+        if self._writer is None:
+            self._writer = asyncio.get_running_loop().create_task(self._write_forever(), name="turnlog-pipecat-writer")
+        self._queue.put_nowait(item)
+
+    async def _write_forever(self) -> None:
+        while True:
+            item = await self._queue.get()
+            try:
+                await self._write(item)
+            except RecorderError as e:
+                self.errors.append(e)
+                logger.error("session %s: %s not recorded: %s", self.session.session_id, type(item).__name__, e)
+            finally:
+                self._queue.task_done()
+            if isinstance(item, _Finished):
+                return
+
+    def _fresh_index(self) -> int:
+        index = max(self._next_index, self.session.next_turn_index)
+        self._next_index = index + 1
+        return index
+
+    async def _write(self, item: _Item) -> None:
+        session = self.session
+        if isinstance(item, _UserText):
+            if item.final:
+                self._user_finals.append(item.part)
+                self._user_interim = None
+            else:
+                self._user_interim = item.part
+            parts = self._user_finals + ([self._user_interim] if self._user_interim else [])
+            if self._user_turn is None:
+                self._user_turn = self._fresh_index()
+            session.update_partial(self._user_turn, USER, concatenate_aggregated_text(parts))
+        elif isinstance(item, _UserTurnAdded):
+            index, self._user_turn = self._user_turn, None
+            self._user_finals, self._user_interim = [], None
+            if index is None and not item.content:
+                return
+            await session.complete_turn(index if index is not None else self._fresh_index(), USER, item.content)
+        elif isinstance(item, _AssistantText):
+            self._assistant_parts.append(item.part)
+            if self._assistant_turn is None:
+                self._assistant_turn = self._fresh_index()
+            session.update_partial(self._assistant_turn, ASSISTANT, concatenate_aggregated_text(self._assistant_parts))
+        elif isinstance(item, _AssistantTurnStopped):
+            index, self._assistant_turn = self._assistant_turn, None
+            self._assistant_parts = []
+            if index is None and not item.content:
+                return
+            if index is None:
+                index = self._fresh_index()
+            if item.interrupted and self._cancelled:
+                # Cut off by the pipeline's cancellation (a hang-up), not by the user:
+                # left open with the words spoken, so the session's end keeps it interrupted.
+                if item.content:
+                    session.update_partial(index, ASSISTANT, item.content)
+                return
+            tokens = {"input_tokens": self._prompt_tokens, "output_tokens": self._completion_tokens}
+            self._prompt_tokens = self._completion_tokens = 0
+            await session.complete_turn(index, ASSISTANT, item.content, barged_in=item.interrupted, **tokens)
+        elif isinstance(item, _Usage):
+            self._prompt_tokens += item.prompt_tokens
+            self._completion_tokens += item.completion_tokens
+        elif isinstance(item, _Cancelled):
+            self._cancelled = True
+        elif isinstance(item, _Finished):
+            await session.end(item.reason)
