@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, KafkaException, TopicPartition
+from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
@@ -98,22 +98,14 @@ class OffsetReader:
         self._settings = settings
         self._overrides = admin_overrides
         self._admin: AdminClient | None = None
+        self._has_metadata = False
         self._lock = threading.Lock()
 
     def _client(self) -> AdminClient:
         with self._lock:
             if self._admin is None:
-                client = admin(self._settings, **self._overrides)
-                # A fresh client's first ListOffsets, sent before it has the
-                # cluster's metadata, waits about 3 s in about one call in eight
-                # (librdkafka 2.x, measured here); a metadata request first
-                # brings that to tens of milliseconds. A failure here is left
-                # to the lookup's own retry policy.
-                try:
-                    client.list_topics(timeout=REQUEST_TIMEOUT_SECONDS)
-                except KafkaException:
-                    pass
-                self._admin = client
+                self._admin = admin(self._settings, **self._overrides)
+                self._has_metadata = False
             return self._admin
 
     def partitions(self, topic: str, *, deadline: float | None = None) -> list[int]:
@@ -182,7 +174,15 @@ class OffsetReader:
             return {}
 
         def lookup(timeout: float) -> dict[int, int]:
-            futures = self._client().list_offsets(
+            client = self._client()
+            if not self._has_metadata:
+                # A fresh client's first ListOffsets, sent before it has the
+                # topic's metadata, waits about 3 s in about one call in eight
+                # (librdkafka 2.x, measured here); asking for it first brings
+                # that to tens of milliseconds.
+                client.list_topics(topic=topic, timeout=timeout)
+                self._has_metadata = True
+            futures = client.list_offsets(
                 {TopicPartition(topic, p): spec for p in wanted},
                 isolation_level=IsolationLevel.READ_COMMITTED,  # what turnlog's consumers read up to
                 request_timeout=timeout,
