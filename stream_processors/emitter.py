@@ -31,6 +31,7 @@ __all__ = ["EmissionFailed", "EmissionBatch", "EmissionProducer"]
 
 logger = logging.getLogger(__name__)
 POLL_SECONDS = 0.05
+FLUSH_POLL_SECONDS = 0.005
 #: How long a full librdkafka queue is waited on before a send gives up (seconds).
 QUEUE_FULL_WAIT_SECONDS = 30.0
 
@@ -99,7 +100,7 @@ class EmissionBatch:
         await self._done
 
     def _on_delivery(self, error: KafkaError | None, _message: Message) -> None:
-        """Called on the poll thread (or the loop thread, while waiting out a full queue)."""
+        """Called on the poll thread."""
         with self._lock:
             self._pending -= 1
             if error is not None and self._error is None:
@@ -161,10 +162,10 @@ class EmissionProducer:
                 return
             except kafka.RecordRefusedError as e:
                 raise EmissionFailed(e) from e
-            except BufferError:  # librdkafka's queue is full: let deliveries drain it
+            except BufferError:  # librdkafka's queue is full: the poll thread drains it
                 if time.monotonic() > deadline:
                     raise EmissionFailed(kafka.to_broker_error(KafkaError(KafkaError._QUEUE_FULL), "sending")) from None
-                self._producer.poll(0.01)
+                time.sleep(0.005)
 
     def call_soon(self, callback: Callable[[], None]) -> None:
         assert self._loop is not None
@@ -177,10 +178,19 @@ class EmissionProducer:
             producer.poll(POLL_SECONDS)
 
     async def flush(self, timeout: float = 30.0) -> int:
-        """Wait (in a thread) until everything sent is acknowledged or failed; returns how many are left."""
-        if self._producer is None:
+        """Wait up to ``timeout`` seconds until everything sent is acknowledged or failed;
+        returns how many records are left.
+
+        Only the poll thread ever polls the producer: a second thread in
+        ``flush()`` beside it crashed the process (SIGSEGV) at a rebalance.
+        """
+        producer = self._producer
+        if producer is None:
             return 0
-        return await asyncio.to_thread(self._producer.flush, timeout)
+        deadline = time.monotonic() + timeout
+        while len(producer) > 0 and time.monotonic() < deadline:
+            await asyncio.sleep(FLUSH_POLL_SECONDS)
+        return len(producer)
 
     async def close(self, timeout: float = 30.0) -> None:
         """Flush, then stop the poll thread. Records still unacknowledged after ``timeout`` seconds are
