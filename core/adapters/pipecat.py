@@ -167,6 +167,9 @@ class TurnlogObserver(BaseObserver):
     (a text over the size limit, a full spool) is logged and counted in
     :attr:`errors`, and the writer goes on with the next event; any other
     error stops the writer and is raised by :meth:`wait_closed`.
+
+    Raises:
+        ValueError: ``end_on`` names a frame type outside :data:`END_REASONS`.
     """
 
     def __init__(
@@ -177,7 +180,7 @@ class TurnlogObserver(BaseObserver):
         end_on: Sequence[type[Frame]] = (EndFrame, CancelFrame),
         **kwargs: Any,
     ) -> None:
-        super().__init__(**kwargs)
+        super().__init__(**{"observe_every_push": False, **kwargs})
         for frame_type in end_on:
             if frame_type not in END_REASONS:
                 raise ValueError(f"end_on takes frame types out of {sorted(t.__name__ for t in END_REASONS)}, got {frame_type!r}")
@@ -266,6 +269,19 @@ class TurnlogObserver(BaseObserver):
         worker.add_event_handler("on_pipeline_finished", self._on_pipeline_finished)
         worker.add_observer(self)
 
+    async def drained(self) -> None:
+        """Wait until the writer has made the recorder calls for everything queued so far
+        (frames Pipecat still holds in its observer queue are not counted).
+
+        Raises:
+            Exception: the error that stopped the writer, if one did.
+        """
+        await self._queue_processed()
+        if self._writer is not None and self._writer.done() and not self._writer.cancelled():
+            error = self._writer.exception()
+            if error is not None:
+                raise error
+
     async def wait_closed(self, timeout: float | None = None) -> None:
         """Wait until the writer has recorded everything up to the session's end.
 
@@ -313,6 +329,16 @@ class TurnlogObserver(BaseObserver):
         """At the worker's teardown: wait until the writer has recorded what is queued
         (and, if the pipeline's end ended the session, the end itself)."""
         await super().cleanup()
+        await self._queue_processed()
+        if self._writer is None:
+            return
+        if self._finishing:
+            await asyncio.wait({self._writer})
+        if self._writer.done() and not self._writer.cancelled() and self._writer.exception() is not None:
+            logger.error("session %s: the writer stopped", self.session.session_id, exc_info=self._writer.exception())
+
+    async def _queue_processed(self) -> None:
+        """Until the queue is empty and processed, or the writer stopped."""
         if self._writer is None or self._writer.done():
             return
         joined = asyncio.ensure_future(self._queue.join())
@@ -320,8 +346,6 @@ class TurnlogObserver(BaseObserver):
             await asyncio.wait({joined, self._writer}, return_when=asyncio.FIRST_COMPLETED)
         finally:
             joined.cancel()
-        if self._finishing:
-            await asyncio.wait({self._writer})
 
     # -- the writer ------------------------------------------------------------
     def _put(self, item: _Item) -> None:

@@ -1,0 +1,175 @@
+"""The Pipecat adapter driven by Pipecat's own machinery on the real broker and Postgres.
+
+``pipecat.tests.utils.run_test`` runs the real ``LLMContextAggregatorPair``
+(``ExternalUserTurnStrategies``: the default end-of-turn analyzer never ends
+a turn on synthetic frames) in a real ``PipelineWorker``, fed with synthetic
+STT, LLM and usage-metrics frames; the crash test SIGKILLs a Pipecat agent
+process mid-reply and restarts it.
+"""
+
+from __future__ import annotations
+
+import json
+import queue
+import sys
+import threading
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("pipecat", reason="the Pipecat adapter's tests need pipecat-ai 1.x: pip install -e '.[pipecat]'")
+
+from pipecat.frames.frames import InterimTranscriptionFrame, InterruptionFrame, UserStartedSpeakingFrame  # noqa: E402
+from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
+from pipecat.pipeline.worker import PipelineWorker  # noqa: E402
+from pipecat.processors.aggregators.llm_context import LLMContext  # noqa: E402
+from pipecat.tests import utils as pipecat_test_utils  # noqa: E402
+from pipecat.tests.utils import SleepFrame, run_test  # noqa: E402
+from sqlalchemy import select  # noqa: E402
+
+from turnlog.adapters.pipecat import TurnlogObserver  # noqa: E402
+from turnlog.deploy.processes import ServiceProcess  # noqa: E402
+from turnlog.producers import SessionRecorder  # noqa: E402
+from turnlog.sinks.tables import transcript_turns  # noqa: E402
+from tests.adapters.pipecat_agent import SYSTEM, aggregator_pair, llm_says, user_says  # noqa: E402
+from tests.integration.test_pipeline import finalized  # noqa: E402
+from tests.support import wait_until  # noqa: E402
+
+TIMEOUT = 120
+ROOT = Path(__file__).resolve().parents[2]
+USER_TURN_END = SleepFrame(sleep=0.8)  # ExternalUserTurnStopStrategy waits 0.5 s for late transcripts
+
+
+@pytest.fixture(scope="module")
+def ready_pipeline(pipeline):
+    pipeline.wait_ready()
+    return pipeline
+
+
+@pytest.fixture
+def attach_in_run_test(monkeypatch):
+    """``run_test`` builds its own ``PipelineWorker``; this makes it call
+    ``observer.attach(worker, aggregators)`` as the user's code does."""
+
+    def attach(observer: TurnlogObserver, aggregators) -> None:
+        class AttachedWorker(PipelineWorker):
+            def __init__(self, *args, **kwargs):
+                super().__init__(*args, **kwargs)
+                observer.attach(self, aggregators)
+
+        monkeypatch.setattr(pipecat_test_utils, "PipelineWorker", AttachedWorker)
+
+    return attach
+
+
+def stored(pipeline, session_id):
+    with pipeline.store.engine.connect() as conn:
+        return [
+            tuple(row)
+            for row in conn.execute(
+                select(
+                    transcript_turns.c.turn_index, transcript_turns.c.speaker, transcript_turns.c.text,
+                    transcript_turns.c.status, transcript_turns.c.barged_in,
+                    transcript_turns.c.input_tokens, transcript_turns.c.output_tokens,
+                )
+                .where(transcript_turns.c.session_id == session_id)
+                .order_by(transcript_turns.c.turn_index)
+            )
+        ]
+
+
+async def test_the_store_holds_exactly_the_conversation_pipecat_saw(ready_pipeline, attach_in_run_test):
+    pipeline = ready_pipeline
+    session_id = f"pipecat-{uuid.uuid4().hex[:8]}"
+    async with SessionRecorder(pipeline.settings) as recorder:
+        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        assert (observer.resumed, observer.messages) == (False, [])
+        context = LLMContext([SYSTEM, *observer.messages])
+        aggregators = aggregator_pair(context)
+        attach_in_run_test(observer, aggregators)
+        await run_test(
+            Pipeline(list(aggregators)),
+            frames_to_send=[
+                *user_says("Hi there,", "I need help with my order.", interim="Hi"), USER_TURN_END,
+                *llm_says("Sure,", " what is", " the order number?", tokens=(42, 7)), SleepFrame(sleep=0.1),
+                *user_says("It is 1234."), USER_TURN_END,
+                *llm_says("Thanks. Order 1234 shipped", " on Monday and", tokens=(30, 12), finished=False), SleepFrame(sleep=0.1),
+                # The user talks over the reply: the user turn opens, then the interruption cuts the reply.
+                UserStartedSpeakingFrame(), InterimTranscriptionFrame("Wait,", "caller", "2026-01-01T00:00:00Z"),
+                SleepFrame(sleep=0.1), InterruptionFrame(), SleepFrame(sleep=0.1),
+                *user_says("Wait, which Monday?")[1:], USER_TURN_END,
+                *llm_says("Last Monday, the 3rd.", tokens=(50, 6)), SleepFrame(sleep=0.1),
+            ],
+        )  # ... and run_test's EndFrame: on_pipeline_finished ends the session
+        await observer.wait_closed(TIMEOUT)
+        assert observer.session.closed and observer.errors == []
+
+    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the Pipecat session finalized")
+    assert stored(pipeline, session_id) == [
+        (0, "user", "Hi there, I need help with my order.", "complete", False, 0, 0),
+        (1, "assistant", "Sure, what is the order number?", "complete", False, 42, 7),
+        (2, "user", "It is 1234.", "complete", False, 0, 0),
+        (3, "assistant", "Thanks. Order 1234 shipped on Monday and", "complete", True, 30, 12),
+        (4, "user", "Wait, which Monday?", "complete", False, 0, 0),
+        (5, "assistant", "Last Monday, the 3rd.", "complete", False, 50, 6),
+    ]
+    assert (row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == ("completed", 6, 0)
+    assert (row["input_tokens"], row["output_tokens"]) == (122, 25)
+    # What Pipecat's own context holds is what turnlog stored.
+    assert context.messages[1:] == [{"role": s, "content": t} for _, s, t, *_ in stored(pipeline, session_id)]
+
+
+class AgentProcess:
+    """``tests/adapters/pipecat_agent.py`` as a child process, with its JSON lines."""
+
+    def __init__(self, settings, session_id: str, log: Path) -> None:
+        argv = [sys.executable, "-m", "tests.adapters.pipecat_agent", session_id]
+        env = {**settings.as_environment(), "PYTHONPATH": str(ROOT)}
+        self.process = ServiceProcess("pipecat-agent", argv, env, log, stdout_pipe=True)
+        self.lines: queue.Queue[dict] = queue.Queue()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for raw in self.process.popen.stdout:
+            self.lines.put(json.loads(raw))
+
+    def next_line(self, timeout: float = TIMEOUT) -> dict:
+        try:
+            return self.lines.get(timeout=timeout)
+        except queue.Empty:
+            raise AssertionError(f"no line from the agent in {timeout:.0f}s\n{self.process.log_path.read_text(errors='replace')[-4000:]}") from None
+
+
+def test_a_pipecat_agent_killed_mid_reply_resumes_with_its_llm_context_rebuilt_from_turnlog(ready_pipeline, tmp_path):
+    pipeline = ready_pipeline
+    session_id = f"pipecat-crash-{uuid.uuid4().hex[:8]}"
+    said_before = [
+        {"role": "user", "content": "I'd like to change my delivery address."},
+        {"role": "assistant", "content": "Of course. What is the new address?"},
+        {"role": "user", "content": "12 Elm Street, Springfield."},
+    ]
+    cut_off = {"role": "assistant", "content": "Thanks, I'm updating your order to 12 Elm"}
+
+    first = AgentProcess(pipeline.settings, session_id, tmp_path / "first.log")
+    assert first.next_line() == {"resumed": False, "epoch": 0, "context": [SYSTEM]}
+    assert first.next_line() == {"ready": True, "open_turns": [3]}
+    first.process.kill()  # mid-reply: the assistant's turn 3 is open
+
+    second = AgentProcess(pipeline.settings, session_id, tmp_path / "second.log")
+    # The restarted agent's LLM context is rebuilt from turnlog: the three turns said
+    # before the kill, and the words of the reply the caller heard before it.
+    assert second.next_line() == {"resumed": True, "epoch": 1, "context": [SYSTEM, *said_before, cut_off]}
+    assert second.next_line() == {"ended": True, "errors": []}
+    assert second.process.popen.wait(timeout=TIMEOUT) == 0
+
+    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the resumed session finalized")
+    assert stored(pipeline, session_id) == [
+        (0, "user", "I'd like to change my delivery address.", "complete", False, 0, 0),
+        (1, "assistant", "Of course. What is the new address?", "complete", False, 20, 8),
+        (2, "user", "12 Elm Street, Springfield.", "complete", False, 0, 0),
+        (3, "assistant", "Thanks, I'm updating your order to 12 Elm", "interrupted", False, 0, 0),
+        (4, "user", "Did it go through?", "complete", False, 0, 0),
+        (5, "assistant", "Yes, it ships to 12 Elm Street.", "complete", False, 35, 9),
+    ]
+    assert (row["epoch"], row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == (1, "completed", 6, 1)
