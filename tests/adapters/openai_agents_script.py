@@ -1,0 +1,81 @@
+"""An OpenAI Agents SDK agent for the crash test, run as its own process:
+``python -m tests.adapters.openai_agents_script PHASE SESSION``.
+
+Settings come from the environment (``TURNLOG_*``); progress goes to stdout as
+JSON lines, flushed. The inner session is an in-memory ``SQLiteSession``, so a
+killed process loses it, as a container loses its local files.
+
+- ``first``: asks questions 0 and 1 (answers 0 and 1), then question 2 streamed;
+  the answer stops after its first four words, which are flushed and
+  acknowledged; it prints ``{"streaming": true}`` and waits to be killed.
+- ``second``: opens the session again (a resume), prints the inner session's
+  rebuilt messages, asks question 3, prints what the model was shown, ends
+  the session and prints ``{"done": true, ...}``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from agents import Agent, Runner, SQLiteSession, set_tracing_disabled
+
+from turnlog.adapters.openai_agents import TurnlogSession
+from turnlog.producers import SessionRecorder
+from turnlog.settings import TurnlogSettings
+from tests.adapters.openai_agents_fakes import FakeModel, Reply
+
+
+def say(**fields: object) -> None:
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def messages(items: list) -> list[tuple[str, str]]:
+    out = []
+    for item in items:
+        if item.get("type", "message") == "message" and item.get("role") in ("user", "assistant"):
+            content = item["content"]
+            out.append((item["role"], content if isinstance(content, str) else "".join(p.get("text", "") for p in content)))
+    return out
+
+
+async def first(session: TurnlogSession) -> None:
+    model = FakeModel([
+        Reply(text="answer 0", input_tokens=10, output_tokens=2),
+        Reply(text="answer 1", input_tokens=11, output_tokens=2),
+        Reply(text="answer 2 is on its way to you", input_tokens=12, output_tokens=8, hold=4),
+    ])
+    agent = Agent(name="bot", model=model)
+    for n in range(2):
+        await Runner.run(agent, f"question {n}", session=session, hooks=session.hooks)
+        say(completed=n)
+    result = Runner.run_streamed(agent, "question 2", session=session, hooks=session.hooks)
+    deltas = 0
+    async for event in session.stream(result):
+        if event.type == "raw_response_event" and event.data.type == "response.output_text.delta":
+            deltas += 1
+            if deltas == 4:
+                await session.recorded.flush_partial()
+                assert await session.recorded.wait_acknowledged(60), "the partial was not acknowledged"
+                say(streaming=True)
+
+
+async def second(session: TurnlogSession) -> None:
+    rebuilt = messages(await session.inner.get_items())
+    model = FakeModel([Reply(text="answer 3", input_tokens=13, output_tokens=2)])
+    await Runner.run(Agent(name="bot", model=model), "question 3", session=session, hooks=session.hooks)
+    await session.end("completed")
+    say(done=True, rebuilt=rebuilt, model_saw=messages(model.calls[0]), epoch=session.recorded.epoch)
+
+
+async def main(phase: str, session_id: str) -> None:
+    set_tracing_disabled(True)
+    async with SessionRecorder(TurnlogSettings()) as recorder:
+        session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="bot")
+        await {"first": first, "second": second}[phase](session)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,258 @@
+"""The OpenAI Agents SDK adapter, driven by the SDK's own Runner with a fake Model,
+on the real broker and Postgres (and, for the crash, a real agent process)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import uuid
+
+import pytest
+
+pytest.importorskip("agents", reason="the OpenAI Agents SDK is the optional extra turnlog[openai-agents]")
+
+from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled  # noqa: E402
+from sqlalchemy import select  # noqa: E402
+
+from turnlog.adapters.openai_agents import TurnlogSession  # noqa: E402
+from turnlog.deploy.processes import ServiceProcess  # noqa: E402
+from turnlog.producers import SessionRecorder  # noqa: E402
+from turnlog.sinks.tables import transcript_turns  # noqa: E402
+from tests.adapters.openai_agents_fakes import FakeModel, Reply  # noqa: E402
+from tests.integration.test_pipeline import finalized  # noqa: E402
+from tests.support import wait_until  # noqa: E402
+
+TIMEOUT = 120
+set_tracing_disabled(True)
+
+
+@function_tool
+def order_status(order: str) -> str:
+    """The shipping status of an order."""
+    return f"order {order} ships tomorrow"
+
+
+def turns(pipeline, session_id):
+    """(turn_index, speaker, text, status, input_tokens, output_tokens, barged_in, tool_calls) in turn order."""
+    t = transcript_turns.c
+    with pipeline.store.engine.connect() as conn:
+        rows = conn.execute(
+            select(t.turn_index, t.speaker, t.text, t.status, t.input_tokens, t.output_tokens, t.barged_in, t.tool_calls)
+            .where(t.session_id == session_id)
+            .order_by(t.turn_index)
+        ).all()
+    return [tuple(row) for row in rows]
+
+
+def texts(items):
+    """(role, text) of the user and assistant messages among SDK items."""
+    out = []
+    for item in items:
+        content = item.get("content")
+        if item.get("type", "message") != "message" or item.get("role") not in ("user", "assistant"):
+            continue
+        out.append((item["role"], content if isinstance(content, str) else "".join(p.get("text", "") for p in content)))
+    return out
+
+
+async def test_runner_run_records_user_and_assistant_turns_with_tokens_and_tool_calls(pipeline):
+    session_id = f"oa-run-{uuid.uuid4().hex[:8]}"
+    model = FakeModel([
+        Reply(call=("order_status", '{"order": "42"}'), input_tokens=11, output_tokens=3),
+        Reply(text="Your order 42 ships tomorrow.", input_tokens=25, output_tokens=7),
+        Reply(text="You're welcome!", input_tokens=40, output_tokens=4),
+    ])
+    agent = Agent(name="support", instructions="Help with orders.", model=model, tools=[order_status])
+    inner = SQLiteSession(session_id)
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="support")
+        first = await Runner.run(agent, "Where is order 42?", session=session, hooks=session.hooks)
+        second = await Runner.run(agent, "Thanks!", session=session, hooks=session.hooks)
+        await session.end("completed")
+    assert (first.final_output, second.final_output) == ("Your order 42 ships tomorrow.", "You're welcome!")
+
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    call = {"name": "order_status", "arguments": {"order": "42"}, "result": "order 42 ships tomorrow"}
+    assert turns(pipeline, session_id) == [
+        (0, "user", "Where is order 42?", "complete", 0, 0, False, None),
+        (1, "assistant", "Your order 42 ships tomorrow.", "complete", 36, 10, False, [call]),
+        (2, "user", "Thanks!", "complete", 0, 0, False, None),
+        (3, "assistant", "You're welcome!", "complete", 40, 4, False, None),
+    ]
+    row = finalized(pipeline, session_id)
+    assert (row["turn_count"], row["input_tokens"], row["output_tokens"]) == (4, 76, 14)
+    # The inner session holds every item, the tool call and its output included; the model saw the history.
+    items = await inner.get_items()
+    assert texts(items) == [("user", "Where is order 42?"), ("assistant", "Your order 42 ships tomorrow."), ("user", "Thanks!"), ("assistant", "You're welcome!")]
+    assert [i.get("type") for i in items if i.get("type") in ("function_call", "function_call_output")] == ["function_call", "function_call_output"]
+    assert texts(model.calls[2]) == texts(items)[:3]
+
+
+async def test_run_streamed_records_the_partial_then_completes_the_same_turn(pipeline):
+    session_id = f"oa-stream-{uuid.uuid4().hex[:8]}"
+    answer = "Sure, the premium plan costs twelve euros a month."
+    reply = Reply(text=answer, input_tokens=9, output_tokens=11, hold=4)
+    agent = Agent(name="sales", model=FakeModel([reply]))
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="sales")
+        result = Runner.run_streamed(agent, "How much is premium?", session=session, hooks=session.hooks)
+        deltas = 0
+        async for event in session.stream(result):
+            if event.type == "raw_response_event" and event.data.type == "response.output_text.delta":
+                deltas += 1
+                if deltas == 4:  # the model holds here: the partial is what the user saw so far
+                    await session.recorded.flush_partial()
+                    partial = await asyncio.to_thread(
+                        wait_until, lambda: [t for t in turns(pipeline, session_id) if t[0] == 1],
+                        timeout=TIMEOUT, what="the streamed partial stored",
+                    )
+                    assert partial == [(1, "assistant", "Sure, the premium plan ", "partial", 0, 0, False, None)]
+                    reply.release.set()
+        await session.end("completed")
+    assert result.final_output == answer
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert turns(pipeline, session_id) == [
+        (0, "user", "How much is premium?", "complete", 0, 0, False, None),
+        (1, "assistant", answer, "complete", 9, 11, False, None),
+    ]
+
+
+async def test_a_streamed_run_cancelled_mid_answer_keeps_the_words_seen_as_a_barged_in_turn(pipeline):
+    session_id = f"oa-cut-{uuid.uuid4().hex[:8]}"
+    reply = Reply(text="Let me read you the whole terms and conditions now.", hold=3)
+    agent = Agent(name="talker", model=FakeModel([reply, Reply(text="Sorry! Yes?", output_tokens=3)]))
+    inner = SQLiteSession(session_id)
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="talker")
+        result = Runner.run_streamed(agent, "Tell me the terms", session=session, hooks=session.hooks)
+        deltas = 0
+        async for event in session.stream(result):
+            if event.type == "raw_response_event" and event.data.type == "response.output_text.delta":
+                deltas += 1
+                if deltas == 3:
+                    result.cancel()  # the user stops the answer
+        await Runner.run(agent, "Stop, a question", session=session, hooks=session.hooks)
+        await session.end("completed")
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert turns(pipeline, session_id) == [
+        (0, "user", "Tell me the terms", "complete", 0, 0, False, None),
+        (1, "assistant", "Let me read ", "complete", 0, 0, True, None),
+        (2, "user", "Stop, a question", "complete", 0, 0, False, None),
+        (3, "assistant", "Sorry! Yes?", "complete", 0, 3, False, None),
+    ]
+
+
+class SlowSession(SQLiteSession):
+    """An inner session whose saves of assistant items wait for ``release`` (a slow database)."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(session_id)
+        self.release = asyncio.Event()
+        self.saving = asyncio.Event()
+
+    async def add_items(self, items):
+        if any(item.get("role") == "assistant" for item in items):
+            self.saving.set()
+            await self.release.wait()
+        await super().add_items(items)
+
+
+async def test_a_run_cancelled_while_the_session_saves_loses_no_turn(pipeline):
+    """openai/openai-agents-python#1658: the caller's cancellation lands inside add_items."""
+    session_id = f"oa-cancel-{uuid.uuid4().hex[:8]}"
+    agent = Agent(name="bot", model=FakeModel([Reply(text="Here is your answer.", input_tokens=5, output_tokens=4), Reply(text="Next.", output_tokens=1)]))
+    inner = SlowSession(session_id)
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
+        run = asyncio.create_task(Runner.run(agent, "A question", session=session, hooks=session.hooks))
+        await asyncio.wait_for(inner.saving.wait(), TIMEOUT)
+        run.cancel()  # e.g. the client disconnected
+        with pytest.raises(asyncio.CancelledError):
+            await run
+        inner.release.set()  # the save the cancellation interrupted goes on
+        assert texts(await session.get_items()) == [("user", "A question"), ("assistant", "Here is your answer.")]
+        await Runner.run(agent, "Another", session=session, hooks=session.hooks)
+        await session.end("completed")
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert turns(pipeline, session_id) == [
+        (0, "user", "A question", "complete", 0, 0, False, None),
+        (1, "assistant", "Here is your answer.", "complete", 5, 4, False, None),
+        (2, "user", "Another", "complete", 0, 0, False, None),
+        (3, "assistant", "Next.", "complete", 0, 1, False, None),
+    ]
+
+
+async def test_open_resumes_and_rebuilds_an_inner_session_that_lost_its_items(pipeline):
+    session_id = f"oa-rebuild-{uuid.uuid4().hex[:8]}"
+    agent = Agent(name="bot", model=FakeModel([Reply(text="Hello, Ada.", output_tokens=3)]))
+    async with SessionRecorder(pipeline.settings) as recorder:
+        first = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="bot")
+        await Runner.run(agent, "I am Ada", session=first, hooks=first.hooks)
+    # A new process: the in-memory inner session is gone; turnlog has the conversation.
+    model = FakeModel([Reply(text="You are Ada.", output_tokens=3)])
+    agent = Agent(name="bot", model=model)
+    inner = SQLiteSession(session_id)
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
+        assert session.recorded.epoch == 1
+        assert texts(await inner.get_items()) == [("user", "I am Ada"), ("assistant", "Hello, Ada.")]
+        await Runner.run(agent, "Who am I?", session=session, hooks=session.hooks)
+        await session.end("completed")
+    assert texts(model.calls[0]) == [("user", "I am Ada"), ("assistant", "Hello, Ada."), ("user", "Who am I?")]
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [t[:4] for t in turns(pipeline, session_id)] == [
+        (0, "user", "I am Ada", "complete"),
+        (1, "assistant", "Hello, Ada.", "complete"),
+        (2, "user", "Who am I?", "complete"),
+        (3, "assistant", "You are Ada.", "complete"),
+    ]
+
+
+def test_an_agent_killed_mid_answer_resumes_with_its_history_rebuilt_from_turnlog(new_pipeline, tmp_path):
+    pipeline = new_pipeline(("sequencer", "sink"))
+    session_id = f"oa-crash-{uuid.uuid4().hex[:8]}"
+    env = pipeline.settings.as_environment()
+
+    def run(phase):
+        argv = [sys.executable, "-m", "tests.adapters.openai_agents_script", phase, session_id]
+        process = ServiceProcess(f"agent-{phase}", argv, env, tmp_path / f"agent-{phase}.log", stdout_pipe=True)
+        lines: list[dict] = []
+        changed = threading.Condition()
+
+        def read():
+            for raw in process.popen.stdout:
+                with changed:
+                    lines.append(json.loads(raw))
+                    changed.notify_all()
+
+        threading.Thread(target=read, daemon=True).start()
+        return process, lines, changed
+
+    first, lines, changed = run("first")
+    with changed:
+        assert changed.wait_for(lambda: any("streaming" in line for line in lines), timeout=TIMEOUT), (tmp_path / "agent-first.log").read_text()
+    first.kill()  # mid-answer: the third answer is streaming, its first words flushed
+
+    second, lines2, changed2 = run("second")
+    with changed2:
+        assert changed2.wait_for(lambda: any("done" in line for line in lines2), timeout=TIMEOUT), (tmp_path / "agent-second.log").read_text()
+    assert second.popen.wait(TIMEOUT) == 0
+    report = next(line for line in lines2 if "done" in line)
+    asked = [("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1"), ("assistant", "answer 1"), ("user", "question 2")]
+    assert [tuple(m) for m in report["rebuilt"]] == asked  # the inner session rebuilt from turnlog
+    assert [tuple(m) for m in report["model_saw"]] == [*asked, ("user", "question 3")]
+    assert report["epoch"] == 1
+
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [t[:6] for t in turns(pipeline, session_id)] == [
+        (0, "user", "question 0", "complete", 0, 0),
+        (1, "assistant", "answer 0", "complete", 10, 2),
+        (2, "user", "question 1", "complete", 0, 0),
+        (3, "assistant", "answer 1", "complete", 11, 2),
+        (4, "user", "question 2", "complete", 0, 0),
+        (5, "assistant", "answer 2 is on ", "interrupted", 0, 0),  # the words flushed before the kill
+        (6, "user", "question 3", "complete", 0, 0),
+        (7, "assistant", "answer 3", "complete", 13, 2),
+    ]
