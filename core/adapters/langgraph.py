@@ -1,0 +1,297 @@
+"""LangGraph adapter: mirror a graph's message stream into turnlog, beside your own checkpointer.
+
+Usage (``pip install 'turnlog[langgraph]'``)::
+
+    graph = builder.compile(checkpointer=AsyncPostgresSaver(...))   # your checkpointer stays
+    async with SessionRecorder(TurnlogSettings()) as recorder:
+        mirror = await LangGraphMirror.open(recorder, "thread-42", fleet="support", agent_id="bot-7")
+        config = {"configurable": {"thread_id": "thread-42"}}
+        async for mode, chunk in mirror.astream(graph, {"messages": [("user", "hi")]}, config):
+            ...                                    # ("messages", (chunk, metadata)) and ("updates", {...})
+        await mirror.end("completed")
+
+**Why not a checkpointer.** A LangGraph checkpointer must serve
+``get_tuple``/``aget_tuple`` with read-your-writes: the graph reads the
+checkpoint it has just ``put`` (with its pending writes and channel
+versions) at the start of every invocation and after an interrupt. turnlog
+cannot: an event is durable once the broker acknowledges it, but it becomes
+readable only when the sequencer and the sink have applied it (asynchronously,
+typically milliseconds, seconds under a backlog). A checkpointer on turnlog
+would serve stale state (the graph would re-run nodes or drop messages) or
+block each superstep on the whole pipeline. turnlog also stores
+conversation turns, not arbitrary channel values. So the graph keeps its own
+checkpointer, and this module mirrors the conversation into turnlog.
+
+**What it records.** :meth:`LangGraphMirror.astream` runs
+``graph.astream(input, config, stream_mode=["messages", "updates", ...])``
+and yields every ``(mode, chunk)`` pair unchanged:
+
+- each ``HumanMessage`` of the input's ``messages`` is a completed ``user``
+  turn, recorded before the graph runs;
+- ``"messages"`` mode: each ``AIMessageChunk`` adds its text to the open
+  ``assistant`` turn of its message id (the whole text so far, flushed by the
+  recorder's timer); ``partial_nodes`` restricts this to some nodes
+  (``metadata["langgraph_node"]``), e.g. to leave out a router's model call;
+- ``"updates"`` mode: each ``AIMessage`` with text that a node writes to the
+  ``messages`` key is a completed ``assistant`` turn (at the index of its
+  streamed partial, matched by message id), with tokens from
+  ``usage_metadata`` (``input_tokens``, ``output_tokens``); a ``HumanMessage``
+  a node writes is a completed ``user`` turn. An ``AIMessage`` that only
+  calls tools is not a turn: its ``tool_calls`` (with the ``ToolMessage``
+  contents as results) and its tokens go to the next assistant turn. A
+  message id already recorded is not recorded again (a node that returns the
+  whole list).
+- a streamed message that no update completes is completed when the stream
+  ends: as is if the graph finished, ``barged_in=True`` if the stream was cut
+  short (the caller stopped iterating, a cancellation, an exception): the
+  words the user saw. A caller that stops iterating early closes the
+  stream (``async with contextlib.aclosing(mirror.astream(...))``), so this
+  happens at once rather than when the generator is garbage-collected.
+
+Text is the message's ``content`` string, or the concatenated ``text`` of
+its ``{"type": "text"}`` blocks. ``subgraphs=True`` is not supported (the
+stream's shape changes). System messages are not recorded.
+
+**Resume.** :meth:`LangGraphMirror.open` resumes the session (thread) if
+turnlog has it (``SessionRecorder.resume``: the resume barrier, a new epoch)
+and starts it otherwise; :attr:`LangGraphMirror.history` holds the stored
+complete turns as ``HumanMessage``/``AIMessage`` objects. On the first
+:meth:`LangGraphMirror.astream` after a resume, if the graph has a
+checkpointer and the thread's state holds no messages (the checkpointer lost
+it: an in-memory saver, a new database), the history is put in front of the
+input's messages, so the graph continues the conversation; they are not
+recorded again. A graph without a checkpointer gets ``history`` from the
+caller. Known limit: a process killed after the checkpointer saved a
+message but before the update reached turnlog leaves that message in the
+checkpointer only.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
+from contextlib import aclosing
+from dataclasses import dataclass
+from typing import Any
+
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages.utils import convert_to_messages
+
+from turnlog.producers import RecordedSession, SessionNotFoundError, SessionRecorder
+from turnlog.schemas import ToolCall
+
+__all__ = ["LangGraphMirror", "USER", "ASSISTANT"]
+
+logger = logging.getLogger(__name__)
+
+#: Speakers of the recorded turns.
+USER = "user"
+ASSISTANT = "assistant"
+_MODES = ("messages", "updates")
+
+
+@dataclass(slots=True)
+class _Streamed:
+    turn_index: int
+    text: str = ""
+
+
+class LangGraphMirror:
+    """Records one LangGraph thread's conversation in turnlog. Make it with :meth:`open`.
+
+    ``recorded`` is the turnlog session; ``messages_key`` is the state key of
+    the conversation (``"messages"``, as in ``MessagesState``).
+    """
+
+    def __init__(
+        self, recorded: RecordedSession, *, messages_key: str = "messages", partial_nodes: Collection[str] | None = None
+    ) -> None:
+        self.recorded = recorded
+        self.messages_key = messages_key
+        self.partial_nodes = None if partial_nodes is None else frozenset(partial_nodes)
+        self._streamed: dict[str, _Streamed] = {}  # message id -> open assistant turn
+        self._seen: set[str] = set()  # message ids recorded (or rebuilt from turnlog)
+        self._tool_calls: dict[str, dict[str, Any]] = {}  # tool call id -> {"name", "arguments", "result"}
+        self._tokens = [0, 0]  # input, output tokens of tool-calling messages, for the next assistant turn
+        self._rebuild_pending = bool(recorded.turns)
+
+    @classmethod
+    async def open(
+        cls,
+        recorder: SessionRecorder,
+        thread_id: str,
+        *,
+        fleet: str,
+        agent_id: str,
+        metadata: Mapping[str, Any] | None = None,
+        messages_key: str = "messages",
+        partial_nodes: Collection[str] | None = None,
+    ) -> LangGraphMirror:
+        """Resume ``thread_id`` in turnlog if turnlog has it, else start it (the turnlog session id is the thread id).
+
+        Raises:
+            SessionClosedError: turnlog has the session and it has ended.
+            ResumeBarrierTimeout, SpoolError, InvalidTurnError: as
+                ``SessionRecorder.resume`` and ``start_session``.
+        """
+        try:
+            recorded = await recorder.resume(thread_id)
+        except SessionNotFoundError:
+            recorded = await recorder.start_session(thread_id, fleet=fleet, agent_id=agent_id, metadata=metadata)
+        return cls(recorded, messages_key=messages_key, partial_nodes=partial_nodes)
+
+    @property
+    def history(self) -> list[BaseMessage]:
+        """The complete turns turnlog held at the resume, as ``HumanMessage`` (user) and
+        ``AIMessage`` (assistant) objects with ids ``turnlog-<turn_index>``; other speakers are left out."""
+        kinds = {USER: HumanMessage, ASSISTANT: AIMessage}
+        return [
+            kinds[t.speaker](content=t.text, id=f"turnlog-{t.turn_index}")
+            for t in self.recorded.turns
+            if t.status == "complete" and t.speaker in kinds
+        ]
+
+    async def astream(
+        self,
+        graph: Any,
+        input: Any,
+        config: Mapping[str, Any] | None = None,
+        *,
+        stream_mode: Sequence[str] = (),
+        **kwargs: Any,
+    ) -> AsyncIterator[tuple[str, Any]]:
+        """Run ``graph.astream`` with ``stream_mode`` ``["messages", "updates", *stream_mode]``,
+        record the conversation (module docstring) and yield each ``(mode, chunk)``.
+
+        ``input`` is the graph's input: a mapping whose ``messages_key`` holds
+        the new messages (message objects, ``(role, text)`` tuples or dicts), or
+        a ``Command``/None (nothing recorded from it). ``kwargs`` go to ``graph.astream``.
+
+        Raises:
+            RecorderError: turnlog refused a turn; what the graph raises.
+        """
+        if kwargs.get("subgraphs"):
+            raise ValueError("LangGraphMirror does not support subgraphs=True")
+        input = await self._with_history(graph, input, config)
+        new = self._input_messages(input)
+        for message in new:
+            await self._complete(message)
+        modes = list(dict.fromkeys([*_MODES, *stream_mode]))
+        finished = False
+        try:
+            async with aclosing(graph.astream(input, config, stream_mode=modes, **kwargs)) as stream:
+                async for mode, chunk in stream:
+                    if mode == "messages":
+                        self._on_chunk(*chunk)
+                    elif mode == "updates":
+                        await self._on_update(chunk)
+                    yield mode, chunk
+            finished = True
+        finally:
+            for message_id, streamed in list(self._streamed.items()):
+                del self._streamed[message_id]
+                self._seen.add(message_id)
+                await self.recorded.complete_turn(streamed.turn_index, ASSISTANT, streamed.text, barged_in=not finished)
+
+    async def end(self, reason: str = "completed") -> None:
+        """End the turnlog session (the graph's thread is left as it is). Raises as ``RecordedSession.end``."""
+        await self.recorded.end(reason)
+
+    # -- internals -----------------------------------------------------------
+    async def _with_history(self, graph: Any, input: Any, config: Mapping[str, Any] | None) -> Any:
+        """``input`` with the rebuilt history in front of its messages, on the first
+        call after a resume, when the graph's checkpointer holds no messages for the thread."""
+        if not self._rebuild_pending:
+            return input
+        self._rebuild_pending = False
+        history = self.history
+        self._seen.update(m.id for m in history if m.id)
+        if getattr(graph, "checkpointer", None) is None or not isinstance(input, Mapping):
+            return input
+        state = await graph.aget_state(config)
+        if (state.values or {}).get(self.messages_key):
+            return input
+        logger.info("thread %s: the checkpointer holds no messages; %d rebuilt from turnlog", self.recorded.session_id, len(history))
+        return {**input, self.messages_key: [*history, *convert_to_messages(input.get(self.messages_key) or [])]}
+
+    def _input_messages(self, input: Any) -> list[BaseMessage]:
+        if not isinstance(input, Mapping):
+            return []
+        raw = input.get(self.messages_key) or []
+        messages = convert_to_messages([raw] if isinstance(raw, (str, BaseMessage, Mapping)) else raw)
+        return [m for m in messages if isinstance(m, HumanMessage) and not (m.id and m.id in self._seen)]
+
+    def _on_chunk(self, message: Any, metadata: Mapping[str, Any]) -> None:
+        if not isinstance(message, AIMessageChunk) or not message.id or message.id in self._seen:
+            return
+        if self.partial_nodes is not None and metadata.get("langgraph_node") not in self.partial_nodes:
+            return
+        text = _text(message)
+        if not text:
+            return
+        streamed = self._streamed.get(message.id)
+        if streamed is None:
+            streamed = self._streamed[message.id] = _Streamed(self.recorded.next_turn_index)
+        streamed.text += text
+        self.recorded.update_partial(streamed.turn_index, ASSISTANT, streamed.text)
+
+    async def _on_update(self, update: Any) -> None:
+        if not isinstance(update, Mapping):
+            return
+        for written in update.values():  # {node: its write}; a write may be None or a list of writes
+            for write in written if isinstance(written, list) else [written]:
+                if not isinstance(write, Mapping):
+                    continue
+                raw = write.get(self.messages_key)
+                if raw is None:
+                    continue
+                for message in convert_to_messages([raw] if isinstance(raw, (BaseMessage, Mapping)) else raw):
+                    await self._complete(message)
+
+    async def _complete(self, message: BaseMessage) -> None:
+        if message.id:
+            if message.id in self._seen:
+                return
+            self._seen.add(message.id)
+        if isinstance(message, ToolMessage):
+            call = self._tool_calls.get(message.tool_call_id)
+            if call is not None:
+                call["result"] = message.content
+            return
+        if isinstance(message, HumanMessage):
+            speaker = USER
+        elif isinstance(message, AIMessage):
+            speaker = ASSISTANT
+        else:
+            return
+        text = _text(message)
+        tokens: dict[str, int] = {}
+        calls: tuple[ToolCall, ...] = ()
+        if speaker == ASSISTANT:
+            usage = message.usage_metadata or {}
+            self._tokens[0] += int(usage.get("input_tokens") or 0)
+            self._tokens[1] += int(usage.get("output_tokens") or 0)
+            for call in message.tool_calls:
+                self._tool_calls[str(call.get("id"))] = {"name": call["name"], "arguments": dict(call.get("args") or {})}
+            if not text:
+                return  # a tool-calling message: its calls and tokens go with the next assistant turn
+            tokens = {"input_tokens": self._tokens[0], "output_tokens": self._tokens[1]}
+            self._tokens = [0, 0]
+            calls = tuple(ToolCall(name=c["name"], arguments=c["arguments"], result=c.get("result")) for c in self._tool_calls.values())
+            self._tool_calls.clear()
+        streamed = self._streamed.pop(message.id, None) if message.id else None
+        index = streamed.turn_index if streamed is not None else self.recorded.next_turn_index
+        await self.recorded.complete_turn(index, speaker, text, tool_calls=calls or None, **tokens)
+
+
+def _text(message: BaseMessage) -> str:
+    content = message.content
+    if isinstance(content, str):
+        return content
+    return "".join(
+        str(block.get("text") or "") for block in _blocks(content) if block.get("type") == "text"
+    )
+
+
+def _blocks(content: Iterable[Any]) -> list[Mapping[str, Any]]:
+    return [block if isinstance(block, Mapping) else {"type": "text", "text": block} for block in content if isinstance(block, (Mapping, str))]

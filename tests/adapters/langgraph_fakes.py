@@ -1,0 +1,86 @@
+"""A scripted chat model and a small LangGraph chat graph (with a tool step), no network.
+
+:class:`ScriptedChat` answers with its ``replies`` in order (``AIMessage``
+objects with ids, text or ``tool_calls``, and ``usage_metadata``). Streamed
+(as LangGraph's ``"messages"`` mode makes it), it sends the text word by word
+and the usage in a last, empty chunk; a reply whose id is in ``holds`` stops
+after ``holds[id]`` words and waits forever (the crash test kills it there).
+``seen`` keeps the messages of every call (what the model was shown).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+from langchain_core.language_models import BaseChatModel
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
+from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
+from langgraph.graph import END, START, MessagesState, StateGraph
+
+
+def reply(id: str, text: str = "", *, input_tokens: int = 0, output_tokens: int = 0, tool_calls: list | None = None) -> AIMessage:
+    usage = {"input_tokens": input_tokens, "output_tokens": output_tokens, "total_tokens": input_tokens + output_tokens}
+    return AIMessage(content=text, id=id, usage_metadata=usage, tool_calls=tool_calls or [])
+
+
+class ScriptedChat(BaseChatModel):
+    replies: Iterator[AIMessage]
+    holds: dict[str, int] = {}
+    seen: list[list[BaseMessage]] = []
+
+    @property
+    def _llm_type(self) -> str:
+        return "scripted-chat"
+
+    def _generate(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any) -> ChatResult:
+        self.seen.append(list(messages))
+        return ChatResult(generations=[ChatGeneration(message=next(self.replies))])
+
+    async def _astream(self, messages: list[BaseMessage], stop: Any = None, run_manager: Any = None, **kwargs: Any) -> AsyncIterator[ChatGenerationChunk]:
+        self.seen.append(list(messages))
+        message = next(self.replies)
+        text = message.content if isinstance(message.content, str) else ""
+        for i, word in enumerate(re.findall(r"\S+\s*", text)):
+            if i == self.holds.get(message.id):
+                await asyncio.Event().wait()  # until the process is killed
+            chunk = ChatGenerationChunk(message=AIMessageChunk(content=word, id=message.id))
+            if run_manager is not None:
+                await run_manager.on_llm_new_token(word, chunk=chunk)
+            yield chunk
+        calls = [
+            {"name": c["name"], "args": json.dumps(c["args"]), "id": c["id"], "index": i, "type": "tool_call_chunk"}
+            for i, c in enumerate(message.tool_calls)
+        ]
+        yield ChatGenerationChunk(
+            message=AIMessageChunk(content="", id=message.id, usage_metadata=message.usage_metadata, tool_call_chunks=calls, chunk_position="last")
+        )
+
+
+def order_status(order: str) -> str:
+    return f"order {order} ships tomorrow"
+
+
+def chat_graph(model: ScriptedChat, checkpointer: Any) -> Any:
+    """START -> chat -> (tools -> chat)* -> END over ``MessagesState``."""
+
+    async def chat(state: MessagesState) -> dict:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    def tools(state: MessagesState) -> dict:
+        last = state["messages"][-1]
+        return {"messages": [ToolMessage(content=order_status(**c["args"]), tool_call_id=c["id"]) for c in last.tool_calls]}
+
+    def route(state: MessagesState) -> str:
+        return "tools" if state["messages"][-1].tool_calls else END
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("chat", chat)
+    builder.add_node("tools", tools)
+    builder.add_edge(START, "chat")
+    builder.add_conditional_edges("chat", route, ["tools", END])
+    builder.add_edge("tools", "chat")
+    return builder.compile(checkpointer=checkpointer)

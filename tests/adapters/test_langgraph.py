@@ -1,0 +1,168 @@
+"""The LangGraph stream mirror, driven by a real StateGraph (checkpointer, tool step)
+whose node calls a scripted chat model, on the real broker and Postgres."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+import threading
+import uuid
+from contextlib import aclosing
+
+import pytest
+
+pytest.importorskip("langgraph", reason="LangGraph is the optional extra turnlog[langgraph]")
+
+from langchain_core.messages import AIMessageChunk, HumanMessage  # noqa: E402
+from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+
+from turnlog.adapters.langgraph import LangGraphMirror  # noqa: E402
+from turnlog.deploy.processes import ServiceProcess  # noqa: E402
+from turnlog.producers import SessionRecorder  # noqa: E402
+from tests.adapters.langgraph_fakes import ScriptedChat, chat_graph, reply  # noqa: E402
+from tests.adapters.test_openai_agents import turns  # noqa: E402
+from tests.integration.test_pipeline import finalized  # noqa: E402
+from tests.support import wait_until  # noqa: E402
+
+TIMEOUT = 120
+
+
+def config(thread_id):
+    return {"configurable": {"thread_id": thread_id}}
+
+
+async def test_the_mirror_records_the_conversation_partials_tokens_and_tool_calls(pipeline):
+    thread = f"lg-run-{uuid.uuid4().hex[:8]}"
+    call = {"name": "order_status", "args": {"order": "42"}, "id": "call-1", "type": "tool_call"}
+    model = ScriptedChat(replies=iter([
+        reply("ai-1", tool_calls=[call], input_tokens=11, output_tokens=3),
+        reply("ai-2", "Your order 42 ships tomorrow.", input_tokens=25, output_tokens=7),
+        reply("ai-3", "You are welcome!", input_tokens=40, output_tokens=4),
+    ]), seen=[])
+    graph = chat_graph(model, InMemorySaver())
+    async with SessionRecorder(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="support")
+        modes, chunks = set(), 0
+        async for mode, chunk in mirror.astream(graph, {"messages": [("user", "Where is order 42?")]}, config(thread)):
+            modes.add(mode)
+            if mode == "messages" and isinstance(chunk[0], AIMessageChunk) and chunk[0].id == "ai-2" and chunk[0].content:
+                chunks += 1
+                if chunks == 3:  # the partial is the text streamed so far
+                    await mirror.recorded.flush_partial()
+                    partial = await asyncio.to_thread(
+                        wait_until, lambda: [t for t in turns(pipeline, thread) if t[0] == 1],
+                        timeout=TIMEOUT, what="the streamed partial stored",
+                    )
+                    assert partial == [(1, "assistant", "Your order 42 ", "partial", 0, 0, False, None)]
+        assert modes == {"messages", "updates"}
+        async for _ in mirror.astream(graph, {"messages": [HumanMessage("Thanks!")]}, config(thread)):
+            pass
+        await mirror.end("completed")
+    wait_until(lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
+    recorded_call = {"name": "order_status", "arguments": {"order": "42"}, "result": "order 42 ships tomorrow"}
+    assert turns(pipeline, thread) == [
+        (0, "user", "Where is order 42?", "complete", 0, 0, False, None),
+        (1, "assistant", "Your order 42 ships tomorrow.", "complete", 36, 10, False, [recorded_call]),
+        (2, "user", "Thanks!", "complete", 0, 0, False, None),
+        (3, "assistant", "You are welcome!", "complete", 40, 4, False, None),
+    ]
+    state = await graph.aget_state(config(thread))
+    assert [m.content for m in state.values["messages"] if m.type in ("human", "ai") and m.content] == [
+        "Where is order 42?", "Your order 42 ships tomorrow.", "Thanks!", "You are welcome!",
+    ]
+
+
+async def test_a_stream_cut_short_keeps_the_words_seen_as_a_barged_in_turn(pipeline):
+    thread = f"lg-cut-{uuid.uuid4().hex[:8]}"
+    model = ScriptedChat(replies=iter([reply("ai-1", "Let me read you all the terms and conditions.", output_tokens=9)]), seen=[])
+    graph = chat_graph(model, InMemorySaver())
+    async with SessionRecorder(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="talker")
+        words = 0
+        async with aclosing(mirror.astream(graph, {"messages": [("user", "Tell me the terms")]}, config(thread))) as stream:
+            async for mode, chunk in stream:
+                if mode == "messages" and isinstance(chunk[0], AIMessageChunk) and chunk[0].content:
+                    words += 1
+                    if words == 3:
+                        break  # the user stops the answer
+        await mirror.end("completed")
+    wait_until(lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
+    assert turns(pipeline, thread) == [
+        (0, "user", "Tell me the terms", "complete", 0, 0, False, None),
+        (1, "assistant", "Let me read ", "complete", 0, 0, True, None),
+    ]
+
+
+async def test_a_resumed_thread_whose_checkpointer_lost_it_continues_from_turnlog(pipeline):
+    thread = f"lg-rebuild-{uuid.uuid4().hex[:8]}"
+    first = ScriptedChat(replies=iter([reply("ai-1", "Hello, Ada.", output_tokens=3)]), seen=[])
+    async with SessionRecorder(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
+        async for _ in mirror.astream(chat_graph(first, InMemorySaver()), {"messages": [("user", "I am Ada")]}, config(thread)):
+            pass
+    # A new process with a new in-memory checkpointer: the thread is gone there, not in turnlog.
+    model = ScriptedChat(replies=iter([reply("ai-2", "You are Ada.", input_tokens=8, output_tokens=3)]), seen=[])
+    graph = chat_graph(model, InMemorySaver())
+    async with SessionRecorder(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
+        assert mirror.recorded.epoch == 1
+        assert [(m.type, m.content) for m in mirror.history] == [("human", "I am Ada"), ("ai", "Hello, Ada.")]
+        async for _ in mirror.astream(graph, {"messages": [("user", "Who am I?")]}, config(thread)):
+            pass
+        await mirror.end("completed")
+    assert [(m.type, m.content) for m in model.seen[0]] == [("human", "I am Ada"), ("ai", "Hello, Ada."), ("human", "Who am I?")]
+    wait_until(lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
+    assert [t[:6] for t in turns(pipeline, thread)] == [
+        (0, "user", "I am Ada", "complete", 0, 0),
+        (1, "assistant", "Hello, Ada.", "complete", 0, 3),
+        (2, "user", "Who am I?", "complete", 0, 0),
+        (3, "assistant", "You are Ada.", "complete", 8, 3),
+    ]
+
+
+def test_an_agent_killed_mid_answer_resumes_with_its_thread_rebuilt_from_turnlog(new_pipeline, tmp_path):
+    pipeline = new_pipeline(("sequencer", "sink"))
+    thread = f"lg-crash-{uuid.uuid4().hex[:8]}"
+    env = pipeline.settings.as_environment()
+
+    def run(phase):
+        argv = [sys.executable, "-m", "tests.adapters.langgraph_script", phase, thread]
+        process = ServiceProcess(f"agent-{phase}", argv, env, tmp_path / f"agent-{phase}.log", stdout_pipe=True)
+        lines: list[dict] = []
+        changed = threading.Condition()
+
+        def read():
+            for raw in process.popen.stdout:
+                with changed:
+                    lines.append(json.loads(raw))
+                    changed.notify_all()
+
+        threading.Thread(target=read, daemon=True).start()
+        return process, lines, changed
+
+    first, lines, changed = run("first")
+    with changed:
+        assert changed.wait_for(lambda: any("streaming" in line for line in lines), timeout=TIMEOUT), (tmp_path / "agent-first.log").read_text()
+    first.kill()
+
+    second, lines2, changed2 = run("second")
+    with changed2:
+        assert changed2.wait_for(lambda: any("done" in line for line in lines2), timeout=TIMEOUT), (tmp_path / "agent-second.log").read_text()
+    assert second.popen.wait(TIMEOUT) == 0
+    report = next(line for line in lines2 if "done" in line)
+    asked = [["human", "question 0"], ["ai", "answer 0"], ["human", "question 1"], ["ai", "answer 1"], ["human", "question 2"]]
+    assert report["model_saw"] == [*asked, ["human", "question 3"]]  # the thread rebuilt from turnlog
+    assert report["epoch"] == 1
+
+    wait_until(lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
+    assert [t[:6] for t in turns(pipeline, thread)] == [
+        (0, "user", "question 0", "complete", 0, 0),
+        (1, "assistant", "answer 0", "complete", 10, 2),
+        (2, "user", "question 1", "complete", 0, 0),
+        (3, "assistant", "answer 1", "complete", 11, 2),
+        (4, "user", "question 2", "complete", 0, 0),
+        (5, "assistant", "answer 2 is on ", "interrupted", 0, 0),  # the words flushed before the kill
+        (6, "user", "question 3", "complete", 0, 0),
+        (7, "assistant", "answer 3", "complete", 13, 2),
+    ]
