@@ -1,0 +1,548 @@
+"""LiveKit Agents (``livekit-agents`` 1.x): record an ``AgentSession`` through turnlog.
+
+Usage, in a LiveKit entrypoint (``pip install 'turnlog[livekit]'``)::
+
+    from turnlog.adapters.livekit import record_session
+
+    session = AgentSession(stt=..., llm=..., tts=..., vad=...)
+    agent = Assistant()
+    await record_session(session, agent, session_id=ctx.room.name, fleet="support", agent_id="assistant")
+    await session.start(agent, room=ctx.room)
+
+:func:`record_session` resumes the session if turnlog has it (a restarted job:
+the agent's ``ChatContext`` and ``session.history`` are rebuilt from the stored
+turns) and otherwise starts it; then it listens to the session:
+
+- ``user_input_transcribed``: the user's open turn. An interim transcript covers
+  only the current segment; final segments accumulate, so the partial text is
+  the final segments so far and the current interim, joined by spaces.
+- the session's text output (``session.output.transcription`` is wrapped, and
+  forwards everything to what it wraps; a text-only session gets one): the
+  agent's open turn, as the text is generated for speech (``capture_text``);
+  at the end of a segment (``flush``) the partial is spooled at once.
+- ``conversation_item_added``, a ``ChatMessage`` of role ``user`` or
+  ``assistant``: the committed turn, with LiveKit's text. An assistant message
+  with ``interrupted=True`` (barge-in) holds the words spoken before it, and is
+  recorded ``barged_in``. Other roles and items are not recorded.
+- ``session_usage_updated``: LLM tokens (``LLMModelUsage`` only: STT and TTS
+  usage is not counted), cumulative per (provider, model); each assistant turn
+  gets the difference since the previous one (tokens of an LLM call that
+  produced no spoken message go to the next assistant turn).
+- ``close``: the session ends in turnlog (reason ``participant_disconnected``,
+  ``user_initiated`` or ``task_completed``), except when LiveKit closes it for
+  ``job_shutdown`` or ``error``: then it stays active, resumable by the next job.
+
+LiveKit's event callbacks are synchronous: each one updates this module's turn
+state at once and queues the recorder calls, which one writer task makes in
+the order the events came. Speakers are ``"user"`` and ``"assistant"``; turn
+indexes are given in the order turns open (a barge-in's user turn opens
+while the agent's is still open).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from livekit.agents import (
+    Agent,
+    AgentHandoff,
+    AgentSession,
+    ChatContext,
+    ChatMessage,
+    CloseEvent,
+    CloseReason,
+    ConversationItemAddedEvent,
+    SessionUsageUpdatedEvent,
+    UserInputTranscribedEvent,
+)
+from livekit.agents.job import get_job_context
+from livekit.agents.metrics.usage import LLMModelUsage
+from livekit.agents.voice.io import TextOutput
+
+from turnlog.producers import RecordedSession, RecorderError, SessionNotFoundError, SessionRecorder, StoredTurn
+from turnlog.settings import TurnlogSettings
+
+__all__ = [
+    "AGENT_SPEAKER",
+    "ENDING_REASONS",
+    "USER_SPEAKER",
+    "LiveKitRecording",
+    "chat_context_from_turns",
+    "record_session",
+]
+
+logger = logging.getLogger(__name__)
+
+#: Speaker of the turns of the user (LiveKit's role ``user``).
+USER_SPEAKER = "user"
+#: Speaker of the agent's turns (LiveKit's role ``assistant``).
+AGENT_SPEAKER = "assistant"
+_ROLES = {USER_SPEAKER: "user", AGENT_SPEAKER: "assistant"}
+#: Close reasons that end the session in turnlog; any other (``job_shutdown``,
+#: ``error``) leaves it active, so the next job resumes it.
+ENDING_REASONS = frozenset({CloseReason.PARTICIPANT_DISCONNECTED, CloseReason.USER_INITIATED, CloseReason.TASK_COMPLETED})
+
+
+async def record_session(
+    session: AgentSession,
+    agent: Agent,
+    *,
+    session_id: str,
+    fleet: str,
+    agent_id: str,
+    metadata: Mapping[str, Any] | None = None,
+    recorder: SessionRecorder | None = None,
+    settings: TurnlogSettings | None = None,
+    resume: bool = True,
+    resume_timeout: float | None = None,
+) -> LiveKitRecording:
+    """Record ``session`` into turnlog as ``session_id``; call it before ``session.start(agent, ...)``.
+
+    With ``resume`` (the default), a session turnlog already has is resumed
+    (:meth:`SessionRecorder.resume`: the resume barrier, a new epoch) and its
+    stored turns are added to ``agent``'s ``ChatContext`` and to
+    ``session.history`` (:func:`chat_context_from_turns`); a session it does not
+    have is started (``fleet``, ``agent_id``, ``metadata``). ``resume=False``
+    always starts it. The resume waits at the barrier, for a new session too,
+    until the pipeline has applied what the session's partition holds: at most
+    ``resume_timeout`` seconds (default ``settings.resume_timeout_seconds``).
+
+    ``recorder``: a started :class:`SessionRecorder` to record through (the
+    caller closes it). Without one, a recorder is made from ``settings``
+    (default: the environment, ``TURNLOG_*``), started, and closed when the
+    recording stops.
+
+    Raises:
+        SessionClosedError: the session has ended in turnlog (it cannot be resumed).
+        ResumeBarrierTimeout: the pipeline did not catch up in time (retry later).
+        InvalidTurnError, SpoolError, RecorderError: as :meth:`SessionRecorder.start_session`.
+    """
+    owned = recorder is None
+    if recorder is None:
+        recorder = await SessionRecorder(settings).start()
+    try:
+        recorded: RecordedSession | None = None
+        if resume:
+            try:
+                recorded = await recorder.resume(session_id, timeout=resume_timeout)
+            except SessionNotFoundError:
+                recorded = None
+        resumed = recorded is not None
+        if recorded is None:
+            recorded = await recorder.start_session(session_id, fleet=fleet, agent_id=agent_id, metadata=metadata)
+        restored: list[ChatMessage] = []
+        if resumed and recorded.turns:
+            restored = _messages(recorded.turns)
+            context = agent.chat_ctx.copy()
+            context.insert(restored)
+            await agent.update_chat_ctx(context)
+            session.history.insert(restored)
+    except BaseException:
+        if owned:
+            await recorder.close()
+        raise
+    recording = LiveKitRecording(session, recorded, recorder, owns_recorder=owned, resumed=resumed, restored=restored)
+    recording._attach()
+    return recording
+
+
+_ID_PREFIX = "turnlog_"
+
+
+def chat_context_from_turns(turns: Iterable[StoredTurn], *, base: ChatContext | None = None) -> ChatContext:
+    """A ``ChatContext``: ``base``'s items (copied; none if None) and one ``ChatMessage``
+    per stored turn of speaker ``"user"`` or ``"assistant"``, in ``turn_index`` order.
+
+    A message's id is ``turnlog_<turn_index>``; ``interrupted`` is True for a turn
+    cut by barge-in (``barged_in``) and for one left unfinished by a crash
+    (status ``partial`` or ``interrupted``). ``created_at`` is the turn's start
+    (epoch seconds), raised where needed so the messages stay in turn order
+    (LiveKit keeps a context sorted by ``created_at``). Turns of other speakers
+    and turns with no text are left out.
+    """
+    context = base.copy() if base is not None else ChatContext.empty()
+    context.insert(_messages(turns))
+    return context
+
+
+def _messages(turns: Iterable[StoredTurn]) -> list[ChatMessage]:
+    messages = []
+    created_at = float("-inf")
+    for turn in sorted(turns, key=lambda t: t.turn_index):
+        role = _ROLES.get(turn.speaker)
+        if role is None or not turn.text:
+            continue
+        created_at = max(turn.started_at.timestamp(), created_at + 1e-6)
+        messages.append(
+            ChatMessage(
+                id=f"{_ID_PREFIX}{turn.turn_index}",
+                role=role,
+                content=[turn.text],
+                interrupted=turn.barged_in or turn.status != "complete",
+                created_at=created_at,
+            )
+        )
+    return messages
+
+
+# -- the writer's operations ---------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class _Partial:
+    turn_index: int
+    speaker: str
+    text: str
+    started_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class _Complete:
+    turn_index: int
+    speaker: str
+    text: str
+    started_at: dt.datetime
+    ended_at: dt.datetime
+    input_tokens: int = 0
+    output_tokens: int = 0
+    barged_in: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class _SpoolPartials:
+    """Spool the open turns' newest text now (the end of an agent text segment)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _End:
+    reason: str
+    ended_at: dt.datetime
+
+
+@dataclass(frozen=True, slots=True)
+class _Stop:
+    """The last operation: the writer closes an owned recorder and stops."""
+
+
+_Operation = _Partial | _Complete | _SpoolPartials | _End | _Stop
+
+
+# -- open turns ------------------------------------------------------------------------
+@dataclass(slots=True)
+class _UserTurn:
+    turn_index: int
+    started_at: dt.datetime
+    finals: list[str] = field(default_factory=list)
+    interim: str = ""
+
+    @property
+    def text(self) -> str:
+        return " ".join(part for part in (s.strip() for s in (*self.finals, self.interim)) if part)
+
+
+@dataclass(slots=True)
+class _AgentTurn:
+    turn_index: int
+    started_at: dt.datetime
+    speech_id: str | None
+    text: str = ""
+
+
+class _TranscriptTap(TextOutput):
+    """Wraps the session's text output: the agent's text goes to the recording, then on."""
+
+    def __init__(self, recording: LiveKitRecording, next_in_chain: TextOutput | None) -> None:
+        super().__init__(label="turnlog", next_in_chain=next_in_chain)
+        self._recording = recording
+
+    async def capture_text(self, text: str) -> None:
+        self._recording._on_agent_text(text)
+        if self.next_in_chain is not None:
+            await self.next_in_chain.capture_text(text)
+
+    def flush(self) -> None:
+        self._recording._on_agent_flush()
+        if self.next_in_chain is not None:
+            self.next_in_chain.flush()
+
+
+class LiveKitRecording:
+    """One ``AgentSession`` being recorded into turnlog; made by :func:`record_session`.
+
+    ``recorded`` is the turnlog session (its ``turns`` are the stored ones after
+    a resume), ``resumed`` whether it was resumed, ``restored`` the messages
+    rebuilt from it (already in the agent's ``ChatContext`` and in
+    ``session.history``). ``failures`` counts recorder calls that failed (each
+    is logged at ERROR with its reason); the recording goes on after one.
+    """
+
+    def __init__(
+        self,
+        session: AgentSession,
+        recorded: RecordedSession,
+        recorder: SessionRecorder,
+        *,
+        owns_recorder: bool,
+        resumed: bool = False,
+        restored: Iterable[ChatMessage] = (),
+    ) -> None:
+        self.session = session
+        self.recorded = recorded
+        self.recorder = recorder
+        self.resumed = resumed
+        self.restored = tuple(restored)
+        self.failures = 0
+        self._owns_recorder = owns_recorder
+        self._next_index = recorded.next_turn_index
+        self._user: _UserTurn | None = None
+        self._agent: _AgentTurn | None = None
+        self._usage_seen: dict[tuple[str, str], tuple[int, int]] = {}
+        self._pending_tokens = (0, 0)
+        self._queue: asyncio.Queue[_Operation] = asyncio.Queue()
+        self._writer: asyncio.Task[None] | None = None
+        self._stopping = False
+        self._stop_requested = asyncio.Event()
+        self._stopped = asyncio.Event()
+        self._tap: _TranscriptTap | None = None
+
+    # -- public ------------------------------------------------------------------
+    @property
+    def closed(self) -> bool:
+        """True once the writer has made every queued call and stopped."""
+        return self._stopped.is_set()
+
+    async def wait_recorded(self) -> None:
+        """Until every event seen so far has been handed to the recorder (each
+        turn completion returns as :meth:`RecordedSession.complete_turn` does)."""
+        await self._queue.join()
+
+    async def wait_closed(self, timeout: float | None = None) -> bool:
+        """Until the recording stopped (after the session's ``close``, or :meth:`aclose`);
+        False if ``timeout`` seconds passed first."""
+        try:
+            await asyncio.wait_for(self._stopped.wait(), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def aclose(self) -> None:
+        """Stop recording without ending the session (it stays resumable): make the
+        queued calls, then close the recorder if this recording made it."""
+        self._stop()
+        if self._writer is not None:
+            await self._writer
+
+    # -- wiring ------------------------------------------------------------------
+    def _attach(self) -> None:
+        self._writer = asyncio.create_task(self._write_forever(), name=f"turnlog-livekit-{self.recorded.session_id}")
+        self.session.on("user_input_transcribed", self._on_user_input_transcribed)
+        self.session.on("conversation_item_added", self._on_conversation_item_added)
+        self.session.on("session_usage_updated", self._on_session_usage_updated)
+        self.session.on("agent_state_changed", self._on_agent_state_changed)
+        self.session.on("close", self._on_close)
+        # Before start, a transcription output may still be set by RoomIO: only an
+        # existing one is wrapped now; the agent's handoff (start) wraps again.
+        self._tap_transcription(install=self.session.agent_state != "initializing")
+        job = get_job_context(required=False)
+        if job is not None:
+            job.add_shutdown_callback(self._on_job_shutdown)
+
+    def _detach(self) -> None:
+        for event, callback in (
+            ("user_input_transcribed", self._on_user_input_transcribed),
+            ("conversation_item_added", self._on_conversation_item_added),
+            ("session_usage_updated", self._on_session_usage_updated),
+            ("agent_state_changed", self._on_agent_state_changed),
+            ("close", self._on_close),
+        ):
+            self.session.off(event, callback)
+
+    def _tap_transcription(self, *, install: bool) -> None:
+        """Wrap ``session.output.transcription`` unless it is our tap; with
+        ``install``, give a session without one a tap of its own."""
+        current = self.session.output.transcription
+        if current is not None and current is self._tap:
+            return
+        if current is None and not install:
+            return
+        self._tap = _TranscriptTap(self, current)
+        self.session.output.transcription = self._tap
+
+    async def _on_job_shutdown(self) -> None:
+        """The job ends: LiveKit closes the session (``job_shutdown``, not ended in
+        turnlog) at the same time; wait for that close to be recorded, then stop."""
+        if self.session.agent_state != "initializing" and not self._stopping:
+            wait = self.recorder.settings.spool_close_timeout_seconds
+            try:
+                await asyncio.wait_for(self._stop_requested.wait(), wait)
+            except TimeoutError:
+                logger.warning("session %s: no close from LiveKit within %.0f s of the job's shutdown", self.recorded.session_id, wait)
+        await self.aclose()
+
+    # -- LiveKit callbacks (synchronous) ----------------------------------------
+    def _on_user_input_transcribed(self, ev: UserInputTranscribedEvent) -> None:
+        if self._stopping:
+            return
+        turn = self._user
+        if turn is None:
+            if not ev.transcript.strip():
+                return
+            turn = self._user = _UserTurn(self._take_index(), _from_epoch(ev.created_at))
+        if ev.is_final:
+            turn.finals.append(ev.transcript)
+            turn.interim = ""
+        else:
+            turn.interim = ev.transcript
+        self._submit(_Partial(turn.turn_index, USER_SPEAKER, turn.text, turn.started_at))
+
+    def _on_agent_text(self, delta: str) -> None:
+        if self._stopping or not delta:
+            return
+        speech = self.session.current_speech
+        speech_id = speech.id if speech is not None else None
+        turn = self._agent
+        if turn is None or (speech_id is not None and turn.speech_id is not None and speech_id != turn.speech_id):
+            # A reply whose text was never committed (its playout was skipped) stays
+            # open in turnlog: kept, marked interrupted, when the session ends.
+            turn = self._agent = _AgentTurn(self._take_index(), _now(), speech_id)
+        turn.text += delta
+        self._submit(_Partial(turn.turn_index, AGENT_SPEAKER, turn.text, turn.started_at))
+
+    def _on_agent_flush(self) -> None:
+        if not self._stopping and self._agent is not None:
+            self._submit(_SpoolPartials())
+
+    def _on_conversation_item_added(self, ev: ConversationItemAddedEvent) -> None:
+        if self._stopping:
+            return
+        item = ev.item
+        if isinstance(item, AgentHandoff):
+            # Emitted as an agent's activity starts, after RoomIO set the outputs
+            # and before any reply reads the text output.
+            self._tap_transcription(install=True)
+            return
+        if not isinstance(item, ChatMessage):
+            return
+        now = _now()
+        text = item.text_content or ""
+        if item.role == "user":
+            user = self._user
+            self._user = None
+            index = user.turn_index if user is not None else self._take_index()
+            opened = user.started_at if user is not None else _from_epoch(item.created_at)
+            started, ended = _span(item, opened, now)
+            self._submit(_Complete(index, USER_SPEAKER, text, started, ended))
+        elif item.role == "assistant":
+            agent = self._agent
+            self._agent = None
+            index = agent.turn_index if agent is not None else self._take_index()
+            opened = agent.started_at if agent is not None else _from_epoch(item.created_at)
+            started, ended = _span(item, opened, now)
+            input_tokens, output_tokens = self._pending_tokens
+            self._pending_tokens = (0, 0)
+            self._submit(
+                _Complete(index, AGENT_SPEAKER, text, started, ended, input_tokens, output_tokens, barged_in=item.interrupted)
+            )
+
+    def _on_session_usage_updated(self, ev: SessionUsageUpdatedEvent) -> None:
+        pending_in, pending_out = self._pending_tokens
+        for usage in ev.usage.model_usage:
+            if not isinstance(usage, LLMModelUsage):
+                continue
+            key = (usage.provider, usage.model)
+            seen_in, seen_out = self._usage_seen.get(key, (0, 0))
+            if usage.input_tokens < seen_in or usage.output_tokens < seen_out:
+                seen_in, seen_out = 0, 0  # the session was started again: its totals restarted
+            pending_in += usage.input_tokens - seen_in
+            pending_out += usage.output_tokens - seen_out
+            self._usage_seen[key] = (usage.input_tokens, usage.output_tokens)
+        self._pending_tokens = (pending_in, pending_out)
+
+    def _on_agent_state_changed(self, _ev: object) -> None:
+        if not self._stopping and self.session.agent_state != "initializing":
+            self._tap_transcription(install=True)  # a transcription output replaced after start
+
+    def _on_close(self, ev: CloseEvent) -> None:
+        if self._stopping:
+            return
+        if ev.reason in ENDING_REASONS:
+            self._submit(_End(ev.reason.value, _from_epoch(ev.created_at)))
+        else:
+            logger.info("session %s: LiveKit closed it (%s); it stays resumable", self.recorded.session_id, ev.reason.value)
+        self._stop()
+
+    # -- internals -----------------------------------------------------------------
+    def _take_index(self) -> int:
+        index = self._next_index
+        self._next_index += 1
+        return index
+
+    def _submit(self, operation: _Operation) -> None:
+        self._queue.put_nowait(operation)
+
+    def _stop(self) -> None:
+        if self._stopping:
+            return
+        self._stopping = True
+        self._stop_requested.set()
+        self._detach()
+        self._submit(_Stop())
+
+    async def _write_forever(self) -> None:
+        session = self.recorded
+        while True:
+            operation = await self._queue.get()
+            try:
+                if isinstance(operation, _Stop):
+                    break  # (the finally marks it done)
+                if isinstance(operation, _Partial):
+                    session.update_partial(operation.turn_index, operation.speaker, operation.text, started_at=operation.started_at)
+                elif isinstance(operation, _Complete):
+                    await session.complete_turn(
+                        operation.turn_index,
+                        operation.speaker,
+                        operation.text,
+                        started_at=operation.started_at,
+                        ended_at=operation.ended_at,
+                        input_tokens=operation.input_tokens,
+                        output_tokens=operation.output_tokens,
+                        barged_in=operation.barged_in,
+                    )
+                elif isinstance(operation, _SpoolPartials):
+                    await session.flush_partial()
+                elif isinstance(operation, _End):
+                    await session.end(operation.reason, ended_at=operation.ended_at)
+            except RecorderError as e:
+                self.failures += 1
+                logger.error("session %s: %s not recorded: %s", session.session_id, type(operation).__name__, e)
+            except Exception:  # a bug on one event must not stop the recording of the rest
+                self.failures += 1
+                logger.exception("session %s: %s not recorded", session.session_id, type(operation).__name__)
+            finally:
+                self._queue.task_done()
+        try:
+            if self._owns_recorder:
+                await self.recorder.close()
+        finally:
+            self._stopped.set()
+
+
+def _now() -> dt.datetime:
+    return dt.datetime.now(dt.timezone.utc)
+
+
+def _from_epoch(seconds: float) -> dt.datetime:
+    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
+
+
+def _span(message: ChatMessage, opened: dt.datetime, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:
+    """A committed turn's (started_at, ended_at): LiveKit's speaking times in the
+    message's metrics when it has them, else when the turn opened and now."""
+    metrics: Mapping[str, Any] = message.metrics or {}
+    began, stopped = metrics.get("started_speaking_at"), metrics.get("stopped_speaking_at")
+    started = _from_epoch(began) if isinstance(began, (int, float)) and not isinstance(began, bool) else opened
+    ended = _from_epoch(stopped) if isinstance(stopped, (int, float)) and not isinstance(stopped, bool) else now
+    return started, max(started, ended)

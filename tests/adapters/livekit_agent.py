@@ -1,0 +1,69 @@
+"""A LiveKit agent for the crash test, run as its own process:
+``python -m tests.adapters.livekit_agent PHASE SESSION``.
+
+A real ``AgentSession`` (text-only, scripted LLM) recorded through
+``turnlog.adapters.livekit``; settings come from the environment (``TURNLOG_*``).
+Progress goes to stdout as JSON lines, flushed.
+
+- ``first``: "Hello" and its reply, then "Tell me a story", whose reply streams
+  slowly (about 30 s); prints ``speaking`` and waits to be SIGKILLed mid-reply.
+- ``resume``: the same session id again: prints what the resume rebuilt (the
+  agent's ChatContext and ``session.history``), asks "What happened next?",
+  prints what the LLM was given, closes the session (it ends) and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+from livekit.agents import Agent, AgentSession
+
+from turnlog.adapters.livekit import record_session
+from tests.adapters.livekit_fakes import Reply, ScriptedLLM
+
+STORY = "Once upon a time, " + " ".join(f"dragon{i}" for i in range(400))
+REPLIES = {
+    "Hello": Reply("Hi! How can I help you today?", input_tokens=12, output_tokens=9),
+    "Tell me a story": Reply(STORY, input_tokens=30, output_tokens=500, chunk_chars=5, chunk_seconds=0.05),
+    "What happened next?": Reply("The dragon slept.", input_tokens=70, output_tokens=4),
+}
+
+
+def say(**fields: object) -> None:
+    sys.stdout.write(json.dumps(fields) + "\n")
+    sys.stdout.flush()
+
+
+def messages(chat_ctx) -> list[tuple[str, str | None, bool]]:
+    return [(m.role, m.text_content, m.interrupted) for m in chat_ctx.messages() if m.role in ("user", "assistant")]
+
+
+async def main(phase: str, session_id: str) -> None:
+    llm = ScriptedLLM(REPLIES)
+    session = AgentSession(llm=llm, vad=None, user_away_timeout=None)
+    agent = Agent(instructions="You tell stories.")
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-crash")
+    say(
+        resumed=recording.resumed,
+        epoch=recording.recorded.epoch,
+        chat_ctx=messages(agent.chat_ctx),
+        history=messages(session.history),
+    )
+    await session.start(agent)
+    if phase == "first":
+        await session.run(user_input="Hello")
+        await recording.wait_recorded()
+        story = session.run(user_input="Tell me a story")  # about 30 s: the test SIGKILLs us first
+        say(speaking=True)
+        await story
+        await asyncio.Event().wait()
+    await session.run(user_input="What happened next?")
+    await session.aclose()
+    assert await recording.wait_closed(60), "the recording did not stop"
+    say(done=True, llm_saw=[m for m in llm.contexts[-1] if m[0] in ("user", "assistant")], failures=recording.failures)
+
+
+if __name__ == "__main__":
+    asyncio.run(main(sys.argv[1], sys.argv[2]))

@@ -1,0 +1,341 @@
+"""The LiveKit Agents adapter, driven by LiveKit's own machinery (a real
+``AgentSession``, text-only, with a scripted LLM), recorded into the real broker
+and Postgres; and an agent process SIGKILLed mid-reply and restarted."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import json
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("livekit.agents", reason="livekit-agents is not installed (pip install 'turnlog[livekit]')")
+
+from livekit.agents import Agent, AgentSession, APIConnectOptions, ChatContext, UserInputTranscribedEvent  # noqa: E402
+from livekit.agents.testing import fake_job_context  # noqa: E402
+from livekit.agents.voice.agent_session import SessionConnectOptions  # noqa: E402
+from sqlalchemy import select  # noqa: E402
+
+from turnlog.adapters.livekit import chat_context_from_turns, record_session  # noqa: E402
+from turnlog.audit import fold_events  # noqa: E402
+from turnlog.deploy.processes import ServiceProcess  # noqa: E402
+from turnlog.producers import StoredTurn  # noqa: E402
+from turnlog.schemas import TurnPartial, decode_event  # noqa: E402
+from turnlog.sinks.tables import session_events, sessions, transcript_turns  # noqa: E402
+from tests.adapters.livekit_fakes import Reply, ScriptedLLM  # noqa: E402
+from tests.support import wait_until  # noqa: E402
+
+TIMEOUT = 90
+ROOT = Path(__file__).resolve().parents[2]
+PLANS = "Our plans are simple. " + " ".join(f"plan{i}" for i in range(400))  # ~20 s at 5 chars / 50 ms
+REPLIES = {
+    "Hello": Reply("Hi! How can I help you today?", input_tokens=12, output_tokens=9),
+    "I'd like to know about your plans": Reply(PLANS, input_tokens=40, output_tokens=300, chunk_chars=5, chunk_seconds=0.05),
+    "wait, how much is it?": Reply("It is 10 dollars a month.", input_tokens=55, output_tokens=8),
+}
+
+
+# -- store reads -------------------------------------------------------------------------
+def turns_of(pipeline, session_id):
+    with pipeline.store.engine.connect() as conn:
+        return conn.execute(
+            select(transcript_turns).where(transcript_turns.c.session_id == session_id).order_by(transcript_turns.c.turn_index)
+        ).mappings().all()
+
+
+def session_row(pipeline, session_id):
+    with pipeline.store.engine.connect() as conn:
+        return conn.execute(select(sessions).where(sessions.c.id == session_id)).mappings().first()
+
+
+def logged_events(pipeline, session_id):
+    with pipeline.store.engine.connect() as conn:
+        payloads = conn.execute(
+            select(session_events.c.payload).where(session_events.c.session_id == session_id).order_by(session_events.c.seq)
+        ).scalars().all()
+    return payloads, [decode_event(p) for p in payloads]
+
+
+def stored_turn(pipeline, session_id, index):
+    return next((t for t in turns_of(pipeline, session_id) if t["turn_index"] == index), None)
+
+
+def finalized(pipeline, session_id):
+    row = session_row(pipeline, session_id)
+    return row if row is not None and row["status"] == "finalized" else None
+
+
+def conversation(rows):
+    """Stored turns as (index, speaker, text, status, barged_in, input_tokens, output_tokens)."""
+    return [
+        (t["turn_index"], t["speaker"], t["text"], t["status"], t["barged_in"], t["input_tokens"], t["output_tokens"])
+        for t in rows
+    ]
+
+
+def messages(chat_ctx):
+    return [(m.role, m.text_content, m.interrupted) for m in chat_ctx.messages() if m.role in ("user", "assistant")]
+
+
+async def eventually(probe, *, what, timeout=TIMEOUT):
+    """``wait_until`` for async tests: the probe runs in a thread, the event loop (LiveKit's) keeps running."""
+    deadline = time.monotonic() + timeout
+    while True:
+        value = await asyncio.to_thread(probe)
+        if value:
+            return value
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+        await asyncio.sleep(0.1)
+
+
+def new_session(llm, **options):
+    return AgentSession(llm=llm, vad=None, user_away_timeout=None, **options)
+
+
+# -- the rebuilt context (no services) ----------------------------------------------------
+def stored(index, speaker, text, status="complete", barged_in=False, second=0):
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=second)
+    return StoredTurn(index, speaker, text, status, start, None, 0, 0, None, barged_in)
+
+
+def test_the_context_rebuilt_from_stored_turns_keeps_their_order_and_marks_cut_turns_interrupted():
+    base = ChatContext.empty()
+    kept = base.add_message(role="system", content="Be brief.")
+    turns = [
+        stored(3, "user", "wait, what", status="interrupted", second=5),
+        stored(0, "user", "hello", second=1),
+        stored(1, "assistant", "Hi, our plans", barged_in=True, second=3),
+        stored(2, "operator", "a note", second=4),  # not a LiveKit role: left out
+        stored(4, "assistant", "", status="partial", second=6),  # no text: left out
+        stored(5, "assistant", "Of course,", status="partial", second=2),  # started earlier, yet after turn 3
+    ]
+    context = chat_context_from_turns(turns, base=base)
+    assert [(m.id, m.role, m.text_content, m.interrupted) for m in context.messages() if m.role != "system"] == [
+        ("turnlog_0", "user", "hello", False),
+        ("turnlog_1", "assistant", "Hi, our plans", True),
+        ("turnlog_3", "user", "wait, what", True),
+        ("turnlog_5", "assistant", "Of course,", True),
+    ]
+    stamps = [m.created_at for m in context.messages() if m.id.startswith("turnlog_")]
+    assert stamps == sorted(stamps) and len(set(stamps)) == len(stamps)
+    assert kept in context.items and len(base.items) == 1  # base is copied, not changed
+
+
+# -- in-process --------------------------------------------------------------------------
+async def test_a_conversation_with_interim_transcripts_and_a_barge_in_is_stored_as_livekit_saw_it(pipeline):
+    session_id = f"lk-{uuid.uuid4().hex[:8]}"
+    session, agent = new_session(ScriptedLLM(REPLIES)), Agent(instructions="You are a test agent.")
+    recording = await record_session(
+        session, agent, session_id=session_id, fleet="tests", agent_id="livekit", settings=pipeline.settings
+    )
+    assert not recording.resumed and recording.recorded.epoch == 0
+    await session.start(agent)
+    try:
+        await session.run(user_input="Hello")
+
+        # The user speaks: interim segments, a final one, then the next segment's interims.
+        for text, final in (("I'd", False), ("I'd like to know", True), ("about", False), ("about your", False)):
+            session.emit("user_input_transcribed", UserInputTranscribedEvent(transcript=text, is_final=final))
+        await eventually(
+            lambda: (t := stored_turn(pipeline, session_id, 2)) and (t["speaker"], t["text"], t["status"])
+            == ("user", "I'd like to know about your", "partial"),
+            what="the user's partial turn (final segment + interim) in the store",
+        )
+        run = session.run(user_input="I'd like to know about your plans")
+
+        # The agent's reply is streamed slowly; its partial text reaches the store while it speaks.
+        await eventually(
+            lambda: (t := stored_turn(pipeline, session_id, 3)) and t["status"] == "partial" and len(t["text"]) > 30,
+            what="the agent's partial reply in the store",
+        )
+        # Barge-in: the user starts talking, and the agent is interrupted.
+        session.emit("user_input_transcribed", UserInputTranscribedEvent(transcript="wait", is_final=False))
+        await session.interrupt()
+        await run
+        await session.run(user_input="wait, how much is it?")
+    finally:
+        await session.aclose()  # close reason user_initiated: the session ends in turnlog
+    assert await recording.wait_closed(TIMEOUT)
+    assert recording.failures == 0
+
+    seen = messages(session.history)
+    row = await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
+    stored = conversation(turns_of(pipeline, session_id))
+
+    # LiveKit's own history: the barged-in reply holds what was spoken before the interruption.
+    spoken = seen[3][1]
+    assert seen == [
+        ("user", "Hello", False),
+        ("assistant", "Hi! How can I help you today?", False),
+        ("user", "I'd like to know about your plans", False),
+        ("assistant", spoken, True),
+        ("user", "wait, how much is it?", False),
+        ("assistant", "It is 10 dollars a month.", False),
+    ]
+    assert 30 < len(spoken) < len(PLANS) and PLANS.startswith(spoken)
+    # The store holds exactly that conversation: turns, speakers, text, order, the barge-in, tokens.
+    assert stored == [
+        (0, "user", "Hello", "complete", False, 0, 0),
+        (1, "assistant", "Hi! How can I help you today?", "complete", False, 12, 9),
+        (2, "user", "I'd like to know about your plans", "complete", False, 0, 0),
+        (3, "assistant", spoken, "complete", True, 40, 300),
+        (4, "user", "wait, how much is it?", "complete", False, 0, 0),
+        (5, "assistant", "It is 10 dollars a month.", "complete", False, 55, 8),
+    ]
+    assert [(i, speaker, text, barged) for i, speaker, text, _, barged, _, _ in stored] == [
+        (i, role, text, interrupted) for i, (role, text, interrupted) in enumerate(seen)
+    ]
+    assert (row["turn_count"], row["interrupted_turn_count"], row["input_tokens"], row["output_tokens"]) == (6, 0, 107, 317)
+    assert row["end_seq"] == row["last_seq"] and row["epoch"] == 0
+
+    # The log holds the partials the adapter recorded on the way: the user's interim text,
+    # the barge-in's user turn opened by an interim, and the agent's text growing.
+    payloads, events = logged_events(pipeline, session_id)
+    partials = [(e.turn_index, e.speaker, e.text) for e in events if isinstance(e, TurnPartial)]
+    assert (2, "user", "I'd like to know about your") in partials
+    agent_partials = [text for index, _, text in partials if index == 3]
+    assert agent_partials and all(PLANS.startswith(text) for text in agent_partials)
+    assert fold_events(payloads).seqs == list(range(len(payloads)))
+
+
+@pytest.mark.parametrize("close", ["job_shutdown", "error"])
+async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumable_and_resumes_its_context(pipeline, close):
+    session_id = f"lk-{close}-{uuid.uuid4().hex[:6]}"
+    llm = ScriptedLLM({**REPLIES, "break": Reply(fail=True)})
+    options = {"conn_options": SessionConnectOptions(llm_conn_options=APIConnectOptions(max_retry=0), max_unrecoverable_errors=0)}
+    with fake_job_context() as job:
+        session, agent = new_session(llm, **options), Agent(instructions="You are a test agent.")
+        recording = await record_session(
+            session, agent, session_id=session_id, fleet="tests", agent_id="livekit", settings=pipeline.settings
+        )
+        await session.start(agent)
+        await session.run(user_input="Hello")
+        if close == "job_shutdown":
+            # What LiveKit's job process does at shutdown: every shutdown callback at once
+            # (the session's own close, reason job_shutdown, and the adapter's).
+            await asyncio.gather(*(callback("test shutdown") for callback in job._shutdown_callbacks))
+        else:
+            session.generate_reply(user_input="break")  # an unrecoverable LLM error closes the session
+        assert await recording.wait_closed(TIMEOUT)
+        await session.aclose()
+    assert recording.failures == 0
+    seen = messages(session.history)  # what LiveKit committed before it closed the session
+    assert seen[:2] == [("user", "Hello", False), ("assistant", "Hi! How can I help you today?", False)]
+
+    # Not ended: the session stays active in turnlog, with exactly that conversation.
+    await eventually(
+        lambda: [(t["turn_index"], t["speaker"], t["text"], t["status"]) for t in turns_of(pipeline, session_id)]
+        == [(i, role, text, "complete") for i, (role, text, _) in enumerate(seen)],
+        what="the conversation LiveKit saw, stored",
+    )
+    assert session_row(pipeline, session_id)["status"] == "active"
+
+    # The next job resumes it: LiveKit's ChatContext is rebuilt from turnlog.
+    llm = ScriptedLLM(REPLIES)
+    session, agent = new_session(llm), Agent(instructions="You are a test agent.")
+    recording = await record_session(
+        session, agent, session_id=session_id, fleet="tests", agent_id="livekit", settings=pipeline.settings
+    )
+    assert recording.resumed and recording.recorded.epoch == 1
+    rebuilt = seen
+    assert messages(agent.chat_ctx) == rebuilt and messages(session.history) == rebuilt
+    await session.start(agent)
+    await session.run(user_input="wait, how much is it?")
+    await session.aclose()
+    assert await recording.wait_closed(TIMEOUT)
+    assert [m for m in llm.contexts[-1] if m[0] in ("user", "assistant")] == [*rebuilt, ("user", "wait, how much is it?", False)]
+
+    await eventually(lambda: finalized(pipeline, session_id), what="the resumed session finalized")
+    stored = [(t["turn_index"], t["speaker"], t["text"], t["status"]) for t in turns_of(pipeline, session_id)]
+    n = len(rebuilt)
+    assert stored == [
+        *[(i, role, text, "complete") for i, (role, text, _) in enumerate(rebuilt)],
+        (n, "user", "wait, how much is it?", "complete"),
+        (n + 1, "assistant", "It is 10 dollars a month.", "complete"),
+    ]
+
+
+# -- an agent process SIGKILLed mid-reply, and restarted ----------------------------------
+class AgentProcess:
+    """``tests/adapters/livekit_agent.py`` as a child process, with its JSON progress lines."""
+
+    def __init__(self, settings, phase: str, session_id: str, log: Path) -> None:
+        argv = [sys.executable, "-m", "tests.adapters.livekit_agent", phase, session_id]
+        env = {**settings.as_environment(), "PYTHONPATH": str(ROOT)}
+        self.process = ServiceProcess(f"livekit-agent-{phase}", argv, env, log, stdout_pipe=True)
+        self.lines: list[dict] = []
+        self.changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for raw in self.process.popen.stdout:
+            with self.changed:
+                self.lines.append(json.loads(raw))
+                self.changed.notify_all()
+
+    def wait_for(self, key: str, timeout: float = TIMEOUT) -> dict:
+        def found():
+            return next((line for line in self.lines if key in line), None)
+
+        with self.changed:
+            ok = self.changed.wait_for(lambda: found() is not None or not self.process.alive(), timeout=timeout)
+            line = found()
+            assert ok and line is not None, f"agent: no {key!r}\n{self.process.log_path.read_text(errors='replace')[-4000:]}"
+            return line
+
+
+def test_an_agent_killed_mid_reply_resumes_with_its_conversation_rebuilt_from_turnlog(pipeline, tmp_path):
+    from tests.adapters.livekit_agent import STORY
+
+    session_id = f"lk-crash-{uuid.uuid4().hex[:6]}"
+    first = AgentProcess(pipeline.settings, "first", session_id, tmp_path / "first.log")
+    first.wait_for("speaking")
+    # Mid-reply: the agent's partial text is in the store, then the process is SIGKILLed.
+    partial = wait_until(
+        lambda: (t := stored_turn(pipeline, session_id, 3)) and t["status"] == "partial" and len(t["text"]) >= 40 and t,
+        timeout=TIMEOUT,
+        what="the story's partial text stored",
+    )
+    first.process.kill()
+    assert STORY.startswith(partial["text"])
+
+    second = AgentProcess(pipeline.settings, "resume", session_id, tmp_path / "second.log")
+    resumed = second.wait_for("resumed")
+    done = second.wait_for("done")
+    assert second.process.popen.wait(TIMEOUT) == 0
+
+    # What the restarted agent's LiveKit ChatContext held, rebuilt from turnlog: the unfinished
+    # reply is there (marked interrupted) with at least the text the store had when it died.
+    heard = resumed["chat_ctx"][3][1]
+    assert resumed["epoch"] == 1 and resumed["resumed"] is True
+    assert resumed["chat_ctx"] == [
+        ["user", "Hello", False],
+        ["assistant", "Hi! How can I help you today?", False],
+        ["user", "Tell me a story", False],
+        ["assistant", heard, True],
+    ]
+    assert heard.startswith(partial["text"]) and STORY.startswith(heard)
+    assert resumed["history"] == resumed["chat_ctx"]
+    # And the model saw that conversation on the next turn.
+    assert done["llm_saw"] == [*resumed["chat_ctx"], ["user", "What happened next?", False]]
+
+    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="finalized after the restart")
+    assert conversation(turns_of(pipeline, session_id)) == [
+        (0, "user", "Hello", "complete", False, 0, 0),
+        (1, "assistant", "Hi! How can I help you today?", "complete", False, 12, 9),
+        (2, "user", "Tell me a story", "complete", False, 0, 0),
+        (3, "assistant", heard, "interrupted", False, 0, 0),
+        (4, "user", "What happened next?", "complete", False, 0, 0),
+        (5, "assistant", "The dragon slept.", "complete", False, 70, 4),
+    ]
+    payloads, _ = logged_events(pipeline, session_id)
+    assert fold_events(payloads).seqs == list(range(len(payloads)))
+    assert (row["epoch"], row["turn_count"], row["interrupted_turn_count"]) == (1, 6, 1)
+    assert (row["input_tokens"], row["output_tokens"]) == (82, 13)
