@@ -166,3 +166,15 @@ def test_an_agent_killed_mid_answer_resumes_with_its_thread_rebuilt_from_turnlog
         (6, "user", "question 3", "complete", 0, 0),
         (7, "assistant", "answer 3", "complete", 13, 2),
     ]
+
+
+def test_the_example_imports_without_network_or_api_keys(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    path = Path(__file__).resolve().parents[2] / "examples" / "langgraph_agent.py"
+    spec = importlib.util.spec_from_file_location("langgraph_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert set(module.graph.nodes) >= {"chat"} and callable(module.main)

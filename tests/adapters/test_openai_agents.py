@@ -256,3 +256,59 @@ def test_an_agent_killed_mid_answer_resumes_with_its_history_rebuilt_from_turnlo
         (6, "user", "question 3", "complete", 0, 0),
         (7, "assistant", "answer 3", "complete", 13, 2),
     ]
+
+
+async def test_open_appends_what_an_inner_session_lacks_and_leaves_a_different_one_alone(pipeline):
+    """A kill between turnlog's record and the inner save leaves the inner session
+    one write behind: open appends the rest. An inner session edited on purpose is not touched."""
+    session_id = f"oa-behind-{uuid.uuid4().hex[:8]}"
+    agent = Agent(name="bot", model=FakeModel([Reply(text="answer 0"), Reply(text="answer 1")]))
+    async with SessionRecorder(pipeline.settings) as recorder:
+        first = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="bot")
+        await Runner.run(agent, "question 0", session=first, hooks=first.hooks)
+        await Runner.run(agent, "question 1", session=first, hooks=first.hooks)
+        kept = (await first.inner.get_items())[:2]
+    behind = SQLiteSession(session_id)
+    await behind.add_items(kept)
+    async with SessionRecorder(pipeline.settings) as recorder:
+        await TurnlogSession.open(recorder, behind, fleet="tests", agent_id="bot")
+    assert texts(await behind.get_items()) == [("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1"), ("assistant", "answer 1")]
+
+    other = SQLiteSession(session_id)
+    await other.add_items([{"role": "user", "content": "a conversation of its own"}])
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await TurnlogSession.open(recorder, other, fleet="tests", agent_id="bot")
+        await session.end("completed")
+    assert texts(await other.get_items()) == [("user", "a conversation of its own")]
+
+
+async def test_a_popped_item_stays_recorded_and_its_restore_is_not_recorded_twice(pipeline):
+    session_id = f"oa-pop-{uuid.uuid4().hex[:8]}"
+    agent = Agent(name="bot", model=FakeModel([Reply(text="Paris."), Reply(text="Rome.")]))
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="bot")
+        await Runner.run(agent, "Capital of France?", session=session, hooks=session.hooks)
+        answer = await session.pop_item()
+        question = await session.pop_item()
+        await session.add_items([question, answer])  # restored, as the Runner's rewind does after a failed retry
+        await session.pop_item()
+        await session.pop_item()  # the user corrects the question: both go from the context, not from the log
+        await Runner.run(agent, "Capital of Italy?", session=session, hooks=session.hooks)
+        assert texts(await session.get_items()) == [("user", "Capital of Italy?"), ("assistant", "Rome.")]
+        await session.end("completed")
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [t[:3] for t in turns(pipeline, session_id)] == [
+        (0, "user", "Capital of France?"), (1, "assistant", "Paris."), (2, "user", "Capital of Italy?"), (3, "assistant", "Rome."),
+    ]
+
+
+def test_the_example_imports_without_network_or_api_keys(monkeypatch):
+    import importlib.util
+    from pathlib import Path
+
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    path = Path(__file__).resolve().parents[2] / "examples" / "openai_agents_agent.py"
+    spec = importlib.util.spec_from_file_location("openai_agents_example", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.agent.name == "support" and callable(module.main)
