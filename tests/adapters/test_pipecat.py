@@ -173,3 +173,43 @@ def test_a_pipecat_agent_killed_mid_reply_resumes_with_its_llm_context_rebuilt_f
         (5, "assistant", "Yes, it ships to 12 Elm Street.", "complete", False, 35, 9),
     ]
     assert (row["epoch"], row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == (1, "completed", 6, 1)
+
+
+def test_the_example_agent_sigkilled_mid_call_resumes_and_its_llm_sees_the_stored_conversation(ready_pipeline, tmp_path):
+    pipeline = ready_pipeline
+    session_id = f"pipecat-example-{uuid.uuid4().hex[:8]}"
+    env = {**pipeline.settings.as_environment(), "PYTHONPATH": str(ROOT)}
+    argv = [sys.executable, str(ROOT / "examples" / "pipecat_agent.py"), session_id]
+
+    crashed = ServiceProcess("example-crash", [*argv, "--crash"], env, tmp_path / "crash.log", stdout_pipe=True)
+    assert crashed.popen.wait(timeout=TIMEOUT) == -9, crashed.log_path.read_text(errors="replace")[-3000:]
+    assert crashed.popen.stdout.read().decode() == f"session {session_id}: new, context of 1 messages\n"
+
+    resumed = ServiceProcess("example-resume", argv, env, tmp_path / "resume.log", stdout_pipe=True)
+    assert resumed.popen.wait(timeout=TIMEOUT) == 0, resumed.log_path.read_text(errors="replace")[-3000:]
+    line = resumed.popen.stdout.read().decode()
+    assert line.startswith(f"session {session_id}: resumed, context of ")
+
+    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the example's session finalized")
+    assert (row["epoch"], row["end_reason"]) == (1, "completed")
+    with pipeline.store.engine.connect() as conn:
+        turns = conn.execute(
+            select(transcript_turns.c.turn_index, transcript_turns.c.speaker, transcript_turns.c.text, transcript_turns.c.epoch)
+            .where(transcript_turns.c.session_id == session_id)
+            .order_by(transcript_turns.c.turn_index)
+        ).all()
+    before = [(speaker, text) for _, speaker, text, epoch in turns if epoch == 0 and text]
+    after = [(speaker, text) for _, speaker, text, epoch in turns if epoch == 1]
+    assert before[:3] == [
+        ("user", "Hello, is this the support line?"),
+        ("assistant", "You said: Hello, is this the support line? (2 messages in my context)"),
+        ("user", "My parcel has not arrived."),
+    ]
+    assert line == f"session {session_id}: resumed, context of {1 + len(before)} messages\n"
+    # The resumed bot's LLM answered with the stored conversation in its context:
+    # the system prompt, every turn said before the kill, and the new question.
+    assert after[:2] == [
+        ("user", "Hello, is this the support line?"),
+        ("assistant", f"You said: Hello, is this the support line? ({1 + len(before) + 1} messages in my context)"),
+    ]
+    assert [speaker for speaker, _ in after] == ["user", "assistant"] * 3
