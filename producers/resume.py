@@ -28,7 +28,7 @@ from typing import TypeVar
 from sqlalchemy.engine import Connection
 from tenacity import RetryCallState, Retrying, retry_if_result, wait_exponential
 
-from turnlog.kafka import BrokerError, BrokerUnavailableError, OffsetReader
+from turnlog.kafka import BrokerError, OffsetReader
 from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.grant import ResumeGrant, StoredTurn
 from turnlog.producers.partitioning import partition_for
@@ -146,7 +146,9 @@ class ResumeBarrier:
         """The partition's end offset, or -1 while the broker is unavailable (the barrier polls on)."""
         try:
             return self._offsets.end_offsets(topic, [partition], deadline=deadline)[partition]
-        except BrokerUnavailableError as e:
+        except BrokerError as e:
+            if not e.retriable:
+                raise
             logger.info("resume barrier: broker not ready (%s); polling on", e)
             return -1
 
@@ -154,7 +156,9 @@ class ResumeBarrier:
         """``group_id``'s committed offset (0 when none), or -1 while the broker is unavailable."""
         try:
             committed = self._offsets.committed(group_id, topic, [partition], deadline=deadline)[partition]
-        except BrokerUnavailableError as e:
+        except BrokerError as e:
+            if not e.retriable:
+                raise
             logger.info("resume barrier: broker not ready (%s); polling on", e)
             return -1
         return committed or 0

@@ -3,7 +3,7 @@
 Every lookup goes through one admin client (made on first use, kept, safe to
 share between threads) and one retry policy (:func:`lookup_retry`): up to
 ``LOOKUP_ATTEMPTS`` tries within ``LOOKUP_BUDGET_SECONDS``, backing off from
-0.2 s, retried only while the broker is unavailable. A caller with a deadline
+0.2 s, retried only while the error is retriable (the broker's own flag). A caller with a deadline
 of its own passes it and the lookup stops there instead.
 """
 
@@ -19,11 +19,11 @@ from typing import Any, TypeVar
 
 from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicPartition
 from confluent_kafka.admin import AdminClient, OffsetSpec
-from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from turnlog.kafka.clients import admin
 from turnlog.kafka.errors import broker_errors, to_broker_error
-from turnlog.kafka.exceptions import BrokerUnavailableError, UnknownTopicError
+from turnlog.kafka.exceptions import BrokerError, BrokerUnavailableError, UnknownTopicError
 from turnlog.settings import TurnlogSettings
 
 __all__ = ["OffsetReader", "Watermarks", "lookup_retry", "LOOKUP_ATTEMPTS", "LOOKUP_BUDGET_SECONDS"]
@@ -76,7 +76,9 @@ def lookup_retry(lookup: Callable[[float], _T], what: str, *, deadline: float | 
                 raise BrokerUnavailableError(f"{what}: no answer in {timeout:.1f} s", retriable=True) from e
 
     retrying = Retrying(
-        retry=retry_if_exception_type(BrokerUnavailableError),
+        # Retriable by the broker's own flag: a restarting broker answers
+        # UNKNOWN_TOPIC_OR_PART or NOT_LEADER for a while, not only "unavailable".
+        retry=retry_if_exception(lambda e: isinstance(e, BrokerError) and e.retriable),
         stop=stop_after_attempt(LOOKUP_ATTEMPTS) | (lambda _: time.monotonic() >= ends),
         wait=wait_exponential(multiplier=0.2, max=2.0),
         before_sleep=_log_retry,

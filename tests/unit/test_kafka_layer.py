@@ -326,3 +326,16 @@ def test_the_public_names_are_all_exported():
         "clients", "cluster", "config", "errors", "exceptions", "offsets", "faust_auth"
     }
     assert exported == set(kafka.__all__)
+
+
+def test_an_error_the_broker_flags_retriable_is_retried_whatever_its_class():
+    # A restarting broker answers UNKNOWN_TOPIC_OR_PART (flagged retriable) for a while.
+    answers = iter([KafkaError(KafkaError.UNKNOWN_TOPIC_OR_PART, retriable=True)])
+
+    def lookup(_: float) -> int:
+        error = next(answers, None)
+        if error is not None:
+            raise KafkaException(error)
+        return 7
+
+    assert lookup_retry(lookup, "unit") == 7
