@@ -212,7 +212,11 @@ class TurnlogSession:
         write = asyncio.ensure_future(self._write(list(items)))
         self._writes.add(write)
         write.add_done_callback(self._writes.discard)
-        await asyncio.shield(write)
+        try:
+            await asyncio.shield(write)
+        except asyncio.CancelledError:
+            write.add_done_callback(_log_failure)  # nobody awaits it now: a failure is logged
+            raise
 
     async def pop_item(self) -> TResponseInputItem | None:
         """Pop the inner session's newest item; turnlog keeps what it recorded."""
@@ -345,6 +349,11 @@ class TurnlogSession:
         if missing:
             await self.inner.add_items(missing)
             logger.info("session %s: rebuilt %d messages of the inner session from turnlog", self.session_id, len(missing))
+
+
+def _log_failure(write: asyncio.Task[None]) -> None:
+    if not write.cancelled() and write.exception() is not None:
+        logger.error("a session write whose caller was cancelled failed", exc_info=write.exception())
 
 
 def _missing_from(held: list[tuple[str, str]], stored: list[tuple[str, str]]) -> int | None:
