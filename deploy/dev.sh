@@ -16,15 +16,18 @@ export TURNLOG_BOOTSTRAP_SERVERS="${TURNLOG_BOOTSTRAP_SERVERS:-127.0.0.1:${TURNL
 
 die() { echo "dev.sh: $*" >&2; exit 1; }
 
+# The extras to install: the tests also drive the framework adapters (LiveKit,
+# Pipecat, OpenAI Agents, LangGraph), so `test` installs those too.
 install() {
+  local extras="${1:-test}"
   command -v "$python" >/dev/null || die "$python not found: install Python 3.11+"
   "$python" -c 'import sys; sys.exit(sys.version_info < (3, 11))' || die "turnlog needs Python 3.11+ ($python is $("$python" --version 2>&1))"
-  echo "dev.sh: installing turnlog and its test dependencies (pip install -e '.[test]')"
-  "$python" -m pip install --quiet --disable-pip-version-check -e "${root}[test]"
+  echo "dev.sh: installing turnlog with its extras (pip install -e '.[$extras]')"
+  "$python" -m pip install --quiet --disable-pip-version-check -e "${root}[$extras]"
 }
 
 setup() {
-  install
+  install "${1:-test}"
   bash "$here/services.sh" start
 }
 
@@ -40,7 +43,7 @@ case "$cmd" in
     exec "$python" -m turnlog.cli demo --database-url "$TURNLOG_DATABASE_URL" --report demo-report.json "$@"
     ;;
   test)
-    setup
+    setup "test,adapters"
     bash "$here/browser.sh"
     cd "$root"
     export TURNLOG_TEST_BOOTSTRAP_SERVERS="$TURNLOG_BOOTSTRAP_SERVERS" TURNLOG_TEST_DATABASE_URL="$TURNLOG_DATABASE_URL"
