@@ -49,8 +49,8 @@ and yields every ``(mode, chunk)`` pair unchanged:
   happens at once rather than when the generator is garbage-collected.
 
 Text is the message's ``content`` string, or the concatenated ``text`` of
-its ``{"type": "text"}`` blocks. ``subgraphs=True`` is not supported (the
-stream's shape changes). System messages are not recorded.
+its ``{"type": "text"}`` blocks. ``subgraphs=True`` and ``version="v2"`` are
+refused (the stream's shape changes). System messages are not recorded.
 
 **Resume.** :meth:`LangGraphMirror.open` resumes the session (thread) if
 turnlog has it (``SessionRecorder.resume``: the resume barrier, a new epoch)
@@ -168,10 +168,11 @@ class LangGraphMirror:
         a ``Command``/None (nothing recorded from it). ``kwargs`` go to ``graph.astream``.
 
         Raises:
+            ValueError: ``subgraphs=True`` or ``version="v2"`` (another stream shape).
             RecorderError: turnlog refused a turn; what the graph raises.
         """
-        if kwargs.get("subgraphs"):
-            raise ValueError("LangGraphMirror does not support subgraphs=True")
+        if kwargs.get("subgraphs") or kwargs.get("version", "v1") != "v1":
+            raise ValueError("LangGraphMirror reads the v1 stream without subgraphs: no subgraphs=True, no version='v2'")
         input = await self._with_history(graph, input, config)
         new = self._input_messages(input)
         for message in new:

@@ -178,3 +178,49 @@ def test_the_example_imports_without_network_or_api_keys(monkeypatch):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert set(module.graph.nodes) >= {"chat"} and callable(module.main)
+
+
+async def test_partial_nodes_leave_out_a_routers_model_call_that_never_reaches_the_conversation(pipeline):
+    from langgraph.graph import END, START, MessagesState, StateGraph
+
+    def graph_with_router(model):
+        async def router(state: MessagesState) -> dict:
+            await model.ainvoke(state["messages"])  # a classifier: its answer is not part of the conversation
+            return {}
+
+        async def chat(state: MessagesState) -> dict:
+            return {"messages": [await model.ainvoke(state["messages"])]}
+
+        builder = StateGraph(MessagesState)
+        builder.add_node("router", router)
+        builder.add_node("chat", chat)
+        builder.add_edge(START, "router")
+        builder.add_edge("router", "chat")
+        builder.add_edge("chat", END)
+        return builder.compile(checkpointer=InMemorySaver())
+
+    stored = {}
+    for partial_nodes in (["chat"], None):
+        thread = f"lg-router-{uuid.uuid4().hex[:8]}"
+        model = ScriptedChat(replies=iter([reply("route-1", "billing"), reply("ai-1", "Your invoice is attached.", output_tokens=5)]), seen=[])
+        async with SessionRecorder(pipeline.settings) as recorder:
+            mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot", partial_nodes=partial_nodes)
+            async for _ in mirror.astream(graph_with_router(model), {"messages": [("user", "My invoice?")]}, config(thread)):
+                pass
+            await mirror.end("completed")
+        wait_until(lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
+        stored[partial_nodes is None] = [t[:5] for t in turns(pipeline, thread)]
+    assert stored[False] == [(0, "user", "My invoice?", "complete", 0), (1, "assistant", "Your invoice is attached.", "complete", 0)]
+    # Without partial_nodes the router's streamed text is a turn of its own, completed when the stream ends.
+    assert [t[:3] for t in stored[True]] == [(0, "user", "My invoice?"), (1, "assistant", "billing"), (2, "assistant", "Your invoice is attached.")]
+
+
+async def test_subgraphs_and_the_v2_stream_are_refused(pipeline):
+    async with SessionRecorder(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, f"lg-refuse-{uuid.uuid4().hex[:8]}", fleet="tests", agent_id="bot")
+        graph = chat_graph(ScriptedChat(replies=iter([]), seen=[]), InMemorySaver())
+        for kwargs in ({"subgraphs": True}, {"version": "v2"}):
+            with pytest.raises(ValueError):
+                async for _ in mirror.astream(graph, {"messages": [("user", "hi")]}, config("t"), **kwargs):
+                    pass
+        await mirror.end("completed")
