@@ -15,6 +15,7 @@ from typing import Any
 
 from livekit.agents import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectionError, APIConnectOptions, NotGivenOr
 from livekit.agents.llm import LLM, ChatChunk, ChatContext, ChoiceDelta, CompletionUsage, LLMStream, Tool, ToolChoice
+from livekit.agents.voice.io import TextOutput
 
 
 @dataclass(frozen=True)
@@ -87,3 +88,20 @@ class _ScriptedStream(LLMStream):
                 await asyncio.sleep(reply.chunk_seconds)
             piece = reply.text[start : start + reply.chunk_chars]
             self._event_ch.send_nowait(ChatChunk(id=request, delta=ChoiceDelta(role="assistant", content=piece)))
+
+
+class CapturedText(TextOutput):
+    """A text output that keeps what reaches it (what RoomIO's transcription output would
+    send to the room): ``segments`` holds one string per flushed segment."""
+
+    def __init__(self) -> None:
+        super().__init__(label="captured", next_in_chain=None)
+        self.segments: list[str] = []
+        self._current = ""
+
+    async def capture_text(self, text: str) -> None:
+        self._current += text
+
+    def flush(self) -> None:
+        self.segments.append(self._current)
+        self._current = ""

@@ -28,7 +28,7 @@ from turnlog.deploy.processes import ServiceProcess  # noqa: E402
 from turnlog.producers import StoredTurn  # noqa: E402
 from turnlog.schemas import TurnPartial, decode_event  # noqa: E402
 from turnlog.sinks.tables import session_events, sessions, transcript_turns  # noqa: E402
-from tests.adapters.livekit_fakes import Reply, ScriptedLLM  # noqa: E402
+from tests.adapters.livekit_fakes import CapturedText, Reply, ScriptedLLM  # noqa: E402
 from tests.support import wait_until  # noqa: E402
 
 TIMEOUT = 90
@@ -132,11 +132,13 @@ def test_the_context_rebuilt_from_stored_turns_keeps_their_order_and_marks_cut_t
 async def test_a_conversation_with_interim_transcripts_and_a_barge_in_is_stored_as_livekit_saw_it(pipeline):
     session_id = f"lk-{uuid.uuid4().hex[:8]}"
     session, agent = new_session(ScriptedLLM(REPLIES)), Agent(instructions="You are a test agent.")
+    room_text = session.output.transcription = CapturedText()  # as RoomIO's transcription output would be
     recording = await record_session(
         session, agent, session_id=session_id, fleet="tests", agent_id="livekit", settings=pipeline.settings
     )
     assert not recording.resumed and recording.recorded.epoch == 0
     await session.start(agent)
+    assert session.output.transcription.next_in_chain is room_text  # wrapped, not replaced
     try:
         await session.run(user_input="Hello")
 
@@ -180,6 +182,8 @@ async def test_a_conversation_with_interim_transcripts_and_a_barge_in_is_stored_
         ("assistant", "It is 10 dollars a month.", False),
     ]
     assert 30 < len(spoken) < len(PLANS) and PLANS.startswith(spoken)
+    # Everything still reached the output the adapter wraps, segment by segment.
+    assert room_text.segments == ["Hi! How can I help you today?", spoken, "It is 10 dollars a month."]
     # The store holds exactly that conversation: turns, speakers, text, order, the barge-in, tokens.
     assert stored == [
         (0, "user", "Hello", "complete", False, 0, 0),
