@@ -1,7 +1,7 @@
 """Committed offsets and watermarks: the one place turnlog looks them up.
 
-Every lookup goes through one admin client (made on first use, kept, safe to
-share between threads) and one retry policy (:func:`lookup_retry`): up to
+Every lookup goes through long-lived lookup consumers (made on first use, kept,
+never subscribed) and one retry policy (:func:`lookup_retry`): up to
 ``LOOKUP_ATTEMPTS`` tries within ``LOOKUP_BUDGET_SECONDS``, backing off from
 0.2 s, retried only while the error is retriable (the broker's own flag). A caller with a deadline
 of its own passes it and the lookup stops there instead.
@@ -13,15 +13,15 @@ import concurrent.futures
 import logging
 import threading
 import time
+import uuid
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from confluent_kafka import ConsumerGroupTopicPartitions, IsolationLevel, TopicPartition
-from confluent_kafka.admin import AdminClient, OffsetSpec
+from confluent_kafka import Consumer, TopicPartition
 from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
 
-from turnlog.kafka.clients import admin
+from turnlog.kafka.clients import consumer as consumer_for
 from turnlog.kafka.errors import broker_errors, to_broker_error
 from turnlog.kafka.exceptions import BrokerError, BrokerUnavailableError, UnknownTopicError
 from turnlog.settings import TurnlogSettings
@@ -37,8 +37,6 @@ LOOKUP_ATTEMPTS = 4
 LOOKUP_BUDGET_SECONDS = 10.0
 #: Longest one request to the broker waits (seconds).
 REQUEST_TIMEOUT_SECONDS = 5.0
-#: librdkafka's "no offset" (OFFSET_INVALID): the group committed nothing there.
-_NO_OFFSET = -1001
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,31 +88,38 @@ def lookup_retry(lookup: Callable[[float], _T], what: str, *, deadline: float | 
 class OffsetReader:
     """Offsets lookups (blocking: run them in a worker thread). No I/O until the first one.
 
+    Lookups go through consumers that never subscribe (so they never join a
+    group): one per group whose commits are read, and one for watermarks.
+    Not the admin API: librdkafka 2.16's admin requests abort the process
+    (``rd_kafka_enq_once_del_source_return: Assertion `eonce->refcnt > 0'``,
+    confluent-kafka-python#1640) when the broker goes away mid-request, which
+    chaos's broker outages hit in the sequencer and in resuming agents.
+
     Every method takes an optional ``deadline`` (``time.monotonic()``) and raises:
         BrokerUnavailableError: the broker did not answer (after the retries).
         UnknownTopicError: the topic or a partition does not exist.
         BrokerError: another broker error.
     """
 
-    def __init__(self, settings: TurnlogSettings, **admin_overrides: Any) -> None:
+    def __init__(self, settings: TurnlogSettings, **overrides: Any) -> None:
         self._settings = settings
-        self._overrides = admin_overrides
-        self._admin: AdminClient | None = None
-        self._has_metadata = False
+        self._overrides = overrides
+        self._consumers: dict[str, Consumer] = {}
+        self._watermarks_group = f"turnlog-offsets-{uuid.uuid4()}"  # never commits
         self._lock = threading.Lock()
 
-    def _client(self) -> AdminClient:
-        with self._lock:
-            if self._admin is None:
-                self._admin = admin(self._settings, **self._overrides)
-                self._has_metadata = False
-            return self._admin
+    def _consumer(self, group_id: str) -> Consumer:
+        consumer = self._consumers.get(group_id)
+        if consumer is None:
+            consumer = self._consumers[group_id] = consumer_for(self._settings, group_id=group_id, **self._overrides)
+        return consumer
 
     def partitions(self, topic: str, *, deadline: float | None = None) -> list[int]:
         """The topic's partition numbers, sorted."""
 
         def lookup(timeout: float) -> list[int]:
-            found = self._client().list_topics(topic=topic, timeout=timeout).topics.get(topic)
+            with self._lock:
+                found = self._consumer(self._watermarks_group).list_topics(topic=topic, timeout=timeout).topics.get(topic)
             if found is None or found.error is not None or not found.partitions:
                 error = found.error if found is not None else None
                 if error is not None and to_broker_error(error).retriable:
@@ -133,14 +138,13 @@ class OffsetReader:
             return {}
 
         def lookup(timeout: float) -> dict[int, int | None]:
-            request = ConsumerGroupTopicPartitions(group_id, [TopicPartition(topic, p) for p in wanted])
-            future = self._client().list_consumer_group_offsets([request], request_timeout=timeout)[group_id]
-            answer = future.result(timeout=timeout + 1.0)
+            with self._lock:
+                answer = self._consumer(group_id).committed([TopicPartition(topic, p) for p in wanted], timeout=timeout)
             offsets: dict[int, int | None] = {}
-            for tp in answer.topic_partitions:
+            for tp in answer:
                 if tp.error is not None:
                     raise to_broker_error(tp.error, f"committed offsets of {group_id} on {topic}[{tp.partition}]")
-                offsets[tp.partition] = None if tp.offset == _NO_OFFSET else tp.offset
+                offsets[tp.partition] = None if tp.offset < 0 else tp.offset
             return offsets
 
         return lookup_retry(lookup, f"committed offsets of {group_id} on {topic}", deadline=deadline)
@@ -149,54 +153,51 @@ class OffsetReader:
         self, topic: str, partitions: Iterable[int] | None = None, *, deadline: float | None = None
     ) -> dict[int, int]:
         """``{partition: high watermark}`` (the next offset to be written); every partition when None."""
-        wanted = self.partitions(topic, deadline=deadline) if partitions is None else partitions
-        return self._list_offsets(topic, wanted, OffsetSpec.latest(), "end offsets", deadline)
+        return {p: marks.high for p, marks in self.watermarks(topic, partitions, deadline=deadline).items()}
 
     def watermarks(
         self, topic: str, partitions: Iterable[int] | None = None, *, deadline: float | None = None
     ) -> dict[int, Watermarks]:
         """``{partition: Watermarks(low, high)}``; every partition when None."""
         wanted = self.partitions(topic, deadline=deadline) if partitions is None else sorted(set(partitions))
-        low = self._list_offsets(topic, wanted, OffsetSpec.earliest(), "low watermarks", deadline)
-        high = self._list_offsets(topic, wanted, OffsetSpec.latest(), "high watermarks", deadline)
-        return {p: Watermarks(low[p], high[p]) for p in wanted}
+
+        def lookup(timeout: float) -> dict[int, Watermarks]:
+            with self._lock:
+                consumer = self._consumer(self._watermarks_group)
+                found = {}
+                for p in wanted:
+                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
+                    found[p] = Watermarks(low, high)
+            return found
+
+        return lookup_retry(lookup, f"watermarks of {topic}", deadline=deadline) if wanted else {}
 
     def offsets_for_time(
         self, topic: str, partitions: Iterable[int], timestamp_ms: int, *, deadline: float | None = None
     ) -> dict[int, int | None]:
         """``{partition: first offset whose timestamp >= timestamp_ms}``; None where no record is that recent."""
-        found = self._list_offsets(topic, partitions, OffsetSpec.for_timestamp(timestamp_ms), "offsets by time", deadline)
-        return {p: (offset if offset >= 0 else None) for p, offset in found.items()}
-
-    def _list_offsets(
-        self, topic: str, partitions: Iterable[int], spec: OffsetSpec, what: str, deadline: float | None
-    ) -> dict[int, int]:
         wanted = sorted(set(partitions))
-        if not wanted:
-            return {}
 
-        def lookup(timeout: float) -> dict[int, int]:
-            client = self._client()
-            if not self._has_metadata:
-                # A fresh client's first ListOffsets, sent before it has the
-                # topic's metadata, waits about 3 s in about one call in eight
-                # (librdkafka 2.x, measured here); asking for it first brings
-                # that to tens of milliseconds.
-                client.list_topics(topic=topic, timeout=timeout)
-                self._has_metadata = True
-            futures = client.list_offsets(
-                {TopicPartition(topic, p): spec for p in wanted},
-                isolation_level=IsolationLevel.READ_COMMITTED,  # what turnlog's consumers read up to
-                request_timeout=timeout,
-            )
-            return {tp.partition: future.result(timeout=timeout + 1.0).offset for tp, future in futures.items()}
+        def lookup(timeout: float) -> dict[int, int | None]:
+            with self._lock:
+                answer = self._consumer(self._watermarks_group).offsets_for_times(
+                    [TopicPartition(topic, p, timestamp_ms) for p in wanted], timeout=timeout
+                )
+            found: dict[int, int | None] = {}
+            for tp in answer:
+                if tp.error is not None:
+                    raise to_broker_error(tp.error, f"offsets by time of {topic}[{tp.partition}]")
+                found[tp.partition] = tp.offset if tp.offset >= 0 else None
+            return found
 
-        return lookup_retry(lookup, f"{what} of {topic}", deadline=deadline)
+        return lookup_retry(lookup, f"offsets by time of {topic}", deadline=deadline) if wanted else {}
 
     def close(self) -> None:
-        """Drop the admin client (a later lookup makes a new one)."""
+        """Close the lookup consumers (a later lookup makes new ones)."""
         with self._lock:
-            self._admin = None
+            consumers, self._consumers = list(self._consumers.values()), {}
+        for consumer in consumers:
+            consumer.close()
 
     def __enter__(self) -> OffsetReader:
         return self
