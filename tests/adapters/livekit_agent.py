@@ -6,7 +6,7 @@ A real ``AgentSession`` (text-only, scripted LLM) recorded through
 Progress goes to stdout as JSON lines, flushed.
 
 - ``first``: "Hello" and its reply, then "Tell me a story", whose reply streams
-  slowly (about 30 s); prints ``speaking`` and waits to be SIGKILLed mid-reply.
+  slowly (over a minute); prints ``speaking`` and waits to be SIGKILLed mid-reply.
 - ``resume``: the same session id again: prints what the resume rebuilt (the
   agent's ChatContext and ``session.history``), asks "What happened next?",
   prints what the LLM was given, closes the session (it ends) and exits.
@@ -23,7 +23,7 @@ from livekit.agents import Agent, AgentSession
 from turnlog.adapters.livekit import record_session
 from tests.adapters.livekit_fakes import Reply, ScriptedLLM
 
-STORY = "Once upon a time, " + " ".join(f"dragon{i}" for i in range(400))
+STORY = "Once upon a time, " + " ".join(f"dragon{i}" for i in range(800))
 REPLIES = {
     "Hello": Reply("Hi! How can I help you today?", input_tokens=12, output_tokens=9),
     "Tell me a story": Reply(STORY, input_tokens=30, output_tokens=500, chunk_chars=5, chunk_seconds=0.05),
@@ -55,7 +55,7 @@ async def main(phase: str, session_id: str) -> None:
     if phase == "first":
         await session.run(user_input="Hello")
         await recording.wait_recorded()
-        story = session.run(user_input="Tell me a story")  # about 30 s: the test SIGKILLs us first
+        story = session.run(user_input="Tell me a story")  # over a minute: the test SIGKILLs us first
         say(speaking=True)
         await story
         await asyncio.Event().wait()

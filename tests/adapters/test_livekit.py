@@ -25,7 +25,7 @@ from sqlalchemy import select  # noqa: E402
 from turnlog.adapters.livekit import chat_context_from_turns, record_session  # noqa: E402
 from turnlog.audit import fold_events  # noqa: E402
 from turnlog.deploy.processes import ServiceProcess  # noqa: E402
-from turnlog.producers import StoredTurn  # noqa: E402
+from turnlog.producers import SessionRecorder, StoredTurn  # noqa: E402
 from turnlog.schemas import TurnPartial, decode_event  # noqa: E402
 from turnlog.sinks.tables import session_events, sessions, transcript_turns  # noqa: E402
 from tests.adapters.livekit_fakes import CapturedText, Reply, ScriptedLLM  # noqa: E402
@@ -33,7 +33,7 @@ from tests.support import wait_until  # noqa: E402
 
 TIMEOUT = 90
 ROOT = Path(__file__).resolve().parents[2]
-PLANS = "Our plans are simple. " + " ".join(f"plan{i}" for i in range(400))  # ~20 s at 5 chars / 50 ms
+PLANS = "Our plans are simple. " + " ".join(f"plan{i}" for i in range(800))  # ~45 s at 5 chars / 50 ms
 REPLIES = {
     "Hello": Reply("Hi! How can I help you today?", input_tokens=12, output_tokens=9),
     "I'd like to know about your plans": Reply(PLANS, input_tokens=40, output_tokens=300, chunk_chars=5, chunk_seconds=0.05),
@@ -241,19 +241,19 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
     )
     assert session_row(pipeline, session_id)["status"] == "active"
 
-    # The next job resumes it: LiveKit's ChatContext is rebuilt from turnlog.
+    # The next job resumes it (through a recorder of its own): LiveKit's ChatContext is rebuilt from turnlog.
     llm = ScriptedLLM(REPLIES)
     session, agent = new_session(llm), Agent(instructions="You are a test agent.")
-    recording = await record_session(
-        session, agent, session_id=session_id, fleet="tests", agent_id="livekit", settings=pipeline.settings
-    )
-    assert recording.resumed and recording.recorded.epoch == 1
-    rebuilt = seen
-    assert messages(agent.chat_ctx) == rebuilt and messages(session.history) == rebuilt
-    await session.start(agent)
-    await session.run(user_input="wait, how much is it?")
-    await session.aclose()
-    assert await recording.wait_closed(TIMEOUT)
+    async with SessionRecorder(pipeline.settings) as recorder:
+        recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit", recorder=recorder)
+        assert recording.resumed and recording.recorded.epoch == 1
+        rebuilt = seen
+        assert messages(agent.chat_ctx) == rebuilt and messages(session.history) == rebuilt
+        await session.start(agent)
+        await session.run(user_input="wait, how much is it?")
+        await session.aclose()
+        assert await recording.wait_closed(TIMEOUT)
+        assert recording.failures == 0
     assert [m for m in llm.contexts[-1] if m[0] in ("user", "assistant")] == [*rebuilt, ("user", "wait, how much is it?", False)]
 
     await eventually(lambda: finalized(pipeline, session_id), what="the resumed session finalized")
