@@ -60,10 +60,11 @@ complete turns as ``HumanMessage``/``AIMessage`` objects. On the first
 checkpointer and the thread's state holds no messages (the checkpointer lost
 it: an in-memory saver, a new database), the history is put in front of the
 input's messages, so the graph continues the conversation; they are not
-recorded again. A graph without a checkpointer gets ``history`` from the
-caller. Known limit: a process killed after the checkpointer saved a
-message but before the update reached turnlog leaves that message in the
-checkpointer only.
+recorded again. If the state holds messages past turnlog's last complete
+turn (the process was killed after the checkpointer saved a message but
+before its update reached turnlog), they are recorded first. A state that
+differs from turnlog is left alone, with a warning. A graph without a
+checkpointer gets ``history`` from the caller.
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ class LangGraphMirror:
         self._seen: set[str] = set()  # message ids recorded (or rebuilt from turnlog)
         self._tool_calls: dict[str, dict[str, Any]] = {}  # tool call id -> {"name", "arguments", "result"}
         self._tokens = [0, 0]  # input, output tokens of tool-calling messages, for the next assistant turn
-        self._rebuild_pending = bool(recorded.turns)
+        self._resumed = recorded.epoch > 0  # the first astream compares turnlog with the checkpointer
 
     @classmethod
     async def open(
@@ -200,20 +201,45 @@ class LangGraphMirror:
 
     # -- internals -----------------------------------------------------------
     async def _with_history(self, graph: Any, input: Any, config: Mapping[str, Any] | None) -> Any:
-        """``input`` with the rebuilt history in front of its messages, on the first
-        call after a resume, when the graph's checkpointer holds no messages for the thread."""
-        if not self._rebuild_pending:
+        """On the first call after a resume, with a checkpointer: ``input`` with the
+        rebuilt history in front of its messages if the thread's state holds no
+        messages; else ``input``, after recording the messages the checkpointer
+        holds past turnlog's last turn (a kill between the two)."""
+        if not self._resumed:
             return input
-        self._rebuild_pending = False
+        self._resumed = False
         history = self.history
         self._seen.update(m.id for m in history if m.id)
-        if getattr(graph, "checkpointer", None) is None or not isinstance(input, Mapping):
+        if getattr(graph, "checkpointer", None) is None:
             return input
         state = await graph.aget_state(config)
-        if (state.values or {}).get(self.messages_key):
+        held = (state.values or {}).get(self.messages_key) or []
+        if held:
+            await self._catch_up(held)
+            return input
+        if not history or not isinstance(input, Mapping):
             return input
         logger.info("thread %s: the checkpointer holds no messages; %d rebuilt from turnlog", self.recorded.session_id, len(history))
         return {**input, self.messages_key: [*history, *convert_to_messages(input.get(self.messages_key) or [])]}
+
+    async def _catch_up(self, held: Sequence[BaseMessage]) -> None:
+        """Record the conversation messages of ``held`` (the checkpointer's) after the
+        latest run of them equal to turnlog's complete turns; none if they differ."""
+        said = [m for m in held if isinstance(m, (HumanMessage, AIMessage)) and _text(m)]
+        pairs = [(USER if isinstance(m, HumanMessage) else ASSISTANT, _text(m)) for m in said]
+        stored = [(t.speaker, t.text) for t in self.recorded.turns if t.status == "complete" and t.speaker in (USER, ASSISTANT)]
+        start = _after_run(stored, pairs)
+        if start is None:
+            logger.warning(
+                "thread %s: the checkpointer's %d messages differ from turnlog's %d turns; none recorded from it",
+                self.recorded.session_id, len(pairs), len(stored),
+            )
+            return
+        self._seen.update(m.id for m in said[:start] if m.id)
+        if start < len(said):
+            logger.info("thread %s: %d messages of the checkpointer were not in turnlog; recorded", self.recorded.session_id, len(said) - start)
+        for message in said[start:]:
+            await self._complete(message)
 
     def _input_messages(self, input: Any) -> list[BaseMessage]:
         if not isinstance(input, Mapping):
@@ -283,6 +309,17 @@ class LangGraphMirror:
         streamed = self._streamed.pop(message.id, None) if message.id else None
         index = streamed.turn_index if streamed is not None else self.recorded.next_turn_index
         await self.recorded.complete_turn(index, speaker, text, tool_calls=calls or None, **tokens)
+
+
+def _after_run(run: list[tuple[str, str]], items: list[tuple[str, str]]) -> int | None:
+    """The position in ``items`` after its latest stretch equal to ``run`` (0 if
+    ``run`` is empty); None if ``items`` has no such stretch."""
+    if not run:
+        return 0
+    for end in range(len(items), len(run) - 1, -1):
+        if items[end - len(run) : end] == run:
+            return end
+    return None
 
 
 def _text(message: BaseMessage) -> str:

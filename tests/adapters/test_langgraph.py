@@ -224,3 +224,35 @@ async def test_subgraphs_and_the_v2_stream_are_refused(pipeline):
                 async for _ in mirror.astream(graph, {"messages": [("user", "hi")]}, config("t"), **kwargs):
                     pass
         await mirror.end("completed")
+
+
+async def test_a_resumed_mirror_records_what_the_checkpointer_saved_past_turnlog(pipeline):
+    """The process died after the checkpointer saved an exchange and before the mirror saw it."""
+    thread = f"lg-catchup-{uuid.uuid4().hex[:8]}"
+    model = ScriptedChat(replies=iter([
+        reply("ai-1", "Hello, Ada.", output_tokens=3),
+        reply("ai-2", "Noted: blue.", input_tokens=6, output_tokens=2),
+        reply("ai-3", "Blue.", output_tokens=1),
+    ]), seen=[])
+    graph = chat_graph(model, InMemorySaver())  # the checkpointer outlives the "process"
+    async with SessionRecorder(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
+        async for _ in mirror.astream(graph, {"messages": [("user", "I am Ada")]}, config(thread)):
+            pass
+        async for _ in graph.astream({"messages": [("user", "I like blue")]}, config(thread)):
+            pass  # not mirrored: as if killed before the updates reached the mirror
+    async with SessionRecorder(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
+        async for _ in mirror.astream(graph, {"messages": [("user", "My colour?")]}, config(thread)):
+            pass
+        await mirror.end("completed")
+    assert [(m.type, m.content) for m in model.seen[2]][-3:] == [("human", "I like blue"), ("ai", "Noted: blue."), ("human", "My colour?")]
+    wait_until(lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
+    assert [t[:6] for t in turns(pipeline, thread)] == [
+        (0, "user", "I am Ada", "complete", 0, 0),
+        (1, "assistant", "Hello, Ada.", "complete", 0, 3),
+        (2, "user", "I like blue", "complete", 0, 0),
+        (3, "assistant", "Noted: blue.", "complete", 6, 2),
+        (4, "user", "My colour?", "complete", 0, 0),
+        (5, "assistant", "Blue.", "complete", 0, 1),
+    ]
