@@ -63,6 +63,7 @@ from livekit.agents import (
 from livekit.agents.job import get_job_context
 from livekit.agents.metrics.usage import LLMModelUsage
 from livekit.agents.voice.io import TextOutput
+from livekit.agents.voice.speech_handle import SpeechHandle
 
 from turnlog.producers import RecordedSession, RecorderError, SessionNotFoundError, SessionRecorder, StoredTurn
 from turnlog.settings import TurnlogSettings
@@ -405,11 +406,28 @@ class LiveKitRecording:
         speech_id = speech.id if speech is not None else None
         turn = self._agent
         if turn is None or (speech_id is not None and turn.speech_id is not None and speech_id != turn.speech_id):
-            # A reply whose text was never committed (its playout was skipped) stays
-            # open in turnlog: kept, marked interrupted, when the session ends.
             turn = self._agent = _AgentTurn(self._take_index(), _now(), speech_id)
+            if speech is not None:
+                speech.add_done_callback(self._on_speech_done)
         turn.text += delta
         self._submit(_Partial(turn.turn_index, AGENT_SPEAKER, turn.text, turn.started_at))
+
+    def _on_speech_done(self, speech: SpeechHandle) -> None:
+        """A speech is over. If its text opened the agent's turn and no assistant
+        message committed it, LiveKit did not add it to the conversation: an
+        interrupted speech none of which was played (nothing was heard: the turn
+        is completed with no text, ``barged_in``), or one spoken in full with
+        ``add_to_chat_ctx=False`` (completed with its text)."""
+        turn = self._agent
+        if self._stopping or turn is None or turn.speech_id != speech.id:
+            return
+        self._agent = None
+        input_tokens, output_tokens = self._pending_tokens
+        self._pending_tokens = (0, 0)
+        text, barged_in = ("", True) if speech.interrupted else (turn.text, False)
+        self._submit(
+            _Complete(turn.turn_index, AGENT_SPEAKER, text, turn.started_at, _now(), input_tokens, output_tokens, barged_in)
+        )
 
     def _on_agent_flush(self) -> None:
         if not self._stopping and self._agent is not None:

@@ -251,6 +251,7 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
         assert messages(agent.chat_ctx) == rebuilt and messages(session.history) == rebuilt
         await session.start(agent)
         await session.run(user_input="wait, how much is it?")
+        await session.say("Goodbye!", add_to_chat_ctx=False)  # spoken, but kept out of LiveKit's history
         await session.aclose()
         assert await recording.wait_closed(TIMEOUT)
         assert recording.failures == 0
@@ -263,6 +264,7 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
         *[(i, role, text, "complete") for i, (role, text, _) in enumerate(rebuilt)],
         (n, "user", "wait, how much is it?", "complete"),
         (n + 1, "assistant", "It is 10 dollars a month.", "complete"),
+        (n + 2, "assistant", "Goodbye!", "complete"),
     ]
 
 
