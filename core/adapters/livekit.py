@@ -24,6 +24,10 @@ turns) and otherwise starts it; then it listens to the session:
   ``assistant``: the committed turn, with LiveKit's text. An assistant message
   with ``interrupted=True`` (barge-in) holds the words spoken before it, and is
   recorded ``barged_in``. Other roles and items are not recorded.
+- the end of a speech (``SpeechHandle`` done) that opened the agent's turn
+  and committed no assistant message: LiveKit interrupted it before any of it
+  played (completed with no text, ``barged_in``), or it was spoken outside the
+  chat context (``say(..., add_to_chat_ctx=False)``: completed with its text).
 - ``session_usage_updated``: LLM tokens (``LLMModelUsage`` only: STT and TTS
   usage is not counted), cumulative per (provider, model); each assistant turn
   gets the difference since the previous one (tokens of an LLM call that
