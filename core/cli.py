@@ -299,7 +299,7 @@ def verify(
 
 @app.command()
 def bench(
-    sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("../shared/data/sessions"),
+    sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("data/sessions"),
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
     concurrency: Annotated[int, typer.Option(help="Concurrent sessions of the workload.")] = 1000,
@@ -388,7 +388,7 @@ def replay_agent(
 
 @app.command()
 def demo(
-    sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("../shared/data/sessions"),
+    sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("data/sessions"),
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
     report: Annotated[Optional[Path], typer.Option("--report", help="Write the per-session report as JSON here.")] = None,
@@ -415,7 +415,7 @@ def chaos(
     duration: Annotated[float, typer.Option(help="Seconds of workload under kills.")] = 300.0,
     seed: Annotated[int, typer.Option(help="Seed of the kill schedule.")] = 1,
     kills: Annotated[int, typer.Option(help="Kills, spread over agents, sequencer, sink, finalizer and broker.")] = 25,
-    sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("../shared/data/sessions"),
+    sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("data/sessions"),
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
     report: Annotated[Optional[Path], typer.Option("--report", help="Write the report as JSON here.")] = None,

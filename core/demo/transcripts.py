@@ -1,4 +1,4 @@
-"""The demo's input: one JSON Lines file per session (see shared/data/README.md).
+"""The demo's input: one JSON Lines file per session (see data/README.md).
 
 Also the replay's conventions, shared by the agent (``demo/agent.py``) and the
 verdict (``demo/verdict.py``):

@@ -12,7 +12,7 @@ from turnlog.demo.runner import DemoOptions, choose_kills, run_demo
 from turnlog.demo.transcripts import load_transcript
 from tests.integration.conftest import isolated_settings
 
-SESSIONS = Path(__file__).resolve().parents[2].parent / "shared" / "data" / "sessions"
+SESSIONS = Path(__file__).resolve().parents[2] / "data" / "sessions"
 CHOSEN = ("ami-IS1004a.jsonl", "ami-ES2005a.jsonl")
 
 
