@@ -128,6 +128,15 @@ def test_the_context_rebuilt_from_stored_turns_keeps_their_order_and_marks_cut_t
     assert kept in context.items and len(base.items) == 1  # base is copied, not changed
 
 
+def test_the_example_agent_imports_without_network_and_registers_its_entrypoint():
+    import runpy
+
+    from livekit.agents import AgentServer
+
+    example = runpy.run_path(str(ROOT / "examples" / "livekit_agent.py"), run_name="livekit_example")
+    assert isinstance(example["server"], AgentServer) and asyncio.iscoroutinefunction(example["entrypoint"])
+
+
 # -- in-process --------------------------------------------------------------------------
 async def test_a_conversation_with_interim_transcripts_and_a_barge_in_is_stored_as_livekit_saw_it(pipeline):
     session_id = f"lk-{uuid.uuid4().hex[:8]}"
