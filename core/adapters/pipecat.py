@@ -83,7 +83,7 @@ from turnlog.producers import (
     StoredTurn,
 )
 
-__all__ = ["ASSISTANT", "USER", "TurnlogObserver", "history_messages"]
+__all__ = ["ASSISTANT", "END_REASONS", "USER", "TurnlogObserver", "history_messages"]
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("pipecat", reason="the Pipecat adapter's tests need pipecat-ai 1.x: pip install -e '.[pipecat]'")
 
-from pipecat.frames.frames import InterimTranscriptionFrame, InterruptionFrame, UserStartedSpeakingFrame  # noqa: E402
+from pipecat.frames.frames import CancelFrame, InterimTranscriptionFrame, InterruptionFrame, UserStartedSpeakingFrame  # noqa: E402
 from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
 from pipecat.pipeline.worker import PipelineWorker  # noqa: E402
 from pipecat.processors.aggregators.llm_context import LLMContext  # noqa: E402
@@ -119,6 +119,32 @@ async def test_the_store_holds_exactly_the_conversation_pipecat_saw(ready_pipeli
     # What Pipecat's own context holds is what turnlog stored.
     assert context.messages[1:] == [{"role": s, "content": t} for _, s, t, *_ in stored(pipeline, session_id)]
 
+
+
+async def test_a_reply_cut_off_by_a_cancelled_pipeline_is_kept_interrupted_not_barged_in(ready_pipeline, attach_in_run_test):
+    pipeline = ready_pipeline
+    session_id = f"pipecat-cancel-{uuid.uuid4().hex[:8]}"
+    async with SessionRecorder(pipeline.settings) as recorder:
+        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        aggregators = aggregator_pair(LLMContext([SYSTEM]))
+        attach_in_run_test(observer, aggregators)
+        await run_test(
+            Pipeline(list(aggregators)),
+            frames_to_send=[
+                *user_says("Where is my parcel?"), USER_TURN_END,
+                *llm_says("Let me look", " that up for you", finished=False), SleepFrame(sleep=0.1),
+                CancelFrame(),  # the caller hangs up mid-reply
+            ],
+            send_end_frame=False,
+        )
+        await observer.wait_closed(TIMEOUT)
+
+    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the cancelled session finalized")
+    assert stored(pipeline, session_id) == [
+        (0, "user", "Where is my parcel?", "complete", False, 0, 0),
+        (1, "assistant", "Let me look that up for you", "interrupted", False, 0, 0),
+    ]
+    assert (row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == ("cancelled", 2, 1)
 
 class AgentProcess:
     """``tests/adapters/pipecat_agent.py`` as a child process, with its JSON lines."""
