@@ -62,10 +62,11 @@ inner session holds none of them (it lost its items: an in-memory or a new
 SQLite file) or holds a run of them that stops short of the last, the
 missing turns are added to the inner session as ``{"role", "content"}``
 messages, not recorded again. Tool calls are not rebuilt (turnlog keeps no
-call ids). An inner session that diverges from turnlog (edited, popped) is
-left as it is, with a warning. A session cleared with ``clear_session`` and
-then resumed by a new process is rebuilt from the turns recorded before the
-clear; open it with ``rebuild=False`` to keep it empty.
+call ids). An inner session whose messages are not such a run (edited) is
+left as it is, with a warning. turnlog cannot tell a tail lost in a kill
+from one removed on purpose: an inner session whose last items were popped,
+or that was cleared, gets them back when a new process opens it; open it
+with ``rebuild=False`` to keep it as it is.
 """
 
 from __future__ import annotations
