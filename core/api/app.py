@@ -41,17 +41,21 @@ from importlib import resources
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, RedirectResponse, Response
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from sqlalchemy.exc import DBAPIError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 
 from turnlog.api.auth import Scope, TokenTable
 from turnlog.follow import TranscriptHub, follow_session, store_fetch
+from turnlog.kafka import BrokerUnavailableError
 from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.grant import MAX_RESUME_TIMEOUT_SECONDS, ResumeGrant, encode_grant
 from turnlog.producers.resume import ResumeBarrier
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.analytics import AnalyticsProjection
 from turnlog.sinks.base import SqlStore
+from turnlog.sinks.errors import store_errors
+from turnlog.sinks.exceptions import StoreUnavailableError
 from turnlog.sinks.reads import get_session, get_turns, list_sessions
 
 __all__ = ["create_app"]
@@ -63,6 +67,8 @@ SSE_PING_SECONDS = 15
 RESUME_WORKERS = 8
 #: ``Retry-After`` of a 503 from the resume endpoint (seconds).
 RESUME_RETRY_AFTER_SECONDS = 2
+#: ``Retry-After`` of a 503 when the store or the broker is away (seconds).
+UNAVAILABLE_RETRY_AFTER_SECONDS = 5
 
 logger = logging.getLogger(__name__)
 
@@ -88,6 +94,35 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
                 await asyncio.to_thread(hub.stop)
 
     app = FastAPI(title="turnlog", summary="Sessions, transcripts and live events of turnlog's store.", lifespan=lifespan)
+
+    # One place for outages, whichever call site met them: a client gets 503 and
+    # when to try again, never a raw 500 (decided by exception class and SQLSTATE).
+    def unavailable(what: str, error: Exception) -> JSONResponse:
+        logger.warning("%s unavailable: %s", what, error)
+        return JSONResponse(
+            {"detail": f"the {what} is unavailable; try again"},
+            status_code=503,
+            headers={"Retry-After": str(UNAVAILABLE_RETRY_AFTER_SECONDS)},
+        )
+
+    @app.exception_handler(StoreUnavailableError)
+    async def store_unavailable(_: Request, error: StoreUnavailableError) -> JSONResponse:
+        return unavailable("store", error)
+
+    @app.exception_handler(BrokerUnavailableError)
+    async def broker_unavailable(_: Request, error: BrokerUnavailableError) -> JSONResponse:
+        return unavailable("broker", error)
+
+    @app.exception_handler(DBAPIError)
+    async def database_error(request: Request, error: DBAPIError) -> JSONResponse:
+        try:
+            with store_errors():
+                raise error
+        except StoreUnavailableError as converted:
+            return unavailable("store", converted)
+        except Exception:  # not an outage: a bug, reported as one
+            logger.exception("%s %s failed", request.method, request.url.path)
+            return JSONResponse({"detail": "internal error"}, status_code=500)
 
     def scope(authorization: Annotated[str | None, Header()] = None) -> Scope:
         granted = tokens.scope_of(authorization)
