@@ -312,12 +312,14 @@ class LangGraphMirror:
 
 
 def _after_run(run: list[tuple[str, str]], items: list[tuple[str, str]]) -> int | None:
-    """The position in ``items`` after its latest stretch equal to ``run`` (0 if
-    ``run`` is empty); None if ``items`` has no such stretch."""
+    """The position in ``items`` after its latest stretch that ends like ``run``
+    (the whole of ``run``, or its tail when ``items`` starts later: a trimmed
+    state); 0 if ``run`` is empty; None if there is no such stretch."""
     if not run:
         return 0
-    for end in range(len(items), len(run) - 1, -1):
-        if items[end - len(run) : end] == run:
+    for end in range(len(items), 0, -1):
+        n = min(end, len(run))
+        if items[end - n : end] == run[len(run) - n :]:
             return end
     return None
 

@@ -256,3 +256,14 @@ async def test_a_resumed_mirror_records_what_the_checkpointer_saved_past_turnlog
         (4, "user", "My colour?", "complete", 0, 0),
         (5, "assistant", "Blue.", "complete", 0, 1),
     ]
+
+
+def test_where_the_checkpointers_messages_go_past_turnlogs_turns():
+    from turnlog.adapters.langgraph import _after_run
+
+    u, a = (lambda t: ("user", t)), (lambda t: ("assistant", t))
+    assert _after_run([], [u("1")]) == 0  # turnlog holds no turn: every message is new
+    assert _after_run([u("1"), a("2")], [u("1"), a("2"), u("3"), a("4")]) == 2
+    assert _after_run([u("1"), a("2"), u("3"), a("4")], [a("4"), u("5"), a("6")]) == 1  # a trimmed state
+    assert _after_run([u("1"), a("2")], [u("1"), a("2")]) == 2  # nothing new
+    assert _after_run([u("1"), a("2")], [u("1"), a("other")]) is None  # edited: left alone
