@@ -312,3 +312,21 @@ def test_the_example_imports_without_network_or_api_keys(monkeypatch):
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     assert module.agent.name == "support" and callable(module.main)
+
+
+def test_which_items_are_turns_and_their_text():
+    from turnlog.adapters.openai_agents import _arguments, _message, _missing_from
+
+    assert _message({"role": "user", "content": "hi"}).text == "hi"
+    parts = [{"type": "input_text", "text": "look at "}, {"type": "input_image", "image_url": "x"}, {"type": "input_text", "text": "this"}]
+    assert (_message({"type": "message", "role": "user", "content": parts}).text) == "look at this"
+    refusal = {"type": "message", "role": "assistant", "id": "m1", "content": [{"type": "refusal", "refusal": "I can't."}]}
+    assert (_message(refusal).speaker, _message(refusal).text, _message(refusal).item_id) == ("assistant", "I can't.", "m1")
+    for item in ({"role": "system", "content": "rules"}, {"type": "function_call", "name": "f", "arguments": "{}"}, {"type": "reasoning", "summary": []}):
+        assert _message(item) is None
+    assert _arguments('{"a": 1}') == {"a": 1} and _arguments("[1]") == {"value": [1]} and _arguments("{bad") == {"raw": "{bad"}
+    u, a = (lambda t: ("user", t)), (lambda t: ("assistant", t))
+    assert _missing_from([], [u("1"), a("2")]) == 0  # lost everything: rebuild it all
+    assert _missing_from([u("1")], [u("1"), a("2")]) == 1  # one write behind
+    assert _missing_from([a("2")], [u("1"), a("2")]) == 2  # a window (get_items' limit) at the end: nothing missing
+    assert _missing_from([u("1"), a("edited")], [u("1"), a("2")]) is None
