@@ -158,7 +158,7 @@ class LangGraphMirror:
         input: Any,
         config: Mapping[str, Any] | None = None,
         *,
-        stream_mode: Sequence[str] = (),
+        stream_mode: str | Sequence[str] = (),
         **kwargs: Any,
     ) -> AsyncIterator[tuple[str, Any]]:
         """Run ``graph.astream`` with ``stream_mode`` ``["messages", "updates", *stream_mode]``,
@@ -178,7 +178,8 @@ class LangGraphMirror:
         new = self._input_messages(input)
         for message in new:
             await self._complete(message)
-        modes = list(dict.fromkeys([*_MODES, *stream_mode]))
+        extra = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
+        modes = list(dict.fromkeys([*_MODES, *extra]))
         finished = False
         try:
             async with aclosing(graph.astream(input, config, stream_mode=modes, **kwargs)) as stream:

@@ -56,8 +56,9 @@ async def test_the_mirror_records_the_conversation_partials_tokens_and_tool_call
                     )
                     assert partial == [(1, "assistant", "Your order 42 ", "partial", 0, 0, False, None)]
         assert modes == {"messages", "updates"}
-        async for _ in mirror.astream(graph, {"messages": [HumanMessage("Thanks!")]}, config(thread)):
-            pass
+        async for mode, _ in mirror.astream(graph, {"messages": [HumanMessage("Thanks!")]}, config(thread), stream_mode="values"):
+            modes.add(mode)
+        assert modes == {"messages", "updates", "values"}
         await mirror.end("completed")
     wait_until(lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
     recorded_call = {"name": "order_status", "arguments": {"order": "42"}, "result": "order 42 ships tomorrow"}
