@@ -34,7 +34,9 @@ What it records, and from where:
   flushes it). The saved message completes that turn at the same index.
   A streamed message that the run never saved (``result.cancel()`` mid-answer)
   is completed ``barged_in=True`` with the text streamed so far: the words
-  the user saw.
+  the user saw. A caller that stops iterating early closes the generator
+  (``async with contextlib.aclosing(session.stream(result))``), so this
+  happens at once rather than when it is garbage-collected.
 
 ``get_items``, ``pop_item`` and ``clear_session`` go to the inner session
 (any ``Session`` of the SDK: SQLite, SQLAlchemy, Redis...). turnlog is

@@ -330,3 +330,24 @@ def test_which_items_are_turns_and_their_text():
     assert _missing_from([u("1")], [u("1"), a("2")]) == 1  # one write behind
     assert _missing_from([a("2")], [u("1"), a("2")]) == 2  # a window (get_items' limit) at the end: nothing missing
     assert _missing_from([u("1"), a("edited")], [u("1"), a("2")]) is None
+
+
+async def test_a_streamed_run_with_a_tool_call_gives_the_answer_every_tokens_and_the_call(pipeline):
+    session_id = f"oa-stream-tool-{uuid.uuid4().hex[:8]}"
+    model = FakeModel([
+        Reply(call=("order_status", '{"order": "7"}'), input_tokens=12, output_tokens=4),
+        Reply(text="Order 7 ships tomorrow.", input_tokens=30, output_tokens=6),
+    ])
+    agent = Agent(name="support", model=model, tools=[order_status])
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="support")
+        result = Runner.run_streamed(agent, "Order 7?", session=session, hooks=session.hooks)
+        async for _ in session.stream(result):
+            pass
+        await session.end("completed")
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    call = {"name": "order_status", "arguments": {"order": "7"}, "result": "order 7 ships tomorrow"}
+    assert turns(pipeline, session_id) == [
+        (0, "user", "Order 7?", "complete", 0, 0, False, None),
+        (1, "assistant", "Order 7 ships tomorrow.", "complete", 42, 10, False, [call]),
+    ]
