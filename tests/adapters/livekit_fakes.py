@@ -9,13 +9,18 @@ still reports its tokens, as LiveKit's metrics do for a cancelled stream).
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from livekit.agents import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectionError, APIConnectOptions, NotGivenOr
 from livekit.agents.llm import LLM, ChatChunk, ChatContext, ChoiceDelta, CompletionUsage, LLMStream, Tool, ToolChoice
-from livekit.agents.voice.io import TextOutput
+from livekit import rtc
+from livekit.agents import utils
+from livekit.agents.tts import TTS, AudioEmitter, ChunkedStream, SynthesizeStream, TTSCapabilities
+from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities, TextOutput
+from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
 
 
 @dataclass(frozen=True)
@@ -99,9 +104,110 @@ class CapturedText(TextOutput):
         self.segments: list[str] = []
         self._current = ""
 
+    @property
+    def current(self) -> str:
+        """The text of the segment still being sent."""
+        return self._current
+
     async def capture_text(self, text: str) -> None:
         self._current += text
 
     def flush(self) -> None:
         self.segments.append(self._current)
         self._current = ""
+
+
+# -- the voice path: a TTS that makes silence, an audio output that "plays" it in real time --
+class SilentTTS(TTS):
+    """A streaming TTS: each flushed piece of text becomes ``seconds_per_char`` seconds
+    of silence per character (after livekit/agents' ``tests/fake_tts.py``)."""
+
+    def __init__(self, *, seconds_per_char: float = 0.02, sample_rate: int = 24000) -> None:
+        super().__init__(capabilities=TTSCapabilities(streaming=True), sample_rate=sample_rate, num_channels=1)
+        self.seconds_per_char = seconds_per_char
+
+    def synthesize(self, text: str, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> ChunkedStream:
+        raise NotImplementedError("SilentTTS only streams")
+
+    def stream(self, *, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> SynthesizeStream:
+        return _SilentStream(tts=self, conn_options=conn_options)
+
+
+class _SilentStream(SynthesizeStream):
+    async def _run(self, output_emitter: AudioEmitter) -> None:
+        tts = self._tts
+        assert isinstance(tts, SilentTTS)
+        output_emitter.initialize(
+            request_id=utils.shortuuid("silent_"), sample_rate=tts.sample_rate, num_channels=1, mime_type="audio/pcm", stream=True
+        )
+        text = ""
+        async for data in self._input_ch:
+            if isinstance(data, str):
+                text += data
+                continue
+            if not text:
+                continue
+            self._mark_started()
+            output_emitter.start_segment(segment_id=utils.shortuuid("silent_segment_"))
+            samples = int(tts.sample_rate * tts.seconds_per_char * len(text))
+            for start in range(0, samples, tts.sample_rate // 100):
+                output_emitter.push(b"\x00\x00" * min(tts.sample_rate // 100, samples - start))
+            output_emitter.flush()
+            text = ""
+
+
+class RealTimeAudioOutput(AudioOutput):
+    """Plays captured audio in real time (nothing is heard: only the clock runs), and
+    reports playback as a room's audio output does (after livekit/agents' ``tests/fake_io.py``)."""
+
+    def __init__(self) -> None:
+        super().__init__(label="realtime", capabilities=AudioOutputCapabilities(pause=False))
+        self._pushed = 0.0
+        self._started_at: float | None = None
+        self._finish: asyncio.TimerHandle | None = None
+
+    async def capture_frame(self, frame: rtc.AudioFrame) -> None:
+        await super().capture_frame(frame)
+        self._pushed += frame.duration
+        if self._started_at is None:
+            self._started_at = time.time()
+            self.on_playback_started(created_at=self._started_at)
+
+    def flush(self) -> None:
+        super().flush()
+        if not self._pushed or self._started_at is None:
+            return
+        pushed = self._pushed
+        delay = max(pushed - (time.time() - self._started_at), 0.0)
+
+        def finished() -> None:
+            self._reset()
+            self.on_playback_finished(playback_position=pushed, interrupted=False)
+
+        if self._finish is not None:
+            self._finish.cancel()
+        self._finish = asyncio.get_running_loop().call_later(delay, finished)
+
+    def clear_buffer(self) -> None:
+        if not self._pushed or self._started_at is None:
+            return
+        position = min(time.time() - self._started_at, self._pushed)
+        self._reset()
+        self.on_playback_finished(playback_position=position, interrupted=True)
+
+    def _reset(self) -> None:
+        self._pushed, self._started_at = 0.0, None
+        if self._finish is not None:
+            self._finish.cancel()
+            self._finish = None
+
+
+def voice_outputs(session: Any) -> CapturedText:
+    """Give ``session`` the audio and transcription outputs RoomIO would: a
+    TranscriptSynchronizer that releases the text as the audio plays. Returns the
+    text output behind it (what the room would be sent)."""
+    room_text = CapturedText()
+    synchronizer = TranscriptSynchronizer(next_in_chain_audio=RealTimeAudioOutput(), next_in_chain_text=room_text)
+    session.output.audio = synchronizer.audio_output
+    session.output.transcription = synchronizer.text_output
+    return room_text

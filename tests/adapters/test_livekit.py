@@ -28,7 +28,7 @@ from turnlog.deploy.processes import ServiceProcess  # noqa: E402
 from turnlog.producers import SessionRecorder, StoredTurn  # noqa: E402
 from turnlog.schemas import TurnPartial, decode_event  # noqa: E402
 from turnlog.sinks.tables import session_events, sessions, transcript_turns  # noqa: E402
-from tests.adapters.livekit_fakes import CapturedText, Reply, ScriptedLLM  # noqa: E402
+from tests.adapters.livekit_fakes import CapturedText, Reply, ScriptedLLM, SilentTTS, voice_outputs  # noqa: E402
 from tests.support import wait_until  # noqa: E402
 
 TIMEOUT = 90
@@ -216,6 +216,49 @@ async def test_a_conversation_with_interim_transcripts_and_a_barge_in_is_stored_
     agent_partials = [text for index, _, text in partials if index == 3]
     assert agent_partials and all(PLANS.startswith(text) for text in agent_partials)
     assert fold_events(payloads).seqs == list(range(len(payloads)))
+
+
+EVERYTHING = "Let me explain. " + " ".join(f"point{i}" for i in range(120))  # ~17 s of audio at 20 ms a character
+
+
+async def test_on_the_voice_path_a_barged_in_reply_is_stored_with_the_words_heard_not_the_words_generated(pipeline):
+    session_id = f"lk-voice-{uuid.uuid4().hex[:6]}"
+    replies = {"Hello": REPLIES["Hello"], "Tell me everything": Reply(EVERYTHING, input_tokens=20, output_tokens=150)}
+    session = AgentSession(llm=ScriptedLLM(replies), tts=SilentTTS(), vad=None, user_away_timeout=None)
+    room_text = voice_outputs(session)  # audio and text outputs as RoomIO sets them: text released as the audio plays
+    agent = Agent(instructions="You are a test agent.")
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-voice", settings=pipeline.settings)
+    await session.start(agent)
+    try:
+        await session.run(user_input="Hello")
+        run = session.run(user_input="Tell me everything")
+        await eventually(lambda: len(room_text.current) > 40, what="some of the reply heard", timeout=60)
+        session.emit("user_input_transcribed", UserInputTranscribedEvent(transcript="stop", is_final=False))
+        await session.interrupt()
+        await run
+        await session.run(user_input="Hello")
+    finally:
+        await session.aclose()
+    assert await recording.wait_closed(TIMEOUT) and recording.failures == 0
+
+    seen = messages(session.history)
+    heard = seen[3][1]
+    assert seen[3][2] is True and 20 < len(heard) < len(EVERYTHING) and EVERYTHING.startswith(heard)
+    await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
+    stored = conversation(turns_of(pipeline, session_id))
+    assert [(i, speaker, text, barged) for i, speaker, text, _, barged, _, _ in stored] == [
+        (i, role, text, interrupted) for i, (role, text, interrupted) in enumerate(seen)
+    ]
+    assert stored[3] == (3, "assistant", heard, "complete", True, 20, 150)
+    # The partials were the text as generated for speech (ahead of the audio); the turn
+    # was completed with what LiveKit's synchronizer says was heard.
+    _, events = logged_events(pipeline, session_id)
+    generated = [e.text for e in events if isinstance(e, TurnPartial) and e.turn_index == 3]
+    assert generated and max(map(len, generated)) > len(heard)
+    # The room was sent that reply's text as it played, and no further (the synchronizer
+    # may have released the word being spoken when the interruption came).
+    [sent] = [segment for segment in room_text.segments if segment.startswith("Let me")]
+    assert sent.startswith(heard) and len(sent) < len(EVERYTHING) and EVERYTHING.startswith(sent)
 
 
 @pytest.mark.parametrize("close", ["job_shutdown", "error"])
