@@ -11,7 +11,7 @@ import uuid
 
 import pytest
 
-pytest.importorskip("agents", reason="the OpenAI Agents SDK is the optional extra turnlog[openai-agents]")
+pytest.importorskip("agents.memory", reason="the OpenAI Agents SDK is the optional extra turnlog[openai-agents]")
 
 from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled  # noqa: E402
 from sqlalchemy import select  # noqa: E402
