@@ -156,6 +156,12 @@ class TurnlogSettings(BaseSettings):
         description="Longest one sink poll waits to fill a batch (seconds): a completed turn waits at most "
         "this long for company before its commit.",
     )
+    sink_max_poll_interval_seconds: float = Field(
+        300.0,
+        ge=10,
+        description="Longest the sink may go without polling before it leaves its consumer group (seconds; "
+        "librdkafka's max.poll.interval.ms). A store outage does not count: the sink polls, paused, meanwhile.",
+    )
     sink_partial_wait_seconds: float = Field(
         1.0,
         ge=0,

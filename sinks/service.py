@@ -8,8 +8,11 @@ on partition assignment the consumer seeks to the offsets in ``sink_offsets``,
 so a crash at any point replays only what the store does not hold yet.
 
 A database outage is retried with capped exponential backoff (the same batch,
-until it commits or the service is asked to stop); the consumer may leave the
-group meanwhile, and on rejoining it seeks to the stored offsets again.
+until it commits or the service is asked to stop). Between tries the consumer
+pauses its partitions and keeps polling, so it stays in its consumer group
+(heartbeats, ``max.poll.interval.ms``) however long the outage lasts; once the
+batch commits it seeks every assigned partition back to the stored offsets
+and resumes them (records polled while paused are read again).
 
 A batch the database refuses for good (a data or integrity error) is applied
 again record by record; a record refused on its own goes to ``<prefix>.dlq``
@@ -26,7 +29,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
-from tenacity import RetryCallState, retry, retry_if_exception_type, wait_exponential
+from tenacity import RetryCallState, Retrying, retry, retry_if_exception_type, wait_exponential
 
 from turnlog import metrics
 from turnlog.dlq import dlq_headers, reason_class
@@ -62,7 +65,8 @@ def _log_retry(state: RetryCallState) -> None:
     logger.warning("store unavailable, retrying (attempt %d): %s", state.attempt_number, error)
 
 
-# Retry while the store is unavailable, until it answers or the service stops.
+# Retry while the store is unavailable, until it answers or the service stops
+# (sleeping: for calls made inside a consumer callback, where polling is not allowed).
 _while_store_unavailable = retry(
     retry=retry_if_exception_type(StoreUnavailableError),
     wait=wait_exponential(multiplier=0.2, max=5.0),
@@ -103,15 +107,28 @@ class SinkService:
             # A SIGKILLed sink holds its partitions until its session times out.
             "session.timeout.ms": 10_000,
             "heartbeat.interval.ms": 2_000,
+            "max.poll.interval.ms": int(settings.sink_max_poll_interval_seconds * 1000),
             **(consumer_config or {}),
         }
         self._on_batch = on_batch
         self._dlq: Producer | None = None
         self.stopping = threading.Event()
+        self._consumer: Consumer | None = None
+        self._paused = False  # partitions paused while waiting out a store outage
+        # The batch's retries wait inside the group (see _wait_in_group).
+        self._in_group = Retrying(
+            retry=retry_if_exception_type(StoreUnavailableError),
+            wait=wait_exponential(multiplier=0.2, max=5.0),
+            stop=lambda _: self.stopping.is_set(),
+            before_sleep=_log_retry,
+            sleep=self._wait_in_group,
+            reraise=True,
+        )
 
     def run(self) -> None:
         """Consume and apply until :attr:`stopping` is set."""
         consumer = kafka.consumer(self.settings, group_id=self.consumer_group, **self._config)
+        self._consumer = consumer
         consumer.subscribe([self.settings.topics.transcript], on_assign=self._seek_to_stored)
         batch: list[SourceMessage] = []
         boundary = False  # the batch holds something other than a partial
@@ -140,9 +157,12 @@ class SinkService:
                     fault_point("sink.after_poll")
                     result = self.apply(batch)
                     batch, boundary = [], False
+                    if self._paused:
+                        self._seek_back(consumer)
                     if self._on_batch is not None:
                         self._on_batch(result)
         finally:
+            self._consumer = None
             consumer.close()
             if self._dlq is not None:
                 self._dlq.flush(DLQ_FLUSH_TIMEOUT_SECONDS)
@@ -186,8 +206,37 @@ class SinkService:
         with store_errors(), self.store.engine.connect() as conn:
             return self.store.stored_offsets(conn, self.consumer_group, partitions)
 
-    @_while_store_unavailable
+    def _wait_in_group(self, seconds: float) -> None:
+        """Wait ``seconds`` between store retries without leaving the consumer group:
+        the assigned partitions are paused and the consumer keeps polling (heartbeats,
+        rebalances). Nothing is delivered from a paused partition; a record polled
+        before the pause took effect is dropped here and read again after :meth:`_seek_back`."""
+        consumer = self._consumer
+        if consumer is None:  # apply() called outside run() (replay)
+            time.sleep(seconds)
+            return
+        assigned = consumer.assignment()
+        if assigned:
+            consumer.pause(assigned)
+        self._paused = True
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0 and not self.stopping.is_set():
+            consumer.poll(min(left, 0.5))
+
+    def _seek_back(self, consumer: Consumer) -> None:
+        """After an outage: every assigned partition back to its stored offset, then resumed."""
+        assigned = consumer.assignment()
+        stored = self._stored_offsets([(tp.topic, tp.partition) for tp in assigned])
+        for tp in assigned:
+            consumer.seek(TopicPartition(tp.topic, tp.partition, stored.get((tp.topic, tp.partition), OFFSET_BEGINNING)))
+        consumer.resume(assigned)
+        self._paused = False
+        logger.info("store back: resumed %d partitions at the stored offsets", len(assigned))
+
     def _apply_batch(self, batch: list[SourceMessage]) -> BatchResult:
+        return self._in_group(self._apply_batch_once, batch)
+
+    def _apply_batch_once(self, batch: list[SourceMessage]) -> BatchResult:
         with store_errors(), self.store.engine.begin() as conn:
             result = self.store.apply_tracked(
                 conn, self.consumer_group, batch, self._write, on_rejected=self._dead_letter
@@ -197,8 +246,10 @@ class SinkService:
         report_finalized(result.finalized)  # finalized in the batch's transaction, now committed
         return result
 
-    @_while_store_unavailable
     def _skip(self, message: SourceMessage) -> None:
+        self._in_group(self._skip_once, message)
+
+    def _skip_once(self, message: SourceMessage) -> None:
         with store_errors(), self.store.engine.begin() as conn:
             self.store.skip_records(conn, self.consumer_group, [message])
 

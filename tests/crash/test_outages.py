@@ -11,11 +11,13 @@ import asyncio
 import os
 import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
 import pytest
 
+from turnlog import kafka
 from turnlog.deploy.local import SCRIPTS
 from turnlog.producers import SessionRecorder
 from tests.integration.test_pipeline import finalized, stored_turns
@@ -70,8 +72,16 @@ def test_the_pipeline_recovers_from_a_broker_killed_with_sigkill(pipeline):
     assert all(p.alive() for p in pipeline.processes.values()), pipeline.logs()
 
 
-def test_the_pipeline_recovers_from_postgres_stopped_and_started(pipeline):
+def test_the_sink_stays_in_its_group_through_a_postgres_outage_longer_than_its_poll_interval(new_pipeline):
+    # max.poll.interval.ms of 10 s: a sink that stopped polling while it retried
+    # the store would leave its group during this 25 s outage.
+    pipeline = new_pipeline(("sequencer", "sink"), sink_max_poll_interval_seconds=10)
+    pipeline.wait_ready()
     session_id = f"postgres-{uuid.uuid4().hex[:6]}"
+    admin = kafka.admin(pipeline.settings)
+    group = pipeline.settings.sink_group
+    members_before = wait_until(lambda: (m := kafka.group_members(admin, group)).stable and m.member_ids and m, timeout=60,
+                                what="the sink's group stable")
 
     async def record_during_outage():
         async with SessionRecorder(pipeline.settings) as recorder:
@@ -81,14 +91,18 @@ def test_the_pipeline_recovers_from_postgres_stopped_and_started(pipeline):
             try:
                 for index in range(1, 8):  # the broker still takes turns while the store is down
                     await session.complete_turn(index, "A", f"turn {index} before and after the outage")
-                wait_until(lambda: "store unavailable" in pipeline.processes["sink"].log_path.read_text(errors="replace"),
-                           timeout=60, what="the sink to notice the outage")
+                outage_ends = time.monotonic() + 25
+                while time.monotonic() < outage_ends:  # the same member, the group stable, all along
+                    members = kafka.group_members(admin, group)
+                    assert members.stable and members.member_ids == members_before.member_ids, members
+                    await asyncio.sleep(1.0)
             finally:
                 script("postgres.sh", "start")
             await session.end("completed")
 
     asyncio.run(record_during_outage())
     check(pipeline, session_id, 8)
+    assert kafka.group_members(admin, group).member_ids == members_before.member_ids
     assert all(p.alive() for p in pipeline.processes.values()), pipeline.logs()
 
 
