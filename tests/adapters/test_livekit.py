@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("livekit.agents", reason="livekit-agents is not installed (pip install 'turnlog[livekit]')")
+pytest.importorskip("livekit.agents", reason="livekit-agents is not importable (pip install 'turnlog[livekit]')", exc_type=ImportError)
 
 from livekit.agents import Agent, AgentSession, APIConnectOptions, ChatContext, UserInputTranscribedEvent  # noqa: E402
 from livekit.agents.testing import fake_job_context  # noqa: E402
