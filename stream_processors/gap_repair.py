@@ -50,7 +50,11 @@ class LogRangeReader:
         return self._offsets.end_offsets(self._topic, [partition])[partition]
 
     def read(self, partition: int, first: int, last: int, key: bytes | None = None) -> list[LogRecord]:
-        """The records at offsets ``first..last`` (inclusive), only those with ``key`` if given."""
+        """The records at offsets ``first..last`` (inclusive), only those with ``key`` if given.
+
+        Raises:
+            BrokerUnavailableError: the range was not read to its end within ``READ_TIMEOUT_SECONDS``.
+        """
         if last < first:
             return []
         if self._reader is None:
@@ -82,7 +86,11 @@ class LogRangeReader:
                     if record.offset() >= last:
                         break
                 else:
-                    logger.error("re-read of %s[%d] %d..%d timed out", self._topic, partition, first, last)
+                    # A partial answer must not pass for the whole range: the caller retries later.
+                    raise kafka.BrokerUnavailableError(
+                        f"re-read of {self._topic}[{partition}] {first}..{last} timed out after {READ_TIMEOUT_SECONDS:.0f} s",
+                        retriable=True,
+                    )
             finally:
                 consumer.unassign()
         return found

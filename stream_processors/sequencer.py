@@ -67,6 +67,8 @@ CHANGELOG_SEGMENT_MS = 10 * 60 * 1000
 COMMIT_INTERVAL_SECONDS = 0.1
 EMISSION_DELIVERY_TIMEOUT_SECONDS = 120.0
 EMISSION_LINGER_MS = 1
+#: How often gaps whose re-read failed are read again (seconds).
+GAP_RETRY_SECONDS = 5.0
 _JSON = msgspec.json.Encoder()
 
 
@@ -106,20 +108,38 @@ class Sequencer:
         self._max_buffer = max_buffer
         self._next_offset: dict[int, int] = {}  # partition -> the offset its next record should have
         self._repaired: dict[bytes, int] = {}  # key -> the next_seq whose gap was already read again
+        self._unrepaired: dict[bytes, int] = {}  # key -> partition: a gap whose re-read failed (retried by retry_gaps)
 
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop positions of revoked partitions: another worker may take them."""
-        for partition in partitions:
+        revoked = set(partitions)
+        for partition in revoked:
             self._next_offset.pop(partition, None)
+        self._unrepaired = {key: p for key, p in self._unrepaired.items() if p not in revoked}
 
-    async def process(self, records: list[SourceRecord]) -> None:
+    @property
+    def has_unrepaired_gaps(self) -> bool:
+        """True while a session waits on a gap whose re-read failed (the broker did not answer)."""
+        return bool(self._unrepaired)
+
+    async def retry_gaps(self) -> None:
+        """Read again the gaps whose re-read failed, and apply what is found as a batch.
+        A session that gets no later record would otherwise wait on its gap for good."""
+        pending, self._unrepaired = self._unrepaired, {}
+        await self.process([], recheck=pending)
+
+    async def process(self, records: list[SourceRecord], *, recheck: dict[bytes, int] | None = None) -> None:
         """Sequence one batch: decide, send, await the acks, then store the states.
+        ``recheck`` (``{key: partition}``) adds sessions whose gap is read again.
 
         Raises:
             EmissionFailed: the broker refused an emission; nothing of the batch was stored.
         """
         batch = self._emissions.batch()
-        touched: dict[bytes, tuple[SessionSequence, SourceRecord]] = {}
+        touched: dict[bytes, tuple[SessionSequence, SourceRecord]] = {
+            key: (SessionSequence.from_json(self._states.get(key)), SourceRecord(key, b"", partition, -1))
+            for key, partition in (recheck or {}).items()
+        }
         for record in records:
             for skipped in await self._skipped_before(record):
                 self._decide(batch, touched, skipped)
@@ -201,8 +221,13 @@ class Sequencer:
             gap = state.missing_range()
             if gap is None or self._repaired.get(key) == state.next_seq:
                 continue
+            try:
+                reread = await asyncio.to_thread(self._reader.read, record.partition, gap[0], gap[1], key)
+            except kafka.BrokerError as e:  # not read: retry_gaps tries again, even if no record of the session comes
+                logger.warning("gap in %r: the re-read failed (%s); retrying later", key, e)
+                self._unrepaired[key] = record.partition
+                continue
             self._repaired[key] = state.next_seq
-            reread = await asyncio.to_thread(self._reader.read, record.partition, gap[0], gap[1], key)
             if reread:
                 logger.warning("gap in %r: re-read %d records from %s[%d]", key, len(reread), self._topics.events, record.partition)
             found.extend(SourceRecord(k, raw, record.partition, offset) for offset, k, raw in reread)
@@ -247,6 +272,9 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         max_buffer=settings.reorder_buffer_size,
     )
 
+    # The agent's batches and the gap retries never interleave: both read and write session states.
+    batch_lock = asyncio.Lock()
+
     @app.agent(events, name="sequence-events")
     async def sequence_events(stream: faust.StreamT[bytes]) -> None:
         for topic in outputs:  # sent to through `emissions`, so Faust would not create them on a first send
@@ -254,12 +282,24 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         async for batch in stream.take_events(BATCH_SIZE, within=BATCH_WAIT_SECONDS):
             records = [SourceRecord(e.key, e.value, e.message.partition, e.message.offset) for e in batch]
             try:
-                await sequencer.process(records)
+                async with batch_lock:
+                    await sequencer.process(records)
             except EmissionFailed as e:
                 # Nothing of the batch was stored or acked: a restart processes it again.
                 logger.error("stopping: %s", e)
                 await app.crash(e)
                 return
+
+    @app.timer(interval=GAP_RETRY_SECONDS)
+    async def retry_gaps() -> None:
+        if not sequencer.has_unrepaired_gaps or app.rebalancing or app.in_recovery:
+            return  # never touch table state while Faust restores or reassigns it
+        try:
+            async with batch_lock:
+                await sequencer.retry_gaps()
+        except EmissionFailed as e:
+            logger.error("stopping: %s", e)
+            await app.crash(e)
 
     @app.on_partitions_revoked.connect
     async def forget_revoked(_app: Any, revoked: Any, **_: Any) -> None:

@@ -151,3 +151,28 @@ async def test_a_record_whose_key_is_not_its_session_goes_to_the_dlq() -> None:
     [(topic, value, _, headers)] = emissions.sent
     assert topic == TOPICS.dlq and value == record.value and states == {}
     assert dict(headers)["turnlog-reason"].startswith(b"invalid: record key")
+
+
+async def test_a_gap_whose_re_read_failed_is_read_again_by_retry_gaps_without_a_later_record() -> None:
+    from turnlog import kafka
+
+    f = EventFactory()
+    records = _log_of([f.started(), f.completed(1, 0, "a"), f.completed(2, 1, "b"), f.ended(3, last_turn=1)])
+    log = _Log(records)
+    failures = [kafka.BrokerUnavailableError("broker away", retriable=True)]
+    read = log.read
+
+    def flaky_read(*args: Any, **kwargs: Any) -> Any:
+        if failures:
+            raise failures.pop()
+        return read(*args, **kwargs)
+
+    log.read = flaky_read  # type: ignore[method-assign]
+    sequencer, states, emissions = _sequencer(log)
+    await sequencer.process([records[0]])
+    sequencer._next_offset[0] = 4
+    await sequencer.process([records[2], records[3]])  # seq 1 never delivered; its re-read fails
+    assert _emitted_seqs(emissions) == [0] and sequencer.has_unrepaired_gaps
+    await sequencer.retry_gaps()  # no record of the session comes: the retry alone closes the gap
+    assert _emitted_seqs(emissions) == [0, 1, 2, 3] and not sequencer.has_unrepaired_gaps
+    assert states[f.session_id.encode()]["ended"] is True
