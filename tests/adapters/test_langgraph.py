@@ -4,9 +4,6 @@ whose node calls a scripted chat model, on the real broker and Postgres."""
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
-import threading
 import uuid
 from contextlib import aclosing
 
@@ -19,11 +16,11 @@ from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 from sqlalchemy import select  # noqa: E402
 
 from turnlog.adapters.langgraph import LangGraphMirror  # noqa: E402
-from turnlog.deploy.processes import ServiceProcess  # noqa: E402
 from turnlog.producers import SessionRecorder  # noqa: E402
 from turnlog.sinks.tables import transcript_turns  # noqa: E402
 from tests.adapters.langgraph_fakes import ScriptedChat, chat_graph, reply  # noqa: E402
 from tests.integration.test_pipeline import finalized  # noqa: E402
+from tests.adapters.scripted import ScriptedAgent
 from tests.support import wait_until  # noqa: E402
 
 TIMEOUT = 120
@@ -140,31 +137,14 @@ def test_an_agent_killed_mid_answer_resumes_with_its_thread_rebuilt_from_turnlog
     thread = f"lg-crash-{uuid.uuid4().hex[:8]}"
     env = pipeline.settings.as_environment()
 
-    def run(phase):
-        argv = [sys.executable, "-m", "tests.adapters.langgraph_script", phase, thread]
-        process = ServiceProcess(f"agent-{phase}", argv, env, tmp_path / f"agent-{phase}.log", stdout_pipe=True)
-        lines: list[dict] = []
-        changed = threading.Condition()
-
-        def read():
-            for raw in process.popen.stdout:
-                with changed:
-                    lines.append(json.loads(raw))
-                    changed.notify_all()
-
-        threading.Thread(target=read, daemon=True).start()
-        return process, lines, changed
-
-    first, lines, changed = run("first")
-    with changed:
-        assert changed.wait_for(lambda: any("streaming" in line for line in lines), timeout=TIMEOUT), (tmp_path / "agent-first.log").read_text()
+    first = ScriptedAgent("tests.adapters.langgraph_script", "first", thread, env, tmp_path)
+    first.wait_for("streaming", TIMEOUT)
     first.kill()
 
-    second, lines2, changed2 = run("second")
-    with changed2:
-        assert changed2.wait_for(lambda: any("done" in line for line in lines2), timeout=TIMEOUT), (tmp_path / "agent-second.log").read_text()
+    second = ScriptedAgent("tests.adapters.langgraph_script", "second", thread, env, tmp_path)
+    second.wait_for("done", TIMEOUT)
     assert second.popen.wait(TIMEOUT) == 0
-    report = next(line for line in lines2 if "done" in line)
+    report = next(line for line in second.lines if "done" in line)
     asked = [["human", "question 0"], ["ai", "answer 0"], ["human", "question 1"], ["ai", "answer 1"], ["human", "question 2"]]
     assert report["model_saw"] == [*asked, ["human", "question 3"]]  # the thread rebuilt from turnlog
     assert report["epoch"] == 1

@@ -4,9 +4,6 @@ on the real broker and Postgres (and, for the crash, a real agent process)."""
 from __future__ import annotations
 
 import asyncio
-import json
-import sys
-import threading
 import uuid
 
 import pytest
@@ -17,11 +14,11 @@ from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disa
 from sqlalchemy import select  # noqa: E402
 
 from turnlog.adapters.openai_agents import TurnlogSession  # noqa: E402
-from turnlog.deploy.processes import ServiceProcess  # noqa: E402
 from turnlog.producers import SessionRecorder  # noqa: E402
 from turnlog.sinks.tables import transcript_turns  # noqa: E402
 from tests.adapters.openai_agents_fakes import FakeModel, Reply  # noqa: E402
 from tests.integration.test_pipeline import finalized  # noqa: E402
+from tests.adapters.scripted import ScriptedAgent
 from tests.support import wait_until  # noqa: E402
 
 TIMEOUT = 120
@@ -215,31 +212,14 @@ def test_an_agent_killed_mid_answer_resumes_with_its_history_rebuilt_from_turnlo
     session_id = f"oa-crash-{uuid.uuid4().hex[:8]}"
     env = pipeline.settings.as_environment()
 
-    def run(phase):
-        argv = [sys.executable, "-m", "tests.adapters.openai_agents_script", phase, session_id]
-        process = ServiceProcess(f"agent-{phase}", argv, env, tmp_path / f"agent-{phase}.log", stdout_pipe=True)
-        lines: list[dict] = []
-        changed = threading.Condition()
-
-        def read():
-            for raw in process.popen.stdout:
-                with changed:
-                    lines.append(json.loads(raw))
-                    changed.notify_all()
-
-        threading.Thread(target=read, daemon=True).start()
-        return process, lines, changed
-
-    first, lines, changed = run("first")
-    with changed:
-        assert changed.wait_for(lambda: any("streaming" in line for line in lines), timeout=TIMEOUT), (tmp_path / "agent-first.log").read_text()
+    first = ScriptedAgent("tests.adapters.openai_agents_script", "first", session_id, env, tmp_path)
+    first.wait_for("streaming", TIMEOUT)
     first.kill()  # mid-answer: the third answer is streaming, its first words flushed
 
-    second, lines2, changed2 = run("second")
-    with changed2:
-        assert changed2.wait_for(lambda: any("done" in line for line in lines2), timeout=TIMEOUT), (tmp_path / "agent-second.log").read_text()
+    second = ScriptedAgent("tests.adapters.openai_agents_script", "second", session_id, env, tmp_path)
+    second.wait_for("done", TIMEOUT)
     assert second.popen.wait(TIMEOUT) == 0
-    report = next(line for line in lines2 if "done" in line)
+    report = next(line for line in second.lines if "done" in line)
     asked = [("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1"), ("assistant", "answer 1"), ("user", "question 2")]
     assert [tuple(m) for m in report["rebuilt"]] == asked  # the inner session rebuilt from turnlog
     assert [tuple(m) for m in report["model_saw"]] == [*asked, ("user", "question 3")]
