@@ -143,7 +143,7 @@ def test_an_agent_killed_mid_answer_resumes_with_its_thread_rebuilt_from_turnlog
 
     second = ScriptedAgent("tests.adapters.langgraph_script", "second", thread, env, tmp_path)
     second.wait_for("done", TIMEOUT)
-    assert second.popen.wait(TIMEOUT) == 0
+    assert second.process.popen.wait(TIMEOUT) == 0
     report = next(line for line in second.lines if "done" in line)
     asked = [["human", "question 0"], ["ai", "answer 0"], ["human", "question 1"], ["ai", "answer 1"], ["human", "question 2"]]
     assert report["model_saw"] == [*asked, ["human", "question 3"]]  # the thread rebuilt from turnlog

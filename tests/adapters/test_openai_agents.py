@@ -218,7 +218,7 @@ def test_an_agent_killed_mid_answer_resumes_with_its_history_rebuilt_from_turnlo
 
     second = ScriptedAgent("tests.adapters.openai_agents_script", "second", session_id, env, tmp_path)
     second.wait_for("done", TIMEOUT)
-    assert second.popen.wait(TIMEOUT) == 0
+    assert second.process.popen.wait(TIMEOUT) == 0
     report = next(line for line in second.lines if "done" in line)
     asked = [("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1"), ("assistant", "answer 1"), ("user", "question 2")]
     assert [tuple(m) for m in report["rebuilt"]] == asked  # the inner session rebuilt from turnlog
