@@ -19,7 +19,7 @@ from turnlog.bench.runner import BenchOptions, _lag_slope, peer_ratios, quick_op
 from turnlog.bench.workload import encoded_events, events_per_second, plan_sessions
 from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, decode_event
 
-SESSIONS = Path(__file__).resolve().parents[3] / "shared" / "data" / "sessions"
+SESSIONS = Path(__file__).resolve().parents[2] / "data" / "sessions"
 
 
 @pytest.fixture(scope="module")
