@@ -89,10 +89,16 @@ def migrate(database_url: DatabaseUrl = None) -> None:
 @app.command()
 def sequencer(bootstrap_servers: Bootstrap = None) -> None:
     """Run a sequencer worker (order, dedupe, fence, DLQ). Scale by starting more."""
+    from turnlog.deploy.local import wait_for_broker
+    from turnlog.deploy.topics import create_topics
     from turnlog.stream_processors.sequencer import build_sequencer
     from turnlog.stream_processors.worker import run_worker
 
     settings = _service_settings(bootstrap_servers=bootstrap_servers)
+    # The sequencer produces to the transcript and the DLQ through its own producer,
+    # so Faust would never declare them: make sure they exist (idempotent).
+    wait_for_broker(settings)
+    create_topics(settings)
     run_worker(build_sequencer(settings), settings)
 
 

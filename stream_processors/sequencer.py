@@ -239,7 +239,6 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
     app = make_app(settings, settings.sequencer_group, commit_interval_seconds=COMMIT_INTERVAL_SECONDS)
     topics = settings.topics
     events = raw_topic(app, topics.events)
-    outputs = [raw_topic(app, topics.transcript), raw_topic(app, topics.dlq)]
     states = app.Table(
         TABLE_NAME,
         default=None,
@@ -277,8 +276,6 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
 
     @app.agent(events, name="sequence-events")
     async def sequence_events(stream: faust.StreamT[bytes]) -> None:
-        for topic in outputs:  # sent to through `emissions`, so Faust would not create them on a first send
-            await topic.maybe_declare()
         async for batch in stream.take_events(BATCH_SIZE, within=BATCH_WAIT_SECONDS):
             records = [SourceRecord(e.key, e.value, e.message.partition, e.message.offset) for e in batch]
             try:
