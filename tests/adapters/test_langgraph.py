@@ -13,29 +13,16 @@ pytest.importorskip("langgraph", reason="LangGraph is the optional extra turnlog
 
 from langchain_core.messages import AIMessageChunk, HumanMessage  # noqa: E402
 from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
-from sqlalchemy import select  # noqa: E402
 
 from turnlog.adapters.langgraph import LangGraphMirror  # noqa: E402
 from turnlog.producers import SessionRecorder  # noqa: E402
-from turnlog.sinks.tables import transcript_turns  # noqa: E402
 from tests.adapters.langgraph_fakes import ScriptedChat, chat_graph, reply  # noqa: E402
 from tests.integration.test_pipeline import finalized  # noqa: E402
 from tests.adapters.scripted import ScriptedAgent
+from tests.adapters.stored import turns
 from tests.support import wait_until  # noqa: E402
 
 TIMEOUT = 120
-
-
-def turns(pipeline, session_id):
-    """(turn_index, speaker, text, status, input_tokens, output_tokens, barged_in, tool_calls) in turn order."""
-    t = transcript_turns.c
-    with pipeline.store.engine.connect() as conn:
-        rows = conn.execute(
-            select(t.turn_index, t.speaker, t.text, t.status, t.input_tokens, t.output_tokens, t.barged_in, t.tool_calls)
-            .where(t.session_id == session_id)
-            .order_by(t.turn_index)
-        ).all()
-    return [tuple(row) for row in rows]
 
 
 def config(thread_id):

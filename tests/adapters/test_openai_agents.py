@@ -11,14 +11,13 @@ import pytest
 pytest.importorskip("agents.memory", reason="the OpenAI Agents SDK is the optional extra turnlog[openai-agents]")
 
 from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled  # noqa: E402
-from sqlalchemy import select  # noqa: E402
 
 from turnlog.adapters.openai_agents import TurnlogSession  # noqa: E402
 from turnlog.producers import SessionRecorder  # noqa: E402
-from turnlog.sinks.tables import transcript_turns  # noqa: E402
 from tests.adapters.openai_agents_fakes import FakeModel, Reply  # noqa: E402
 from tests.integration.test_pipeline import finalized  # noqa: E402
 from tests.adapters.scripted import ScriptedAgent
+from tests.adapters.stored import turns
 from tests.support import wait_until  # noqa: E402
 
 TIMEOUT = 120
@@ -29,18 +28,6 @@ set_tracing_disabled(True)
 def order_status(order: str) -> str:
     """The shipping status of an order."""
     return f"order {order} ships tomorrow"
-
-
-def turns(pipeline, session_id):
-    """(turn_index, speaker, text, status, input_tokens, output_tokens, barged_in, tool_calls) in turn order."""
-    t = transcript_turns.c
-    with pipeline.store.engine.connect() as conn:
-        rows = conn.execute(
-            select(t.turn_index, t.speaker, t.text, t.status, t.input_tokens, t.output_tokens, t.barged_in, t.tool_calls)
-            .where(t.session_id == session_id)
-            .order_by(t.turn_index)
-        ).all()
-    return [tuple(row) for row in rows]
 
 
 def texts(items):
