@@ -51,6 +51,9 @@ def _settings(**overrides: object) -> TurnlogSettings:
         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
         stream=sys.stderr,
     )
+    from turnlog.faults import armed_faults
+
+    armed_faults()  # a malformed TURNLOG_FAULTS fails here, at start-up (ConfigurationError), not at a fault point
     return settings
 
 

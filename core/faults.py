@@ -9,7 +9,10 @@ check is one dict lookup on an empty dict::
     TURNLOG_FAULTS="producer.after_produce=stall:500" # sleep 500 ms at every hit
 
 Points (see ``POINTS``): where each one sits is in its docstring line there.
-Malformed values fail at import with :class:`~turnlog.exceptions.ConfigurationError`.
+``TURNLOG_FAULTS`` is read on first use (:func:`armed_faults`), never at import, so a
+malformed value cannot make ``import turnlog...`` fail; it fails there with
+:class:`~turnlog.exceptions.ConfigurationError`, naming the key. The CLI calls
+:func:`armed_faults` at start-up, so a service with a bad value exits at once.
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ from __future__ import annotations
 import logging
 import os
 import signal
+import threading
 import time
 from dataclasses import dataclass, field
 
 from turnlog.exceptions import ConfigurationError
 
-__all__ = ["POINTS", "FaultAction", "fault_point", "parse_faults", "ENV_VAR"]
+__all__ = ["POINTS", "FaultAction", "armed_faults", "fault_point", "parse_faults", "ENV_VAR"]
 
 logger = logging.getLogger(__name__)
 ENV_VAR = "TURNLOG_FAULTS"
@@ -71,12 +75,31 @@ def parse_faults(spec: str) -> dict[str, FaultAction]:
     return armed
 
 
-_ARMED = parse_faults(os.environ.get(ENV_VAR, ""))
+_armed: dict[str, FaultAction] | None = None  # parsed from the environment on first use
+_armed_lock = threading.Lock()
+
+
+def armed_faults() -> dict[str, FaultAction]:
+    """The points ``TURNLOG_FAULTS`` arms, parsed once, on the first call.
+
+    Raises:
+        ConfigurationError: ``TURNLOG_FAULTS`` is malformed (each call raises, until it is fixed).
+    """
+    global _armed
+    if _armed is None:
+        with _armed_lock:
+            if _armed is None:
+                _armed = parse_faults(os.environ.get(ENV_VAR, ""))
+    return _armed
 
 
 def fault_point(name: str) -> None:
-    """Crash or stall here if ``TURNLOG_FAULTS`` arms ``name``; otherwise do nothing."""
-    action = _ARMED.get(name)
+    """Crash or stall here if ``TURNLOG_FAULTS`` arms ``name``; otherwise do nothing.
+
+    Raises:
+        ConfigurationError: ``TURNLOG_FAULTS`` is malformed (see :func:`armed_faults`).
+    """
+    action = (_armed if _armed is not None else armed_faults()).get(name)
     if action is None:
         return
     action.hits += 1

@@ -27,3 +27,59 @@ def test_every_point_is_placed_in_the_code():
     sources = "".join(p.read_text() for d in ("producers", "stream_processors", "sinks") for p in (root / d).rglob("*.py"))
     for name in POINTS:
         assert f'fault_point("{name}")' in sources, name
+
+
+def test_a_bad_value_does_not_break_importing_turnlog():
+    """TURNLOG_FAULTS is read on first use, not at import: a library user importing
+    turnlog (schemas, the recorder, the sink) with a malformed value gets no error."""
+    import os
+    import subprocess
+    import sys
+
+    modules = "turnlog.schemas, turnlog.faults, turnlog.producers.drainer, turnlog.sinks.service, turnlog.stream_processors.finalizer"
+    done = subprocess.run(
+        [sys.executable, "-c", f"import {modules}"],
+        env={**os.environ, "TURNLOG_FAULTS": "sink.nowhere=kill"},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert done.returncode == 0, done.stderr
+
+
+@pytest.fixture
+def unparsed_faults(monkeypatch):
+    """The module as just imported: TURNLOG_FAULTS not read yet (restored afterwards)."""
+    from turnlog import faults
+
+    monkeypatch.setattr(faults, "_armed", None)
+    return faults
+
+
+def test_a_bad_value_fails_at_the_first_fault_point_naming_the_key(unparsed_faults, monkeypatch):
+    monkeypatch.setenv("TURNLOG_FAULTS", "sink.after_write=explode")
+    with pytest.raises(ConfigurationError, match="TURNLOG_FAULTS: bad action 'explode'"):
+        unparsed_faults.fault_point("sink.after_poll")
+    with pytest.raises(ConfigurationError, match="TURNLOG_FAULTS"):  # not cached as "nothing armed"
+        unparsed_faults.armed_faults()
+
+
+def test_the_value_is_parsed_once_and_counts_hits(unparsed_faults, monkeypatch):
+    monkeypatch.setenv("TURNLOG_FAULTS", "sink.after_poll=stall:0")
+    unparsed_faults.fault_point("sink.after_poll")
+    unparsed_faults.fault_point("sink.after_write")  # not armed: nothing happens
+    monkeypatch.setenv("TURNLOG_FAULTS", "")  # read already: a later change is not seen
+    armed = unparsed_faults.armed_faults()
+    assert list(armed) == ["sink.after_poll"] and armed["sink.after_poll"].hits == 1
+
+
+def test_the_cli_refuses_a_bad_value_at_start_up(unparsed_faults, monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from turnlog.cli import app
+
+    monkeypatch.setenv("TURNLOG_FAULTS", "sink.nowhere=kill")
+    monkeypatch.setenv("TURNLOG_DATABASE_URL", f"sqlite:///{tmp_path / 'store.db'}")
+    result = CliRunner().invoke(app, ["migrate"])
+    assert isinstance(result.exception, ConfigurationError) and "TURNLOG_FAULTS" in str(result.exception)
+    assert not (tmp_path / "store.db").exists()  # refused before the command did anything
