@@ -14,6 +14,7 @@ from typing import Any
 
 import psycopg
 from confluent_kafka import TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 
 from turnlog import kafka
 from turnlog.settings import TurnlogSettings
@@ -28,6 +29,7 @@ __all__ = [
     "rss_bytes",
     "turn_latencies_ms",
     "sink_batches",
+    "parse_sink_batches",
     "require_commit_timestamps",
     "SpoolCounters",
     "spool_counters",
@@ -210,13 +212,19 @@ class SinkBatches:
 def sink_batches(metrics_port: int) -> SinkBatches:
     """Scrape the sink's ``/metrics``: ``turnlog_sink_batch_seconds`` count and sum, applied records."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5).read().decode()
+    return parse_sink_batches(text)
+
+
+def parse_sink_batches(text: str) -> SinkBatches:
+    """:class:`SinkBatches` from the sink's metrics in the Prometheus text format
+    (parsed by ``prometheus_client.parser``); a figure the text lacks is 0."""
     values: dict[str, float] = {}
-    for line in text.splitlines():
-        if line.startswith("turnlog_sink_batch_seconds_count") or line.startswith("turnlog_sink_batch_seconds_sum"):
-            name, value = line.split()
-            values[name] = float(value)
-        elif line.startswith('turnlog_sink_records_total{outcome="applied"}'):
-            values["applied"] = float(line.split()[-1])
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name in ("turnlog_sink_batch_seconds_count", "turnlog_sink_batch_seconds_sum"):
+                values[sample.name] = sample.value
+            elif sample.name == "turnlog_sink_records_total" and sample.labels.get("outcome") == "applied":
+                values["applied"] = sample.value
     return SinkBatches(
         values.get("turnlog_sink_batch_seconds_count", 0.0), values.get("applied", 0.0), values.get("turnlog_sink_batch_seconds_sum", 0.0)
     )

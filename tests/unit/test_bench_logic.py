@@ -12,7 +12,18 @@ import pytest
 from turnlog.bench.baselines import batch_rate, percentile
 from turnlog.bench.direct import EVENT_SQL, TURN_SQL, DirectResult, direct_summary, lateness_flat, least_squares_slope
 from turnlog.bench.load import _sleep_until, plans_for_rate
-from turnlog.bench.probes import Sample, SpoolCounters, bucket_quantile, cpu_seconds, cpu_us_per_event, lag_stats, spool_cost, spool_counters
+from turnlog.bench.probes import (
+    Sample,
+    SinkBatches,
+    SpoolCounters,
+    bucket_quantile,
+    cpu_seconds,
+    cpu_us_per_event,
+    lag_stats,
+    parse_sink_batches,
+    spool_cost,
+    spool_counters,
+)
 from turnlog.bench.resume_probe import resume_summary
 from turnlog.bench.profile import summarize
 from turnlog.bench.runner import BenchOptions, _lag_slope, peer_ratios, quick_options
@@ -133,6 +144,23 @@ def test_spool_counters_read_this_process_registry():
     delta = spool_counters() - before
     assert delta.commits == 1 and delta.seconds == pytest.approx(0.0015)
     assert dict(delta.buckets)[0.001] == 0 and dict(delta.buckets)[0.002] == 1 and dict(delta.buckets)[INF] == 1
+
+
+def test_sink_batches_are_read_from_the_exposition_text_as_the_sink_serves_it():
+    """The sink's metrics as prometheus_client writes them (HELP, TYPE, buckets, _created
+    lines, other outcomes), parsed by prometheus_client's parser."""
+    from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+
+    registry = CollectorRegistry()
+    records = Counter("turnlog_sink_records_total", "records", ["outcome"], registry=registry)
+    seconds = Histogram("turnlog_sink_batch_seconds", "batches", registry=registry)
+    records.labels("applied").inc(120)
+    records.labels("stale").inc(7)
+    for took in (0.25, 0.5, 0.75):
+        seconds.observe(took)
+    batches = parse_sink_batches(generate_latest(registry).decode())
+    assert (batches.batches, batches.records, batches.seconds) == (3, 120, 1.5)
+    assert parse_sink_batches('# TYPE other_total counter\nother_total{outcome="applied"} 5\n') == SinkBatches(0.0, 0.0, 0.0)
 
 
 def test_resume_summary_counts_failures_against_the_percentiles():
