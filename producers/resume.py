@@ -26,7 +26,7 @@ from collections.abc import Callable, Collection
 from typing import TypeVar
 
 from sqlalchemy.engine import Connection
-from tenacity import RetryCallState, Retrying, retry_if_result, wait_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if_result, wait_exponential, wait_fixed
 
 from turnlog.kafka import BrokerError, OffsetReader
 from turnlog.producers.exceptions import ResumeBarrierTimeout
@@ -168,15 +168,29 @@ class ResumeBarrier:
         self._offsets.close()
 
     def _in_store(self, deadline: float, work: Callable[[Connection], _T]) -> _T:
-        """``work`` in one store transaction, retried while the store is away, up to ``deadline``."""
-        while True:
-            try:
-                with store_errors(), self._store.engine.begin() as conn:
-                    return work(conn)
-            except StoreUnavailableError as e:
-                if time.monotonic() >= deadline:
-                    raise ResumeBarrierTimeout(f"resume barrier: the store did not answer: {e}") from e
-                time.sleep(POLL_INTERVAL_SECONDS)
+        """``work`` in one store transaction, retried every ``POLL_INTERVAL_SECONDS`` while
+        the store is away, up to ``deadline``.
+
+        Raises:
+            ResumeBarrierTimeout: the store did not answer by ``deadline``.
+        """
+
+        def attempt() -> _T:
+            with store_errors(), self._store.engine.begin() as conn:
+                return work(conn)
+
+        def timed_out(state: RetryCallState) -> _T:
+            error = state.outcome.exception() if state.outcome else None
+            raise ResumeBarrierTimeout(f"resume barrier: the store did not answer: {error}") from error
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(StoreUnavailableError),
+            wait=wait_fixed(POLL_INTERVAL_SECONDS),
+            stop=lambda _: time.monotonic() >= deadline,
+            before_sleep=_log_store_retry,
+            retry_error_callback=timed_out,
+        )
+        return retrying(attempt)
 
     def _sink_offset(self, topic: str, partition: int) -> int:
         try:
@@ -195,6 +209,12 @@ class ResumeBarrier:
     @staticmethod
     def _until(deadline: float, condition: Callable[[], bool], what: str) -> None:
         _poll(condition, lambda done: not done, deadline, f"timed out waiting for {what}")
+
+
+def _log_store_retry(state: RetryCallState) -> None:
+    if state.attempt_number == 1:  # then every POLL_INTERVAL_SECONDS, quietly, up to the deadline
+        error = state.outcome.exception() if state.outcome else None
+        logger.warning("resume barrier: store unavailable, retrying until the deadline: %s", error)
 
 
 def _poll(probe: Callable[[], _T], again: Callable[[_T], bool], deadline: float, failure: str) -> _T:
