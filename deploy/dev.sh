@@ -3,6 +3,7 @@
 #
 #   bash deploy/dev.sh demo [turnlog demo options...]   # the demo on Postgres, report in demo-report.json
 #   bash deploy/dev.sh test [pytest options...]         # the whole test suite (unit + integration)
+#   bash deploy/dev.sh lint                             # ruff and mypy, no services (CI runs it before test)
 #   bash deploy/dev.sh setup                            # install + start services only
 #
 # Services keep running afterwards; stop them with `bash deploy/services.sh stop`.
@@ -31,6 +32,41 @@ setup() {
   bash "$here/services.sh" start
 }
 
+# ruff, then mypy on the package `turnlog`. mypy cannot see the package-dir mapping (turnlog ->
+# core/, turnlog.sinks -> sinks/, ...; pyproject.toml) through the editable install, so the
+# folders are linked into build/mypy/turnlog as the package they are installed as, and the errors
+# are printed at their real paths.
+lint() {
+  install "test,adapters,lint"   # what `test` installs: mypy checks the adapters against the frameworks
+  cd "$root"
+  echo "dev.sh: ruff check"
+  "$python" -m ruff check
+  local tree="build/mypy"
+  rm -rf "$tree"
+  "$python" - "$tree" <<'PY'
+import os
+import sys
+import tomllib
+
+tree = sys.argv[1]
+with open("pyproject.toml", "rb") as f:
+    package_dir = tomllib.load(f)["tool"]["setuptools"]["package-dir"]
+for package, folder in sorted(package_dir.items()):  # "turnlog" before its subpackages
+    target = os.path.join(tree, *package.split("."))
+    if package == "turnlog":
+        os.makedirs(target)
+        for name in os.listdir(folder):
+            if name != "__pycache__":
+                os.symlink(os.path.abspath(os.path.join(folder, name)), os.path.join(target, name))
+    else:
+        os.symlink(os.path.abspath(folder), target)
+PY
+  echo "dev.sh: mypy -p turnlog"
+  local prefix="$tree/turnlog/"
+  MYPYPATH="$tree" "$python" -m mypy -p turnlog \
+    | sed -E -e "s#^${prefix}(producers|stream_processors|sinks|schemas|deploy)/#\\1/#" -e "s#^${prefix}#core/#"
+}
+
 cmd="${1:-}"
 [ $# -gt 0 ] && shift
 case "$cmd" in
@@ -42,6 +78,9 @@ case "$cmd" in
     cd "$root"
     exec "$python" -m turnlog.cli demo --database-url "$TURNLOG_DATABASE_URL" --report demo-report.json "$@"
     ;;
+  lint)
+    lint
+    ;;
   test)
     setup "test,adapters"
     bash "$here/browser.sh"
@@ -50,7 +89,7 @@ case "$cmd" in
     exec "$python" -m pytest "$@"
     ;;
   *)
-    echo "usage: bash deploy/dev.sh {setup|demo|test} [options]" >&2
+    echo "usage: bash deploy/dev.sh {setup|demo|test|lint} [options]" >&2
     exit 2
     ;;
 esac
