@@ -1,0 +1,151 @@
+"""Offsets in the rows' transaction: the ``sink_offsets`` tracking records.
+
+:class:`SqlOffsets` is the frame every projection of the transcript shares
+(:meth:`SqlOffsets.apply_tracked`). In the caller's transaction, in this order:
+
+1. lock this consumer group's ``sink_offsets`` rows for the batch's partitions
+   and drop records below the stored offsets (a paused, zombie sink re-sending
+   an old batch writes nothing);
+2. hand the rest to the batch writer, which writes their rows (and, for the
+   transcript, finalizes the sessions they complete: ``sinks/transcript.py``);
+3. move ``sink_offsets`` forward past the whole batch (never backward).
+
+Nothing here commits: the caller's ``engine.begin()`` block commits the rows,
+the finalization and the offsets together, or none of them. The Kafka
+consumer (``sinks/service.py``) never commits offsets to Kafka; on partition
+assignment it seeks to the offsets :meth:`SqlOffsets.stored_offsets` reads.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.engine import Connection
+
+from turnlog.sinks.batch import SourceMessage, next_offsets
+from turnlog.sinks.interfaces import BatchResult, BatchWriter, Dialect, OnRejected
+from turnlog.sinks.tables import sink_offsets
+
+__all__ = ["SqlOffsets", "offsets_to_store"]
+
+logger = logging.getLogger(__name__)
+
+
+def offsets_to_store(
+    consumer_group: str, next_offsets: Mapping[tuple[str, int], int], stored: Mapping[tuple[str, int], int]
+) -> list[dict[str, Any]]:
+    """The ``sink_offsets`` rows that move ``consumer_group`` forward: one per
+    partition whose next offset is past the stored one, in (topic, partition) order.
+    A partition never moves backward (the upsert's guard says the same)."""
+    return [
+        {"consumer_group": consumer_group, "topic": topic, "partition": partition, "next_offset": offset}
+        for (topic, partition), offset in sorted(next_offsets.items())
+        if offset > stored.get((topic, partition), -1)
+    ]
+
+
+class SqlOffsets:
+    """:class:`~turnlog.sinks.interfaces.OffsetTracking` over the ``sink_offsets`` table."""
+
+    def __init__(self, dialect: Dialect) -> None:
+        self._dialect = dialect
+
+    def apply_tracked(
+        self,
+        conn: Connection,
+        consumer_group: str | None,
+        messages: Sequence[SourceMessage],
+        write: BatchWriter,
+        *,
+        on_rejected: OnRejected | None = None,
+    ) -> BatchResult:
+        """The offset-in-transaction frame every projection of the transcript shares.
+
+        In ``conn``'s transaction: lock ``consumer_group``'s ``sink_offsets`` rows
+        for the batch's partitions, drop records below them, let ``write`` turn
+        the rest into rows (it returns the records it refused, with a reason,
+        and the sessions it finalized), then move the offsets past the whole
+        batch. The transcript sink and the analytics projection
+        (``sinks/analytics.py``) are two ``write`` functions over this one frame.
+        Sessions in ``BatchResult.finalized`` are finalized once the caller
+        commits; :func:`~turnlog.sinks.finalization.report_finalized` counts them after that.
+
+        Undecodable records are handed to ``on_rejected(message, reason)``
+        before the offsets move past them; without it they are logged.
+        ``consumer_group=None`` writes the rows without reading or moving any
+        offsets (``turnlog replay``).
+        """
+        stored: dict[tuple[str, int], int] = {}
+        if consumer_group is not None:
+            partitions = {(m.topic, m.partition) for m in messages}
+            stored = self.stored_offsets(conn, consumer_group, partitions, lock=True)
+        fresh = [m for m in messages if m.offset >= stored.get((m.topic, m.partition), 0)]
+        written = write(conn, fresh)
+        rejected = written.rejected
+        for refused in rejected:
+            m = refused.message
+            if on_rejected is not None:
+                on_rejected(m, f"invalid: {refused.reason}")
+            else:
+                logger.error(
+                    "skipping undecodable record %s[%d]@%d: %s", m.topic, m.partition, m.offset, refused.reason
+                )
+        if consumer_group is not None:
+            self._advance(conn, consumer_group, next_offsets(fresh), stored)
+        return BatchResult(
+            applied=len(fresh) - len(rejected),
+            stale=len(messages) - len(fresh),
+            rejected=len(rejected),
+            finalized=written.finalized,
+        )
+
+    def skip_records(self, conn: Connection, consumer_group: str, messages: Sequence[SourceMessage]) -> None:
+        """Move the group's offsets past ``messages`` without writing their rows
+        (for records dead-lettered by the sink)."""
+        partitions = {(m.topic, m.partition) for m in messages}
+        stored = self.stored_offsets(conn, consumer_group, partitions, lock=True)
+        self._advance(conn, consumer_group, next_offsets(messages), stored)
+
+    def stored_offsets(
+        self, conn: Connection, consumer_group: str, partitions: Iterable[tuple[str, int]], *, lock: bool = False
+    ) -> dict[tuple[str, int], int]:
+        """``{(topic, partition): next offset}`` stored for ``consumer_group``."""
+        wanted = set(partitions)
+        if not wanted:
+            return {}
+        topics = sorted({topic for topic, _ in wanted})
+        query = (
+            select(sink_offsets.c.topic, sink_offsets.c.partition, sink_offsets.c.next_offset)
+            .where(sink_offsets.c.consumer_group == consumer_group, sink_offsets.c.topic.in_(topics))
+            .order_by(sink_offsets.c.topic, sink_offsets.c.partition)
+        )
+        if lock:
+            query = self._dialect.lock(query)
+        return {(r.topic, r.partition): r.next_offset for r in conn.execute(query) if (r.topic, r.partition) in wanted}
+
+    # Built once per store: building an upsert (its ``excluded`` columns) costs
+    # about as much as executing it for a small batch.
+    @functools.cached_property
+    def _upsert(self) -> Any:
+        stmt = self._dialect.insert(sink_offsets)
+        return stmt.on_conflict_do_update(
+            index_elements=[sink_offsets.c.consumer_group, sink_offsets.c.topic, sink_offsets.c.partition],
+            set_={"next_offset": stmt.excluded.next_offset},
+            where=stmt.excluded.next_offset > sink_offsets.c.next_offset,
+        )
+
+    def _advance(
+        self,
+        conn: Connection,
+        consumer_group: str,
+        next_offsets: Mapping[tuple[str, int], int],
+        stored: Mapping[tuple[str, int], int],
+    ) -> None:
+        rows = offsets_to_store(consumer_group, next_offsets, stored)
+        if not rows:
+            return
+        conn.execute(self._upsert, rows)
