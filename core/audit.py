@@ -9,9 +9,9 @@ other. Used by the demo's verdict, by tests and by operators.
 from __future__ import annotations
 
 import datetime as dt
-from decimal import ROUND_HALF_UP, Decimal
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from decimal import ROUND_HALF_UP, Decimal
 
 from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, decode_event
 

@@ -7,7 +7,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 from pydantic import ValidationError
@@ -23,10 +23,10 @@ topics_app = typer.Typer(help="Manage turnlog's Kafka topics.", no_args_is_help=
 app.add_typer(topics_app, name="topics")
 
 DatabaseUrl = Annotated[
-    Optional[str], typer.Option("--database-url", envvar="TURNLOG_DATABASE_URL", help="Store URL (sqlite:///PATH or postgresql+psycopg://...).")
+    str | None, typer.Option("--database-url", envvar="TURNLOG_DATABASE_URL", help="Store URL (sqlite:///PATH or postgresql+psycopg://...).")
 ]
 Bootstrap = Annotated[
-    Optional[str], typer.Option("--bootstrap-servers", envvar="TURNLOG_BOOTSTRAP_SERVERS", help="Kafka bootstrap servers.")
+    str | None, typer.Option("--bootstrap-servers", envvar="TURNLOG_BOOTSTRAP_SERVERS", help="Kafka bootstrap servers.")
 ]
 
 
@@ -123,9 +123,8 @@ def finalizer(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = N
 def sink(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = None) -> None:
     """Run a SQL sink worker (batched idempotent upserts, offsets in the same transaction)."""
     from turnlog.sinks import open_store
-    from turnlog.sinks.service import SinkService
-
     from turnlog.sinks.migrate import wait_for_head
+    from turnlog.sinks.service import SinkService
 
     settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
@@ -159,8 +158,8 @@ def analytics(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = N
 def api(
     bootstrap_servers: Bootstrap = None,
     database_url: DatabaseUrl = None,
-    host: Annotated[Optional[str], typer.Option(help="Listen address (TURNLOG_API_HOST).")] = None,
-    port: Annotated[Optional[int], typer.Option(help="Listen port (TURNLOG_API_PORT).")] = None,
+    host: Annotated[str | None, typer.Option(help="Listen address (TURNLOG_API_HOST).")] = None,
+    port: Annotated[int | None, typer.Option(help="Listen port (TURNLOG_API_PORT).")] = None,
 ) -> None:
     """Serve the HTTP API, the SSE live streams and the live transcript page (/live)."""
     import uvicorn
@@ -207,8 +206,8 @@ def replay(
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
     from_: Annotated[str, typer.Option("--from", help="Where to start: 'earliest' (the only position besides --from-time).")] = "earliest",
-    from_time: Annotated[Optional[str], typer.Option("--from-time", help="Start at the first record at or after this ISO 8601 time (UTC if no offset).")] = None,
-    session: Annotated[Optional[list[str]], typer.Option("--session", help="Replay only this session (repeatable).")] = None,
+    from_time: Annotated[str | None, typer.Option("--from-time", help="Start at the first record at or after this ISO 8601 time (UTC if no offset).")] = None,
+    session: Annotated[list[str] | None, typer.Option("--session", help="Replay only this session (repeatable).")] = None,
 ) -> None:
     """Rebuild a store from <prefix>.events: sequence, write and finalize, as the live pipeline does."""
     import datetime as dt
@@ -230,7 +229,7 @@ def replay(
         except ValueError:
             typer.echo(f"turnlog: --from-time {from_time!r} is not an ISO 8601 time", err=True)
             raise typer.Exit(2) from None
-        start = start if start.tzinfo else start.replace(tzinfo=dt.timezone.utc)
+        start = start if start.tzinfo else start.replace(tzinfo=dt.UTC)
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     store = open_store(settings.database_url)
     with store_errors():
@@ -265,10 +264,10 @@ def replay(
 @app.command()
 def verify(
     database_url: DatabaseUrl = None,
-    against_url: Annotated[Optional[str], typer.Option("--against-url", help="Store B to compare with.")] = None,
+    against_url: Annotated[str | None, typer.Option("--against-url", help="Store B to compare with.")] = None,
     against_log: Annotated[bool, typer.Option("--against-log", help="Compare with a store rebuilt from <prefix>.events.")] = False,
     bootstrap_servers: Bootstrap = None,
-    session: Annotated[Optional[list[str]], typer.Option("--session", help="Compare only this session (repeatable).")] = None,
+    session: Annotated[list[str] | None, typer.Option("--session", help="Compare only this session (repeatable).")] = None,
 ) -> None:
     """Compare a store (A) with another store or with the log, session by session; exit 1 on any difference."""
     import tempfile
@@ -316,9 +315,9 @@ def bench(
     phase_seconds: Annotated[float, typer.Option(help="Length of each load phase (seconds).")] = 30.0,
     speed: Annotated[float, typer.Option(help="Time compression of the replay (the rate is set by how many sessions run).")] = 10.0,
     memory_sessions: Annotated[int, typer.Option(help="Open sessions added per memory step (two steps).")] = 5000,
-    report: Annotated[Optional[Path], typer.Option("--report", help="Write every figure as JSON here.")] = None,
-    plot: Annotated[Optional[Path], typer.Option("--plot", help="Write the PNG plot here.")] = None,
-    profile_dir: Annotated[Optional[Path], typer.Option("--profile-dir", help="Profile sequencer and sink with py-spy; collapsed stacks here.")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Write every figure as JSON here.")] = None,
+    plot: Annotated[Path | None, typer.Option("--plot", help="Write the PNG plot here.")] = None,
+    profile_dir: Annotated[Path | None, typer.Option("--profile-dir", help="Profile sequencer and sink with py-spy; collapsed stacks here.")] = None,
     keep: Annotated[bool, typer.Option(help="Keep the run's database and topics.")] = False,
     direct: Annotated[bool, typer.Option(help="Also measure the direct peer (agents upserting straight into Postgres).")] = True,
     direct_connections: Annotated[int, typer.Option(help="Connections the direct peer's agents share.")] = 16,
@@ -343,7 +342,7 @@ def bench(
 def spool_drain(
     bootstrap_servers: Bootstrap = None,
     spool_dir: Annotated[
-        Optional[Path], typer.Option("--spool-dir", envvar="TURNLOG_SPOOL_DIR", help="The recorders' spool folder on this host.")
+        Path | None, typer.Option("--spool-dir", envvar="TURNLOG_SPOOL_DIR", help="The recorders' spool folder on this host.")
     ] = None,
     timeout: Annotated[float, typer.Option(help="Longest wait for the broker to acknowledge everything (seconds).")] = 300.0,
 ) -> None:
@@ -400,7 +399,7 @@ def demo(
     sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("data/sessions"),
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
-    report: Annotated[Optional[Path], typer.Option("--report", help="Write the per-session report as JSON here.")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Write the per-session report as JSON here.")] = None,
     speed: Annotated[float, typer.Option(help="Time compression: input seconds per real second.")] = 40.0,
     kills: Annotated[int, typer.Option(help="Agents to SIGKILL mid-turn and resume.")] = 2,
     seed: Annotated[int, typer.Option(help="Seed for choosing the killed agents and moments.")] = 7,
@@ -427,7 +426,7 @@ def chaos(
     sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("data/sessions"),
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
-    report: Annotated[Optional[Path], typer.Option("--report", help="Write the report as JSON here.")] = None,
+    report: Annotated[Path | None, typer.Option("--report", help="Write the report as JSON here.")] = None,
 ) -> None:
     """SIGKILL every component at random under the demo workload; report losses, duplicates, order, aggregates, recovery."""
     from turnlog.demo.chaos import ChaosOptions, run_chaos

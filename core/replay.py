@@ -249,7 +249,7 @@ def _write(store: SqlStore, emitted: list[SourceMessage], result: ReplayResult) 
 
 def _finalize(store: SqlStore, session_ids: list[str]) -> int:
     finalized = 0
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     for session_id in sorted(session_ids):
         with store_errors(), store.engine.begin() as conn:
             finalized += int(store.finalize_session(conn, session_id, now))

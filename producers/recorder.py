@@ -49,7 +49,6 @@ from turnlog.producers.exceptions import (
 )
 from turnlog.producers.grant import ResumeGrant, StoredTurn
 from turnlog.producers.spool import SpooledEvent
-from turnlog.schemas.events import EARLIEST_YEAR, LATEST_YEAR
 from turnlog.schemas import (
     Event,
     EventValidationError,
@@ -61,6 +60,7 @@ from turnlog.schemas import (
     decode_event,
     encode_event,
 )
+from turnlog.schemas.events import EARLIEST_YEAR, LATEST_YEAR
 from turnlog.settings import TurnlogSettings
 
 __all__ = ["SessionRecorder", "RecordedSession"]
@@ -75,7 +75,7 @@ _SPOOL_POLL_SECONDS = 0.05
 
 
 def _utcnow() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 @dataclass(slots=True)
@@ -602,7 +602,7 @@ def _checked_time(value: object, name: str) -> dt.datetime:
         raise InvalidTurnError(f"{name} must be a timezone-aware datetime, got {value!r}")
     if not EARLIEST_YEAR <= value.year <= LATEST_YEAR:
         raise InvalidTurnError(f"{name} must fall in the years {EARLIEST_YEAR}..{LATEST_YEAR}, got {value!r}")
-    return value.astimezone(dt.timezone.utc)
+    return value.astimezone(dt.UTC)
 
 
 def _tool_call(call: ToolCall | Mapping[str, Any]) -> ToolCall:

@@ -156,7 +156,7 @@ class AnalyticsProjection:
         for row in new:
             turn = turns[(row.session_id, row.turn_index)]
             fleet = fleets.get(row.session_id, UNKNOWN_FLEET)
-            per_minute[(fleet, turn.ended_at.astimezone(dt.timezone.utc).replace(second=0, microsecond=0))] += 1
+            per_minute[(fleet, turn.ended_at.astimezone(dt.UTC).replace(second=0, microsecond=0))] += 1
             figures = talk.setdefault((fleet, turn.speaker), [0, 0.0])
             figures[0] += 1
             figures[1] += max(0.0, (turn.ended_at - turn.started_at).total_seconds())

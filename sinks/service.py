@@ -31,10 +31,9 @@ from typing import Any
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from tenacity import RetryCallState, Retrying, retry, retry_if_exception_type, wait_exponential
 
-from turnlog import metrics
+from turnlog import kafka, metrics
 from turnlog.dlq import dlq_headers, reason_class
 from turnlog.faults import fault_point
-from turnlog import kafka
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import BatchResult, BatchWriter, SqlStore, report_finalized
 from turnlog.sinks.batch import SourceMessage

@@ -61,15 +61,15 @@ class UtcDateTime(TypeDecorator[dt.datetime]):
             return None
         if value.tzinfo is None:
             raise ValueError("naive datetime given to a UTC column")
-        value = value.astimezone(dt.timezone.utc)
+        value = value.astimezone(dt.UTC)
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: dt.datetime | None, dialect: Any) -> dt.datetime | None:
         if value is None:
             return None
         if value.tzinfo is None:
-            return value.replace(tzinfo=dt.timezone.utc)
-        return value.astimezone(dt.timezone.utc)
+            return value.replace(tzinfo=dt.UTC)
+        return value.astimezone(dt.UTC)
 
 
 class SecondsBetween(ColumnElement[float]):

@@ -53,7 +53,7 @@ def finalize_now(store: SqlStore, session_id: str) -> bool:
         StoreUnavailableError: the database did not answer (retryable).
     """
     with store_errors(), store.engine.begin() as conn:
-        done = store.finalize_session(conn, session_id, dt.datetime.now(dt.timezone.utc))
+        done = store.finalize_session(conn, session_id, dt.datetime.now(dt.UTC))
     if done:
         fault_point("finalizer.after_update")
         report_finalized([session_id])

@@ -553,11 +553,11 @@ class LiveKitRecording:
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def _from_epoch(seconds: float) -> dt.datetime:
-    return dt.datetime.fromtimestamp(seconds, dt.timezone.utc)
+    return dt.datetime.fromtimestamp(seconds, dt.UTC)
 
 
 def _span(message: ChatMessage, opened: dt.datetime, now: dt.datetime) -> tuple[dt.datetime, dt.datetime]:

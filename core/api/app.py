@@ -296,9 +296,9 @@ def _as_utc(name: str, value: dt.datetime | None) -> dt.datetime | None:
     if value is None:
         return None
     if value.tzinfo is None:
-        return value.replace(tzinfo=dt.timezone.utc)
+        return value.replace(tzinfo=dt.UTC)
     try:
-        return value.astimezone(dt.timezone.utc)
+        return value.astimezone(dt.UTC)
     except OverflowError:
         raise HTTPException(422, f"{name} is out of range once converted to UTC") from None
 

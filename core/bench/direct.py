@@ -284,7 +284,7 @@ async def _replay(
 
 
 def _now() -> dt.datetime:
-    return dt.datetime.now(dt.timezone.utc)
+    return dt.datetime.now(dt.UTC)
 
 
 def _event_row(event: Any) -> dict[str, Any]:

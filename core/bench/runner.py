@@ -53,8 +53,8 @@ from turnlog.bench.probes import (
     Sampler,
     cpu_seconds,
     cpu_us_per_event,
-    pg_counters,
     lag_stats,
+    pg_counters,
     require_commit_timestamps,
     rss_bytes,
     sink_batches,
@@ -655,7 +655,7 @@ def _memory(settings: TurnlogSettings, processes: dict[str, ServiceProcess], sam
     for step in range(3):
         if step:
             events = []
-            now = dt.datetime.now(dt.timezone.utc)
+            now = dt.datetime.now(dt.UTC)
             for i in range(options.memory_sessions):
                 sid = f"bench-{run}-open-{opened + i:06d}"
                 env = dict(session_id=sid, epoch=0, producer_id="bench", emitted_at=now)

@@ -30,7 +30,7 @@ def main() -> None:
     for index, turn in enumerate(plan.turns):
         if not count_only:
             time.sleep(max(0.0, began + (max(turn.end_s, turn.start_s) - t0) / pace - time.monotonic()))
-        now = dt.datetime.now(dt.timezone.utc)
+        now = dt.datetime.now(dt.UTC)
         held.append((session_id, index, turn.speaker, turn.text, "complete", now, now, 0, 0, 0, index))
         print(f"said {index + 1}", flush=True)
     with psycopg.connect(dsn) as conn:  # one transaction at the end: all or nothing

@@ -26,7 +26,7 @@ from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPar
 __all__ = ["SessionPlan", "plan_sessions", "encoded_events", "events_per_second", "BENCH_FLEET"]
 
 BENCH_FLEET = "bench"
-_BASE = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+_BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,7 +89,7 @@ def encoded_events(plans: list[SessionPlan], *, flush_interval: float, speed: fl
 def _session_events(plan: SessionPlan, flush_interval: float, speed: float) -> list[bytes]:
     sid = plan.session_id
     seq = 0
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
 
     def envelope() -> dict[str, object]:
         nonlocal seq

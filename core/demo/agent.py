@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import msgspec
+
 from turnlog.demo.transcripts import InputTurn, load_transcript, recording_time, token_counts, unfinished_turns
 from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings

@@ -54,8 +54,8 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from dataclasses import dataclass, field
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -254,7 +254,7 @@ class _Run:
         self.transcripts, self.paths = load_sessions(options.sessions_dir, run_id)
         longest = max(max(t.end_s for t in turns) - turns[0].start_s for turns in self.transcripts.values())
         self.speed = longest / (options.duration * OUTAGE_WINDOW[1])
-        self.base_time = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+        self.base_time = dt.datetime.now(dt.UTC).replace(microsecond=0)
         self.rng = random.Random(options.seed + 1)  # which agent is killed, picked among those mid-turn
         self.lock = threading.Condition()
         self.agents: dict[str, _Agent] = {sid: _Agent() for sid in self.transcripts}

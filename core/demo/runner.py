@@ -26,8 +26,8 @@ from sqlalchemy import func, select
 
 from turnlog.demo.transcripts import InputTurn, check_replayable, find_transcripts, load_transcript
 from turnlog.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session
-from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command
 from turnlog.deploy.local import ensure_local_services
+from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command
 from turnlog.deploy.topics import create_topics
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store, safe_url
@@ -108,7 +108,7 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     files = list(paths.values())
     kills = choose_kills(transcripts, options.kills, options.speed, options.flush_interval_seconds, options.seed)
     log_dir = options.log_dir / run_id
-    base_time = dt.datetime.now(dt.timezone.utc).replace(microsecond=0)
+    base_time = dt.datetime.now(dt.UTC).replace(microsecond=0)
     print(f"turnlog demo {run_id}: {len(files)} sessions, {sum(map(len, transcripts.values()))} turns, speed x{options.speed:g}")
 
     ensure_local_services(settings)

@@ -108,7 +108,7 @@ def recording_time(base: dt.datetime, seconds: float) -> dt.datetime:
 
 def turn_key(speaker: str, started_at: dt.datetime) -> tuple[str, dt.datetime]:
     """What names an input turn in the store: its speaker and its start (UTC)."""
-    return speaker, started_at.astimezone(dt.timezone.utc)
+    return speaker, started_at.astimezone(dt.UTC)
 
 
 def check_replayable(path: Path, turns: list[InputTurn]) -> None:
