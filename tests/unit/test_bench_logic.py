@@ -163,6 +163,34 @@ def test_sink_batches_are_read_from_the_exposition_text_as_the_sink_serves_it():
     assert parse_sink_batches('# TYPE other_total counter\nother_total{outcome="applied"} 5\n') == SinkBatches(0.0, 0.0, 0.0)
 
 
+def test_produce_all_serves_reports_while_the_queue_is_full_and_keeps_the_order(monkeypatch):
+    from turnlog.bench import baselines
+    from turnlog.settings import TurnlogSettings
+
+    class QueueFullTwice:
+        def __init__(self):
+            self.tries, self.taken, self.polls = 0, [], []
+
+        def produce(self, topic, key, value, partition):
+            self.tries += 1
+            if self.tries in (2, 3):  # the second record finds the queue full twice
+                raise BufferError("Local: Queue full")
+            self.taken.append(value)
+
+        def poll(self, timeout):
+            self.polls.append(timeout)
+
+        def flush(self, timeout):
+            return 0
+
+    stub = QueueFullTwice()
+    monkeypatch.setattr(baselines.kafka, "producer", lambda *args, **kwargs: stub)
+    events = [(f"s{i}", f"v{i}".encode()) for i in range(3)]
+    baselines.produce_all(TurnlogSettings(), "t.in", events)
+    assert stub.taken == [b"v0", b"v1", b"v2"] and stub.tries == 5
+    assert 0.05 in stub.polls  # the wait served delivery reports; it did not sleep
+
+
 def test_resume_summary_counts_failures_against_the_percentiles():
     ok = resume_summary([100.0 + i for i in range(40)])
     assert (ok["samples"], ok["failed"], ok["p50_ms"], ok["p99_ms"], ok["max_ms"]) == (40, 0, 119.0, 139.0, 139.0)
