@@ -32,6 +32,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 from confluent_kafka import OFFSET_END, TopicPartition
+from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_fixed
 
 from turnlog import kafka
 from turnlog.schemas import EventValidationError, decode_event
@@ -51,6 +52,14 @@ SUBSCRIPTION_QUEUE_SIZE = 1024
 Fetch = Callable[[str, int], Awaitable[EventPage]]
 #: Seconds between attempts to find the transcript topic's partitions.
 TOPIC_RETRY_SECONDS = 5.0
+
+
+def _log_topic_retry(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    if isinstance(error, kafka.UnknownTopicError):
+        logger.warning("transcript hub: the transcript topic does not exist (yet); followers read the store only: %s", error)
+    else:
+        logger.warning("transcript hub: cannot read the transcript topic's partitions yet: %s", error)
 
 
 def store_fetch(store: SqlStore) -> Fetch:
@@ -148,17 +157,9 @@ class TranscriptHub:
         consumer = kafka.consumer(self.settings, group_id=self._group_id, **self._config)
         offsets = kafka.OffsetReader(self.settings)
         try:
-            while not self._stopping.is_set():
-                try:
-                    partitions = offsets.partitions(topic)
-                    break
-                except kafka.UnknownTopicError:
-                    logger.warning("transcript hub: topic %s does not exist (yet); followers read the store only", topic)
-                except kafka.BrokerError as e:
-                    logger.warning("transcript hub: cannot read %s's partitions yet: %s", topic, e)
-                self._stopping.wait(TOPIC_RETRY_SECONDS)
-            else:
-                return
+            partitions = self._partitions(offsets, topic)
+            if partitions is None:
+                return  # stopped before the topic was found
             offsets.close()
             consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in partitions])
             logger.info("transcript hub: following %d partitions of %s", len(partitions), topic)
@@ -169,6 +170,24 @@ class TranscriptHub:
                 self._dispatch(record.key(), record.value())
         finally:
             consumer.close()
+
+    def _partitions(self, offsets: kafka.OffsetReader, topic: str) -> list[int] | None:
+        """``topic``'s partitions, looked up again every ``TOPIC_RETRY_SECONDS`` while the topic
+        is missing or the broker fails (any :class:`~turnlog.kafka.BrokerError`); None once
+        :meth:`stop` was called (it also ends the wait)."""
+
+        def lookup() -> list[int] | None:
+            return None if self._stopping.is_set() else offsets.partitions(topic)
+
+        retrying = Retrying(
+            retry=retry_if_exception_type(kafka.BrokerError),
+            wait=wait_fixed(TOPIC_RETRY_SECONDS),
+            stop=lambda _: self._stopping.is_set(),
+            sleep=self._stopping.wait,
+            before_sleep=_log_topic_retry,
+            retry_error_callback=lambda _: None,
+        )
+        return retrying(lookup)
 
     def _dispatch(self, key: bytes | None, value: bytes | None) -> None:
         if key is None or value is None:
