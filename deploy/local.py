@@ -9,6 +9,7 @@ from pathlib import Path
 
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
+from tenacity import RetryCallState, Retrying, retry_if_result, wait_exponential
 
 from turnlog import kafka
 from turnlog.exceptions import ConfigurationError
@@ -35,15 +36,22 @@ def wait_for_broker(settings: TurnlogSettings, *, timeout: float | None = None) 
         ConfigurationError: no broker answered within ``timeout`` seconds.
     """
     deadline = None if timeout is None else time.monotonic() + timeout
-    delay, warned = 0.5, False
-    while not broker_answers(settings):
-        if deadline is not None and time.monotonic() >= deadline:
-            raise ConfigurationError(f"no Kafka broker answers at {settings.bootstrap_servers}")
-        if not warned:
+
+    def warn_once(state: RetryCallState) -> None:
+        if state.attempt_number == 1:
             logger.warning("waiting for a Kafka broker at %s", settings.bootstrap_servers)
-            warned = True
-        time.sleep(delay)
-        delay = min(delay * 2, 5.0)
+
+    def gave_up(_: RetryCallState) -> None:
+        raise ConfigurationError(f"no Kafka broker answers at {settings.bootstrap_servers}")
+
+    retrying = Retrying(
+        retry=retry_if_result(lambda answered: not answered),
+        wait=wait_exponential(multiplier=0.5, max=5.0),
+        stop=lambda _: deadline is not None and time.monotonic() >= deadline,
+        before_sleep=warn_once,
+        retry_error_callback=gave_up,
+    )
+    retrying(broker_answers, settings)
 
 
 def _database_answers(url: str) -> bool:
