@@ -13,7 +13,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
 
-from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, decode_event
+from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, TurnStatus, decode_event
 
 __all__ = ["FoldedTurn", "FoldedSession", "fold_events"]
 
@@ -23,7 +23,7 @@ class FoldedTurn:
     turn_index: int
     speaker: str
     text: str
-    status: str  # partial | complete | interrupted
+    status: str  # a TurnStatus: partial | complete | interrupted
     input_tokens: int
     output_tokens: int
     epoch: int
@@ -52,7 +52,7 @@ class FoldedSession:
 
     @property
     def interrupted_turn_count(self) -> int:
-        return sum(1 for t in self.turns.values() if t.status == "interrupted")
+        return sum(1 for t in self.turns.values() if t.status == TurnStatus.INTERRUPTED)
 
     @property
     def input_tokens(self) -> int:
@@ -82,28 +82,28 @@ def fold_events(payloads: Iterable[str | bytes]) -> FoldedSession:
         if event.epoch > newest_epoch:
             newest_epoch = event.epoch
             for turn in folded.turns.values():
-                if turn.status == "partial" and turn.epoch < newest_epoch:
-                    turn.status = "interrupted"
+                if turn.status == TurnStatus.PARTIAL and turn.epoch < newest_epoch:
+                    turn.status = TurnStatus.INTERRUPTED
         if isinstance(event, SessionStarted):
             folded.started_at = folded.started_at or event.started_at
         elif isinstance(event, SessionEnded):
             folded.ended_at, folded.end_seq = event.ended_at, event.seq
             for turn in folded.turns.values():
-                if turn.status == "partial":
-                    turn.status = "interrupted"
+                if turn.status == TurnStatus.PARTIAL:
+                    turn.status = TurnStatus.INTERRUPTED
         elif isinstance(event, (TurnPartial, TurnCompleted)):
             complete = isinstance(event, TurnCompleted)
             current = folded.turns.get(event.turn_index)
             if current is not None:
                 if (event.epoch, event.seq) <= (current.epoch, current.seq):
                     continue
-                if current.status == "complete" and not complete:
+                if current.status == TurnStatus.COMPLETE and not complete:
                     continue
             folded.turns[event.turn_index] = FoldedTurn(
                 turn_index=event.turn_index,
                 speaker=event.speaker,
                 text=event.text,
-                status="complete" if complete else "partial",
+                status=TurnStatus.COMPLETE if complete else TurnStatus.PARTIAL,
                 input_tokens=event.input_tokens if complete else 0,
                 output_tokens=event.output_tokens if complete else 0,
                 epoch=event.epoch,

@@ -33,7 +33,7 @@ from sqlalchemy import select
 from turnlog import kafka
 from turnlog.exceptions import TurnlogError
 from turnlog.producers.partitioning import partition_for
-from turnlog.schemas import EventValidationError, decode_event
+from turnlog.schemas import SETTLED_SESSION_STATUSES, EventValidationError, SessionStatus, decode_event
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.batch import SourceMessage
@@ -47,8 +47,6 @@ logger = logging.getLogger(__name__)
 
 #: Events written per store transaction.
 WRITE_BATCH = 2000
-#: Statuses a replay never touches.
-_SETTLED = ("finalized", "abandoned")
 
 
 class ReplayError(TurnlogError):
@@ -227,12 +225,12 @@ def _initial_state(store: SqlStore, session_id: str) -> SessionSequence | None:
         ).scalar()
     if position is None:
         return SessionSequence()
-    if position.status in _SETTLED:
+    if position.status in SETTLED_SESSION_STATUSES:  # a replay never touches these
         return None
     return SessionSequence(
         epoch=position.epoch,
         next_seq=position.last_seq + 1,
-        ended=position.status == "ended",
+        ended=position.status == SessionStatus.ENDED,
         started_event_id=first_event_id,  # so a re-read session.started is known as a re-send
     )
 

@@ -23,6 +23,8 @@ from typing import Any
 
 import msgspec
 
+from turnlog.schemas import SessionStatus
+
 __all__ = ["StoredTurn", "ResumeGrant", "encode_grant", "decode_grant", "MAX_RESUME_TIMEOUT_SECONDS"]
 
 #: Longest resume barrier wait the API accepts for one request (seconds). A
@@ -93,7 +95,7 @@ class ResumeGrant:
     @property
     def resumable(self) -> bool:
         """Whether the session is active, so this grant may be used to continue it."""
-        return self.status == "active"
+        return self.status == SessionStatus.ACTIVE
 
     @property
     def next_seq(self) -> int:

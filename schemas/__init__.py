@@ -1,4 +1,5 @@
-"""Event model (version 2; reads version 1): structs, JSON encoding, validation and the JSON Schema files."""
+"""Event model (version 2; reads version 1): structs, JSON encoding, validation and the JSON Schema files;
+the session and turn statuses of the store."""
 
 from turnlog.schemas.events import (
     EVENT_TYPES,
@@ -15,20 +16,24 @@ from turnlog.schemas.events import (
     encode_event,
 )
 from turnlog.schemas.exceptions import EventValidationError, SchemaError
+from turnlog.schemas.statuses import SETTLED_SESSION_STATUSES, SessionStatus, TurnStatus
 
 __all__ = [
     "EVENT_TYPES",
     "MAX_TEXT_CHARS",
     "SCHEMA_VERSION",
     "SCHEMA_VERSIONS",
+    "SETTLED_SESSION_STATUSES",
     "Event",
     "EventValidationError",
     "SchemaError",
     "SessionEnded",
     "SessionStarted",
+    "SessionStatus",
     "ToolCall",
     "TurnCompleted",
     "TurnPartial",
+    "TurnStatus",
     "decode_event",
     "encode_event",
 ]

@@ -1,7 +1,7 @@
 """Pure planning of one sink batch: which rows to write, and which update wins.
 
 No I/O here: :func:`plan_batch` turns consumed messages into rows; the store
-(``sinks/base.py``) writes the plan in one transaction. The rules are the ones
+(``sinks/transcript.py``) writes the plan in one transaction. The rules are the ones
 of DESIGN.md ("Guarantees"): dedupe by ``(session_id, seq)``, a turn is only
 overwritten by a newer ``(epoch, seq)``, and a partial never downgrades a
 completed turn.
@@ -24,8 +24,10 @@ from turnlog.schemas import (
     EventValidationError,
     SessionEnded,
     SessionStarted,
+    SessionStatus,
     TurnCompleted,
     TurnPartial,
+    TurnStatus,
     decode_event,
 )
 
@@ -47,9 +49,10 @@ __all__ = [
     "TURN_INTERRUPTED",
 ]
 
-TURN_PARTIAL = "partial"
-TURN_COMPLETE = "complete"
-TURN_INTERRUPTED = "interrupted"
+# The turn statuses (``turnlog.schemas.TurnStatus``), under the names this module always gave them.
+TURN_PARTIAL = TurnStatus.PARTIAL
+TURN_COMPLETE = TurnStatus.COMPLETE
+TURN_INTERRUPTED = TurnStatus.INTERRUPTED
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,7 +131,7 @@ def turn_update_wins(current_status: str, current_epoch: int, current_seq: int, 
 
     It must be newer by ``(epoch, seq)`` (a stale writer never overwrites), and a
     partial never downgrades a completed turn. The SQL upsert guard in
-    ``sinks/base.py`` states the same rule; tests hold the two together.
+    ``sinks/transcript.py`` states the same rule; tests hold the two together.
     """
     newer = (candidate.epoch, candidate.seq) > (current_epoch, current_seq)
     downgrade = current_status == TURN_COMPLETE and candidate.status == TURN_PARTIAL
@@ -156,7 +159,7 @@ class RejectedMessage:
 
 @dataclass(frozen=True, slots=True)
 class WriteResult:
-    """What a batch writer did in the caller's transaction (``sinks.base.BatchWriter``).
+    """What a batch writer did in the caller's transaction (``sinks.interfaces.BatchWriter``).
 
     ``rejected``: the records it refused, with a reason; ``finalized``: the
     sessions whose guarded finalize matched in this transaction (committed, or
@@ -261,7 +264,7 @@ def merge_session(stored: Mapping[str, Any] | None, changes: SessionChanges, las
         "id": changes.session_id,
         "fleet": None,
         "agent_id": None,
-        "status": "active",
+        "status": SessionStatus.ACTIVE,
         "started_at": None,
         "ended_at": None,
         "end_reason": None,
@@ -283,8 +286,8 @@ def merge_session(stored: Mapping[str, Any] | None, changes: SessionChanges, las
     if changes.ended is not None and row["end_seq"] is None:
         ended = changes.ended
         row.update(ended_at=ended.ended_at, end_reason=ended.reason, end_seq=ended.seq)
-        if row["status"] == "active":
-            row["status"] = "ended"
+        if row["status"] == SessionStatus.ACTIVE:
+            row["status"] = SessionStatus.ENDED
     row["epoch"] = max(row["epoch"], changes.max_epoch)
     row["last_seq"] = max(row["last_seq"], last_seq)
     return row
@@ -303,4 +306,4 @@ def ready_to_finalize(row: Mapping[str, Any]) -> bool:
     >>> ready_to_finalize({"status": "ended", "end_seq": 6, "last_seq": 4})
     False
     """
-    return row["status"] == "ended" and row["end_seq"] is not None and row["last_seq"] >= row["end_seq"]
+    return row["status"] == SessionStatus.ENDED and row["end_seq"] is not None and row["last_seq"] >= row["end_seq"]

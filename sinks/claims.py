@@ -13,6 +13,7 @@ from __future__ import annotations
 from sqlalchemy import func, select, update
 from sqlalchemy.engine import Connection
 
+from turnlog.schemas import SessionStatus
 from turnlog.sinks.interfaces import Dialect, SessionPosition
 from turnlog.sinks.tables import sessions, transcript_turns
 
@@ -52,7 +53,7 @@ class SqlResumeClaims:
         if row is None:
             return None
         epoch = max(row.epoch, row.claimed_epoch) + 1
-        if row.status == "active":  # an ended session cannot be resumed: claim nothing
+        if row.status == SessionStatus.ACTIVE:  # an ended session cannot be resumed: claim nothing
             conn.execute(update(sessions).where(sessions.c.id == session_id).values(claimed_epoch=epoch))
         position = self.session_position(conn, session_id)
         assert position is not None

@@ -33,7 +33,7 @@ from sqlalchemy.engine import Connection
 
 from turnlog import metrics
 from turnlog.faults import fault_point
-from turnlog.sinks.batch import TURN_INTERRUPTED
+from turnlog.schemas import SessionStatus, TurnStatus
 from turnlog.sinks.tables import SecondsBetween, sessions, transcript_turns
 
 __all__ = ["SqlFinalization", "report_finalized"]
@@ -77,7 +77,7 @@ class SqlFinalization:
         figures = {
             "turn_count": select(func.count()).where(of_session).scalar_subquery(),
             "interrupted_turn_count": select(func.count())
-            .where(of_session, t.status == TURN_INTERRUPTED)
+            .where(of_session, t.status == TurnStatus.INTERRUPTED)
             .scalar_subquery(),
             "input_tokens": select(func.coalesce(func.sum(t.input_tokens), 0)).where(of_session).scalar_subquery(),
             "output_tokens": select(func.coalesce(func.sum(t.output_tokens), 0)).where(of_session).scalar_subquery(),
@@ -87,11 +87,11 @@ class SqlFinalization:
             update(sessions)
             .where(
                 sessions.c.id == session_id,
-                sessions.c.status == "ended",
+                sessions.c.status == SessionStatus.ENDED,
                 sessions.c.end_seq.is_not(None),
                 sessions.c.last_seq >= sessions.c.end_seq,
             )
-            .values(status="finalized", finalized_at=finalized_at, **figures)
+            .values(status=SessionStatus.FINALIZED, finalized_at=finalized_at, **figures)
         )
         return result.rowcount == 1
 
@@ -101,7 +101,7 @@ class SqlFinalization:
         finalizer's sweep looks for them)."""
         query = (
             select(sessions.c.id)
-            .where(sessions.c.status == "ended", sessions.c.last_seq >= sessions.c.end_seq)
+            .where(sessions.c.status == SessionStatus.ENDED, sessions.c.last_seq >= sessions.c.end_seq)
             .order_by(sessions.c.id)
             .limit(limit)
         )

@@ -14,6 +14,7 @@ from typing import Any
 from sqlalchemy import select
 from sqlalchemy.engine import Connection
 
+from turnlog.schemas import SessionStatus
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
 __all__ = ["StoredEvent", "EventPage", "list_sessions", "get_session", "get_turns", "events_after", "SESSION_FIELDS", "TURN_FIELDS"]
@@ -149,7 +150,7 @@ def events_after(conn: Connection, session_id: str, after_seq: int, *, limit: in
         )
         events = [StoredEvent(r.seq, r.type, r.payload) for r in conn.execute(query)]
     reached = events[-1].seq if events else after_seq
-    if row.status == "abandoned":
+    if row.status == SessionStatus.ABANDONED:
         finished = reached >= row.last_seq
     else:
         finished = row.end_seq is not None and reached >= row.end_seq

@@ -30,6 +30,7 @@ from typing import Any
 from sqlalchemy import and_, case, func, literal, or_, select, update
 from sqlalchemy.engine import Connection
 
+from turnlog.schemas import SessionStatus
 from turnlog.sinks.batch import (
     TURN_COMPLETE,
     TURN_INTERRUPTED,
@@ -106,7 +107,7 @@ class TranscriptWriter:
             "metadata",
         )
         # No IN (...) here: expanding parameters cannot be used with executemany.
-        status_kept = or_(sessions.c.status == "finalized", sessions.c.status == "abandoned")
+        status_kept = or_(sessions.c.status == SessionStatus.FINALIZED, sessions.c.status == SessionStatus.ABANDONED)
         return stmt.on_conflict_do_update(
             index_elements=[sessions.c.id],
             set_={

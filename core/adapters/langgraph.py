@@ -79,7 +79,7 @@ from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, Huma
 from langchain_core.messages.utils import convert_to_messages
 
 from turnlog.producers import RecordedSession, SessionNotFoundError, SessionRecorder
-from turnlog.schemas import ToolCall
+from turnlog.schemas import ToolCall, TurnStatus
 
 __all__ = ["LangGraphMirror", "USER", "ASSISTANT"]
 
@@ -149,7 +149,7 @@ class LangGraphMirror:
         return [
             kinds[t.speaker](content=t.text, id=f"turnlog-{t.turn_index}")
             for t in self.recorded.turns
-            if t.status == "complete" and t.speaker in kinds
+            if t.status == TurnStatus.COMPLETE and t.speaker in kinds
         ]
 
     async def astream(
@@ -228,7 +228,7 @@ class LangGraphMirror:
         latest run of them equal to turnlog's complete turns; none if they differ."""
         said = [m for m in held if isinstance(m, (HumanMessage, AIMessage)) and _text(m)]
         pairs = [(USER if isinstance(m, HumanMessage) else ASSISTANT, _text(m)) for m in said]
-        stored = [(t.speaker, t.text) for t in self.recorded.turns if t.status == "complete" and t.speaker in (USER, ASSISTANT)]
+        stored = [(t.speaker, t.text) for t in self.recorded.turns if t.status == TurnStatus.COMPLETE and t.speaker in (USER, ASSISTANT)]
         start = _after_run(stored, pairs)
         if start is None:
             logger.warning(

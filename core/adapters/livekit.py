@@ -70,6 +70,7 @@ from livekit.agents.voice.io import TextOutput
 from livekit.agents.voice.speech_handle import SpeechHandle
 
 from turnlog.producers import RecordedSession, RecorderError, SessionNotFoundError, SessionRecorder, StoredTurn
+from turnlog.schemas import TurnStatus
 from turnlog.settings import TurnlogSettings
 
 __all__ = [
@@ -188,7 +189,7 @@ def _messages(turns: Iterable[StoredTurn]) -> list[ChatMessage]:
                 id=f"{_ID_PREFIX}{turn.turn_index}",
                 role=role,
                 content=[turn.text],
-                interrupted=turn.barged_in or turn.status != "complete",
+                interrupted=turn.barged_in or turn.status != TurnStatus.COMPLETE,
                 created_at=created_at,
             )
         )

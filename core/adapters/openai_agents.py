@@ -87,7 +87,7 @@ from agents.stream_events import RawResponsesStreamEvent, StreamEvent
 from openai.types.responses import ResponseTextDeltaEvent
 
 from turnlog.producers import RecordedSession, SessionNotFoundError, SessionRecorder
-from turnlog.schemas import ToolCall
+from turnlog.schemas import ToolCall, TurnStatus
 
 __all__ = ["TurnlogSession", "TurnlogRunHooks", "USER", "ASSISTANT"]
 
@@ -338,7 +338,7 @@ class TurnlogSession:
 
     async def _rebuild(self) -> None:
         stored = [
-            (t.speaker, t.text) for t in self.recorded.turns if t.status == "complete" and t.speaker in (USER, ASSISTANT)
+            (t.speaker, t.text) for t in self.recorded.turns if t.status == TurnStatus.COMPLETE and t.speaker in (USER, ASSISTANT)
         ]
         held = [(m.speaker, m.text) for m in map(_message, await self.inner.get_items()) if m is not None]
         start = _missing_from(held, stored)

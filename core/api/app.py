@@ -51,6 +51,7 @@ from turnlog.kafka import BrokerUnavailableError
 from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.grant import MAX_RESUME_TIMEOUT_SECONDS, ResumeGrant, encode_grant
 from turnlog.producers.resume import ResumeBarrier
+from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.analytics import AnalyticsProjection
 from turnlog.sinks.base import SqlStore
@@ -60,7 +61,7 @@ from turnlog.sinks.reads import get_session, get_turns, list_sessions
 
 __all__ = ["create_app"]
 
-SESSION_STATUSES = ("active", "ended", "finalized", "abandoned")
+SESSION_STATUSES = tuple(status.value for status in SessionStatus)
 SSE_PING_SECONDS = 15
 #: Resume barriers run at once (each holds a thread; they share two broker clients);
 #: more requests queue, and their time in the queue counts against their timeout.

@@ -38,6 +38,7 @@ from tenacity import Retrying, retry_if_exception_type, wait_fixed
 
 from turnlog import kafka
 from turnlog.producers.partitioning import partition_for
+from turnlog.schemas import SessionStatus, TurnStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.batch import SourceMessage, plan_batch
 
@@ -305,7 +306,8 @@ _SESSION_COLUMNS = ("id", "status", "epoch", "last_seq")
 _SESSION_TYPES = ("text", "text", "int", "bigint")
 _TURN_GUARD = (
     "WHERE (EXCLUDED.epoch, EXCLUDED.seq) > (transcript_turns.epoch, transcript_turns.seq)"
-    " AND NOT (transcript_turns.status = 'complete' AND EXCLUDED.status = 'partial')"
+    f" AND NOT (transcript_turns.status = '{TurnStatus.COMPLETE}'"
+    f" AND EXCLUDED.status = '{TurnStatus.PARTIAL}')"
 )
 _TURN_SET = ", ".join(f"{c} = EXCLUDED.{c}" for c in _TURN_COLUMNS[2:])
 
@@ -314,7 +316,9 @@ def _batch_rows(batch: Sequence[SourceMessage]) -> tuple[list[tuple[Any, ...]], 
     plan = plan_batch(batch)
     events = [tuple(row[c] for c in _EVENT_COLUMNS) for row in plan.event_rows]
     turns = [tuple(row[c] for c in _TURN_COLUMNS) for row in (t.as_row() for t in plan.turns)]
-    sessions = [(sid, "active", changes.max_epoch, max(changes.seqs)) for sid, changes in plan.sessions.items()]
+    sessions = [
+        (sid, SessionStatus.ACTIVE, changes.max_epoch, max(changes.seqs)) for sid, changes in plan.sessions.items()
+    ]
     return events, turns, sessions
 
 

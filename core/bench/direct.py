@@ -51,7 +51,15 @@ from turnlog.bench.baselines import percentile
 from turnlog.bench.load import _sleep_until
 from turnlog.bench.workload import BENCH_FLEET, SessionPlan
 from turnlog.demo.transcripts import token_counts
-from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, encode_event
+from turnlog.schemas import (
+    SessionEnded,
+    SessionStarted,
+    SessionStatus,
+    TurnCompleted,
+    TurnPartial,
+    TurnStatus,
+    encode_event,
+)
 from turnlog.sinks.batch import TurnRow
 
 __all__ = [
@@ -91,17 +99,21 @@ TURN_SQL = (
     + ", ".join(f"{c} = EXCLUDED.{c}" for c in _TURN_COLUMNS if c not in ("session_id", "turn_index"))
     + " WHERE (EXCLUDED.epoch > transcript_turns.epoch"
     " OR (EXCLUDED.epoch = transcript_turns.epoch AND EXCLUDED.seq > transcript_turns.seq))"
-    " AND (transcript_turns.status <> 'complete' OR EXCLUDED.status <> 'partial')"
+    f" AND (transcript_turns.status <> '{TurnStatus.COMPLETE}'"
+    f" OR EXCLUDED.status <> '{TurnStatus.PARTIAL}')"
 )
 SESSION_START_SQL = (
     "INSERT INTO sessions (id, fleet, agent_id, status, started_at, epoch, last_seq, max_seq)"
-    " VALUES (%(id)s, %(fleet)s, %(agent_id)s, 'active', %(started_at)s, %(epoch)s, %(seq)s, %(seq)s)"
+    f" VALUES (%(id)s, %(fleet)s, %(agent_id)s, '{SessionStatus.ACTIVE}', %(started_at)s, %(epoch)s,"
+    " %(seq)s, %(seq)s)"
     " ON CONFLICT (id) DO NOTHING"
 )
 SESSION_END_SQL = (
     "INSERT INTO sessions (id, fleet, agent_id, status, ended_at, end_reason, epoch, last_seq, max_seq, end_seq)"
-    " VALUES (%(id)s, %(fleet)s, %(agent_id)s, 'ended', %(ended_at)s, %(end_reason)s, %(epoch)s, %(seq)s, %(seq)s, %(seq)s)"
-    " ON CONFLICT (id) DO UPDATE SET status = 'ended', ended_at = EXCLUDED.ended_at, end_reason = EXCLUDED.end_reason,"
+    f" VALUES (%(id)s, %(fleet)s, %(agent_id)s, '{SessionStatus.ENDED}', %(ended_at)s, %(end_reason)s, %(epoch)s, %(seq)s,"
+    " %(seq)s, %(seq)s)"
+    f" ON CONFLICT (id) DO UPDATE SET status = '{SessionStatus.ENDED}', ended_at = EXCLUDED.ended_at,"
+    " end_reason = EXCLUDED.end_reason,"
     " last_seq = GREATEST(sessions.last_seq, EXCLUDED.last_seq), max_seq = GREATEST(sessions.max_seq, EXCLUDED.max_seq),"
     " end_seq = EXCLUDED.end_seq WHERE EXCLUDED.epoch >= sessions.epoch"
 )

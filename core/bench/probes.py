@@ -17,6 +17,7 @@ from confluent_kafka import TopicPartition
 from prometheus_client.parser import text_string_to_metric_families
 
 from turnlog import kafka
+from turnlog.schemas import TurnStatus
 from turnlog.settings import TurnlogSettings
 
 __all__ = [
@@ -156,7 +157,7 @@ def turn_latencies_ms(dsn: str, session_prefix: str) -> list[float]:
         rows = conn.execute(
             "SELECT EXTRACT(EPOCH FROM pg_xact_commit_timestamp(t.xmin) - e.emitted_at) * 1000"
             " FROM transcript_turns t JOIN session_events e ON e.session_id = t.session_id AND e.seq = t.seq"
-            " WHERE t.session_id LIKE %s AND t.status = 'complete'",
+            f" WHERE t.session_id LIKE %s AND t.status = '{TurnStatus.COMPLETE}'",
             (session_prefix + "%",),
         ).fetchall()
     return [float(r[0]) for r in rows if r[0] is not None]

@@ -44,6 +44,7 @@ from typing import Any
 from turnlog.bench.baselines import percentile
 from turnlog.bench.workload import BENCH_FLEET
 from turnlog.producers import SessionRecorder
+from turnlog.schemas import TurnStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
 
@@ -144,7 +145,7 @@ async def _one(origin: SessionRecorder, settings: TurnlogSettings, session_id: s
             into.failures.append(f"{session_id}: {type(e).__name__}: {e}")
             return
         into.samples_ms.append((time.perf_counter() - began) * 1000)
-        if [(t.turn_index, t.status) for t in resumed.turns] != [(k, "complete") for k in range(turns)]:
+        if [(t.turn_index, t.status) for t in resumed.turns] != [(k, TurnStatus.COMPLETE) for k in range(turns)]:
             into.stale += 1
         await resumed.end("completed")
     finally:

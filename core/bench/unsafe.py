@@ -17,6 +17,7 @@ from pathlib import Path
 import psycopg
 
 from turnlog.bench.workload import plan_sessions
+from turnlog.schemas import SessionStatus, TurnStatus
 
 
 def main() -> None:
@@ -31,11 +32,12 @@ def main() -> None:
         if not count_only:
             time.sleep(max(0.0, began + (max(turn.end_s, turn.start_s) - t0) / pace - time.monotonic()))
         now = dt.datetime.now(dt.UTC)
-        held.append((session_id, index, turn.speaker, turn.text, "complete", now, now, 0, 0, 0, index))
+        held.append((session_id, index, turn.speaker, turn.text, TurnStatus.COMPLETE, now, now, 0, 0, 0, index))
         print(f"said {index + 1}", flush=True)
     with psycopg.connect(dsn) as conn:  # one transaction at the end: all or nothing
         conn.execute(
-            "INSERT INTO sessions (id, status, epoch, last_seq, claimed_epoch) VALUES (%s, 'ended', 0, %s, 0)",
+            "INSERT INTO sessions (id, status, epoch, last_seq, claimed_epoch)"
+            f" VALUES (%s, '{SessionStatus.ENDED}', 0, %s, 0)",
             (session_id, len(held) - 1),
         )
         with conn.cursor() as cur:

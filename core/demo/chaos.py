@@ -71,6 +71,7 @@ from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, t
 from turnlog.deploy.topics import create_topics
 from turnlog.exceptions import ConfigurationError
 from turnlog.producers import SessionRecorder
+from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, StoreUnavailableError, open_store
 from turnlog.sinks.errors import store_errors
@@ -723,7 +724,7 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
     ok = (
         not problems
         and not unfinished
-        and all(v.status == "finalized" for v in verdicts)
+        and all(v.status == SessionStatus.FINALIZED for v in verdicts)
         and not failed_agents
         and not run.failed_resumes
         and not unrecovered

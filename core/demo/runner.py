@@ -29,6 +29,7 @@ from turnlog.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_ses
 from turnlog.deploy.local import ensure_local_services
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command
 from turnlog.deploy.topics import create_topics
+from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store, safe_url
 from turnlog.sinks.migrate import upgrade_to_head
@@ -242,7 +243,7 @@ def wait_for_finalized(store: SqlStore, session_ids: list[str], deadline: float)
     while time.monotonic() < deadline:
         with store.engine.connect() as conn:
             done = conn.execute(
-                select(func.count()).where(sessions.c.id.in_(session_ids), sessions.c.status == "finalized")
+                select(func.count()).where(sessions.c.id.in_(session_ids), sessions.c.status == SessionStatus.FINALIZED)
             ).scalar_one()
         if done == len(session_ids):
             break

@@ -23,6 +23,7 @@ from pathlib import Path
 import msgspec
 
 from turnlog.exceptions import ConfigurationError
+from turnlog.schemas import TurnStatus
 
 __all__ = [
     "InputTurn",
@@ -134,5 +135,7 @@ def unfinished_turns(
     ``complete`` turn, in input order. ``stored`` gives each stored turn's
     ``(speaker, started_at, status)``; a stored turn that names no input turn
     is ignored here (the verdict reports it)."""
-    complete = {turn_key(speaker, started_at) for speaker, started_at, status in stored if status == "complete"}
+    complete = {
+        turn_key(speaker, started_at) for speaker, started_at, status in stored if status == TurnStatus.COMPLETE
+    }
     return [t for t in turns if turn_key(t.speaker, recording_time(base, t.start_s)) not in complete]

@@ -44,6 +44,7 @@ from sqlalchemy import select
 
 from turnlog.audit import fold_events
 from turnlog.demo.transcripts import InputTurn, recording_time, token_counts, turn_key
+from turnlog.schemas import SessionStatus, TurnStatus
 from turnlog.sinks import SqlStore
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
@@ -163,8 +164,8 @@ def judge_session(
         session_id=session_id,
         input_turns=len(expected),
         stored_turns=len(rows),
-        complete_turns=sum(1 for t in rows if t.status == "complete"),
-        interrupted_turns=sum(1 for t in rows if t.status == "interrupted"),
+        complete_turns=sum(1 for t in rows if t.status == TurnStatus.COMPLETE),
+        interrupted_turns=sum(1 for t in rows if t.status == TurnStatus.INTERRUPTED),
         status=row["status"] if row else "missing",
         duration_seconds=row["duration_seconds"] if row else None,
         expected_duration_seconds=expected_duration,
@@ -178,7 +179,7 @@ def judge_session(
     if row is None:
         problems.append(Problem(ProblemKind.SESSION_MISSING, 1, "session missing from the store"))
         return verdict
-    if row["status"] != "finalized":
+    if row["status"] != SessionStatus.FINALIZED:
         problems.append(Problem(ProblemKind.NOT_FINALIZED, 1, f"status is {row['status']}, not finalized"))
 
     problems.extend(check_turns(rows, expected, base_time=base_time, kills=kills))
@@ -229,14 +230,14 @@ def check_turns(rows: Sequence[TurnRow], expected: Sequence[InputTurn], *, base_
     by_key = {turn_key(t.speaker, recording_time(base_time, t.start_s)): i for i, t in enumerate(expected)}
     source = {r.turn_index: by_key.get(turn_key(r.speaker, r.started_at)) for r in rows}
 
-    partial = [r.turn_index for r in rows if r.status == "partial"]
+    partial = [r.turn_index for r in rows if r.status == TurnStatus.PARTIAL]
     if partial:
         problems.append(Problem(ProblemKind.PARTIAL_AFTER_END, len(partial), f"turns still partial after the end: {_few(partial)}"))
-    odd = [r.turn_index for r in rows if r.status not in ("partial", "complete", "interrupted")]
+    odd = [r.turn_index for r in rows if r.status not in tuple(TurnStatus)]
     if odd:
         problems.append(Problem(ProblemKind.ALTERED_TURNS, len(odd), f"turns with an unknown status: {_few(odd)}"))
 
-    complete = [r for r in rows if r.status == "complete"]
+    complete = [r for r in rows if r.status == TurnStatus.COMPLETE]
     altered = [
         r.turn_index for r in complete if source[r.turn_index] is None or r.text != expected[source[r.turn_index]].text  # type: ignore[index]
     ]
@@ -288,7 +289,7 @@ def check_turns(rows: Sequence[TurnRow], expected: Sequence[InputTurn], *, base_
             completed_in[source[r.turn_index]].append(r.epoch)
     bad = []
     for r in rows:
-        if r.status != "interrupted":
+        if r.status != TurnStatus.INTERRUPTED:
             continue
         i = source[r.turn_index]
         if (
