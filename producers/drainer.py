@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
+from tenacity import RetryCallState, Retrying, retry_if_exception, wait_fixed
 
 from turnlog.faults import fault_point
 from turnlog.kafka import RecordRefusedError, produce, producer_from_config
@@ -81,6 +82,11 @@ def _running_future() -> concurrent.futures.Future[None]:
     future: concurrent.futures.Future[None] = concurrent.futures.Future()
     future.set_running_or_notify_cancel()
     return future
+
+
+def _log_unexpected_error(state: RetryCallState) -> None:
+    error = state.outcome.exception() if state.outcome else None
+    logger.error("spool drainer: unexpected error; delivering again in %.1f s", RETRY_FIRST_SECONDS, exc_info=error)
 
 
 def _settle(future: concurrent.futures.Future[Any], result: Any = None, error: BaseException | None = None) -> None:
@@ -253,28 +259,31 @@ class SpoolDrainer:
 
     # -- the drainer thread ----------------------------------------------------
     def _run(self) -> None:
+        """The thread: :meth:`_deliver` until the stop, then :meth:`_finish`.
+
+        An unexpected error (a disk error) must not end delivery for good: it is logged
+        and :meth:`_deliver` starts again after ``RETRY_FIRST_SECONDS``, without limit;
+        the spool and the delivery state carry over. Once :meth:`close` asked for the
+        stop, an error ends the thread at once: what could not be spooled is failed in
+        :meth:`_finish`.
+        """
+        retrying = Retrying(
+            retry=retry_if_exception(lambda e: isinstance(e, Exception) and not self._stopping),
+            wait=wait_fixed(RETRY_FIRST_SECONDS),
+            before_sleep=_log_unexpected_error,
+            reraise=True,
+        )
+        try:
+            retrying(self._deliver)
+        except Exception:
+            logger.exception("spool drainer: unexpected error while stopping")
+        self._finish()
+
+    def _deliver(self) -> None:
+        """Spool what is submitted, adopt orphans, produce, until the stop (then it returns)."""
         assert self._spool is not None
         stats_at = 0.0
-        adopt_waiters: list[concurrent.futures.Future[int]] = []
         while True:
-            try:
-                appends, adopt_waiters = self._next_commands()
-                self._write(appends)  # on the stop too: what was queued before it is spooled
-                for waiter in adopt_waiters:
-                    self._adopt_now(waiter)
-                adopt_waiters = []
-                if self._stopping:
-                    break
-                assert self._producer is not None
-                self._producer.poll(0)
-                self._produce_more()
-            except Exception:  # a disk error must not end delivery for good: log, wait, go on
-                logger.exception("spool drainer: unexpected error; retrying in %.1f s", RETRY_FIRST_SECONDS)
-                for waiter in adopt_waiters:
-                    _settle(waiter, error=SpoolError("adopting orphaned spools failed; see the recorder's log"))
-                if self._stopping:
-                    break  # close() is waiting: what could not be spooled is failed in _finish
-                time.sleep(RETRY_FIRST_SECONDS)
             now = time.monotonic()
             if now - stats_at >= _STATS_EVERY_SECONDS:
                 stats_at = now
@@ -282,7 +291,20 @@ class SpoolDrainer:
                     self._publish_stats()
                 except SpoolError as e:  # metrics must never stop delivery
                     logger.warning("spool metrics not updated: %s", e)
-        self._finish()
+            appends, adopt_waiters = self._next_commands()
+            try:
+                self._write(appends)  # on the stop too: what was queued before it is spooled
+                for waiter in adopt_waiters:
+                    self._adopt_now(waiter)
+            except Exception:
+                for waiter in adopt_waiters:  # those adopted already are settled: this is a no-op for them
+                    _settle(waiter, error=SpoolError("adopting orphaned spools failed; see the recorder's log"))
+                raise
+            if self._stopping:
+                return
+            assert self._producer is not None
+            self._producer.poll(0)
+            self._produce_more()
 
     def _next_commands(self) -> tuple[list[tuple[list[SpooledEvent], list[Ticket]]], list[concurrent.futures.Future[int]]]:
         appends: list[tuple[list[SpooledEvent], list[Ticket]]] = []
@@ -378,6 +400,8 @@ class SpoolDrainer:
             if self._in_flight:
                 return  # let the rest of the window settle first
             now = time.monotonic()
+            # Not tenacity: the next round is scheduled, not slept for, so that this thread
+            # goes on spooling, serving delivery reports and adopting spools meanwhile.
             if self._retry_at is None:
                 self._failures += 1  # failed rounds, not records: one round may fail hundreds
                 wait = min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2 ** min(self._failures - 1, 16))

@@ -164,3 +164,55 @@ def test_a_failed_commit_is_retried_in_order_and_never_leaves_a_gap(tmp_path):
         assert [r.event.seq for r in drainer._spool.rows_from(0, 10)] == [0, 1]
     finally:
         drainer.close(timeout=0)
+
+
+def test_an_unexpected_error_fails_the_adopt_waiters_and_delivery_starts_again(tmp_path, monkeypatch, caplog):
+    from turnlog.producers import drainer as drainer_module
+    from turnlog.producers.exceptions import SpoolError
+
+    monkeypatch.setattr(drainer_module, "RETRY_FIRST_SECONDS", 0.1)
+    config = producer_config(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), client_id="unit", delivery_timeout_seconds=1)
+    drainer = SpoolDrainer(tmp_path, config, max_bytes=10_000)
+    drainer.start()
+    real_adopt, failures = drainer._adopt_now, []
+
+    def broken_once(waiter):
+        if not failures:
+            failures.append(1)
+            raise RuntimeError("the disk went away")
+        real_adopt(waiter)
+
+    drainer._adopt_now = broken_once
+    try:
+        with pytest.raises(SpoolError, match="adopting orphaned spools failed"):
+            drainer.adopt_orphans().result(timeout=10)
+        assert drainer.adopt_orphans().result(timeout=10) == 0  # the thread delivers again
+        [ticket] = drainer.submit([event("a", 0)])
+        assert ticket.spooled.result(timeout=10) is None
+        assert failures == [1]
+        assert "unexpected error; delivering again in 0.1 s" in caplog.text and "the disk went away" in caplog.text
+    finally:
+        assert drainer.close(timeout=0) == 1
+
+
+def test_an_unexpected_error_at_the_stop_ends_the_thread(tmp_path, monkeypatch):
+    import threading
+
+    from turnlog.producers import drainer as drainer_module
+
+    monkeypatch.setattr(drainer_module, "RETRY_FIRST_SECONDS", 0.05)
+    config = producer_config(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), client_id="unit", delivery_timeout_seconds=1)
+    drainer = SpoolDrainer(tmp_path, config, max_bytes=10_000)
+    drainer.start()
+    calls = []
+
+    def always_failing_write(appends):
+        calls.append(len(appends))
+        raise RuntimeError("the disk went away")
+
+    drainer._write = always_failing_write
+    closing = threading.Thread(target=drainer.close, kwargs={"timeout": 0}, daemon=True)
+    closing.start()
+    closing.join(10)
+    assert not closing.is_alive()  # not retried once the stop was asked for
+    assert len(calls) >= 1
