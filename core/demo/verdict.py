@@ -275,7 +275,7 @@ def check_turns(rows: Sequence[TurnRow], expected: Sequence[InputTurn], *, base_
                 key=len,
             )
         )
-        done.update(source[r.turn_index] for r in generation if r.status == "complete" and source[r.turn_index] is not None)  # type: ignore[misc]
+        done.update(source[r.turn_index] for r in generation if r.status == TurnStatus.COMPLETE and source[r.turn_index] is not None)  # type: ignore[misc]
         highest = max(highest, generation[-1].turn_index)
     if misplaced:
         problems.append(
