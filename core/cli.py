@@ -23,7 +23,9 @@ topics_app = typer.Typer(help="Manage turnlog's Kafka topics.", no_args_is_help=
 app.add_typer(topics_app, name="topics")
 
 DatabaseUrl = Annotated[
-    str | None, typer.Option("--database-url", envvar="TURNLOG_DATABASE_URL", help="Store URL (sqlite:///PATH or postgresql+psycopg://...).")
+    str | None,
+    typer.Option("--database-url", envvar="TURNLOG_DATABASE_URL",
+                 help="Store URL (sqlite:///PATH or postgresql+psycopg://...).")
 ]
 Bootstrap = Annotated[
     str | None, typer.Option("--bootstrap-servers", envvar="TURNLOG_BOOTSTRAP_SERVERS", help="Kafka bootstrap servers.")
@@ -44,7 +46,8 @@ def _settings(**overrides: object) -> TurnlogSettings:
                 typer.echo(f"turnlog: bad setting TURNLOG_{name.upper()}: {error['msg']} (value not shown)", err=True)
                 continue
             field = ".".join(str(part) for part in error["loc"])
-            typer.echo(f"turnlog: bad setting TURNLOG_{field.upper()}: {error['msg']} (got {error.get('input')!r})", err=True)
+            typer.echo(f"turnlog: bad setting TURNLOG_{field.upper()}: {error['msg']} (got {error.get('input')!r})",
+                       err=True)
         raise typer.Exit(2) from None
     logging.basicConfig(
         level=settings.log_level.upper(),
@@ -174,7 +177,8 @@ def api(
     store = open_store(settings.database_url)
     wait_for_head(store.engine)
     uvicorn.run(
-        create_app(settings, store), host=settings.api_host, port=settings.api_port, log_level=settings.log_level.lower()
+        create_app(settings, store), host=settings.api_host, port=settings.api_port,
+        log_level=settings.log_level.lower()
     )
 
 
@@ -205,9 +209,16 @@ def tail(
 def replay(
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
-    from_: Annotated[str, typer.Option("--from", help="Where to start: 'earliest' (the only position besides --from-time).")] = "earliest",
-    from_time: Annotated[str | None, typer.Option("--from-time", help="Start at the first record at or after this ISO 8601 time (UTC if no offset).")] = None,
-    session: Annotated[list[str] | None, typer.Option("--session", help="Replay only this session (repeatable).")] = None,
+    from_: Annotated[
+        str, typer.Option("--from", help="Where to start: 'earliest' (the only position besides --from-time).")
+    ] = "earliest",
+    from_time: Annotated[
+        str | None,
+        typer.Option("--from-time", help="Start at the first record at or after this ISO 8601 time (UTC if no offset).")
+    ] = None,
+    session: Annotated[
+        list[str] | None, typer.Option("--session", help="Replay only this session (repeatable).")
+    ] = None,
 ) -> None:
     """Rebuild a store from <prefix>.events: sequence, write and finalize, as the live pipeline does."""
     import datetime as dt
@@ -234,7 +245,8 @@ def replay(
     store = open_store(settings.database_url)
     with store_errors():
         upgrade_to_head(store.engine)
-    columns = (TextColumn("replay {task.description}"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[rate]:,.0f} records/s"), TimeRemainingColumn())
+    columns = (TextColumn("replay {task.description}"), BarColumn(), MofNCompleteColumn(),
+               TextColumn("{task.fields[rate]:,.0f} records/s"), TimeRemainingColumn())
     with Progress(*columns, transient=False) as bar:
         task = bar.add_task(settings.topics.events, total=None, rate=0.0)
         began = time.monotonic()
@@ -265,9 +277,13 @@ def replay(
 def verify(
     database_url: DatabaseUrl = None,
     against_url: Annotated[str | None, typer.Option("--against-url", help="Store B to compare with.")] = None,
-    against_log: Annotated[bool, typer.Option("--against-log", help="Compare with a store rebuilt from <prefix>.events.")] = False,
+    against_log: Annotated[
+        bool, typer.Option("--against-log", help="Compare with a store rebuilt from <prefix>.events.")
+    ] = False,
     bootstrap_servers: Bootstrap = None,
-    session: Annotated[list[str] | None, typer.Option("--session", help="Compare only this session (repeatable).")] = None,
+    session: Annotated[
+        list[str] | None, typer.Option("--session", help="Compare only this session (repeatable).")
+    ] = None,
 ) -> None:
     """Compare a store (A) with another store or with the log, session by session; exit 1 on any difference."""
     import tempfile
@@ -307,28 +323,41 @@ def verify(
 
 @app.command()
 def bench(
-    sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("data/sessions"),
+    sessions: Annotated[
+        Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")
+    ] = Path("data/sessions"),
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
     concurrency: Annotated[int, typer.Option(help="Concurrent sessions of the workload.")] = 1000,
     turns: Annotated[int, typer.Option(help="Turns each session says before it ends and the next begins.")] = 40,
     phase_seconds: Annotated[float, typer.Option(help="Length of each load phase (seconds).")] = 30.0,
-    speed: Annotated[float, typer.Option(help="Time compression of the replay (the rate is set by how many sessions run).")] = 10.0,
+    speed: Annotated[
+        float, typer.Option(help="Time compression of the replay (the rate is set by how many sessions run).")
+    ] = 10.0,
     memory_sessions: Annotated[int, typer.Option(help="Open sessions added per memory step (two steps).")] = 5000,
     report: Annotated[Path | None, typer.Option("--report", help="Write every figure as JSON here.")] = None,
     plot: Annotated[Path | None, typer.Option("--plot", help="Write the PNG plot here.")] = None,
-    profile_dir: Annotated[Path | None, typer.Option("--profile-dir", help="Profile sequencer and sink with py-spy; collapsed stacks here.")] = None,
+    profile_dir: Annotated[
+        Path | None,
+        typer.Option("--profile-dir", help="Profile sequencer and sink with py-spy; collapsed stacks here.")
+    ] = None,
     keep: Annotated[bool, typer.Option(help="Keep the run's database and topics.")] = False,
-    direct: Annotated[bool, typer.Option(help="Also measure the direct peer (agents upserting straight into Postgres).")] = True,
+    direct: Annotated[
+        bool, typer.Option(help="Also measure the direct peer (agents upserting straight into Postgres).")
+    ] = True,
     direct_connections: Annotated[int, typer.Option(help="Connections the direct peer's agents share.")] = 16,
-    quick: Annotated[bool, typer.Option("--quick", help="Smoke test: every phase, cut short (figures not comparable with a full run).")] = False,
+    quick: Annotated[
+        bool,
+        typer.Option("--quick", help="Smoke test: every phase, cut short (figures not comparable with a full run).")
+    ] = False,
 ) -> None:
     """Benchmark the pipeline on Postgres against baselines measured in the same run (see docs/benchmarks.md)."""
     from turnlog.bench.runner import BenchOptions, quick_options, run_bench
 
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     if not settings.database_url.startswith("postgresql"):
-        typer.echo("turnlog: bench needs Postgres: --database-url postgresql+psycopg://... (its role must be able to CREATE DATABASE)", err=True)
+        typer.echo("turnlog: bench needs Postgres: --database-url postgresql+psycopg://... (its role must be able to"
+                   " CREATE DATABASE)", err=True)
         raise typer.Exit(2)
     options = BenchOptions(
         sessions_dir=sessions, admin_url=settings.database_url, sessions=concurrency, turns_per_session=turns,
@@ -342,9 +371,12 @@ def bench(
 def spool_drain(
     bootstrap_servers: Bootstrap = None,
     spool_dir: Annotated[
-        Path | None, typer.Option("--spool-dir", envvar="TURNLOG_SPOOL_DIR", help="The recorders' spool folder on this host.")
+        Path | None,
+        typer.Option("--spool-dir", envvar="TURNLOG_SPOOL_DIR", help="The recorders' spool folder on this host.")
     ] = None,
-    timeout: Annotated[float, typer.Option(help="Longest wait for the broker to acknowledge everything (seconds).")] = 300.0,
+    timeout: Annotated[
+        float, typer.Option(help="Longest wait for the broker to acknowledge everything (seconds).")
+    ] = 300.0,
 ) -> None:
     """Deliver what dead recorders left in this host's spool folder (exit 1 if some is left).
 
@@ -356,7 +388,8 @@ def spool_drain(
     from turnlog.producers import SessionRecorder
 
     settings = _settings(bootstrap_servers=bootstrap_servers, spool_dir=str(spool_dir) if spool_dir else None)
-    recorder = SessionRecorder(settings.model_copy(update={"spool_close_timeout_seconds": timeout}), producer_id="spool-drain")
+    recorder = SessionRecorder(settings.model_copy(update={"spool_close_timeout_seconds": timeout}),
+                               producer_id="spool-drain")
 
     async def drain() -> int:
         await recorder.start()
@@ -377,7 +410,9 @@ def replay_agent(
     speed: Annotated[float, typer.Option(help="Time compression factor.")] = 40.0,
     resume: Annotated[bool, typer.Option(help="Resume the session (new epoch) instead of starting it.")] = False,
     fleet: Annotated[str, typer.Option()] = "demo",
-    base_time: Annotated[str, typer.Option(help="ISO timestamp of second 0 of the recording.")] = "2026-01-01T00:00:00+00:00",
+    base_time: Annotated[
+        str, typer.Option(help="ISO timestamp of second 0 of the recording.")
+    ] = "2026-01-01T00:00:00+00:00",
 ) -> None:
     """A simulated agent for the demo: replays one transcript through SessionRecorder."""
     import asyncio
@@ -396,7 +431,9 @@ def replay_agent(
 
 @app.command()
 def demo(
-    sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("data/sessions"),
+    sessions: Annotated[
+        Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")
+    ] = Path("data/sessions"),
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write the per-session report as JSON here.")] = None,
@@ -423,16 +460,20 @@ def chaos(
     duration: Annotated[float, typer.Option(help="Seconds of workload under kills.")] = 300.0,
     seed: Annotated[int, typer.Option(help="Seed of the kill schedule.")] = 1,
     kills: Annotated[int, typer.Option(help="Kills, spread over agents, sequencer, sink, finalizer and broker.")] = 25,
-    sessions: Annotated[Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")] = Path("data/sessions"),
+    sessions: Annotated[
+        Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")
+    ] = Path("data/sessions"),
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write the report as JSON here.")] = None,
 ) -> None:
-    """SIGKILL every component at random under the demo workload; report losses, duplicates, order, aggregates, recovery."""
+    """SIGKILL every component at random under the demo workload; report losses, duplicates, order, aggregates,
+    recovery."""
     from turnlog.demo.chaos import ChaosOptions, run_chaos
 
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
-    ok = run_chaos(settings, ChaosOptions(sessions_dir=sessions, duration=duration, seed=seed, kills=kills, report_path=report))
+    ok = run_chaos(settings,
+                   ChaosOptions(sessions_dir=sessions, duration=duration, seed=seed, kills=kills, report_path=report))
     raise typer.Exit(0 if ok else 1)
 
 

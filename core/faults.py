@@ -36,9 +36,15 @@ POINTS = {
     "sequencer.after_emit": "a batch's emissions are acknowledged, its state and offsets not yet stored",
     "sink.after_poll": "a batch is consumed, nothing of it written yet",
     "sink.after_write": "a batch's rows are written, the transaction not yet committed",
-    "sink.after_finalize": "a batch's sessions are finalized in its transaction (after the rows), nothing committed yet",
-    "sink.after_commit": "a batch's transaction (rows, aggregates and offsets) is committed, the next poll not yet made",
-    "finalizer.after_update": "the sweep's aggregate UPDATE of one session is committed, the next session's not yet made",
+    "sink.after_finalize": (
+        "a batch's sessions are finalized in its transaction (after the rows), nothing committed yet"
+    ),
+    "sink.after_commit": (
+        "a batch's transaction (rows, aggregates and offsets) is committed, the next poll not yet made"
+    ),
+    "finalizer.after_update": (
+        "the sweep's aggregate UPDATE of one session is committed, the next session's not yet made"
+    ),
 }
 
 

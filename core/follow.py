@@ -57,7 +57,8 @@ TOPIC_RETRY_SECONDS = 5.0
 def _log_topic_retry(state: RetryCallState) -> None:
     error = state.outcome.exception() if state.outcome else None
     if isinstance(error, kafka.UnknownTopicError):
-        logger.warning("transcript hub: the transcript topic does not exist (yet); followers read the store only: %s", error)
+        logger.warning("transcript hub: the transcript topic does not exist (yet); followers read the store only: %s",
+                       error)
     else:
         logger.warning("transcript hub: cannot read the transcript topic's partitions yet: %s", error)
 

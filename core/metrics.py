@@ -31,25 +31,29 @@ OFFSET_JUMPS = Counter(
 )
 GAPS_OPENED = Counter("turnlog_sequencer_gaps_total", "Times a session started waiting for a missing seq.")
 SESSIONS_FINALIZED = Counter(
-    "turnlog_sessions_finalized_total", "Sessions this process finalized (the sink in its batches, or the finalizer's sweep)."
+    "turnlog_sessions_finalized_total",
+    "Sessions this process finalized (the sink in its batches, or the finalizer's sweep)."
 )
 SINK_RECORDS = Counter("turnlog_sink_records_total", "Transcript records handled by the sink, by outcome.", ["outcome"])
 SINK_BATCH_SECONDS = Histogram("turnlog_sink_batch_seconds", "Time to write one batch and its offsets (seconds).")
 
 # The recorder's spool (producers/drainer.py); one set per agent process.
 SPOOL_EVENTS = Gauge("turnlog_spool_events", "Events in the recorder's spool not yet acknowledged by the broker.")
-SPOOL_BYTES = Gauge("turnlog_spool_bytes", "Bytes of event values in the recorder's spool (see TURNLOG_SPOOL_MAX_BYTES).")
+SPOOL_BYTES = Gauge("turnlog_spool_bytes",
+                    "Bytes of event values in the recorder's spool (see TURNLOG_SPOOL_MAX_BYTES).")
 SPOOL_OLDEST_SECONDS = Gauge(
     "turnlog_spool_oldest_unacked_seconds", "Age of the oldest event in the spool not yet acknowledged (seconds)."
 )
-SPOOL_DRAINED = Counter("turnlog_spool_drained_total", "Spooled events acknowledged by the broker (its rate: the drain rate).")
+SPOOL_DRAINED = Counter("turnlog_spool_drained_total",
+                        "Spooled events acknowledged by the broker (its rate: the drain rate).")
 SPOOL_COMMIT_SECONDS = Histogram(
     "turnlog_spool_commit_seconds",
     "One fsynced spool commit (a group of events appended together), wall time (seconds); its count is the fsyncs.",
     buckets=(0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1.0),
 )
 RECORDER_DEGRADED = Gauge(
-    "turnlog_recorder_degraded", "1 while the recorder runs on its spool alone (the broker did not acknowledge in time)."
+    "turnlog_recorder_degraded",
+    "1 while the recorder runs on its spool alone (the broker did not acknowledge in time)."
 )
 SPOOL_QUARANTINED = Counter(
     "turnlog_spool_quarantined_total",

@@ -67,7 +67,8 @@ class TurnlogSettings(BaseSettings):
         None, description="PEM file of this client's certificate, for mutual TLS (needs kafka_ssl_key_location)."
     )
     kafka_ssl_key_location: str | None = Field(
-        None, description="PEM file of this client's private key, for mutual TLS (needs kafka_ssl_certificate_location)."
+        None,
+        description="PEM file of this client's private key, for mutual TLS (needs kafka_ssl_certificate_location)."
     )
     kafka_ssl_key_password: SecretStr | None = Field(
         None, description="Password of kafka_ssl_key_location, if the key is encrypted; never logged."
@@ -252,8 +253,8 @@ class TurnlogSettings(BaseSettings):
             "kafka_ssl_key_location": self.kafka_ssl_key_location,
         }
         if protocol not in _TLS_PROTOCOLS:
-            stray = [name for name, value in {**tls_files, "kafka_ssl_key_password": self.kafka_ssl_key_password}.items()
-                     if value is not None]
+            tls_values = {**tls_files, "kafka_ssl_key_password": self.kafka_ssl_key_password}
+            stray = [name for name, value in tls_values.items() if value is not None]
             if stray:
                 raise ValueError(f"{', '.join(stray)} set, but kafka_security_protocol={protocol} uses no TLS")
         if (self.kafka_ssl_certificate_location is None) != (self.kafka_ssl_key_location is None):

@@ -36,7 +36,8 @@ def format_event(event: StoredEvent) -> str:
     Control characters in the event's text are shown escaped (``\\x1b``)."""
     body = {k: _printable(v) if isinstance(v, str) else v for k, v in msgspec.json.decode(event.payload).items()}
     if event.type == "session.started":
-        return f"[{event.seq}] -- session {body['session_id']} started (fleet {body['fleet']}, agent {body['agent_id']})"
+        return (f"[{event.seq}] -- session {body['session_id']} started "
+                f"(fleet {body['fleet']}, agent {body['agent_id']})")
     if event.type == "session.ended":
         return f"[{event.seq}] -- session ended: {body['reason']}"
     if event.type == "turn.completed":
@@ -59,7 +60,8 @@ async def tail_session(
     hub = TranscriptHub(settings)
     hub.start()
     try:
-        async for event in follow_session(store_fetch(store), hub, session_id, after_seq, poll_seconds=settings.api_poll_seconds):
+        async for event in follow_session(store_fetch(store), hub, session_id, after_seq,
+                                          poll_seconds=settings.api_poll_seconds):
             line = format_event(event)
             if redraw and open_partial:
                 out.write("\r\x1b[2K")  # overwrite the partial line

@@ -61,8 +61,11 @@ def _canonical(value: Any) -> Any:
     return value
 
 
-def _digest(session_id: str, fields: dict[str, Any], turns: list[dict[str, Any]], events: list[list[Any]]) -> SessionDigest:
-    body = json.dumps({"session": fields, "turns": turns, "events": events}, sort_keys=True, separators=(",", ":"), default=str)
+def _digest(
+    session_id: str, fields: dict[str, Any], turns: list[dict[str, Any]], events: list[list[Any]]
+) -> SessionDigest:
+    body = json.dumps({"session": fields, "turns": turns, "events": events}, sort_keys=True, separators=(",", ":"),
+                      default=str)
     return SessionDigest(session_id, fields, turns, hashlib.sha256(body.encode("utf-8")).hexdigest(), events)
 
 
@@ -84,7 +87,9 @@ def session_digests(store: SqlStore, session_ids: Collection[str] = ()) -> dict[
         turn_query = turn_query.where(transcript_turns.c.session_id.in_(wanted))
         event_query = event_query.where(e.session_id.in_(wanted))
     with store_errors(), store.engine.connect() as conn:
-        rows = {row.id: {name: _canonical(row._mapping[name]) for name in _SESSION_FIELDS} for row in conn.execute(query)}
+        rows = {
+            row.id: {name: _canonical(row._mapping[name]) for name in _SESSION_FIELDS} for row in conn.execute(query)
+        }
         turns: dict[str, list[dict[str, Any]]] = {}
         for row in conn.execute(turn_query):
             turns.setdefault(row.session_id, []).append({name: _canonical(row._mapping[name]) for name in _TURN_FIELDS})

@@ -31,7 +31,9 @@ def turnlog_command(*args: str) -> list[str]:
 class ServiceProcess:
     """One child process with its log file."""
 
-    def __init__(self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, stdout_pipe: bool = False) -> None:
+    def __init__(
+        self, name: str, argv: Sequence[str], env: Mapping[str, str], log_path: Path, *, stdout_pipe: bool = False
+    ) -> None:
         self.name = name
         self.log_path = log_path
         log_path.parent.mkdir(parents=True, exist_ok=True)

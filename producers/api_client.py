@@ -154,7 +154,8 @@ def _grant_from(response: httpx.Response, session_id: str) -> ResumeGrant:
             raise ResumeApiError(f"resume of {session_id}: the API's answer is not a resume grant: {e}", status) from e
         if grant.session_id != session_id:
             raise ResumeApiError(f"resume of {session_id}: the API granted {grant.session_id!r} instead", status)
-        logger.info("resume of %s granted by the API: epoch %d, %d stored turns", session_id, grant.epoch, len(grant.turns))
+        logger.info("resume of %s granted by the API: epoch %d, %d stored turns", session_id, grant.epoch,
+                    len(grant.turns))
         return grant
     detail = _detail(response)
     if status == 401:

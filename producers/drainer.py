@@ -254,7 +254,8 @@ class SpoolDrainer:
         self._thread = None
         left = self.pending()
         if left:
-            logger.warning("recorder closed with %d events undelivered; they stay in %s for the next recorder here", left, self.path)
+            logger.warning("recorder closed with %d events undelivered; they stay in %s for the next recorder here",
+                           left, self.path)
         return left
 
     # -- the drainer thread ----------------------------------------------------
@@ -306,7 +307,9 @@ class SpoolDrainer:
             self._producer.poll(0)
             self._produce_more()
 
-    def _next_commands(self) -> tuple[list[tuple[list[SpooledEvent], list[Ticket]]], list[concurrent.futures.Future[int]]]:
+    def _next_commands(
+        self,
+    ) -> tuple[list[tuple[list[SpooledEvent], list[Ticket]]], list[concurrent.futures.Future[int]]]:
         appends: list[tuple[list[SpooledEvent], list[Ticket]]] = []
         adopt_waiters: list[concurrent.futures.Future[int]] = []
         to_send = self._cursor <= self._last_id and not self._failed  # while failed, the retry round waits
@@ -406,7 +409,8 @@ class SpoolDrainer:
                 self._failures += 1  # failed rounds, not records: one round may fail hundreds
                 wait = min(RETRY_MAX_SECONDS, RETRY_FIRST_SECONDS * 2 ** min(self._failures - 1, 16))
                 self._retry_at = now + wait
-                logger.warning("spool: delivery failed; %d events held, next delivery round in %.1f s", self.pending(), wait)
+                logger.warning("spool: delivery failed; %d events held, next delivery round in %.1f s", self.pending(),
+                               wait)
             if now < self._retry_at:
                 return
             self._failed, self._retry_at = False, None
@@ -523,12 +527,14 @@ class SpoolDrainer:
                 self._spool.delete(self._acked)
                 self._acked = []
         finally:
-            closed = RecorderError("the recorder closed before the broker acknowledged this event; it stays in the spool")
+            closed = RecorderError("the recorder closed before the broker acknowledged this event; it stays"
+                                   " in the spool")
             for ticket in self._tickets.values():
                 _settle(ticket.acked, error=closed)
             for _, tickets in self._pending_appends:
                 for ticket in tickets:
-                    _settle(ticket.spooled, error=SpoolError("the recorder closed while the spool could not be written"))
+                    _settle(ticket.spooled,
+                            error=SpoolError("the recorder closed while the spool could not be written"))
                     _settle(ticket.acked, error=closed)
             self._spool.close(remove_if_empty=True)
             self._publish_stats_closed()

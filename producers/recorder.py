@@ -140,7 +140,9 @@ class RecordedSession:
         return tuple(sorted(self._open))
 
     # -- turns ---------------------------------------------------------------
-    def update_partial(self, turn_index: int, speaker: str, text: str, *, started_at: dt.datetime | None = None) -> None:
+    def update_partial(
+        self, turn_index: int, speaker: str, text: str, *, started_at: dt.datetime | None = None
+    ) -> None:
         """Record the whole text of an open turn so far (not a delta). No I/O:
         the recorder's timer spools the newest text of every open turn each
         flush interval. Opens the turn if it is not open yet; other turns may
@@ -267,7 +269,8 @@ class RecordedSession:
             if turn.dirty and turn.text is not None:
                 tickets.append(
                     self._emit(
-                        TurnPartial, turn_index=turn_index, speaker=turn.speaker, text=turn.text, started_at=turn.started_at
+                        TurnPartial, turn_index=turn_index, speaker=turn.speaker, text=turn.text,
+                        started_at=turn.started_at
                     )
                 )
                 turn.dirty = False
@@ -308,7 +311,8 @@ class RecordedSession:
             raise InvalidTurnError(f"turn_index must be an int from 0 to {MAX_TURN_INDEX}, got {turn_index!r}")
         if turn_index < self._first_turn_index or turn_index in self._completed:
             raise InvalidTurnError(
-                f"turn {turn_index} of {self.session_id} is already recorded; a fresh turn index is {self._next_turn_index}"
+                f"turn {turn_index} of {self.session_id} is already recorded; a fresh turn index is"
+                f" {self._next_turn_index}"
             )
         _check_name("speaker", speaker)
         if not isinstance(text, str):
@@ -344,7 +348,8 @@ class SessionRecorder:
         self.producer_id = producer_id or f"recorder-{uuid.uuid4()}"
         config = kafka.producer_config(self.settings, client_id=self.producer_id)
         self._drainer = SpoolDrainer(
-            Path(self.settings.spool_dir), {**config, **(producer_config or {})}, max_bytes=self.settings.spool_max_bytes
+            Path(self.settings.spool_dir), {**config, **(producer_config or {})},
+            max_bytes=self.settings.spool_max_bytes
         )
         self._store = store
         self._barrier: Any | None = None  # ResumeBarrier, made at the first direct-store resume
@@ -443,7 +448,8 @@ class SessionRecorder:
         try:
             await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._drainer.adopt_orphans())), wait)
         except TimeoutError as e:
-            raise ResumeBarrierTimeout(f"resume of {session_id}: adopting this host's orphaned spools took over {wait:.0f} s") from e
+            raise ResumeBarrierTimeout(f"resume of {session_id}: adopting this host's orphaned spools took over"
+                                       f" {wait:.0f} s") from e
         if not await self._delivered(session_id, deadline):
             raise ResumeBarrierTimeout(
                 f"resume of {session_id}: {self._drainer.pending(session_id)} of its events in the spool "
@@ -464,7 +470,8 @@ class SessionRecorder:
         )
         self._sessions[session_id] = session
         logger.info(
-            "resumed %s at epoch %d, seq %d, turn %d", session_id, session.epoch, session.next_seq, session.next_turn_index
+            "resumed %s at epoch %d, seq %d, turn %d", session_id, session.epoch, session.next_seq,
+            session.next_turn_index
         )
         return session
 

@@ -126,7 +126,8 @@ class ResumeBarrier:
             )
             self._until(
                 deadline,
-                lambda: self._committed(self._settings.sequencer_group, topics.events, partition, deadline) >= events_end,
+                lambda: self._committed(self._settings.sequencer_group, topics.events, partition, deadline)
+                >= events_end,
                 f"the sequencer ({self._settings.sequencer_group}) to consume {topics.events}[{partition}] "
                 f"up to offset {events_end}",
             )

@@ -99,7 +99,8 @@ class SpoolFile:
 
     # -- writing ------------------------------------------------------------
     def append(
-        self, events: Iterable[SpooledEvent], *, delete_ids: Iterable[int] = (), spooled_at: Iterable[float] | None = None
+        self, events: Iterable[SpooledEvent], *, delete_ids: Iterable[int] = (),
+        spooled_at: Iterable[float] | None = None
     ) -> list[int]:
         """Commit ``events`` (in order) and fsync; also delete ``delete_ids`` in the same
         transaction. ``spooled_at``: each event's first spooling time (Unix seconds;
@@ -112,7 +113,8 @@ class SpoolFile:
                 self._delete(delete_ids)
                 return [
                     self._db.execute(
-                        "INSERT INTO spooled (topic, key, value, session_id, seq, spooled_at) VALUES (?, ?, ?, ?, ?, ?)",
+                        "INSERT INTO spooled (topic, key, value, session_id, seq, spooled_at)"
+                        " VALUES (?, ?, ?, ?, ?, ?)",
                         (e.topic, e.key, e.value, e.session_id, e.seq, at),
                     ).lastrowid
                     for e, at in zip(events, times, strict=True)
@@ -191,7 +193,8 @@ class SpoolFile:
                 if set_aside:
                     with self._errors("keep the quarantined rows in"), self._db:
                         self._db.executemany(
-                            "INSERT INTO quarantined (topic, key, value, session_id, seq, spooled_at) VALUES (?, ?, ?, ?, ?, ?)",
+                            "INSERT INTO quarantined (topic, key, value, session_id, seq, spooled_at)"
+                            " VALUES (?, ?, ?, ?, ?, ?)",
                             [row[1:] for row in set_aside],
                         )
                 ids = self.append([r.event for r in rows], spooled_at=[r.spooled_at for r in rows])
@@ -212,7 +215,9 @@ class SpoolFile:
 
     def close(self, *, remove_if_empty: bool) -> None:
         """Close the file and release its lock; with ``remove_if_empty``, delete it when it holds nothing."""
-        empty = self.oldest_spooled_at() is None and not self._db.execute("SELECT 1 FROM quarantined LIMIT 1").fetchone()
+        empty = self.oldest_spooled_at() is None and not self._db.execute(
+            "SELECT 1 FROM quarantined LIMIT 1"
+        ).fetchone()
         self._db.close()
         if remove_if_empty and empty:
             for suffix in ("", "-wal", "-shm"):

@@ -45,7 +45,9 @@ def _render(type_: object, title: str) -> str:
     for event_type in EVENT_TYPES:
         definition = schema.get("$defs", {}).get(event_type.__name__)
         if definition is not None and event_type.added_in:
-            definition["allOf"] = [_version_rule(name, version) for name, version in sorted(event_type.added_in.items())]
+            definition["allOf"] = [
+                _version_rule(name, version) for name, version in sorted(event_type.added_in.items())
+            ]
     schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", "title": title, **schema}
     return json.dumps(schema, indent=2, sort_keys=True) + "\n"
 

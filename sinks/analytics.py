@@ -99,7 +99,10 @@ class AnalyticsProjection:
         stmt = self.store.insert(analytics_sessions).on_conflict_do_nothing(
             index_elements=[analytics_sessions.c.session_id]
         )
-        rows = [{"session_id": s.session_id, "fleet": s.fleet, "started_at": s.started_at, "ended_at": None} for s in starts.values()]
+        rows = [
+            {"session_id": s.session_id, "fleet": s.fleet, "started_at": s.started_at, "ended_at": None}
+            for s in starts.values()
+        ]
         new = conn.execute(stmt.returning(analytics_sessions.c.fleet), rows).scalars().all()
         self._add_activity(conn, Counter(new), active=1, started=1, ended=0)
 
@@ -130,7 +133,8 @@ class AnalyticsProjection:
             },
         )
         rows = [
-            {"fleet": fleet, "active_sessions": active * n, "started_sessions": started * n, "ended_sessions": ended * n}
+            {"fleet": fleet, "active_sessions": active * n, "started_sessions": started * n,
+             "ended_sessions": ended * n}
             for fleet, n in sorted(by_fleet.items())
         ]
         conn.execute(stmt, rows)
@@ -173,11 +177,15 @@ class AnalyticsProjection:
         talk_stmt = self.store.insert(fleet_talk_time)
         talk_stmt = talk_stmt.on_conflict_do_update(
             index_elements=[k.fleet, k.speaker],
-            set_={"turns": k.turns + talk_stmt.excluded.turns, "talk_seconds": k.talk_seconds + talk_stmt.excluded.talk_seconds},
+            set_={"turns": k.turns + talk_stmt.excluded.turns,
+                  "talk_seconds": k.talk_seconds + talk_stmt.excluded.talk_seconds},
         )
         conn.execute(
             talk_stmt,
-            [{"fleet": f, "speaker": s, "turns": n, "talk_seconds": secs} for (f, s), (n, secs) in sorted(talk.items())],
+            [
+                {"fleet": f, "speaker": s, "turns": n, "talk_seconds": secs}
+                for (f, s), (n, secs) in sorted(talk.items())
+            ],
         )
 
     # -- reads ---------------------------------------------------------------
@@ -189,7 +197,9 @@ class AnalyticsProjection:
             select(m.minute, m.turns).where(m.fleet == fleet).order_by(m.minute.desc()).limit(minutes)
         ).all()
         k = fleet_talk_time.c
-        talk = conn.execute(select(k.speaker, k.turns, k.talk_seconds).where(k.fleet == fleet).order_by(k.speaker)).all()
+        talk = conn.execute(
+            select(k.speaker, k.turns, k.talk_seconds).where(k.fleet == fleet).order_by(k.speaker)
+        ).all()
         return FleetFigures(
             fleet=fleet,
             active_sessions=activity.active_sessions if activity else 0,

@@ -3,8 +3,9 @@
 Per batch (at most ``sink_batch_size`` records; each poll waits at most
 ``sink_batch_wait_seconds``; a batch of partials only waits up to
 ``sink_partial_wait_seconds`` for a completed turn to share its commit): one
-database transaction writes the rows and the next offsets (``SqlStore.apply_batch``). Offsets are never committed to Kafka;
-on partition assignment the consumer seeks to the offsets in ``sink_offsets``,
+database transaction writes the rows and the next offsets
+(``SqlStore.apply_batch``). Offsets are never committed to Kafka; on partition
+assignment the consumer seeks to the offsets in ``sink_offsets``,
 so a crash at any point replays only what the store does not hold yet.
 
 A database outage is retried with capped exponential backoff (the same batch,
@@ -134,7 +135,8 @@ class SinkService:
         first_at = 0.0
         try:
             while not self.stopping.is_set():
-                records = consumer.consume(self.settings.sink_batch_size - len(batch), self.settings.sink_batch_wait_seconds)
+                records = consumer.consume(self.settings.sink_batch_size - len(batch),
+                                           self.settings.sink_batch_wait_seconds)
                 for record in records:
                     error = record.error()
                     if error is not None:
@@ -145,7 +147,8 @@ class SinkService:
                     if not batch:
                         first_at = time.monotonic()
                     boundary = boundary or not _is_partial(value)
-                    batch.append(SourceMessage(record.topic(), record.partition(), record.offset(), value, record.key()))
+                    batch.append(SourceMessage(record.topic(), record.partition(), record.offset(), value,
+                                               record.key()))
                 if not batch:
                     continue
                 # Completed turns and session events are written at once; partials alone
@@ -227,7 +230,8 @@ class SinkService:
         assigned = consumer.assignment()
         stored = self._stored_offsets([(tp.topic, tp.partition) for tp in assigned])
         for tp in assigned:
-            consumer.seek(TopicPartition(tp.topic, tp.partition, stored.get((tp.topic, tp.partition), OFFSET_BEGINNING)))
+            consumer.seek(TopicPartition(tp.topic, tp.partition,
+                                         stored.get((tp.topic, tp.partition), OFFSET_BEGINNING)))
         consumer.resume(assigned)
         self._paused = False
         logger.info("store back: resumed %d partitions at the stored offsets", len(assigned))
@@ -261,9 +265,11 @@ class SinkService:
         headers = dlq_headers(reason, message.topic, message.partition, message.offset)
         try:
             kafka.produce(
-                self._dlq, self.settings.topics.dlq, message.value, key=message.key, partition=message.partition, headers=headers
+                self._dlq, self.settings.topics.dlq, message.value, key=message.key, partition=message.partition,
+                headers=headers
             )
         except kafka.RecordRefusedError as e:
             raise StoreError(f"could not dead-letter {message.topic}[{message.partition}]@{message.offset}: {e}") from e
         if self._dlq.flush(DLQ_FLUSH_TIMEOUT_SECONDS):
-            raise StoreError(f"could not dead-letter {message.topic}[{message.partition}]@{message.offset}: DLQ unreachable")
+            raise StoreError(f"could not dead-letter {message.topic}[{message.partition}]@{message.offset}: "
+                             "DLQ unreachable")

@@ -160,7 +160,9 @@ class EmissionProducer:
         self.start()
         return EmissionBatch(self)
 
-    def produce(self, topic: str, key: bytes | None, value: bytes, partition: int, headers: Any, on_delivery: Any) -> None:
+    def produce(
+        self, topic: str, key: bytes | None, value: bytes, partition: int, headers: Any, on_delivery: Any
+    ) -> None:
         """Hand one record to librdkafka; while its queue is full, try again every
         ``QUEUE_FULL_RETRY_SECONDS`` (the poll thread drains it) for up to
         ``QUEUE_FULL_WAIT_SECONDS``. The first try is made outside tenacity: it nearly
@@ -180,10 +182,13 @@ class EmissionProducer:
             )
             retrying(self._send, topic, key, value, partition, headers, on_delivery)
 
-    def _send(self, topic: str, key: bytes | None, value: bytes, partition: int, headers: Any, on_delivery: Any) -> None:
+    def _send(
+        self, topic: str, key: bytes | None, value: bytes, partition: int, headers: Any, on_delivery: Any
+    ) -> None:
         assert self._producer is not None
         try:
-            kafka.produce(self._producer, topic, value, key=key, partition=partition, headers=headers, on_delivery=on_delivery)
+            kafka.produce(self._producer, topic, value, key=key, partition=partition, headers=headers,
+                          on_delivery=on_delivery)
         except kafka.RecordRefusedError as e:
             raise EmissionFailed(e) from e
 

@@ -88,7 +88,8 @@ class LogRangeReader:
                 else:
                     # A partial answer must not pass for the whole range: the caller retries later.
                     raise kafka.BrokerUnavailableError(
-                        f"re-read of {self._topic}[{partition}] {first}..{last} timed out after {READ_TIMEOUT_SECONDS:.0f} s",
+                        f"re-read of {self._topic}[{partition}] {first}..{last} timed out after"
+                        f" {READ_TIMEOUT_SECONDS:.0f} s",
                         retriable=True,
                     )
             finally:

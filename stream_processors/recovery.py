@@ -99,7 +99,8 @@ class OrderedRecovery(Recovery):
         await app.on_rebalance_complete.send()
         self._set_recovery_ended()
         callbacks = [
-            asyncio.ensure_future(table.on_recovery_completed(self.actives_for_table[table], self.standbys_for_table[table]))
+            asyncio.ensure_future(table.on_recovery_completed(self.actives_for_table[table],
+                                                              self.standbys_for_table[table]))
             for table in self.tables.values()
         ]
         if callbacks:

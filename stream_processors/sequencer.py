@@ -155,7 +155,9 @@ class Sequencer:
         await changelog.delivered()
         self._states.update(new_states)
 
-    def _decide(self, batch: EmissionBatch, touched: dict[bytes, tuple[SessionSequence, SourceRecord]], record: SourceRecord) -> None:
+    def _decide(
+        self, batch: EmissionBatch, touched: dict[bytes, tuple[SessionSequence, SourceRecord]], record: SourceRecord
+    ) -> None:
         key, raw = record.key, record.value
         try:
             event = decode_event(raw)
@@ -229,7 +231,8 @@ class Sequencer:
                 continue
             self._repaired[key] = state.next_seq
             if reread:
-                logger.warning("gap in %r: re-read %d records from %s[%d]", key, len(reread), self._topics.events, record.partition)
+                logger.warning("gap in %r: re-read %d records from %s[%d]", key, len(reread), self._topics.events,
+                               record.partition)
             found.extend(SourceRecord(k, raw, record.partition, offset) for offset, k, raw in reread)
         return found
 

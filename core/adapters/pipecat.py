@@ -183,7 +183,8 @@ class TurnlogObserver(BaseObserver):
         super().__init__(**{"observe_every_push": False, **kwargs})
         for frame_type in end_on:
             if frame_type not in END_REASONS:
-                raise ValueError(f"end_on takes frame types out of {sorted(t.__name__ for t in END_REASONS)}, got {frame_type!r}")
+                raise ValueError(f"end_on takes frame types out of {sorted(t.__name__ for t in END_REASONS)}, got"
+                                 f" {frame_type!r}")
         self.session = session
         #: True if :meth:`open` resumed a session turnlog already had.
         self.resumed = resumed
@@ -299,13 +300,15 @@ class TurnlogObserver(BaseObserver):
         frame = data.frame
         if data.processor is self._user_aggregator:
             if isinstance(frame, (TranscriptionFrame, InterimTranscriptionFrame)) and frame.text.strip():
-                part = TextPartForConcatenation(frame.text, includes_inter_part_spaces=frame.includes_inter_frame_spaces)
+                spaces = frame.includes_inter_frame_spaces
+                part = TextPartForConcatenation(frame.text, includes_inter_part_spaces=spaces)
                 self._put(_UserText(part, final=isinstance(frame, TranscriptionFrame)))
         elif data.processor is self._assistant_aggregator:
             if isinstance(frame, (LLMTextFrame, TTSTextFrame)):
                 if frame.append_to_context and frame.text:
                     text = frame.raw_text if isinstance(frame, AggregatedTextFrame) and frame.raw_text else frame.text
-                    self._put(_AssistantText(TextPartForConcatenation(text, includes_inter_part_spaces=frame.includes_inter_frame_spaces)))
+                    spaces = frame.includes_inter_frame_spaces
+                    self._put(_AssistantText(TextPartForConcatenation(text, includes_inter_part_spaces=spaces)))
             elif isinstance(frame, MetricsFrame):
                 for metric in frame.data:
                     if isinstance(metric, LLMUsageMetricsData):

@@ -59,11 +59,13 @@ def plans_for_rate(plans: list[SessionPlan], rate: float, *, speed: float, flush
         offered += events_per_second([plan], speed=speed, flush_interval=flush_interval)
         if offered >= rate:
             return plans[:count]
-    raise ValueError(f"{len(plans)} sessions at x{speed:g} offer only {offered:,.0f} events/s, not {rate:,.0f}: use more sessions")
+    raise ValueError(f"{len(plans)} sessions at x{speed:g} offer only {offered:,.0f} events/s, not {rate:,.0f}: use"
+                     " more sessions")
 
 
 async def run_load(
-    settings: TurnlogSettings, plans: list[SessionPlan], *, speed: float, seconds: float, tag: str, stop: asyncio.Event | None = None
+    settings: TurnlogSettings, plans: list[SessionPlan], *, speed: float, seconds: float, tag: str,
+    stop: asyncio.Event | None = None
 ) -> LoadResult:
     """Replay ``plans`` concurrently at ``speed`` for ``seconds``, or until ``stop`` is
     set (each session then ends at its next step); session ids get ``tag``.
@@ -91,7 +93,8 @@ async def run_load(
 
 
 async def _replay(
-    recorder: SessionRecorder, plan: SessionPlan, session_id: str, speed: float, stop_at: float, stop: asyncio.Event, result: LoadResult
+    recorder: SessionRecorder, plan: SessionPlan, session_id: str, speed: float, stop_at: float, stop: asyncio.Event,
+    result: LoadResult
 ) -> None:
     session = await recorder.start_session(session_id, fleet=BENCH_FLEET, agent_id="bench")
     flush = recorder.settings.flush_interval_seconds
@@ -106,7 +109,8 @@ async def _replay(
         for step in range(steps):
             if not await _sleep_until(clock0 + begin + step * length / steps, stop_at, stop):
                 break
-            session.update_partial(index, turn.speaker, " ".join(words[: max(1, math.ceil(len(words) * (step + 1) / (steps + 1)))]))
+            session.update_partial(index, turn.speaker,
+                                   " ".join(words[: max(1, math.ceil(len(words) * (step + 1) / (steps + 1)))]))
         if not await _sleep_until(clock0 + begin + length, stop_at, stop):
             break  # the phase is over: end the session mid-turn (the partial is kept, interrupted)
         tokens_in, tokens_out = token_counts(turn)

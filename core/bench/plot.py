@@ -38,7 +38,8 @@ def plot_report(report: dict[str, Any], path: Path) -> None:
     lag_axis = top.twinx()
     lag_axis.plot(times, lags, color="tab:red", linewidth=1, alpha=0.6, label="lag (records)")
     lag_axis.set_ylabel("lag (records)")
-    top.set_title(f"turnlog bench {report['run_id']}: throughput over time (sustained {report['sustained']['events_per_second']:,.0f} events/s)")
+    top.set_title(f"turnlog bench {report['run_id']}: throughput over time (sustained"
+                  f" {report['sustained']['events_per_second']:,.0f} events/s)")
     top.legend(loc="upper left")
     lag_axis.legend(loc="upper right")
     for label, figures in report["latency"].items():

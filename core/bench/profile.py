@@ -24,7 +24,9 @@ class ProfileSummary:
     top_self: list[tuple[str, float]]
 
 
-def start_profiles(pids: dict[str, int], out_dir: Path, seconds: float) -> list[tuple[str, Path, subprocess.Popen[bytes]]]:
+def start_profiles(
+    pids: dict[str, int], out_dir: Path, seconds: float
+) -> list[tuple[str, Path, subprocess.Popen[bytes]]]:
     """Start ``py-spy record`` (raw collapsed stacks, 100 Hz) on each pid for ``seconds``.
 
     Raises:
@@ -36,7 +38,8 @@ def start_profiles(pids: dict[str, int], out_dir: Path, seconds: float) -> list[
     started = []
     for name, pid in pids.items():
         path = out_dir / f"{name}.collapsed.txt"
-        command = ["py-spy", "record", "--rate", "100", "--duration", str(int(seconds)), "--format", "raw", "--output", str(path), "--pid", str(pid)]
+        command = ["py-spy", "record", "--rate", "100", "--duration", str(int(seconds)), "--format", "raw", "--output",
+                   str(path), "--pid", str(pid)]
         started.append((name, path, subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)))
     return started
 

@@ -177,19 +177,22 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
         create_topics(settings)
         plans = plan_sessions(options.sessions_dir, options.sessions, options.turns_per_session, run_id=run)
         payloads = encoded_events(plans, flush_interval=options.flush_interval, speed=options.speed)
-        print(f"turnlog bench {run}: {len(plans)} sessions x {options.turns_per_session} turns = {len(payloads):,} events per pass")
+        print(f"turnlog bench {run}: {len(plans)} sessions x {options.turns_per_session} turns = {len(payloads):,}"
+              " events per pass")
 
         report["baselines"] = _baselines(settings, options, payloads, psycopg_dsn, log_dir)
 
         # -- capacity: drain a backlog ------------------------------------------------
-        capacity_plans = plan_sessions(options.sessions_dir, options.sessions, options.turns_per_session, run_id=f"{run}c")
+        capacity_plans = plan_sessions(options.sessions_dir, options.sessions, options.turns_per_session,
+                                       run_id=f"{run}c")
         backlog = encoded_events(capacity_plans, flush_interval=options.flush_interval, speed=options.speed)
         base.produce_all(settings, settings.topics.events, backlog)
         sampler = Sampler(settings, psycopg_dsn).start()
         env = {"TURNLOG_LOG_LEVEL": "WARNING"}
         processes.update(start_pipeline(settings, log_dir, services=("sequencer", "finalizer"), extra_env=env))
         processes.update(
-            start_pipeline(settings, log_dir, services=("sink",), extra_env={**env, "TURNLOG_METRICS_PORT": str(options.metrics_port)})
+            start_pipeline(settings, log_dir, services=("sink",),
+                           extra_env={**env, "TURNLOG_METRICS_PORT": str(options.metrics_port)})
         )
         capacity = _drain(sampler, len(backlog), options, processes, report)
         print(f"capacity: {capacity:,.0f} durable events/s draining a backlog of {len(backlog):,}")
@@ -221,7 +224,8 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             "events_per_turn": phase.extra["events"] / max(turns_done, 1),
             "spool": spool_cost(spool, turns=turns_done, events=phase.extra["events"]),
         }
-        report["sustained"]["mean_batch_turns"] = report["sustained"]["mean_batch_events"] / report["sustained"]["events_per_turn"]
+        figures = report["sustained"]
+        figures["mean_batch_turns"] = figures["mean_batch_events"] / figures["events_per_turn"]
 
         # -- latency at 50 % and 80 % ----------------------------------------------------------
         report["latency"] = {}
@@ -229,7 +233,8 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             tag = f"l{int(share * 100)}"
             before = pg_counters(admin_psycopg, database)
             batches_before = sink_batches(options.metrics_port)
-            chosen = plans_for_rate(plans, share * sustained, speed=options.speed, flush_interval=options.flush_interval)
+            chosen = plans_for_rate(plans, share * sustained, speed=options.speed,
+                                    flush_interval=options.flush_interval)
             cpu_before, wall_before = _cpu(processes), time.monotonic()
             spool_before = spool_counters()
             load = asyncio.run(run_load(settings, chosen, speed=options.speed, seconds=options.phase_seconds, tag=tag))
@@ -256,13 +261,16 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
                 "spool": spool_cost(spool, turns=load.turns, events=load.events),
                 "complete_turn_p50_ms": base.percentile(load.complete_ms, 50),
                 "complete_turn_p99_ms": base.percentile(load.complete_ms, 99),
-                "lag": lag_stats([s for s in sampler.samples if wall_before + 3 <= s.at <= wall_before + wall], rate=load.events_per_second),
+                "lag": lag_stats([s for s in sampler.samples if wall_before + 3 <= s.at <= wall_before + wall],
+                                 rate=load.events_per_second),
                 "cores_used": cores,
                 "samples_ms": mine,
             }
             print(f"  cores used at {share:.0%}: " + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()))
-            print(f"latency at {share:.0%}: p50 {base.percentile(mine, 50):.1f} ms, p99 {base.percentile(mine, 99):.1f} ms over {len(mine)} turns"
-                  f" at {load.events_per_second:,.0f} ev/s offered; complete_turn p50 {base.percentile(load.complete_ms, 50):.1f} ms,"
+            print(f"latency at {share:.0%}: p50 {base.percentile(mine, 50):.1f} ms, p99 {base.percentile(mine, 99):.1f}"
+                  f" ms over {len(mine)} turns"
+                  f" at {load.events_per_second:,.0f} ev/s offered; complete_turn p50"
+                  f" {base.percentile(load.complete_ms, 50):.1f} ms,"
                   f" p99 {base.percentile(load.complete_ms, 99):.1f} ms")
 
         # -- resume at 50 % ---------------------------------------------------------------------------
@@ -292,7 +300,8 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             try:
                 base.delete_topics(settings, *base.topics_with_prefix(settings, f"{settings.topic_prefix}"))
             except Exception as e:  # the broker is away: still drop the database
-                print(f"turnlog bench {run}: could not delete the topics {settings.topic_prefix}.* ({e}); delete them by hand")
+                print(f"turnlog bench {run}: could not delete the topics {settings.topic_prefix}.* ({e}); delete"
+                      " them by hand")
             with psycopg.connect(admin_psycopg, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
     print_table(report)
@@ -308,7 +317,9 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
     return report
 
 
-def _baselines(settings: TurnlogSettings, options: BenchOptions, payloads: list[tuple[str, bytes]], dsn: str, log_dir: Path) -> dict[str, Any]:
+def _baselines(
+    settings: TurnlogSettings, options: BenchOptions, payloads: list[tuple[str, bytes]], dsn: str, log_dir: Path
+) -> dict[str, Any]:
     out: dict[str, Any] = {}
     k = base.kafka_baseline(settings, payloads)
     out["K"] = asdict(k)
@@ -325,7 +336,8 @@ def _baselines(settings: TurnlogSettings, options: BenchOptions, payloads: list[
         print(f"P  psycopg {m.method:<22} {m.rows_per_second:,.0f} rows/s, p99 commit {m.p99_commit_ms:.1f} ms")
     best = max(methods, key=lambda m: m.rows_per_second)
     rows_per_event = _rows_per_event(payloads, settings.sink_batch_size)
-    out["P_best"] = {"method": best.method, "rows_per_second": best.rows_per_second, "events_per_second": best.rows_per_second / rows_per_event, "rows_per_event": rows_per_event}
+    out["P_best"] = {"method": best.method, "rows_per_second": best.rows_per_second,
+                     "events_per_second": best.rows_per_second / rows_per_event, "rows_per_event": rows_per_event}
     unsafe = base.unsafe_baseline(dsn, options.sessions_dir, turns=options.turns_per_session, speed=20.0)
     out["unsafe"] = asdict(unsafe)
     print(
@@ -375,7 +387,8 @@ def _resume(
         # The same run's baseline: resumes with no load (the pipeline idle).
         now = time.monotonic()
         idle = asyncio.run(run_probe_process(probe_settings, api_url=api_url, begin_at=now, end_at=now + 120,
-                                             samples=options.resume_idle_samples, tag="resume-idle", log_path=probe_log))
+                                             samples=options.resume_idle_samples, tag="resume-idle",
+                                             log_path=probe_log))
         chosen = plans_for_rate(plans, 0.5 * sustained, speed=options.speed, flush_interval=options.flush_interval)
 
         window: dict[str, float] = {}
@@ -387,7 +400,8 @@ def _resume(
             async def probe() -> Any:
                 try:
                     return await run_probe_process(probe_settings, api_url=api_url, begin_at=began + 3,
-                                                   end_at=began + options.resume_seconds - 5, samples=options.resume_samples,
+                                                   end_at=began + options.resume_seconds - 5,
+                                                   samples=options.resume_samples,
                                                    tag="resume", log_path=probe_log)
                 finally:
                     stop.set()  # the load ends with the probe
@@ -422,21 +436,25 @@ def _resume(
     out["turns"] = load.turns
     out["cores_used"] = cores
     # The pipeline's lag while resumes ran (after the load's first 3 s): what a barrier waits behind.
-    out["lag"] = lag_stats([s for s in sampler.samples if window["began"] + 3 <= s.at <= window["ended"]], rate=load.events_per_second)
+    out["lag"] = lag_stats([s for s in sampler.samples if window["began"] + 3 <= s.at <= window["ended"]],
+                           rate=load.events_per_second)
     out["complete_turn_p50_ms"] = base.percentile(load.complete_ms, 50)
     out["complete_turn_p99_ms"] = base.percentile(load.complete_ms, 99)
     print(f"resume phase load: {load.events_per_second:,.0f} ev/s offered over {load.seconds:.0f} s "
           f"({out['share_of_sustained']:.2f} of sustained); complete_turn p50 {out['complete_turn_p50_ms']:.1f} ms, "
           f"p99 {out['complete_turn_p99_ms']:.1f} ms; lag mean {out['lag']['records']['mean']:,.0f} records "
-          f"(sequencer {out['lag']['sequencer_records']['mean']:,.0f}, sink {out['lag']['sink_records']['mean']:,.0f}), "
+          f"(sequencer {out['lag']['sequencer_records']['mean']:,.0f}, sink"
+          f" {out['lag']['sink_records']['mean']:,.0f}), "
           f"p99 {out['lag']['records']['p99']:,.0f}; cores: " + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()))
     out["idle"] = {}
     for name, samples in idle.items():
-        out["idle"][name] = {**resume_summary(samples.samples_ms, stale=samples.stale), "failures": samples.failures[:10]}
+        out["idle"][name] = {**resume_summary(samples.samples_ms, stale=samples.stale),
+                             "failures": samples.failures[:10]}
     for name, samples in probes.items():
         out[name] = {**resume_summary(samples.samples_ms, stale=samples.stale), "failures": samples.failures[:10]}
         r, i = out[name], out["idle"][name]
-        print(f"resume via {name} at 50%: p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms over {r['samples']} resumes"
+        print(f"resume via {name} at 50%: p50 {r['p50_ms']:.0f} ms, p99 {r['p99_ms']:.0f} ms over"
+              f" {r['samples']} resumes"
               f" ({r['failed']} failed, {r['stale']} stale) at {load.events_per_second:,.0f} ev/s offered;"
               f" idle: p50 {i['p50_ms']:.0f} ms, p99 {i['p99_ms']:.0f} ms over {i['samples']}")
     return out
@@ -478,7 +496,9 @@ def _rows_per_event(payloads: list[tuple[str, bytes]], batch_size: int) -> float
     return rows / max(len(payloads), 1)
 
 
-def _drain(sampler: Sampler, total: int, options: BenchOptions, processes: dict[str, ServiceProcess], report: dict[str, Any]) -> float:
+def _drain(
+    sampler: Sampler, total: int, options: BenchOptions, processes: dict[str, ServiceProcess], report: dict[str, Any]
+) -> float:
     deadline = time.monotonic() + 900
     profiles = None
     first: Sample | None = None
@@ -506,9 +526,12 @@ def _drain(sampler: Sampler, total: int, options: BenchOptions, processes: dict[
                 summary = summarize(name, path)
                 report["profile"][name] = asdict(summary)
     assert first is not None
-    report["cpu_at_capacity"] = cpu_us_per_event(cpu_first, cpu_last, latest.stored - first.stored, seconds=latest.at - first.at)
-    print("CPU per event at capacity: " + ", ".join(f"{k} {v:,.0f} µs" for k, v in report["cpu_at_capacity"]["us_per_event"].items())
-          + f" (pipeline {report['cpu_at_capacity']['pipeline_us_per_event']:,.0f} µs over {latest.stored - first.stored:,} events)")
+    report["cpu_at_capacity"] = cpu_us_per_event(cpu_first, cpu_last, latest.stored - first.stored,
+                                                 seconds=latest.at - first.at)
+    print("CPU per event at capacity: "
+          + ", ".join(f"{k} {v:,.0f} µs" for k, v in report["cpu_at_capacity"]["us_per_event"].items())
+          + f" (pipeline {report['cpu_at_capacity']['pipeline_us_per_event']:,.0f} µs over"
+          f" {latest.stored - first.stored:,} events)")
     return (latest.stored - first.stored) / max(latest.at - first.at, 1e-9)
 
 
@@ -533,30 +556,38 @@ def _lag_slope(samples: list[Sample]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
 
 
-def _sustained(settings, plans, sampler: Sampler, capacity: float, options: BenchOptions, *, tag: str) -> tuple[float, Phase]:
+def _sustained(
+    settings, plans, sampler: Sampler, capacity: float, options: BenchOptions, *, tag: str
+) -> tuple[float, Phase]:
     rate = 0.9 * capacity
     attempts = []
     totals = {"turns": 0, "events": 0}  # over every attempt: the Postgres and sink counters span them all
     for attempt in range(4):
         began = time.monotonic()
         chosen = plans_for_rate(plans, rate, speed=options.speed, flush_interval=options.flush_interval)
-        load = asyncio.run(run_load(settings, chosen, speed=options.speed, seconds=options.phase_seconds, tag=f"{tag}{attempt}"))
+        load = asyncio.run(run_load(settings, chosen, speed=options.speed, seconds=options.phase_seconds,
+                                    tag=f"{tag}{attempt}"))
         ended = time.monotonic()
         totals["turns"] += load.turns
         totals["events"] += load.events
         # After the ramp-up, before the closing burst (every session ends at the phase's end).
         window = [s for s in sampler.samples if began + 3 <= s.at <= began + options.phase_seconds - 1]
         slope = _lag_slope(window)
-        durable = (window[-1].stored - window[0].stored) / max(window[-1].at - window[0].at, 1e-9) if len(window) > 1 else 0.0
+        durable = ((window[-1].stored - window[0].stored) / max(window[-1].at - window[0].at, 1e-9)
+                   if len(window) > 1 else 0.0)
         flat = slope <= FLAT_LAG_SLOPE * max(load.events_per_second, 1.0)
-        attempts.append({"sessions": len(chosen), "offered": load.events_per_second, "durable": durable, "lag_slope": slope, "flat": flat})
-        print(f"sustained attempt {attempt + 1}: {len(chosen)} sessions offered {load.events_per_second:,.0f} events/s, durable {durable:,.0f}/s, lag slope {slope:+,.1f}/s -> {'flat' if flat else 'growing'}")
+        attempts.append({"sessions": len(chosen), "offered": load.events_per_second, "durable": durable,
+                         "lag_slope": slope, "flat": flat})
+        print(f"sustained attempt {attempt + 1}: {len(chosen)} sessions offered {load.events_per_second:,.0f} events/s,"
+              f" durable {durable:,.0f}/s, lag slope {slope:+,.1f}/s -> {'flat' if flat else 'growing'}")
         _wait_drained(sampler, 300)
         if flat:
-            phase = Phase("sustained", began, ended, load.events_per_second, durable, slope, True, {**totals, "attempts": attempts})
+            phase = Phase("sustained", began, ended, load.events_per_second, durable, slope, True,
+                          {**totals, "attempts": attempts})
             return durable, phase
         rate = 0.8 * min(rate, durable)
-    phase = Phase("sustained", began, ended, load.events_per_second, durable, slope, False, {**totals, "attempts": attempts})
+    phase = Phase("sustained", began, ended, load.events_per_second, durable, slope, False,
+                  {**totals, "attempts": attempts})
     return durable, phase
 
 
@@ -587,11 +618,13 @@ def _direct(plans, sustained: float, options: BenchOptions, database: str, run: 
         def phase(chosen: list, tag: str, paced: bool) -> dict[str, Any]:
             began, cpu_before = time.monotonic(), os.times()
             result = asyncio.run(run_direct(dsn, chosen, speed=options.speed, flush_interval=options.flush_interval,
-                                            seconds=options.phase_seconds, tag=tag, connections=options.direct_connections, paced=paced))
+                                            seconds=options.phase_seconds, tag=tag,
+                                            connections=options.direct_connections, paced=paced))
             cpu_after = os.times()
             cpu = cpu_after.user + cpu_after.system - cpu_before.user - cpu_before.system
             summary = direct_summary(result, (began + 3, began + options.phase_seconds - 1))
-            # The agents' side only (this process): Postgres's own CPU is not counted, as the pipeline's figure leaves out the broker's.
+            # The agents' side only (this process): Postgres's own CPU is not counted, as the pipeline's
+            # figure leaves out the broker's.
             summary["cpu_us_per_event"] = cpu / result.events * 1e6 if result.events else float("nan")
             summary["cores"] = cpu / result.seconds if result.seconds else float("nan")
             return summary
@@ -600,21 +633,29 @@ def _direct(plans, sustained: float, options: BenchOptions, database: str, run: 
         for key in ("lateness_slope", "lateness_p99_ms", "flat"):  # no clock to be late against
             capacity.pop(key)
         out["capacity"] = capacity
-        print(f"direct capacity: {capacity['committed_events_per_second']:,.0f} events/s committed by {len(plans)} agents writing back to back"
-              f" on {options.direct_connections} connections; this process {capacity['cores']:.2f} cores, {capacity['cpu_us_per_event']:,.0f} µs/event")
+        print(f"direct capacity: {capacity['committed_events_per_second']:,.0f} events/s committed by {len(plans)}"
+              " agents writing back to back"
+              f" on {options.direct_connections} connections; this process {capacity['cores']:.2f} cores,"
+              f" {capacity['cpu_us_per_event']:,.0f} µs/event")
 
         rate, attempts = 0.9 * capacity["committed_events_per_second"], []
         for attempt in range(4):
             try:
-                chosen, limited = plans_for_rate(plans, rate, speed=options.speed, flush_interval=options.flush_interval), False
+                chosen, limited = plans_for_rate(plans, rate, speed=options.speed,
+                                                 flush_interval=options.flush_interval), False
             except ValueError:  # every plan offers less: the workload, not the design, is the limit
                 chosen, limited = plans, True
             summary = phase(chosen, f"ds{attempt}", paced=True)
-            attempts.append({"sessions": len(chosen), "offered": summary["events_per_second"], "durable": summary["committed_events_per_second"],
-                             "lateness_slope": summary["lateness_slope"], "flat": summary["flat"], "workload_limited": limited})
-            print(f"direct sustained attempt {attempt + 1}: {len(chosen)} sessions offered {summary['events_per_second']:,.0f} events/s,"
-                  f" committed {summary['committed_events_per_second']:,.0f}/s, lateness slope {summary['lateness_slope']:+.4f} s/s"
-                  f" -> {'flat' if summary['flat'] else 'growing'}" + (" (every session of the workload)" if limited else ""))
+            attempts.append({"sessions": len(chosen), "offered": summary["events_per_second"],
+                             "durable": summary["committed_events_per_second"],
+                             "lateness_slope": summary["lateness_slope"], "flat": summary["flat"],
+                             "workload_limited": limited})
+            print(f"direct sustained attempt {attempt + 1}: {len(chosen)} sessions offered"
+                  f" {summary['events_per_second']:,.0f} events/s,"
+                  f" committed {summary['committed_events_per_second']:,.0f}/s, lateness slope"
+                  f" {summary['lateness_slope']:+.4f} s/s"
+                  f" -> {'flat' if summary['flat'] else 'growing'}"
+                  + (" (every session of the workload)" if limited else ""))
             if summary["flat"]:
                 break
             rate = 0.8 * min(rate, summary["committed_events_per_second"])
@@ -636,8 +677,10 @@ def _direct(plans, sustained: float, options: BenchOptions, database: str, run: 
             "turn_to_store_p99_ms": base.percentile(stored, 99),
         }
         a = out["at_50"]
-        print(f"direct at 50% ({len(chosen)} sessions, {a['events_per_second']:,.0f} ev/s offered): commit p50 {a['commit_p50_ms']:.1f} ms,"
-              f" p99 {a['commit_p99_ms']:.1f} ms over {a['turns']} turns; write transactions per turn {a['write_transactions_per_turn']:.3f}"
+        print(f"direct at 50% ({len(chosen)} sessions, {a['events_per_second']:,.0f} ev/s offered): commit p50"
+              f" {a['commit_p50_ms']:.1f} ms,"
+              f" p99 {a['commit_p99_ms']:.1f} ms over {a['turns']} turns; write transactions per turn"
+              f" {a['write_transactions_per_turn']:.3f}"
               f" (its own count {a['transactions_per_turn']:.3f})")
     finally:
         if not options.keep:
@@ -646,7 +689,9 @@ def _direct(plans, sustained: float, options: BenchOptions, database: str, run: 
     return out
 
 
-def _memory(settings: TurnlogSettings, processes: dict[str, ServiceProcess], sampler: Sampler, options: BenchOptions, run: str) -> dict[str, Any]:
+def _memory(
+    settings: TurnlogSettings, processes: dict[str, ServiceProcess], sampler: Sampler, options: BenchOptions, run: str
+) -> dict[str, Any]:
     """RSS of sequencer and sink before and after opening sessions in steps; growth per 1,000."""
     import datetime as dt
 
@@ -659,17 +704,23 @@ def _memory(settings: TurnlogSettings, processes: dict[str, ServiceProcess], sam
             for i in range(options.memory_sessions):
                 sid = f"bench-{run}-open-{opened + i:06d}"
                 env = dict(session_id=sid, epoch=0, producer_id="bench", emitted_at=now)
-                events.append((sid, encode_event(SessionStarted(event_id=uuid.uuid4(), seq=0, fleet="bench", agent_id="bench", started_at=now, **env))))
-                events.append((sid, encode_event(TurnPartial(event_id=uuid.uuid4(), seq=1, turn_index=0, speaker="A", text="hello there", started_at=now, **env))))
+                events.append((sid,
+                               encode_event(SessionStarted(event_id=uuid.uuid4(), seq=0, fleet="bench",
+                                                           agent_id="bench", started_at=now, **env))))
+                events.append((sid,
+                               encode_event(TurnPartial(event_id=uuid.uuid4(), seq=1, turn_index=0, speaker="A",
+                                                        text="hello there", started_at=now, **env))))
             base.produce_all(settings, settings.topics.events, events)
             opened += options.memory_sessions
             _wait_drained(sampler, 300)
-        steps.append({"open_sessions": opened, **{name: rss_bytes(processes[name].pid) for name in ("sequencer", "sink")}})
+        steps.append({"open_sessions": opened,
+                      **{name: rss_bytes(processes[name].pid) for name in ("sequencer", "sink")}})
     per_thousand = {
         name: (steps[-1][name] - steps[0][name]) / max(opened / 1000, 1e-9) / 1e6 for name in ("sequencer", "sink")
     }
     print("memory per 1,000 open sessions: " + ", ".join(f"{k} {v:.2f} MB" for k, v in per_thousand.items()))
-    return {"steps": steps, "mb_per_1000_sessions": per_thousand, "total_mb_per_1000_sessions": sum(per_thousand.values())}
+    return {"steps": steps, "mb_per_1000_sessions": per_thousand,
+            "total_mb_per_1000_sessions": sum(per_thousand.values())}
 
 
 def _ratios(report: dict[str, Any]) -> dict[str, Any]:
@@ -682,16 +733,20 @@ def _ratios(report: dict[str, Any]) -> dict[str, Any]:
     sink_batch_us = sustained["sink_batch_seconds"] / max(sustained["sink_batches"], 1) * 1e6
     return {
         # The recorder's spool against Postgres's commits, in the same phase (sustained) or run (P).
-        "spool_fsyncs_per_turn_over_wal_syncs_per_turn": spool["fsyncs_per_turn"] / max(sustained["wal_syncs_per_turn"], 1e-9),
-        "spool_fsyncs_per_turn_over_sink_commits_per_turn": spool["fsyncs_per_turn"] / max(sustained["sink_commits_per_turn"], 1e-9),
-        "spool_commit_mean_over_P_commit_mean": spool["commit_us_mean"] / max(p_best.get("mean_commit_ms", float("nan")) * 1000, 1e-9),
+        "spool_fsyncs_per_turn_over_wal_syncs_per_turn": spool["fsyncs_per_turn"]
+        / max(sustained["wal_syncs_per_turn"], 1e-9),
+        "spool_fsyncs_per_turn_over_sink_commits_per_turn": spool["fsyncs_per_turn"]
+        / max(sustained["sink_commits_per_turn"], 1e-9),
+        "spool_commit_mean_over_P_commit_mean": spool["commit_us_mean"]
+        / max(p_best.get("mean_commit_ms", float("nan")) * 1000, 1e-9),
         "spool_commit_mean_over_sink_batch_mean": spool["commit_us_mean"] / max(sink_batch_us, 1e-9),
         "spool_commit_us_per_turn_over_sink_batch_us_per_turn": spool["commit_us_per_turn"]
         / max(sustained["sink_batch_seconds"] / max(sustained["turns"], 1) * 1e6, 1e-9),
         "sink_batch_us_mean": sink_batch_us,
         # resume() at 50 % load against the same run's idle resumes, per path.
         **{
-            f"resume_{name}_{q}_over_idle": report["resume"][name][f"{q}_ms"] / max(report["resume"]["idle"][name][f"{q}_ms"], 1e-9)
+            f"resume_{name}_{q}_over_idle": report["resume"][name][f"{q}_ms"]
+            / max(report["resume"]["idle"][name][f"{q}_ms"], 1e-9)
             for name in ("store", "api")
             if name in report.get("resume", {}) and name in report["resume"].get("idle", {})
             for q in ("p50", "p99")
@@ -731,8 +786,10 @@ def peer_ratios(report: dict[str, Any]) -> dict[str, float]:
         "S_over_S0": _over(b.get("S", {}).get("events_per_second"), b.get("S0", {}).get("events_per_second")),
         "ack_p99_at_50_over_direct_commit_p99": _over(lat50.get("complete_turn_p99_ms"), d50.get("commit_p99_ms")),
         "turn_to_store_p99_at_50_over_direct_commit_p99": _over(lat50.get("p99_ms"), d50.get("commit_p99_ms")),
-        "write_transactions_per_turn_at_50_over_direct": _over(lat50.get("write_transactions_per_turn"), d50.get("write_transactions_per_turn")),
-        "sink_commits_per_turn_at_50_over_direct": _over(lat50.get("sink_commits_per_turn"), d50.get("transactions_per_turn")),
+        "write_transactions_per_turn_at_50_over_direct": _over(lat50.get("write_transactions_per_turn"),
+                                                               d50.get("write_transactions_per_turn")),
+        "sink_commits_per_turn_at_50_over_direct": _over(lat50.get("sink_commits_per_turn"),
+                                                         d50.get("transactions_per_turn")),
         "sustained_over_direct_sustained": _over(s.get("events_per_second"), dsus.get("committed_events_per_second")),
     }
 
@@ -744,34 +801,40 @@ def _peer_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     cpu = report.get("cpu_at_capacity")
     if cpu:
         rows.append(("CPU per event at capacity", f"{cpu['pipeline_us_per_event']:,.0f} µs (pipeline)",
-                     ", ".join(f"{k} {v:,.0f}" for k, v in cpu["us_per_event"].items()) + f" µs over {cpu['events']:,} events"
-                     " (target: a third of before)"))
+                     ", ".join(f"{k} {v:,.0f}" for k, v in cpu["us_per_event"].items())
+                     + f" µs over {cpu['events']:,} events (target: a third of before)"))
     direct = report.get("direct", {})
     if direct.get("error"):
         rows.append(("direct peer", "not measured", direct["error"]))
     if direct.get("capacity"):
         c = direct["capacity"]
         rows.append(("direct capacity (unpaced)", f"{c['committed_events_per_second']:,.0f} ev/s",
-                     f"{c['sessions']} agents on {direct['connections']} connections; agents' process {c['cores']:.2f} cores, "
+                     f"{c['sessions']} agents on {direct['connections']} connections; "
+                     f"agents' process {c['cores']:.2f} cores, "
                      f"{c['cpu_us_per_event']:,.0f} µs/event (Postgres not counted)"))
     if direct.get("sustained"):
         d = direct["sustained"]
-        rows.append(("direct max sustained", f"{'>= ' if d['workload_limited'] else ''}{d['committed_events_per_second']:,.0f} ev/s",
-                     f"{d['sessions']} sessions, lateness slope {d['lateness_slope']:+.4f} s/s -> {'flat' if d['flat'] else 'growing'}; "
+        rows.append(("direct max sustained",
+                     f"{'>= ' if d['workload_limited'] else ''}{d['committed_events_per_second']:,.0f} ev/s",
+                     f"{d['sessions']} sessions, lateness slope {d['lateness_slope']:+.4f} s/s "
+                     f"-> {'flat' if d['flat'] else 'growing'}; "
                      f"turnlog sustained = {r.get('sustained_over_direct_sustained', nan):.2f} x"))
     if direct.get("at_50"):
         d = direct["at_50"]
         rows.append(("direct commit at 50%", f"p50 {d['commit_p50_ms']:.1f} / p99 {d['commit_p99_ms']:.1f} ms",
-                     f"{d['turns']} turns at {d['events_per_second']:,.0f} ev/s ({d['sessions']} sessions); store-side p99 "
-                     f"{d['turn_to_store_p99_ms']:.1f} ms"))
-        rows.append(("turnlog turn p99 / direct commit p99", f"{r.get('ack_p99_at_50_over_direct_commit_p99', nan):.2f} acknowledged",
+                     f"{d['turns']} turns at {d['events_per_second']:,.0f} ev/s ({d['sessions']} sessions); "
+                     f"store-side p99 {d['turn_to_store_p99_ms']:.1f} ms"))
+        rows.append(("turnlog turn p99 / direct commit p99",
+                     f"{r.get('ack_p99_at_50_over_direct_commit_p99', nan):.2f} acknowledged",
                      f"complete_turn p99 over direct commit p99 at 50% (target <= 2); turn-to-store p99: "
                      f"{r.get('turn_to_store_p99_at_50_over_direct_commit_p99', nan):.2f} x"))
         lat50 = report.get("latency", {}).get("50%", {})
         rows.append(("write transactions per turn at 50%",
-                     f"turnlog {lat50.get('write_transactions_per_turn', nan):.3f} / direct {d['write_transactions_per_turn']:.3f}",
-                     f"= {r.get('write_transactions_per_turn_at_50_over_direct', nan):.3f} (target < 1); direct's own count "
-                     f"{d['transactions_per_turn']:.3f}; sink commits / direct's: {r.get('sink_commits_per_turn_at_50_over_direct', nan):.3f}"))
+                     f"turnlog {lat50.get('write_transactions_per_turn', nan):.3f} "
+                     f"/ direct {d['write_transactions_per_turn']:.3f}",
+                     f"= {r.get('write_transactions_per_turn_at_50_over_direct', nan):.3f} (target < 1); "
+                     f"direct's own count {d['transactions_per_turn']:.3f}; "
+                     f"sink commits / direct's: {r.get('sink_commits_per_turn_at_50_over_direct', nan):.3f}"))
     return rows
 
 
@@ -787,37 +850,51 @@ def _spool_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
          f"{spool['fsyncs_per_event']:.3f} per event ({spool['events_per_commit']:.1f} events per commit); "
          f"{r.get('spool_fsyncs_per_turn_over_wal_syncs_per_turn', float('nan')):.1f} x Postgres WAL syncs per turn"
          + fifty("fsyncs_per_turn", ".3f")),
-        ("spool commit time (recorder)", f"{spool['commit_us_mean']:,.0f} µs/commit, {spool['commit_us_per_turn']:,.0f} µs/turn",
-         f"mean; p99 in ({spool['commit_p99_us_lower']:,.0f}, {spool['commit_p99_us_upper']:,.0f}] µs (its histogram bucket); "
-         f"P commit mean {r.get('P_best_commit_us_mean', float('nan')):,.0f} µs, sink batch mean {r.get('sink_batch_us_mean', float('nan')):,.0f} µs"
-         + (f"; at 50%: {at50['commit_us_mean']:,.0f} µs/commit, {at50['commit_us_per_turn']:,.0f} µs/turn" if at50 else "")),
+        ("spool commit time (recorder)",
+         f"{spool['commit_us_mean']:,.0f} µs/commit, {spool['commit_us_per_turn']:,.0f} µs/turn",
+         f"mean; p99 in ({spool['commit_p99_us_lower']:,.0f}, {spool['commit_p99_us_upper']:,.0f}] µs "
+         "(its histogram bucket); "
+         f"P commit mean {r.get('P_best_commit_us_mean', float('nan')):,.0f} µs, "
+         f"sink batch mean {r.get('sink_batch_us_mean', float('nan')):,.0f} µs"
+         + (f"; at 50%: {at50['commit_us_mean']:,.0f} µs/commit, {at50['commit_us_per_turn']:,.0f} µs/turn"
+            if at50 else "")),
     ]
 
 
 def print_table(report: dict[str, Any]) -> None:
     """The figures, each next to its baseline or target, as a plain table."""
-    b, s, r, m = report.get("baselines", {}), report.get("sustained", {}), report.get("ratios", {}), report.get("memory", {})
+    b, s = report.get("baselines", {}), report.get("sustained", {})
+    r, m = report.get("ratios", {}), report.get("memory", {})
     if not (b and s and r):
         return
     lat = report["latency"]
     rows = [
-        ("capacity (draining a backlog)", f"{report.get('capacity', {}).get('events_per_second', float('nan')):,.0f} ev/s", "no generator running"),
+        ("capacity (draining a backlog)",
+         f"{report.get('capacity', {}).get('events_per_second', float('nan')):,.0f} ev/s", "no generator running"),
         ("K raw Kafka produce->consume", f"{b['K']['events_per_second']:,.0f} ev/s", f"p99 {b['K']['p99_ms']:.1f} ms"),
-        *([("S0 bare Faust consume-only", f"{b['S0']['events_per_second']:,.0f} rec/s", "take_events(1000), nothing else")] if "S0" in b else []),
-        ("S bare Faust pass-through", f"{b['S']['events_per_second']:,.0f} ev/s", f"{r.get('S_over_S0', float('nan')):.2f} x S0" if "S0" in b else ""),
-        *[(f"P psycopg {p['method']}", f"{p['rows_per_second']:,.0f} rows/s", f"p99 commit {p['p99_commit_ms']:.1f} ms") for p in b["P"]],
-        ("P best, as events", f"{b['P_best']['events_per_second']:,.0f} ev/s", f"{b['P_best']['rows_per_event']:.2f} rows/event"),
+        *([("S0 bare Faust consume-only", f"{b['S0']['events_per_second']:,.0f} rec/s",
+            "take_events(1000), nothing else")] if "S0" in b else []),
+        ("S bare Faust pass-through", f"{b['S']['events_per_second']:,.0f} ev/s",
+         f"{r.get('S_over_S0', float('nan')):.2f} x S0" if "S0" in b else ""),
+        *[(f"P psycopg {p['method']}", f"{p['rows_per_second']:,.0f} rows/s", f"p99 commit {p['p99_commit_ms']:.1f} ms")
+          for p in b["P"]],
+        ("P best, as events", f"{b['P_best']['events_per_second']:,.0f} ev/s",
+         f"{b['P_best']['rows_per_event']:.2f} rows/event"),
         ("ceiling min(K/2, S, P)", f"{r['ceiling_events_per_second']:,.0f} ev/s", ""),
         ("sustained end-to-end (lag flat)", f"{s['events_per_second']:,.0f} ev/s",
-         f"{r['sustained_over_ceiling']:.2f} x ceiling; {r.get('sustained_over_S0', float('nan')):.2f} x S0 (target >= 0.5); "
+         f"{r['sustained_over_ceiling']:.2f} x ceiling; "
+         f"{r.get('sustained_over_S0', float('nan')):.2f} x S0 (target >= 0.5); "
          f"lag slope {s['lag_slope_events_per_second']:+.1f}/s"),
         *[(f"turn-to-durable at {k}", f"p50 {v['p50_ms']:.1f} / p95 {v['p95_ms']:.1f} / p99 {v['p99_ms']:.1f} ms",
-           f"{v['turns']} turns at {v['offered_events_per_second']:,.0f} ev/s" + (f"; p99 {r['p99_at_50_over_K_p99']:.1f} x K p99 (target p99 <= 100 ms)" if k == "50%" else ""))
+           f"{v['turns']} turns at {v['offered_events_per_second']:,.0f} ev/s"
+           + (f"; p99 {r['p99_at_50_over_K_p99']:.1f} x K p99 (target p99 <= 100 ms)" if k == "50%" else ""))
           for k, v in lat.items()],
-        *[(f"cores used at {k}", ", ".join(f"{n} {c:.2f}" for n, c in v.get("cores_used", {}).items()), "of 2 (broker and Postgres not counted)")
+        *[(f"cores used at {k}", ", ".join(f"{n} {c:.2f}" for n, c in v.get("cores_used", {}).items()),
+           "of 2 (broker and Postgres not counted)")
           for k, v in lat.items()],
         ("sink commits per turn", f"{s['sink_commits_per_turn']:.3f}",
-         f"1/b = {1 / max(s['mean_batch_turns'], 1e-9):.3f} (b = {s['mean_batch_turns']:.1f} turns, {s['mean_batch_events']:.1f} events per batch); "
+         f"1/b = {1 / max(s['mean_batch_turns'], 1e-9):.3f} "
+         f"(b = {s['mean_batch_turns']:.1f} turns, {s['mean_batch_events']:.1f} events per batch); "
          f"at 50%: {lat['50%']['sink_commits_per_turn']:.3f} (target <= 1)"),
         ("all write transactions per turn", f"{s['write_transactions_per_turn']:.3f}",
          f"sink + finalizer + autovacuum, cluster-wide xids; at 50%: {lat['50%']['write_transactions_per_turn']:.3f}; "
@@ -826,24 +903,30 @@ def print_table(report: dict[str, Any]) -> None:
         *_spool_rows(report),
         *_peer_rows(report),
         ("unsafe baseline", f"{b['unsafe']['commits_per_session']:.0f} commit/session",
-         f"SIGKILL at 50%: {b['unsafe']['turns_said_at_kill']} turns said, {b['unsafe']['turns_stored_after_kill']} stored"),
+         f"SIGKILL at 50%: {b['unsafe']['turns_said_at_kill']} turns said, "
+         f"{b['unsafe']['turns_stored_after_kill']} stored"),
     ]
     for name in ("store", "api"):
         res = report.get("resume", {}).get(name)
-        idle = report.get("resume", {}).get("idle", {}).get(name, {"p50_ms": float("nan"), "p99_ms": float("nan"), "samples": 0})
+        no_idle = {"p50_ms": float("nan"), "p99_ms": float("nan"), "samples": 0}
+        idle = report.get("resume", {}).get("idle", {}).get(name, no_idle)
         if res:
             rows.append((f"resume() at 50%, via {name}", f"p50 {res['p50_ms']:.0f} / p99 {res['p99_ms']:.0f} ms",
                          f"{res['samples']} resumes ({res['failed']} failed, {res['stale']} stale) at "
-                         f"{report['resume']['offered_events_per_second']:,.0f} ev/s offered; idle p50 {idle['p50_ms']:.0f} / p99 "
+                         f"{report['resume']['offered_events_per_second']:,.0f} ev/s offered; "
+                         f"idle p50 {idle['p50_ms']:.0f} / p99 "
                          f"{idle['p99_ms']:.0f} ms over {idle['samples']} (target p99 <= {res['goal_p99_ms']:.0f} ms)"))
     resume = report.get("resume", {})
     if resume.get("lag"):
         lag = resume["lag"]
-        rows.append(("lag while resuming at 50%", f"mean {lag['records']['mean']:,.0f} / p99 {lag['records']['p99']:,.0f} records",
-                     f"~{lag['mean_seconds']:.2f} s / {lag['p99_seconds']:.2f} s of load; sequencer {lag['sequencer_records']['mean']:,.0f}, "
+        rows.append(("lag while resuming at 50%",
+                     f"mean {lag['records']['mean']:,.0f} / p99 {lag['records']['p99']:,.0f} records",
+                     f"~{lag['mean_seconds']:.2f} s / {lag['p99_seconds']:.2f} s of load; "
+                     f"sequencer {lag['sequencer_records']['mean']:,.0f}, "
                      f"sink {lag['sink_records']['mean']:,.0f} (means); in the latency phase at 50%: mean "
                      f"{lat.get('50%', {}).get('lag', {}).get('records', {}).get('mean', float('nan')):,.0f} records"))
-        rows.append(("cores used while resuming", ", ".join(f"{n} {c:.2f}" for n, c in resume.get("cores_used", {}).items()), "of 2"))
+        rows.append(("cores used while resuming",
+                     ", ".join(f"{n} {c:.2f}" for n, c in resume.get("cores_used", {}).items()), "of 2"))
     if report.get("resume", {}).get("error"):
         rows.append(("resume() at 50%", "not measured", report["resume"]["error"]))
     if report.get("resume", {}).get("api_error"):
@@ -856,6 +939,7 @@ def print_table(report: dict[str, Any]) -> None:
     for name, value, note in rows:
         print(f"{name:<{width}}  {value:<34} {note}")
     for name, summary in report.get("profile", {}).items():
-        print(f"\nprofile {name}: {summary['samples']} samples, {summary['own_code_share']:.1%} in turnlog's own code; top self time:")
+        print(f"\nprofile {name}: {summary['samples']} samples, {summary['own_code_share']:.1%} in turnlog's own code; "
+              "top self time:")
         for frame, share in summary["top_self"][:8]:
             print(f"  {share:6.1%}  {frame}")

@@ -48,7 +48,9 @@ class SessionPlan:
         return (end - self.turns[0].start_s) / speed
 
 
-def plan_sessions(sessions_dir: Path, count: int, turns_per_session: int, *, run_id: str | None = None) -> list[SessionPlan]:
+def plan_sessions(
+    sessions_dir: Path, count: int, turns_per_session: int, *, run_id: str | None = None
+) -> list[SessionPlan]:
     """``count`` session plans over the transcripts of ``sessions_dir``.
 
     Raises:
@@ -99,13 +101,15 @@ def _session_events(plan: SessionPlan, flush_interval: float, speed: float) -> l
     def at(seconds: float) -> dt.datetime:
         return _BASE + dt.timedelta(seconds=seconds)
 
-    out = [encode_event(SessionStarted(fleet=BENCH_FLEET, agent_id="bench", started_at=at(plan.turns[0].start_s), **envelope()))]
+    out = [encode_event(SessionStarted(fleet=BENCH_FLEET, agent_id="bench", started_at=at(plan.turns[0].start_s),
+                                       **envelope()))]
     for index, turn in enumerate(plan.turns):
         words = turn.text.split()
         steps = plan.partials(turn, flush_interval, speed)
         for j in range(1, steps + 1):
             text = " ".join(words[: max(1, math.ceil(len(words) * j / (steps + 1)))])
-            out.append(encode_event(TurnPartial(turn_index=index, speaker=turn.speaker, text=text, started_at=at(turn.start_s), **envelope())))
+            out.append(encode_event(TurnPartial(turn_index=index, speaker=turn.speaker, text=text,
+                                                started_at=at(turn.start_s), **envelope())))
         tokens_in, tokens_out = token_counts(turn)
         out.append(
             encode_event(
@@ -122,5 +126,6 @@ def _session_events(plan: SessionPlan, flush_interval: float, speed: float) -> l
             )
         )
     last = plan.turns[-1]
-    out.append(encode_event(SessionEnded(ended_at=at(last.end_s), reason="completed", last_turn_index=len(plan.turns) - 1, **envelope())))
+    out.append(encode_event(SessionEnded(ended_at=at(last.end_s), reason="completed",
+                                         last_turn_index=len(plan.turns) - 1, **envelope())))
     return out

@@ -106,7 +106,9 @@ async def replay_transcript(
         _say(type="done", events=session.next_seq)
 
 
-async def _play(session, plan: list[SpokenTurn], *, speed: float, base_time: dt.datetime, terminating: asyncio.Event) -> bool:  # noqa: ANN001
+async def _play(
+    session, plan: list[SpokenTurn], *, speed: float, base_time: dt.datetime, terminating: asyncio.Event  # noqa: ANN001
+) -> bool:
     """Say every turn of ``plan`` at its recorded time, several at once where
     they overlap; True when all were said, False when SIGTERM stopped it (the
     turns still open then are left to the recorder's drain).
@@ -137,8 +139,10 @@ async def _play(session, plan: list[SpokenTurn], *, speed: float, base_time: dt.
             length = max(turn.end_s - turn.start_s, 0.0) / speed
             if await _wait(stop, begin):
                 break
-            _say(type="turn", input_turn=turn.turn_index, stored_turn=spoken.turn_index, real_seconds=round(length, 3), open=len(open_turns) + 1)
-            task = asyncio.create_task(_speak(session, spoken, base_time, begin, length), name=f"turn-{spoken.turn_index}")
+            _say(type="turn", input_turn=turn.turn_index, stored_turn=spoken.turn_index, real_seconds=round(length, 3),
+                 open=len(open_turns) + 1)
+            task = asyncio.create_task(_speak(session, spoken, base_time, begin, length),
+                                       name=f"turn-{spoken.turn_index}")
             open_turns.add(task)
             task.add_done_callback(finished)
         while open_turns and not stop.is_set():

@@ -55,7 +55,8 @@ CONFIGURATION_CODES = frozenset(
         KafkaError.CLUSTER_AUTHORIZATION_FAILED,
     }
 )
-UNKNOWN_TOPIC_CODES = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC, KafkaError._UNKNOWN_PARTITION})
+UNKNOWN_TOPIC_CODES = frozenset({KafkaError.UNKNOWN_TOPIC_OR_PART, KafkaError._UNKNOWN_TOPIC,
+                                 KafkaError._UNKNOWN_PARTITION})
 RECORD_REFUSED_CODES = frozenset({KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.INVALID_RECORD})
 
 

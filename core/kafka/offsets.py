@@ -119,7 +119,8 @@ class OffsetReader:
 
         def lookup(timeout: float) -> list[int]:
             with self._lock:
-                found = self._consumer(self._watermarks_group).list_topics(topic=topic, timeout=timeout).topics.get(topic)
+                metadata = self._consumer(self._watermarks_group).list_topics(topic=topic, timeout=timeout)
+                found = metadata.topics.get(topic)
             if found is None or found.error is not None or not found.partitions:
                 error = found.error if found is not None else None
                 if error is not None and to_broker_error(error).retriable:

@@ -52,6 +52,7 @@ def upgrade() -> None:
 
 
 def downgrade() -> None:
-    for table in ("fleet_talk_time", "fleet_turns_per_minute", "fleet_activity", "analytics_turns", "analytics_sessions"):
+    for table in ("fleet_talk_time", "fleet_turns_per_minute", "fleet_activity", "analytics_turns",
+                  "analytics_sessions"):
         op.drop_table(table)
     op.drop_index("ix_sessions_fleet_started_at", "sessions")
