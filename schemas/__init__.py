@@ -1,5 +1,5 @@
 """Event model (version 2; reads version 1): structs, JSON encoding, validation and the JSON Schema files;
-the session and turn statuses of the store."""
+the session and turn statuses of the store; the typed record headers (``turnlog-type``)."""
 
 from turnlog.schemas.events import (
     EVENT_TYPES,
@@ -16,15 +16,18 @@ from turnlog.schemas.events import (
     encode_event,
 )
 from turnlog.schemas.exceptions import EventValidationError, SchemaError
+from turnlog.schemas.headers import EVENT_TYPE_HEADER, EventType
 from turnlog.schemas.statuses import SETTLED_SESSION_STATUSES, SessionStatus, TurnStatus
 
 __all__ = [
+    "EVENT_TYPE_HEADER",
     "EVENT_TYPES",
     "MAX_TEXT_CHARS",
     "SCHEMA_VERSION",
     "SCHEMA_VERSIONS",
     "SETTLED_SESSION_STATUSES",
     "Event",
+    "EventType",
     "EventValidationError",
     "SchemaError",
     "SessionEnded",
