@@ -43,6 +43,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import itertools
 import logging
 import math
 import os
@@ -54,7 +55,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator
+from collections.abc import Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,10 +63,11 @@ from typing import Any
 import msgspec
 from confluent_kafka.admin import AdminClient
 from sqlalchemy import func, select, text
+from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_fixed
 
 from turnlog import kafka
 from turnlog.demo.runner import AgentProcess, count_events, load_sessions, print_table, wait_for_finalized
-from turnlog.demo.verdict import ProblemKind, judge_session, problem_totals
+from turnlog.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session, problem_totals
 from turnlog.deploy.local import SCRIPTS, ensure_local_services
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command
 from turnlog.deploy.topics import create_topics
@@ -78,13 +80,26 @@ from turnlog.sinks.errors import store_errors
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import sink_offsets
 
-__all__ = ["ChaosOptions", "run_chaos", "build_schedule", "Schedule", "PlannedKill", "PlannedOutage", "COMPONENTS"]
+__all__ = [
+    "ChaosOptions",
+    "run_chaos",
+    "build_schedule",
+    "Schedule",
+    "PlannedKill",
+    "PlannedOutage",
+    "COMPONENTS",
+    "SessionProblem",
+    "ProblemTally",
+    "tally_problems",
+]
 
 logger = logging.getLogger(__name__)
 COMPONENTS = ("agent", "sequencer", "sink", "finalizer", "broker")
 SERVICES = ("sequencer", "sink", "finalizer")
 RECOVERY_TIMEOUT_SECONDS = 120.0
 RESUME_ATTEMPTS = 4
+#: Between a failed resume attempt and the next (seconds).
+RESUME_RETRY_SECONDS = 2.0
 #: The chaos run's producer delivery timeout (see the module docstring).
 CHAOS_DELIVERY_TIMEOUT_SECONDS = 20.0
 #: Outages happen in this part of the run (fractions of ``duration``): while the agents talk.
@@ -380,23 +395,38 @@ class _Run:
         self.background(f"resume-{session_id}", self.resume_agent, session_id, at, open_turns, during)
 
     def resume_agent(self, session_id: str, killed_at: float, open_turns: int, during: str | None) -> None:
-        """Resume in a new process, retrying a failed attempt (an operator or a supervisor would)."""
+        """Resume in a new process, retrying a failed attempt (an operator or a supervisor would):
+        up to ``RESUME_ATTEMPTS`` processes, ``RESUME_RETRY_SECONDS`` apart."""
         timeout = self.settings.resume_timeout_seconds + 60.0
-        for attempt in range(1, RESUME_ATTEMPTS + 1):
+        numbers = itertools.count(1)
+
+        def attempt() -> int | None:
+            """One resume process: its attempt number if it resumed; None if it failed (it is killed)."""
+            number = next(numbers)
             process = self.spawn(session_id, "--resume")
             with self.lock:
                 self.lock.wait_for(lambda: self.agents[session_id].state != "resuming", timeout=timeout)
                 state = self.agents[session_id].state
             if state in ("running", "done"):
-                self.record({
-                    "at_seconds": round(killed_at, 1), "action": "SIGKILL", "component": "agent", "target": session_id,
-                    "during": during, "open_turns": open_turns, "resume_attempts": attempt,
-                    "recovery_seconds": round(self.now() - killed_at, 2),
-                })
-                return
-            logger.warning("resume of %s failed (attempt %d, %s); see %s", session_id, attempt, state, process.process.log_path)
+                return number
+            logger.warning("resume of %s failed (attempt %d, %s); see %s", session_id, number, state, process.process.log_path)
             self.kill_process(process)
-            time.sleep(2.0)
+            return None
+
+        retrying = Retrying(
+            retry=retry_if_result(lambda number: number is None),
+            stop=stop_after_attempt(RESUME_ATTEMPTS),
+            wait=wait_fixed(RESUME_RETRY_SECONDS),
+            retry_error_callback=lambda _: None,
+        )
+        resumed_at_attempt = retrying(attempt)
+        if resumed_at_attempt is not None:
+            self.record({
+                "at_seconds": round(killed_at, 1), "action": "SIGKILL", "component": "agent", "target": session_id,
+                "during": during, "open_turns": open_turns, "resume_attempts": resumed_at_attempt,
+                "recovery_seconds": round(self.now() - killed_at, 2),
+            })
+            return
         with self.lock:
             self.failed_resumes.append(session_id)
         self.record({
@@ -643,6 +673,61 @@ def _join(run: _Run, deadline: float) -> None:
     logger.error("chaos: agents or schedule steps still running at the deadline")
 
 
+#: Kinds of problem that, in a session whose newest agent never finished (every resume failed,
+#: or it died), are that failure: the session was never said to its end, so it is reported
+#: apart (as unfinished), not as turns or figures the pipeline lost.
+UNFINISHED_SESSION_KINDS = frozenset({
+    ProblemKind.SESSION_MISSING, ProblemKind.LOST_TURNS, ProblemKind.WRONG_AGGREGATE, ProblemKind.NOT_FINALIZED,
+    ProblemKind.LOG_MISMATCH, ProblemKind.PARTIAL_AFTER_END,
+})
+#: Kinds the report sums into figures of their own; problems of the other kinds are listed one by one.
+FIGURE_KINDS = frozenset({
+    ProblemKind.LOST_TURNS, ProblemKind.DUPLICATED_TURNS, ProblemKind.ALTERED_TURNS, ProblemKind.OUT_OF_ORDER,
+    ProblemKind.WRONG_AGGREGATE,
+})
+
+
+@dataclass(frozen=True, slots=True)
+class SessionProblem:
+    """A verdict's problem and the session it was found in; the text is rendered from them."""
+
+    session_id: str
+    problem: Problem
+
+    def __str__(self) -> str:
+        return f"{self.session_id}: {self.problem}"
+
+    def as_json(self) -> dict[str, Any]:
+        return {"session_id": self.session_id, **self.problem.as_json()}
+
+
+@dataclass(frozen=True, slots=True)
+class ProblemTally:
+    """The problems a chaos run holds against the pipeline (:func:`tally_problems`)."""
+
+    #: ``count`` summed per kind (every kind present, 0 when none).
+    totals: dict[ProblemKind, int]
+    #: Those of a kind outside ``FIGURE_KINDS``, in the verdicts' order, each session's in its verdict's order.
+    listed: tuple[SessionProblem, ...]
+
+
+def tally_problems(verdicts: Iterable[SessionVerdict], finished: Collection[str]) -> ProblemTally:
+    """Group the verdicts' problems by kind: every problem of a session in ``finished`` (its
+    newest agent said it to the end), and of the other sessions those of a kind outside
+    ``UNFINISHED_SESSION_KINDS`` (duplicated, altered or reordered turns count everywhere).
+    Decided by :class:`ProblemKind` only, never by a problem's text."""
+    held = [
+        SessionProblem(v.session_id, p)
+        for v in verdicts
+        for p in v.problems
+        if v.session_id in finished or p.kind not in UNFINISHED_SESSION_KINDS
+    ]
+    return ProblemTally(
+        totals=problem_totals(h.problem for h in held),
+        listed=tuple(h for h in held if h.problem.kind not in FIGURE_KINDS),
+    )
+
+
 def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
     options, store, settings = run.options, run.store, run.settings
     verdicts = [
@@ -651,15 +736,9 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
     ]
     print_table(verdicts)
     problems = [p for v in verdicts for p in v.problems]
-    # A session whose last agent never finished (every resume failed, or it died) was never
-    # said to its end: its missing turns and missing aggregates are that failure, reported
-    # apart, not turns the pipeline lost. Duplicated, altered and reordered turns count everywhere.
     finished = {sid for sid, agent in run.agents.items() if agent.state == "done"}
-    unfinished_only = {
-        ProblemKind.SESSION_MISSING, ProblemKind.LOST_TURNS, ProblemKind.WRONG_AGGREGATE, ProblemKind.NOT_FINALIZED,
-        ProblemKind.LOG_MISMATCH, ProblemKind.PARTIAL_AFTER_END,
-    }
-    totals = problem_totals(p for v in verdicts for p in v.problems if v.session_id in finished or p.kind not in unfinished_only)
+    tally = tally_problems(verdicts, finished)
+    totals = tally.totals
     unfinished = [
         {
             "session_id": v.session_id,
@@ -670,10 +749,6 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
         for v in verdicts
         if v.session_id not in finished
     ]
-    counted = {
-        ProblemKind.LOST_TURNS, ProblemKind.DUPLICATED_TURNS, ProblemKind.ALTERED_TURNS, ProblemKind.OUT_OF_ORDER,
-        ProblemKind.WRONG_AGGREGATE,
-    }
     failed_agents = [f for a in run.agents.values() for f in a.failed]
     events_sent = _watermarks(settings, settings.topics.events)
     stored = count_events(store, list(run.transcripts))
@@ -686,10 +761,8 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
         "out_of_order": totals[ProblemKind.OUT_OF_ORDER],
         "wrong_aggregates": totals[ProblemKind.WRONG_AGGREGATE],
         "problems_by_kind": {kind.value: n for kind, n in totals.items() if n},
-        "other_problems": [
-            f"{v.session_id}: {p}" for v in verdicts for p in v.problems
-            if p.kind not in counted and (v.session_id in finished or p.kind not in unfinished_only)
-        ],
+        "other_problems": [str(listed) for listed in tally.listed],  # as printed
+        "other_problem_records": [listed.as_json() for listed in tally.listed],  # the same, typed
         "unfinished_sessions": unfinished,  # their agents never finished: a violation of their own
         "failed_agents": failed_agents,
         "failed_resumes": run.failed_resumes,

@@ -1,0 +1,99 @@
+"""The chaos report's logic (pure, or with a stand-in run): grouping the verdicts' typed
+problems, and retrying a failed resume."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+
+from turnlog.demo import chaos
+from turnlog.demo.chaos import SessionProblem, tally_problems
+from turnlog.demo.verdict import Problem, ProblemKind, SessionVerdict
+
+
+def verdict(session_id: str, *problems: Problem) -> SessionVerdict:
+    return SessionVerdict(
+        session_id=session_id, input_turns=10, stored_turns=10, complete_turns=10, interrupted_turns=0, status="finalized",
+        duration_seconds=1.0, expected_duration_seconds=1.0, input_tokens=1, output_tokens=1, events=20, kills=1,
+        problems=list(problems),
+    )
+
+
+def test_an_unfinished_session_s_missing_turns_are_not_the_pipeline_s_but_its_duplicates_are():
+    # The texts say the opposite of the kinds: grouping must follow the kind alone.
+    finished = verdict("a", Problem(ProblemKind.LOST_TURNS, 3, "duplicated"), Problem(ProblemKind.EXTRA_GENERATIONS, 1, "lost"))
+    unfinished = verdict(
+        "b",
+        Problem(ProblemKind.LOST_TURNS, 5, "5 input turns missing"),
+        Problem(ProblemKind.NOT_FINALIZED, 1, "status is active"),
+        Problem(ProblemKind.DUPLICATED_TURNS, 2, "lost"),
+        Problem(ProblemKind.BAD_INTERRUPTED, 1, "1 interrupted turn"),
+    )
+    tally = tally_problems([finished, unfinished], finished={"a"})
+    assert {k: n for k, n in tally.totals.items() if n} == {
+        ProblemKind.LOST_TURNS: 3,  # only the finished session's
+        ProblemKind.EXTRA_GENERATIONS: 1,
+        ProblemKind.DUPLICATED_TURNS: 2,  # counted in every session
+        ProblemKind.BAD_INTERRUPTED: 1,
+    }
+    assert set(tally.totals) == set(ProblemKind)
+    assert [(p.session_id, p.problem.kind) for p in tally.listed] == [
+        ("a", ProblemKind.EXTRA_GENERATIONS),  # verdict order, then each verdict's own order
+        ("b", ProblemKind.BAD_INTERRUPTED),
+    ]
+
+
+def test_a_listed_problem_renders_its_text_and_its_json_from_the_typed_fields():
+    listed = SessionProblem("s-1", Problem(ProblemKind.OUT_OF_ORDER, 4, "4 turns out of order"))
+    assert str(listed) == "s-1: 4 turns out of order"
+    assert listed.as_json() == {"session_id": "s-1", "kind": "out_of_order", "count": 4, "detail": "4 turns out of order"}
+
+
+def test_no_problems_tally_to_zero_and_nothing_listed():
+    tally = tally_problems([verdict("a"), verdict("b")], finished={"a"})
+    assert not any(tally.totals.values()) and tally.listed == ()
+
+
+class StandInRun:
+    """What :meth:`chaos._Run.resume_agent` uses of a run: resume processes whose outcome is scripted."""
+
+    def __init__(self, outcomes: list[str]) -> None:
+        self.outcomes = outcomes
+        self.settings = SimpleNamespace(resume_timeout_seconds=1.0)
+        self.lock = threading.Condition()
+        self.agents = {"s": SimpleNamespace(state="killed")}
+        self.spawned, self.killed, self.records, self.failed_resumes = [], [], [], []
+
+    def spawn(self, session_id, *extra):
+        self.spawned.append(extra)
+        self.agents[session_id].state = self.outcomes[len(self.spawned) - 1]  # what the process's lines said
+        return SimpleNamespace(process=SimpleNamespace(log_path=f"agent{len(self.spawned)}.log"))
+
+    def kill_process(self, process):
+        self.killed.append(process.process.log_path)
+
+    def record(self, entry):
+        self.records.append(entry)
+
+    def now(self):
+        return 12.5
+
+
+def test_a_failed_resume_is_retried_and_the_attempt_that_worked_is_recorded(monkeypatch):
+    monkeypatch.setattr(chaos, "RESUME_RETRY_SECONDS", 0.01)
+    run = StandInRun(["failed", "failed", "running"])
+    chaos._Run.resume_agent(run, "s", 10.0, 2, None)
+    assert run.spawned == [("--resume",)] * 3
+    assert run.killed == ["agent1.log", "agent2.log"]  # each failed attempt's process, not the one that worked
+    [entry] = run.records
+    assert entry["resume_attempts"] == 3 and entry["recovery_seconds"] == 2.5 and run.failed_resumes == []
+
+
+def test_a_resume_that_fails_every_attempt_is_recorded_as_not_recovered(monkeypatch):
+    monkeypatch.setattr(chaos, "RESUME_RETRY_SECONDS", 0.01)
+    run = StandInRun(["failed"] * chaos.RESUME_ATTEMPTS)
+    chaos._Run.resume_agent(run, "s", 10.0, 2, "broker down")
+    assert len(run.spawned) == chaos.RESUME_ATTEMPTS and len(run.killed) == chaos.RESUME_ATTEMPTS
+    [entry] = run.records
+    assert entry["recovery_seconds"] is None and entry["resume_attempts"] == chaos.RESUME_ATTEMPTS
+    assert entry["error"] == "every resume attempt failed" and run.failed_resumes == ["s"]
