@@ -131,7 +131,8 @@ def replay_events(
                 result.records_read += 1
                 if record.offset() + 1 >= ends[partition]:
                     pending.discard(partition)
-                _sequence_record(store, record, states, wanted, emitted, result, max_buffer=settings.reorder_buffer_size)
+                _sequence_record(store, record, states, wanted, emitted, result,
+                                 max_buffer=settings.reorder_buffer_size)
                 if len(emitted) >= WRITE_BATCH:
                     _write(store, emitted, result)
             if progress:
@@ -221,7 +222,8 @@ def _initial_state(store: SqlStore, session_id: str) -> SessionSequence | None:
     with store_errors(), store.engine.connect() as conn:
         position = store.session_position(conn, session_id)
         first_event_id = conn.execute(
-            select(session_events.c.event_id).where(session_events.c.session_id == session_id, session_events.c.seq == 0)
+            select(session_events.c.event_id).where(session_events.c.session_id == session_id,
+                                                    session_events.c.seq == 0)
         ).scalar()
     if position is None:
         return SessionSequence()

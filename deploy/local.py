@@ -25,7 +25,8 @@ LOCAL_HOSTS = {"127.0.0.1", "localhost", "::1"}
 
 
 def broker_answers(settings: TurnlogSettings, timeout: float = 5.0) -> bool:
-    """True if a broker of ``settings`` answers within ``timeout`` seconds (see :func:`turnlog.kafka.broker_answers`)."""
+    """True if a broker of ``settings`` answers within ``timeout`` seconds
+    (see :func:`turnlog.kafka.broker_answers`)."""
     return kafka.broker_answers(settings, timeout)
 
 
@@ -78,7 +79,8 @@ def ensure_local_services(settings: TurnlogSettings) -> None:
         if not hosts <= LOCAL_HOSTS:
             raise ConfigurationError(f"no Kafka broker answers at {settings.bootstrap_servers}")
         _run_script("kafka.sh")
-    if make_url(settings.database_url).get_backend_name() == "postgresql" and not _database_answers(settings.database_url):
+    postgres = make_url(settings.database_url).get_backend_name() == "postgresql"
+    if postgres and not _database_answers(settings.database_url):
         if make_url(settings.database_url).host not in LOCAL_HOSTS:
             raise ConfigurationError(f"no Postgres answers at {safe_url(settings.database_url)}")
         _run_script("postgres.sh")
@@ -88,4 +90,5 @@ def _run_script(name: str) -> None:
     logger.info("starting the local service: bash %s start", SCRIPTS / name)
     result = subprocess.run(["bash", str(SCRIPTS / name), "start"], check=False)
     if result.returncode != 0:
-        raise ConfigurationError(f"`bash {SCRIPTS / name} start` failed (exit {result.returncode}); see its output above")
+        raise ConfigurationError(f"`bash {SCRIPTS / name} start` failed (exit {result.returncode}); "
+                                 "see its output above")

@@ -17,7 +17,8 @@ from sqlalchemy.engine import Connection
 from turnlog.schemas import SessionStatus
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
-__all__ = ["StoredEvent", "EventPage", "list_sessions", "get_session", "get_turns", "events_after", "SESSION_FIELDS", "TURN_FIELDS"]
+__all__ = ["StoredEvent", "EventPage", "list_sessions", "get_session", "get_turns", "events_after", "SESSION_FIELDS",
+           "TURN_FIELDS"]
 
 #: The ``sessions`` columns a reader sees (not the resume bookkeeping ``claimed_epoch``).
 SESSION_FIELDS = (

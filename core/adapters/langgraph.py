@@ -173,7 +173,9 @@ class LangGraphMirror:
             RecorderError: turnlog refused a turn; what the graph raises.
         """
         if kwargs.get("subgraphs") or kwargs.get("version", "v1") != "v1":
-            raise ValueError("LangGraphMirror reads the v1 stream without subgraphs: no subgraphs=True, no version='v2'")
+            raise ValueError(
+                "LangGraphMirror reads the v1 stream without subgraphs: no subgraphs=True, no version='v2'"
+            )
         input = await self._with_history(graph, input, config)
         new = self._input_messages(input)
         for message in new:
@@ -220,7 +222,8 @@ class LangGraphMirror:
             return input
         if not history or not isinstance(input, Mapping):
             return input
-        logger.info("thread %s: the checkpointer holds no messages; %d rebuilt from turnlog", self.recorded.session_id, len(history))
+        logger.info("thread %s: the checkpointer holds no messages; %d rebuilt from turnlog", self.recorded.session_id,
+                    len(history))
         return {**input, self.messages_key: [*history, *convert_to_messages(input.get(self.messages_key) or [])]}
 
     async def _catch_up(self, held: Sequence[BaseMessage]) -> None:
@@ -228,7 +231,11 @@ class LangGraphMirror:
         latest run of them equal to turnlog's complete turns; none if they differ."""
         said = [m for m in held if isinstance(m, (HumanMessage, AIMessage)) and _text(m)]
         pairs = [(USER if isinstance(m, HumanMessage) else ASSISTANT, _text(m)) for m in said]
-        stored = [(t.speaker, t.text) for t in self.recorded.turns if t.status == TurnStatus.COMPLETE and t.speaker in (USER, ASSISTANT)]
+        stored = [
+            (t.speaker, t.text)
+            for t in self.recorded.turns
+            if t.status == TurnStatus.COMPLETE and t.speaker in (USER, ASSISTANT)
+        ]
         start = _after_run(stored, pairs)
         if start is None:
             logger.warning(
@@ -238,7 +245,8 @@ class LangGraphMirror:
             return
         self._seen.update(m.id for m in said[:start] if m.id)
         if start < len(said):
-            logger.info("thread %s: %d messages of the checkpointer were not in turnlog; recorded", self.recorded.session_id, len(said) - start)
+            logger.info("thread %s: %d messages of the checkpointer were not in turnlog; recorded",
+                        self.recorded.session_id, len(said) - start)
         for message in said[start:]:
             await self._complete(message)
 
@@ -300,12 +308,16 @@ class LangGraphMirror:
             self._tokens[0] += int(usage.get("input_tokens") or 0)
             self._tokens[1] += int(usage.get("output_tokens") or 0)
             for call in message.tool_calls:
-                self._tool_calls[str(call.get("id"))] = {"name": call["name"], "arguments": dict(call.get("args") or {})}
+                self._tool_calls[str(call.get("id"))] = {"name": call["name"],
+                                                         "arguments": dict(call.get("args") or {})}
             if not text:
                 return  # a tool-calling message: its calls and tokens go with the next assistant turn
             tokens = {"input_tokens": self._tokens[0], "output_tokens": self._tokens[1]}
             self._tokens = [0, 0]
-            calls = tuple(ToolCall(name=c["name"], arguments=c["arguments"], result=c.get("result")) for c in self._tool_calls.values())
+            calls = tuple(
+                ToolCall(name=c["name"], arguments=c["arguments"], result=c.get("result"))
+                for c in self._tool_calls.values()
+            )
             self._tool_calls.clear()
         streamed = self._streamed.pop(message.id, None) if message.id else None
         index = streamed.turn_index if streamed is not None else self.recorded.next_turn_index
@@ -335,4 +347,8 @@ def _text(message: BaseMessage) -> str:
 
 
 def _blocks(content: Iterable[Any]) -> list[Mapping[str, Any]]:
-    return [block if isinstance(block, Mapping) else {"type": "text", "text": block} for block in content if isinstance(block, (Mapping, str))]
+    return [
+        block if isinstance(block, Mapping) else {"type": "text", "text": block}
+        for block in content
+        if isinstance(block, (Mapping, str))
+    ]

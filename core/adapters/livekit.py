@@ -91,7 +91,8 @@ AGENT_SPEAKER = "assistant"
 _ROLES = {USER_SPEAKER: "user", AGENT_SPEAKER: "assistant"}
 #: Close reasons that end the session in turnlog; any other (``job_shutdown``,
 #: ``error``) leaves it active, so the next job resumes it.
-ENDING_REASONS = frozenset({CloseReason.PARTICIPANT_DISCONNECTED, CloseReason.USER_INITIATED, CloseReason.TASK_COMPLETED})
+ENDING_REASONS = frozenset({CloseReason.PARTICIPANT_DISCONNECTED, CloseReason.USER_INITIATED,
+                            CloseReason.TASK_COMPLETED})
 
 
 async def record_session(
@@ -385,7 +386,8 @@ class LiveKitRecording:
             try:
                 await asyncio.wait_for(self._stop_requested.wait(), wait)
             except TimeoutError:
-                logger.warning("session %s: no close from LiveKit within %.0f s of the job's shutdown", self.recorded.session_id, wait)
+                logger.warning("session %s: no close from LiveKit within %.0f s of the job's shutdown",
+                               self.recorded.session_id, wait)
         await self.aclose()
 
     # -- LiveKit callbacks (synchronous) ----------------------------------------
@@ -431,7 +433,8 @@ class LiveKitRecording:
         self._pending_tokens = (0, 0)
         text, barged_in = ("", True) if speech.interrupted else (turn.text, False)
         self._submit(
-            _Complete(turn.turn_index, AGENT_SPEAKER, text, turn.started_at, _now(), input_tokens, output_tokens, barged_in)
+            _Complete(turn.turn_index, AGENT_SPEAKER, text, turn.started_at, _now(), input_tokens, output_tokens,
+                      barged_in)
         )
 
     def _on_agent_flush(self) -> None:
@@ -467,7 +470,8 @@ class LiveKitRecording:
             input_tokens, output_tokens = self._pending_tokens
             self._pending_tokens = (0, 0)
             self._submit(
-                _Complete(index, AGENT_SPEAKER, text, started, ended, input_tokens, output_tokens, barged_in=item.interrupted)
+                _Complete(index, AGENT_SPEAKER, text, started, ended, input_tokens, output_tokens,
+                          barged_in=item.interrupted)
             )
 
     def _on_session_usage_updated(self, ev: SessionUsageUpdatedEvent) -> None:
@@ -494,7 +498,8 @@ class LiveKitRecording:
         if ev.reason in ENDING_REASONS:
             self._submit(_End(ev.reason.value, _from_epoch(ev.created_at)))
         else:
-            logger.info("session %s: LiveKit closed it (%s); it stays resumable", self.recorded.session_id, ev.reason.value)
+            logger.info("session %s: LiveKit closed it (%s); it stays resumable", self.recorded.session_id,
+                        ev.reason.value)
         self._stop()
 
     # -- internals -----------------------------------------------------------------
@@ -522,7 +527,8 @@ class LiveKitRecording:
                 if isinstance(operation, _Stop):
                     break  # (the finally marks it done)
                 if isinstance(operation, _Partial):
-                    session.update_partial(operation.turn_index, operation.speaker, operation.text, started_at=operation.started_at)
+                    session.update_partial(operation.turn_index, operation.speaker, operation.text,
+                                           started_at=operation.started_at)
                 elif isinstance(operation, _Complete):
                     await session.complete_turn(
                         operation.turn_index,

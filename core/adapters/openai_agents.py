@@ -3,7 +3,9 @@
 Usage (``pip install 'turnlog[openai-agents]'``)::
 
     async with SessionRecorder(TurnlogSettings()) as recorder:
-        session = await TurnlogSession.open(recorder, SQLiteSession("call-42", "chats.db"), fleet="support", agent_id="bot-7")
+        session = await TurnlogSession.open(
+            recorder, SQLiteSession("call-42", "chats.db"), fleet="support", agent_id="bot-7"
+        )
         result = await Runner.run(agent, "Where is my order?", session=session, hooks=session.hooks)
         streamed = Runner.run_streamed(agent, "And the invoice?", session=session, hooks=session.hooks)
         async for event in session.stream(streamed):     # the agent's partial text, as it streams
@@ -302,7 +304,8 @@ class TurnlogSession:
                 self._popped.clear()  # a new item, not a restore
             kind = item.get("type")
             if kind == "function_call":
-                self._tool_calls[str(item.get("call_id"))] = {"name": item.get("name"), "arguments": _arguments(item.get("arguments"))}
+                self._tool_calls[str(item.get("call_id"))] = {"name": item.get("name"),
+                                                              "arguments": _arguments(item.get("arguments"))}
                 continue
             if kind == "function_call_output":
                 call = self._tool_calls.get(str(item.get("call_id")))
@@ -313,7 +316,10 @@ class TurnlogSession:
             if message is None:
                 continue
             if message.speaker == ASSISTANT and self._tool_calls:
-                calls = tuple(ToolCall(name=c["name"], arguments=c["arguments"], result=c.get("result")) for c in self._tool_calls.values())
+                calls = tuple(
+                    ToolCall(name=c["name"], arguments=c["arguments"], result=c.get("result"))
+                    for c in self._tool_calls.values()
+                )
                 self._tool_calls.clear()
                 message = _Message(message.speaker, message.text, message.item_id, calls)
             messages.append(message)
@@ -325,7 +331,8 @@ class TurnlogSession:
             return
         streamed = self._streamed.pop(message.item_id, None) if message.item_id is not None else None
         if streamed is None and message.speaker == ASSISTANT and self._streamed:
-            streamed = self._streamed.pop(next(iter(self._streamed)))  # ids differ (a model that sets none): oldest first
+            # The ids differ (a model that sets none): the oldest first.
+            streamed = self._streamed.pop(next(iter(self._streamed)))
         index = streamed.turn_index if streamed is not None else self.recorded.next_turn_index
         tokens = self._take_usage() if message.speaker == ASSISTANT else {}
         await self.recorded.complete_turn(
@@ -338,7 +345,9 @@ class TurnlogSession:
 
     async def _rebuild(self) -> None:
         stored = [
-            (t.speaker, t.text) for t in self.recorded.turns if t.status == TurnStatus.COMPLETE and t.speaker in (USER, ASSISTANT)
+            (t.speaker, t.text)
+            for t in self.recorded.turns
+            if t.status == TurnStatus.COMPLETE and t.speaker in (USER, ASSISTANT)
         ]
         held = [(m.speaker, m.text) for m in map(_message, await self.inner.get_items()) if m is not None]
         start = _missing_from(held, stored)
@@ -351,7 +360,8 @@ class TurnlogSession:
         missing = [{"role": speaker, "content": text} for speaker, text in stored[start:]]
         if missing:
             await self.inner.add_items(missing)
-            logger.info("session %s: rebuilt %d messages of the inner session from turnlog", self.session_id, len(missing))
+            logger.info("session %s: rebuilt %d messages of the inner session from turnlog", self.session_id,
+                        len(missing))
 
 
 def _log_failure(write: asyncio.Task[None]) -> None:

@@ -94,7 +94,8 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
             if hub is not None:
                 await asyncio.to_thread(hub.stop)
 
-    app = FastAPI(title="turnlog", summary="Sessions, transcripts and live events of turnlog's store.", lifespan=lifespan)
+    app = FastAPI(title="turnlog", summary="Sessions, transcripts and live events of turnlog's store.",
+                  lifespan=lifespan)
 
     # One place for outages, whichever call site met them: a client gets 503 and
     # when to try again, never a raw 500 (decided by exception class and SQLSTATE).
@@ -275,7 +276,9 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
         return Response(encode_grant(grant), media_type="application/json", headers={"Cache-Control": "no-store"})
 
     @app.get("/api/fleets/{fleet}/analytics")
-    def fleet_analytics(fleet: str, granted: Scoped, minutes: Annotated[int, Query(ge=1, le=1440)] = 60) -> dict[str, Any]:
+    def fleet_analytics(
+        fleet: str, granted: Scoped, minutes: Annotated[int, Query(ge=1, le=1440)] = 60
+    ) -> dict[str, Any]:
         if not granted.allows(fleet) or "\x00" in fleet:
             raise HTTPException(404, f"no fleet {fleet!r}")
         with store.engine.connect() as conn:

@@ -132,10 +132,12 @@ def produce_all(settings: TurnlogSettings, topic: str, events: Sequence[tuple[st
     outside tenacity: a ``Retrying`` call costs ~15 µs, which K's throughput would show.
     """
     producer = kafka.producer(settings, client_id="bench-prefill", delivery_timeout_seconds=120)
-    while_queue_full = Retrying(retry=retry_if_exception_type(BufferError), wait=wait_fixed(0.05), sleep=producer.poll, reraise=True)
+    while_queue_full = Retrying(retry=retry_if_exception_type(BufferError), wait=wait_fixed(0.05), sleep=producer.poll,
+                                reraise=True)
     began = time.monotonic()
     for key, value in events:
-        send = functools.partial(producer.produce, topic, key=key.encode(), value=value, partition=partition_for(key, settings.partitions))
+        send = functools.partial(producer.produce, topic, key=key.encode(), value=value,
+                                 partition=partition_for(key, settings.partitions))
         try:
             send()
         except BufferError:
@@ -150,7 +152,9 @@ def topic_end(consumer: Consumer, topic: str, partitions: int) -> int:
     return sum(consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=10)[1] for p in range(partitions))
 
 
-def kafka_baseline(settings: TurnlogSettings, events: Sequence[tuple[str, bytes]], *, latency_rate: float = 1000.0) -> KafkaBaseline:
+def kafka_baseline(
+    settings: TurnlogSettings, events: Sequence[tuple[str, bytes]], *, latency_rate: float = 1000.0
+) -> KafkaBaseline:
     """K: produce ``events`` as fast as the idempotent producer goes while one
     consumer reads them back (events/s over the whole transfer); then the same
     payloads paced at ``latency_rate`` events/s for the produce -> consume latency
@@ -161,7 +165,9 @@ def kafka_baseline(settings: TurnlogSettings, events: Sequence[tuple[str, bytes]
     return KafkaBaseline(rate, percentile(latencies, 50), percentile(latencies, 99))
 
 
-def _produce_and_consume(settings: TurnlogSettings, events: Sequence[tuple[str, bytes]], pace: float | None) -> tuple[float, list[float]]:
+def _produce_and_consume(
+    settings: TurnlogSettings, events: Sequence[tuple[str, bytes]], pace: float | None
+) -> tuple[float, list[float]]:
     topic = f"{settings.topic_prefix}.bench-k-{uuid.uuid4().hex[:6]}"
     create_bench_topics(settings, topic)
     latencies: list[float] = []
@@ -169,7 +175,8 @@ def _produce_and_consume(settings: TurnlogSettings, events: Sequence[tuple[str, 
     finished_at = [0.0]
 
     def consume() -> None:
-        consumer = kafka.consumer(settings, group_id=f"{topic}-reader", **{"auto.offset.reset": "earliest", "fetch.wait.max.ms": 5})
+        consumer = kafka.consumer(settings, group_id=f"{topic}-reader",
+                                  **{"auto.offset.reset": "earliest", "fetch.wait.max.ms": 5})
         consumer.assign([TopicPartition(topic, p, 0) for p in range(settings.partitions)])
         consumer.consume(1, 0.5)  # connect before the clock starts
         ready.set()
@@ -210,7 +217,9 @@ def _produce_and_consume(settings: TurnlogSettings, events: Sequence[tuple[str, 
     return len(latencies) / max(finished_at[0] - began, 1e-9), latencies
 
 
-def faust_baseline(settings: TurnlogSettings, events: Sequence[tuple[str, bytes]], log_dir: Path, timeout: float = 600) -> ThroughputBaseline:
+def faust_baseline(
+    settings: TurnlogSettings, events: Sequence[tuple[str, bytes]], log_dir: Path, timeout: float = 600
+) -> ThroughputBaseline:
     """S: pre-fill a topic, start the bare pass-through agent, time from its first copy to the last."""
     run = uuid.uuid4().hex[:6]
     source, target = f"{settings.topic_prefix}.bench-s-{run}.in", f"{settings.topic_prefix}.bench-s-{run}.out"
@@ -220,7 +229,8 @@ def faust_baseline(settings: TurnlogSettings, events: Sequence[tuple[str, bytes]
     log_dir.mkdir(parents=True, exist_ok=True)
     with (log_dir / "faust-passthrough.log").open("ab") as log:
         agent = subprocess.Popen(
-            [sys.executable, "-m", "turnlog.bench.passthrough", source, target, f"{settings.topic_prefix}-bench-s-{run}"],
+            [sys.executable, "-m", "turnlog.bench.passthrough", source, target,
+             f"{settings.topic_prefix}-bench-s-{run}"],
             env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
         )
     probe = kafka.consumer(settings, group_id=f"bench-s-{run}-probe")
@@ -237,7 +247,9 @@ def faust_baseline(settings: TurnlogSettings, events: Sequence[tuple[str, bytes]
     return ThroughputBaseline(rate)
 
 
-def faust_consume_baseline(settings: TurnlogSettings, events: Sequence[tuple[str, bytes]], log_dir: Path, timeout: float = 600) -> ThroughputBaseline:
+def faust_consume_baseline(
+    settings: TurnlogSettings, events: Sequence[tuple[str, bytes]], log_dir: Path, timeout: float = 600
+) -> ThroughputBaseline:
     """S0: pre-fill a topic, start the consume-only agent (``consume_only.py``); records/s
     from its first batch to its last, as the agent itself timed them."""
     import json
@@ -251,14 +263,16 @@ def faust_consume_baseline(settings: TurnlogSettings, events: Sequence[tuple[str
     result_path = log_dir / f"faust-consume-only-{run}.json"
     with (log_dir / "faust-consume-only.log").open("ab") as log:
         agent = subprocess.Popen(
-            [sys.executable, "-m", "turnlog.bench.consume_only", source, f"{settings.topic_prefix}-bench-s0-{run}", str(len(events)), str(result_path)],
+            [sys.executable, "-m", "turnlog.bench.consume_only", source, f"{settings.topic_prefix}-bench-s0-{run}",
+             str(len(events)), str(result_path)],
             env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
         )
     try:
         deadline = time.monotonic() + timeout
         while not result_path.exists():
             if time.monotonic() > deadline or agent.poll() is not None:
-                raise RuntimeError(f"the consume-only agent did not read {len(events)} records; see {log_dir / 'faust-consume-only.log'}")
+                raise RuntimeError(f"the consume-only agent did not read {len(events)} records; see"
+                                   f" {log_dir / 'faust-consume-only.log'}")
             time.sleep(0.1)
         result = json.loads(result_path.read_text())
     finally:
@@ -299,7 +313,8 @@ def _drain_rate(count: Any, total: int, timeout: float, process: subprocess.Pope
 
 # -- P: raw psycopg ----------------------------------------------------------------
 _EVENT_COLUMNS = ("session_id", "seq", "epoch", "event_id", "type", "emitted_at", "payload")
-_TURN_COLUMNS = ("session_id", "turn_index", "speaker", "text", "status", "started_at", "ended_at", "input_tokens", "output_tokens", "epoch", "seq")
+_TURN_COLUMNS = ("session_id", "turn_index", "speaker", "text", "status", "started_at", "ended_at", "input_tokens",
+                 "output_tokens", "epoch", "seq")
 _TURN_TYPES = ("text", "int", "text", "text", "text", "timestamptz", "timestamptz", "bigint", "bigint", "int", "bigint")
 _EVENT_TYPES = ("text", "bigint", "int", "text", "text", "timestamptz", "text")
 _SESSION_COLUMNS = ("id", "status", "epoch", "last_seq")
@@ -312,7 +327,9 @@ _TURN_GUARD = (
 _TURN_SET = ", ".join(f"{c} = EXCLUDED.{c}" for c in _TURN_COLUMNS[2:])
 
 
-def _batch_rows(batch: Sequence[SourceMessage]) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
+def _batch_rows(
+    batch: Sequence[SourceMessage]
+) -> tuple[list[tuple[Any, ...]], list[tuple[Any, ...]], list[tuple[Any, ...]]]:
     plan = plan_batch(batch)
     events = [tuple(row[c] for c in _EVENT_COLUMNS) for row in plan.event_rows]
     turns = [tuple(row[c] for c in _TURN_COLUMNS) for row in (t.as_row() for t in plan.turns)]
@@ -328,7 +345,10 @@ def _sql_insert(table: str, columns: Sequence[str], source: str, conflict: str) 
 
 _EVENTS_CONFLICT = "ON CONFLICT (session_id, seq) DO NOTHING"
 _TURNS_CONFLICT = f"ON CONFLICT (session_id, turn_index) DO UPDATE SET {_TURN_SET} {_TURN_GUARD}"
-_SESSIONS_CONFLICT = "ON CONFLICT (id) DO UPDATE SET epoch = GREATEST(sessions.epoch, EXCLUDED.epoch), last_seq = GREATEST(sessions.last_seq, EXCLUDED.last_seq)"
+_SESSIONS_CONFLICT = (
+    "ON CONFLICT (id) DO UPDATE SET epoch = GREATEST(sessions.epoch, EXCLUDED.epoch),"
+    " last_seq = GREATEST(sessions.last_seq, EXCLUDED.last_seq)"
+)
 
 
 def _write_executemany(conn: psycopg.Connection, events: list, turns: list, sessions: list) -> None:
@@ -366,12 +386,14 @@ def _write_copy(conn: psycopg.Connection, events: list, turns: list, sessions: l
             if not rows:
                 continue
             staging = f"staging_{table}"
-            cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS {staging} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT DELETE ROWS")
+            cur.execute(f"CREATE TEMP TABLE IF NOT EXISTS {staging} (LIKE {table} INCLUDING DEFAULTS) ON COMMIT"
+                        " DELETE ROWS")
             with cur.copy(f"COPY {staging} ({', '.join(columns)}) FROM STDIN") as copy:
                 for row in rows:
                     copy.write_row(row)
             # DISTINCT ON: a batch may carry one turn twice; ON CONFLICT allows one row per key.
-            key = {"session_events": "session_id, seq", "sessions": "id", "transcript_turns": "session_id, turn_index"}[table]
+            key = {"session_events": "session_id, seq", "sessions": "id",
+                   "transcript_turns": "session_id, turn_index"}[table]
             order = {"session_events": "", "sessions": "", "transcript_turns": ", epoch DESC, seq DESC"}[table]
             source = f"SELECT DISTINCT ON ({key}) {', '.join(columns)} FROM {staging} ORDER BY {key}{order}"
             cur.execute(_sql_insert(table, columns, source, conflict))
@@ -382,7 +404,10 @@ _METHODS = {"executemany+pipeline": _write_executemany, "unnest": _write_unnest,
 
 def postgres_baselines(dsn: str, events: Sequence[tuple[str, bytes]], batch_size: int) -> list[PostgresMethod]:
     """P: each method writes every batch's rows in one transaction, on empty tables."""
-    messages = [SourceMessage("bench", partition_for(key, 6), offset, value, key.encode()) for offset, (key, value) in enumerate(events)]
+    messages = [
+        SourceMessage("bench", partition_for(key, 6), offset, value, key.encode())
+        for offset, (key, value) in enumerate(events)
+    ]
     batches = [_batch_rows(messages[i : i + batch_size]) for i in range(0, len(messages), batch_size)]
     results = []
     with psycopg.connect(dsn) as conn:
@@ -400,7 +425,8 @@ def postgres_baselines(dsn: str, events: Sequence[tuple[str, bytes]], batch_size
                 commits.append((time.monotonic() - started) * 1000)
                 rows += sum(len(part) for part in batch)
             seconds = time.monotonic() - began
-            results.append(PostgresMethod(name, rows / seconds, percentile(commits, 99), len(batches), sum(commits) / max(len(commits), 1)))
+            results.append(PostgresMethod(name, rows / seconds, percentile(commits, 99), len(batches),
+                                          sum(commits) / max(len(commits), 1)))
         with conn.cursor() as cur:
             cur.execute("TRUNCATE session_events, transcript_turns, sessions")
         conn.commit()
@@ -417,7 +443,8 @@ def unsafe_baseline(dsn: str, sessions_dir: Path, *, turns: int, speed: float) -
         return [sys.executable, "-m", "turnlog.bench.unsafe", dsn, str(sessions_dir), sid, str(turns), str(speed)]
 
     # First a run to completion (another session id): what one session costs the database.
-    finished = subprocess.run(command(f"{session_id}-full") + ["--count-only"], capture_output=True, text=True, timeout=300, check=True)
+    finished = subprocess.run(command(f"{session_id}-full") + ["--count-only"], capture_output=True, text=True,
+                              timeout=300, check=True)
     commits, rows, seconds = (float(x) for x in finished.stdout.splitlines()[-1].split())
     child = subprocess.Popen(command(session_id), stdout=subprocess.PIPE, text=True)
     said = 0
@@ -430,5 +457,7 @@ def unsafe_baseline(dsn: str, sessions_dir: Path, *, turns: int, speed: float) -
     child.send_signal(signal.SIGKILL)
     child.wait()
     with psycopg.connect(dsn) as conn:
-        stored = conn.execute("SELECT count(*) FROM transcript_turns WHERE session_id = %s", (session_id,)).fetchone()[0]
+        stored = conn.execute(
+            "SELECT count(*) FROM transcript_turns WHERE session_id = %s", (session_id,)
+        ).fetchone()[0]
     return UnsafeBaseline(commits, rows, said, stored)

@@ -110,11 +110,12 @@ SESSION_START_SQL = (
 )
 SESSION_END_SQL = (
     "INSERT INTO sessions (id, fleet, agent_id, status, ended_at, end_reason, epoch, last_seq, max_seq, end_seq)"
-    f" VALUES (%(id)s, %(fleet)s, %(agent_id)s, '{SessionStatus.ENDED}', %(ended_at)s, %(end_reason)s, %(epoch)s, %(seq)s,"
-    " %(seq)s, %(seq)s)"
+    f" VALUES (%(id)s, %(fleet)s, %(agent_id)s, '{SessionStatus.ENDED}', %(ended_at)s, %(end_reason)s,"
+    " %(epoch)s, %(seq)s, %(seq)s, %(seq)s)"
     f" ON CONFLICT (id) DO UPDATE SET status = '{SessionStatus.ENDED}', ended_at = EXCLUDED.ended_at,"
     " end_reason = EXCLUDED.end_reason,"
-    " last_seq = GREATEST(sessions.last_seq, EXCLUDED.last_seq), max_seq = GREATEST(sessions.max_seq, EXCLUDED.max_seq),"
+    " last_seq = GREATEST(sessions.last_seq, EXCLUDED.last_seq),"
+    " max_seq = GREATEST(sessions.max_seq, EXCLUDED.max_seq),"
     " end_seq = EXCLUDED.end_seq WHERE EXCLUDED.epoch >= sessions.epoch"
 )
 
@@ -251,7 +252,8 @@ async def _replay(
         return ms
 
     def envelope() -> dict[str, Any]:
-        return dict(event_id=uuid.uuid4(), session_id=session_id, seq=seq, epoch=0, producer_id="bench-direct", emitted_at=_now())
+        return dict(event_id=uuid.uuid4(), session_id=session_id, seq=seq, epoch=0, producer_id="bench-direct",
+                    emitted_at=_now())
 
     async def wait(deadline: float) -> bool:
         if paced:
@@ -260,7 +262,8 @@ async def _replay(
 
     clock0 = time.monotonic()
     now = _now()
-    await write(SessionStarted(fleet=BENCH_FLEET, agent_id="bench", started_at=now, **envelope()), clock0, session=SESSION_START_SQL)
+    await write(SessionStarted(fleet=BENCH_FLEET, agent_id="bench", started_at=now, **envelope()), clock0,
+                session=SESSION_START_SQL)
     t0 = plan.turns[0].start_s
     free_at = 0.0
     reason = "completed"
@@ -275,7 +278,10 @@ async def _replay(
             if not await wait(due):
                 break
             text = " ".join(words[: max(1, math.ceil(len(words) * (step + 1) / (steps + 1)))])
-            await write(TurnPartial(turn_index=index, speaker=turn.speaker, text=text, started_at=started_at, **envelope()), due, turn=True)
+            partial = TurnPartial(
+                turn_index=index, speaker=turn.speaker, text=text, started_at=started_at, **envelope()
+            )
+            await write(partial, due, turn=True)
         due = clock0 + begin + length
         if not await wait(due):
             reason = "interrupted"
@@ -319,7 +325,8 @@ def _turn_row(event: Any) -> dict[str, Any]:
 
 
 def _session_row(event: Any) -> dict[str, Any]:
-    row: dict[str, Any] = {"id": event.session_id, "fleet": BENCH_FLEET, "agent_id": "bench", "epoch": event.epoch, "seq": event.seq}
+    row: dict[str, Any] = {"id": event.session_id, "fleet": BENCH_FLEET, "agent_id": "bench", "epoch": event.epoch,
+                           "seq": event.seq}
     if isinstance(event, SessionStarted):
         row["started_at"] = event.started_at
     else:

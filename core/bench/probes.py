@@ -84,7 +84,9 @@ class Sampler:
         topics, n = self.settings.topics, self.settings.partitions
         events = [TopicPartition(topics.events, p) for p in range(n)]
         events_end = sum(self._consumer.get_watermark_offsets(tp, timeout=5)[1] for tp in events)
-        transcript_end = sum(self._consumer.get_watermark_offsets(TopicPartition(topics.transcript, p), timeout=5)[1] for p in range(n))
+        transcript_end = sum(
+            self._consumer.get_watermark_offsets(TopicPartition(topics.transcript, p), timeout=5)[1] for p in range(n)
+        )
         sequenced = sum(max(tp.offset, 0) for tp in self._consumer.committed(events, timeout=5))
         stored = conn.execute(
             "SELECT coalesce(sum(next_offset), 0) FROM sink_offsets WHERE consumer_group = %s AND topic = %s",
@@ -172,7 +174,9 @@ def cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
-def cpu_us_per_event(before: dict[str, float], after: dict[str, float], events: int, *, seconds: float) -> dict[str, Any]:
+def cpu_us_per_event(
+    before: dict[str, float], after: dict[str, float], events: int, *, seconds: float
+) -> dict[str, Any]:
     """CPU microseconds each process used per event between two readings of
     :func:`cpu_seconds` (``{name: seconds}``), over the ``events`` that went through
     meanwhile, and the cores each used over those ``seconds``; the pipeline's total
@@ -227,7 +231,8 @@ def parse_sink_batches(text: str) -> SinkBatches:
             elif sample.name == "turnlog_sink_records_total" and sample.labels.get("outcome") == "applied":
                 values["applied"] = sample.value
     return SinkBatches(
-        values.get("turnlog_sink_batch_seconds_count", 0.0), values.get("applied", 0.0), values.get("turnlog_sink_batch_seconds_sum", 0.0)
+        values.get("turnlog_sink_batch_seconds_count", 0.0), values.get("applied", 0.0),
+        values.get("turnlog_sink_batch_seconds_sum", 0.0)
     )
 
 
@@ -271,7 +276,12 @@ def spool_counters() -> SpoolCounters:
         return REGISTRY.get_sample_value(name, labels) or 0.0
 
     # The bucket bounds as the histogram labels them ("0.0005", ..., "+Inf").
-    bounds = [s.labels["le"] for metric in SPOOL_COMMIT_SECONDS.collect() for s in metric.samples if s.name == f"{_SPOOL_COMMIT}_bucket"]
+    bounds = [
+        s.labels["le"]
+        for metric in SPOOL_COMMIT_SECONDS.collect()
+        for s in metric.samples
+        if s.name == f"{_SPOOL_COMMIT}_bucket"
+    ]
     return SpoolCounters(
         commits=value(f"{_SPOOL_COMMIT}_count"),
         seconds=value(f"{_SPOOL_COMMIT}_sum"),

@@ -71,7 +71,9 @@ class ResumeSamples:
     stale: int = 0
 
 
-def resume_summary(samples_ms: Sequence[float], *, stale: int = 0, goal_p99_ms: float = RESUME_GOAL_P99_MS) -> dict[str, Any]:
+def resume_summary(
+    samples_ms: Sequence[float], *, stale: int = 0, goal_p99_ms: float = RESUME_GOAL_P99_MS
+) -> dict[str, Any]:
     """p50/p95/p99/max (nearest rank) of one path's samples, and whether p99 meets the goal.
 
     Failed resumes are ``inf`` samples, so they count against the percentiles;
@@ -127,7 +129,10 @@ async def resume_probe(
     return results
 
 
-async def _one(origin: SessionRecorder, settings: TurnlogSettings, session_id: str, into: ResumeSamples, *, turns: int, timeout: float, tag: str) -> None:
+async def _one(
+    origin: SessionRecorder, settings: TurnlogSettings, session_id: str, into: ResumeSamples, *, turns: int,
+    timeout: float, tag: str
+) -> None:
     session = await origin.start_session(session_id, fleet=BENCH_FLEET, agent_id="bench-resume")
     for index in range(turns):
         speaker, text = _TURNS[index % len(_TURNS)]
@@ -179,7 +184,8 @@ async def run_probe_process(
     )]
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("ab") as log:
-        child = await asyncio.create_subprocess_exec(*argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=log, stdin=asyncio.subprocess.DEVNULL)
+        child = await asyncio.create_subprocess_exec(*argv, env=env, stdout=asyncio.subprocess.PIPE, stderr=log,
+                                                     stdin=asyncio.subprocess.DEVNULL)
         out, _ = await child.communicate()
     if child.returncode != 0:
         raise RuntimeError(f"the resume probe exited with {child.returncode}; see {log_path}")
@@ -201,7 +207,8 @@ def main(argv: Sequence[str]) -> None:
     if args["api_url"]:
         paths["api"] = settings.model_copy(update={"api_url": args["api_url"]})
     results = asyncio.run(
-        resume_probe(settings, paths, begin_at=args["begin_at"], end_at=args["end_at"], samples=args["samples"], tag=args["tag"])
+        resume_probe(settings, paths, begin_at=args["begin_at"], end_at=args["end_at"], samples=args["samples"],
+                     tag=args["tag"])
     )
     print(json.dumps({name: asdict(r) for name, r in results.items()}))
 

@@ -61,7 +61,9 @@ class KillPlan:
     at_fraction: float
 
 
-def choose_kills(transcripts: dict[str, list[InputTurn]], count: int, speed: float, flush_interval: float, seed: int) -> list[KillPlan]:
+def choose_kills(
+    transcripts: dict[str, list[InputTurn]], count: int, speed: float, flush_interval: float, seed: int
+) -> list[KillPlan]:
     """Pick ``count`` sessions and, in each, a turn long enough that at least two
     timer flushes happen before the kill (so an interrupted partial is stored),
     from the middle of the session."""
@@ -103,14 +105,16 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     run_id = uuid.uuid4().hex[:8]
     # The run's own spool folder: its resumed agents deliver what its killed ones left there.
     settings = settings.model_copy(
-        update={"flush_interval_seconds": options.flush_interval_seconds, "spool_dir": str(options.log_dir / run_id / "spool")}
+        update={"flush_interval_seconds": options.flush_interval_seconds,
+                "spool_dir": str(options.log_dir / run_id / "spool")}
     )
     transcripts, paths = load_sessions(options.sessions_dir, run_id)
     files = list(paths.values())
     kills = choose_kills(transcripts, options.kills, options.speed, options.flush_interval_seconds, options.seed)
     log_dir = options.log_dir / run_id
     base_time = dt.datetime.now(dt.UTC).replace(microsecond=0)
-    print(f"turnlog demo {run_id}: {len(files)} sessions, {sum(map(len, transcripts.values()))} turns, speed x{options.speed:g}")
+    print(f"turnlog demo {run_id}: {len(files)} sessions, {sum(map(len, transcripts.values()))} turns, speed"
+          f" x{options.speed:g}")
 
     ensure_local_services(settings)
     store = open_store(settings.database_url)
@@ -146,8 +150,10 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
 
         def kill_and_resume() -> None:
             agent.process.kill()
-            print(f"  SIGKILL agent of {plan.session_id} (pid {agent.process.pid}) {delay:.2f}s into input turn {plan.input_turn}; resuming in a new process")
-            killed.append({"session_id": plan.session_id, "input_turn": plan.input_turn, "after_seconds": round(delay, 3)})
+            print(f"  SIGKILL agent of {plan.session_id} (pid {agent.process.pid}) {delay:.2f}s into input turn"
+                  f" {plan.input_turn}; resuming in a new process")
+            killed.append({"session_id": plan.session_id, "input_turn": plan.input_turn,
+                           "after_seconds": round(delay, 3)})
             spawn(plan.session_id, "--resume")
 
         threading.Timer(delay, kill_and_resume).start()
@@ -166,12 +172,14 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
 
     kills_by_session = {k["session_id"]: 1 for k in killed}
     verdicts = [
-        judge_session(store, sid, turns, kills_by_session.get(sid, 0), base_time=base_time) for sid, turns in transcripts.items()
+        judge_session(store, sid, turns, kills_by_session.get(sid, 0), base_time=base_time)
+        for sid, turns in transcripts.items()
     ]
     verdicts_by_id = {v.session_id: v for v in verdicts}
     for plan in kills:
         if plan.session_id not in kills_by_session:
-            verdicts_by_id[plan.session_id].problems.append(Problem(ProblemKind.KILL_MISSED, 1, "the planned SIGKILL did not happen"))
+            verdicts_by_id[plan.session_id].problems.append(Problem(ProblemKind.KILL_MISSED, 1,
+                                                                    "the planned SIGKILL did not happen"))
     events = count_events(store, list(transcripts))
     failed_agents = [a.process.name for a in agents if a.process.popen.returncode not in (0, -9)]
     ok = all(v.ok for v in verdicts) and not failed_agents and len(killed) == len(kills)
@@ -257,10 +265,12 @@ def count_events(store: SqlStore, session_ids: list[str]) -> int:
 
 
 def print_table(verdicts: list[SessionVerdict]) -> None:
-    header = f"{'session':<26} {'input':>6} {'stored':>6} {'intr':>4} {'status':<10} {'duration s':>10} {'events':>7}  problems"
+    header = (f"{'session':<26} {'input':>6} {'stored':>6} {'intr':>4} {'status':<10} {'duration s':>10} "
+              f"{'events':>7}  problems")
     print("\n" + header)
     print("-" * len(header))
     for v in verdicts:
         duration = f"{v.duration_seconds:.1f}" if v.duration_seconds is not None else "-"
         problems = "; ".join(map(str, v.problems)) or "ok"
-        print(f"{v.session_id:<26} {v.input_turns:>6} {v.stored_turns:>6} {v.interrupted_turns:>4} {v.status:<10} {duration:>10} {v.events:>7}  {problems}")
+        print(f"{v.session_id:<26} {v.input_turns:>6} {v.stored_turns:>6} {v.interrupted_turns:>4} {v.status:<10}"
+              f" {duration:>10} {v.events:>7}  {problems}")

@@ -153,10 +153,14 @@ def judge_session(
     with store.engine.connect() as conn:
         row = conn.execute(select(sessions).where(sessions.c.id == session_id)).mappings().first()
         turns = conn.execute(
-            select(transcript_turns).where(transcript_turns.c.session_id == session_id).order_by(transcript_turns.c.turn_index)
+            select(transcript_turns)
+            .where(transcript_turns.c.session_id == session_id)
+            .order_by(transcript_turns.c.turn_index)
         ).mappings().all()
         payloads = conn.execute(
-            select(session_events.c.payload).where(session_events.c.session_id == session_id).order_by(session_events.c.seq)
+            select(session_events.c.payload)
+            .where(session_events.c.session_id == session_id)
+            .order_by(session_events.c.seq)
         ).scalars().all()
     rows = [TurnRow.from_row(t) for t in turns]
     expected_duration = round(max(t.end_s for t in expected) - expected[0].start_s, 3)
@@ -189,7 +193,8 @@ def judge_session(
         problems.append(Problem(ProblemKind.LOG_MISMATCH, 1, "session_events seqs are not 0..n-1"))
     if folded.end_seq is None or row["last_seq"] != folded.end_seq:
         problems.append(Problem(ProblemKind.LOG_MISMATCH, 1, f"last_seq {row['last_seq']} != end seq {folded.end_seq}"))
-    if [(t.turn_index, t.status, t.text) for t in folded.ordered_turns] != [(t.turn_index, t.status, t.text) for t in rows]:
+    folded_turns = [(t.turn_index, t.status, t.text) for t in folded.ordered_turns]
+    if folded_turns != [(t.turn_index, t.status, t.text) for t in rows]:
         problems.append(Problem(ProblemKind.LOG_MISMATCH, 1, "transcript_turns differ from a fold of session_events"))
     recomputed = {
         "turn_count": folded.turn_count,
@@ -200,11 +205,18 @@ def judge_session(
     for name, value in recomputed.items():
         if row[name] != value:
             problems.append(
-                Problem(ProblemKind.WRONG_AGGREGATE, 1, f"{name} is {row[name]}, a recomputation from session_events gives {value}")
+                Problem(ProblemKind.WRONG_AGGREGATE, 1,
+                        f"{name} is {row[name]}, a recomputation from session_events gives {value}")
             )
-    for name, value in (("duration_seconds (log)", folded.duration_seconds), ("duration_seconds (input)", expected_duration)):
-        if row["duration_seconds"] is None or value is None or abs(row["duration_seconds"] - value) > DURATION_TOLERANCE_SECONDS:
-            problems.append(Problem(ProblemKind.WRONG_AGGREGATE, 1, f"duration_seconds is {row['duration_seconds']}, {name} gives {value}"))
+    for name, value in (("duration_seconds (log)", folded.duration_seconds),
+                        ("duration_seconds (input)", expected_duration)):
+        if (
+            row["duration_seconds"] is None
+            or value is None
+            or abs(row["duration_seconds"] - value) > DURATION_TOLERANCE_SECONDS
+        ):
+            problems.append(Problem(ProblemKind.WRONG_AGGREGATE, 1,
+                                    f"duration_seconds is {row['duration_seconds']}, {name} gives {value}"))
     input_tokens = sum(token_counts(t)[0] for t in expected)
     output_tokens = sum(token_counts(t)[1] for t in expected)
     if (row["input_tokens"], row["output_tokens"]) != (input_tokens, output_tokens):
@@ -212,13 +224,16 @@ def judge_session(
             Problem(
                 ProblemKind.WRONG_AGGREGATE,
                 1,
-                f"tokens are {row['input_tokens']}/{row['output_tokens']}, the input gives {input_tokens}/{output_tokens}",
+                f"tokens are {row['input_tokens']}/{row['output_tokens']}, the input gives"
+                f" {input_tokens}/{output_tokens}",
             )
         )
     return verdict
 
 
-def check_turns(rows: Sequence[TurnRow], expected: Sequence[InputTurn], *, base_time: dt.datetime, kills: int) -> list[Problem]:
+def check_turns(
+    rows: Sequence[TurnRow], expected: Sequence[InputTurn], *, base_time: dt.datetime, kills: int
+) -> list[Problem]:
     """The problems of a session's stored turns against its input (module docstring).
 
     Pure: ``rows`` are the stored turns (any order), ``expected`` the input
@@ -232,7 +247,8 @@ def check_turns(rows: Sequence[TurnRow], expected: Sequence[InputTurn], *, base_
 
     partial = [r.turn_index for r in rows if r.status == TurnStatus.PARTIAL]
     if partial:
-        problems.append(Problem(ProblemKind.PARTIAL_AFTER_END, len(partial), f"turns still partial after the end: {_few(partial)}"))
+        problems.append(Problem(ProblemKind.PARTIAL_AFTER_END, len(partial),
+                                f"turns still partial after the end: {_few(partial)}"))
     odd = [r.turn_index for r in rows if r.status not in tuple(TurnStatus)]
     if odd:
         problems.append(Problem(ProblemKind.ALTERED_TURNS, len(odd), f"turns with an unknown status: {_few(odd)}"))
@@ -243,7 +259,8 @@ def check_turns(rows: Sequence[TurnRow], expected: Sequence[InputTurn], *, base_
     ]
     if altered:
         problems.append(
-            Problem(ProblemKind.ALTERED_TURNS, len(altered), f"{len(altered)} complete turns differ from every input turn: {_few(altered)}")
+            Problem(ProblemKind.ALTERED_TURNS, len(altered),
+                    f"{len(altered)} complete turns differ from every input turn: {_few(altered)}")
         )
     copies = Counter(source[r.turn_index] for r in complete if source[r.turn_index] is not None)
     lost = [i for i in range(len(expected)) if copies[i] == 0]
@@ -253,7 +270,8 @@ def check_turns(rows: Sequence[TurnRow], expected: Sequence[InputTurn], *, base_
     if duplicated:
         extra = sorted(i for i, n in copies.items() if n > 1)
         problems.append(
-            Problem(ProblemKind.DUPLICATED_TURNS, duplicated, f"{duplicated} turns stored complete more than once (input turns {_few(extra)})")
+            Problem(ProblemKind.DUPLICATED_TURNS, duplicated,
+                    f"{duplicated} turns stored complete more than once (input turns {_few(extra)})")
         )
 
     # Each generation's layout: where it must have put each input turn it said.
@@ -271,15 +289,23 @@ def check_turns(rows: Sequence[TurnRow], expected: Sequence[InputTurn], *, base_
         # resumed (so it said it again) or after: judge the order under the likelier case.
         misplaced.extend(
             min(
-                (_misplaced(said, highest + 1, [i for i in range(len(expected)) if i not in done | gone]) for gone in ({*lost}, set())),
+                (
+                    _misplaced(said, highest + 1, [i for i in range(len(expected)) if i not in done | gone])
+                    for gone in ({*lost}, set())
+                ),
                 key=len,
             )
         )
-        done.update(source[r.turn_index] for r in generation if r.status == TurnStatus.COMPLETE and source[r.turn_index] is not None)  # type: ignore[misc]
+        done.update(
+            said_index
+            for r in generation
+            if r.status == TurnStatus.COMPLETE and (said_index := source[r.turn_index]) is not None
+        )
         highest = max(highest, generation[-1].turn_index)
     if misplaced:
         problems.append(
-            Problem(ProblemKind.OUT_OF_ORDER, len(misplaced), f"{len(misplaced)} turns out of order (not where their agent put them): {_few(misplaced)}")
+            Problem(ProblemKind.OUT_OF_ORDER, len(misplaced),
+                    f"{len(misplaced)} turns out of order (not where their agent put them): {_few(misplaced)}")
         )
 
     final_epoch = epochs[-1] if epochs else None
@@ -309,7 +335,8 @@ def check_turns(rows: Sequence[TurnRow], expected: Sequence[InputTurn], *, base_
         )
     if len(epochs) > kills + 1:
         problems.append(
-            Problem(ProblemKind.EXTRA_GENERATIONS, len(epochs) - kills - 1, f"turns written in {len(epochs)} epochs but only {kills} kills")
+            Problem(ProblemKind.EXTRA_GENERATIONS, len(epochs) - kills - 1,
+                    f"turns written in {len(epochs)} epochs but only {kills} kills")
         )
     return problems
 
