@@ -180,11 +180,14 @@ class TranscriptHub:
         def lookup() -> list[int] | None:
             return None if self._stopping.is_set() else offsets.partitions(topic)
 
+        def pause(seconds: float) -> None:
+            self._stopping.wait(seconds)  # a stop ends the wait
+
         retrying = Retrying(
             retry=retry_if_exception_type(kafka.BrokerError),
             wait=wait_fixed(TOPIC_RETRY_SECONDS),
             stop=lambda _: self._stopping.is_set(),
-            sleep=self._stopping.wait,
+            sleep=pause,
             before_sleep=_log_topic_retry,
             retry_error_callback=lambda _: None,
         )

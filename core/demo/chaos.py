@@ -816,8 +816,8 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
             f"  unfinished: {session['session_id']}: its agent is {session['agent']}, "
             f"{session['input_turns_not_recorded']} input turns never recorded, status {session['status']}"
         )
-    for line in figures["other_problems"]:
-        print(f"  problem: {line}")
+    for listed in tally.listed:
+        print(f"  problem: {listed}")
     for line in failed_agents:
         print(f"  agent failed: {line}")
     for session_id in run.failed_resumes:
