@@ -35,6 +35,8 @@ from tenacity import RetryCallState, Retrying, retry, retry_if_exception_type, w
 from turnlog import kafka, metrics
 from turnlog.dlq import dlq_headers, reason_class
 from turnlog.faults import fault_point
+from turnlog.schemas import EventType
+from turnlog.schemas.headers import Headers, record_event_type
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import BatchResult, BatchWriter, SqlStore, report_finalized
 from turnlog.sinks.batch import SourceMessage
@@ -47,12 +49,11 @@ logger = logging.getLogger(__name__)
 DLQ_FLUSH_TIMEOUT_SECONDS = 30.0
 
 
-#: How a partial's record begins (msgspec writes the ``type`` tag first).
-_PARTIAL_PREFIX = b'{"type":"turn.partial"'
-
-
-def _is_partial(value: bytes | None) -> bool:
-    return value is not None and value.startswith(_PARTIAL_PREFIX)
+def _is_partial(headers: Headers, value: bytes | None) -> bool:
+    """Whether a transcript record is a ``turn.partial``: its ``turnlog-type`` header
+    (set by the sequencer) says so, or, without the header (older records), the
+    ``type`` member of its value. Nothing else of the record is decoded here."""
+    return record_event_type(headers, value) is EventType.TURN_PARTIAL
 
 
 def _service_of(state: RetryCallState) -> SinkService:
@@ -146,7 +147,7 @@ class SinkService:
                     value = record.value()
                     if not batch:
                         first_at = time.monotonic()
-                    boundary = boundary or not _is_partial(value)
+                    boundary = boundary or not _is_partial(record.headers(), value)
                     batch.append(SourceMessage(record.topic(), record.partition(), record.offset(), value,
                                                record.key()))
                 if not batch:

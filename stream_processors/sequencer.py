@@ -50,6 +50,7 @@ from turnlog import kafka, metrics
 from turnlog.dlq import dlq_headers, reason_class
 from turnlog.faults import fault_point
 from turnlog.schemas import EventValidationError, decode_event
+from turnlog.schemas.headers import event_type, peek_event_type, type_headers
 from turnlog.settings import TopicNames, TurnlogSettings
 from turnlog.stream_processors.app import make_app, raw_topic
 from turnlog.stream_processors.emitter import EmissionBatch, EmissionFailed, EmissionProducer
@@ -183,7 +184,9 @@ class Sequencer:
             logger.info("gap in %s: waiting for seq %d (got %d)", event.session_id, state.next_seq, event.seq)
         touched[key] = (state, record)
         for out in decision.emit:
-            batch.send(self._topics.transcript, key=key, value=out, partition=record.partition)
+            # The turnlog-type header: this event's type; an event released from the gap buffer behind it is peeked.
+            headers = type_headers(event_type(event) if out is raw else peek_event_type(out))
+            batch.send(self._topics.transcript, key=key, value=out, partition=record.partition, headers=headers)
         for held, reason in decision.dlq:
             self._reject(batch, record, held, reason)
 

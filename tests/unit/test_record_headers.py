@@ -80,3 +80,15 @@ def test_the_header_is_read_first_and_the_value_only_without_it():
     assert header_event_type([(EVENT_TYPE_HEADER, b"\xff")]) is None
     # Neither says: None (the sink treats it as a record that closes the batch).
     assert record_event_type(None, b"{not json") is None
+
+
+def test_the_sink_tells_a_partial_by_its_header_and_without_it_by_its_value():
+    from turnlog.sinks.service import _is_partial
+
+    partial = encode_event(ONE_OF_EACH[EventType.TURN_PARTIAL])
+    completed = encode_event(ONE_OF_EACH[EventType.TURN_COMPLETED])
+    assert _is_partial(type_headers(EventType.TURN_PARTIAL), completed) is True  # the header is read, not the value
+    assert _is_partial(type_headers(EventType.TURN_COMPLETED), partial) is False
+    assert _is_partial(None, partial) is True  # a record from before the header
+    assert _is_partial(None, completed) is False
+    assert _is_partial(None, b"{not json") is False  # undecodable: written at once, like any boundary

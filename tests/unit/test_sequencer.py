@@ -176,3 +176,20 @@ async def test_a_gap_whose_re_read_failed_is_read_again_by_retry_gaps_without_a_
     await sequencer.retry_gaps()  # no record of the session comes: the retry alone closes the gap
     assert _emitted_seqs(emissions) == [0, 1, 2, 3] and not sequencer.has_unrepaired_gaps
     assert states[f.session_id.encode()]["ended"] is True
+
+
+async def test_every_transcript_record_carries_its_own_event_type_header() -> None:
+    f = EventFactory()
+    # seq 1 arrives last: seqs 2 and 3 wait in the gap buffer and are emitted behind it.
+    records = _log_of([f.started(), f.completed(2, 1, "b"), f.ended(3, last_turn=1), f.partial(1, 0, "a")])
+    sequencer, _, emissions = _sequencer(_Log(records))
+    await sequencer.process(records)
+    emitted = [
+        (decode_event(value).seq, headers) for topic, value, _, headers in emissions.sent if topic == TOPICS.transcript
+    ]
+    assert emitted == [
+        (0, [("turnlog-type", b"session.started")]),
+        (1, [("turnlog-type", b"turn.partial")]),
+        (2, [("turnlog-type", b"turn.completed")]),  # released from the buffer: its own type, not seq 1's
+        (3, [("turnlog-type", b"session.ended")]),
+    ]
