@@ -40,10 +40,12 @@ def format_event(event: StoredEvent) -> str:
                 f"(fleet {body['fleet']}, agent {body['agent_id']})")
     if event.type == "session.ended":
         return f"[{event.seq}] -- session ended: {body['reason']}"
-    if event.type == "turn.completed":
-        marker = " [cut off]" if body.get("barged_in") is True else ""  # barge-in: the other speaker cut in
-    else:
+    if event.type != "turn.completed":
         marker = " …"
+    elif body.get("barged_in") is True:  # barge-in: the other speaker cut in
+        marker = " [cut off]"
+    else:
+        marker = ""
     return f"[{event.seq}] #{body['turn_index']} {body['speaker']}: {body['text']}{marker}"
 
 

@@ -124,7 +124,7 @@ def _differences(a: dict[str, SessionDigest], b: dict[str, SessionDigest]) -> It
                 parts = [f"{name}: {left.fields.get(name)!r} != {right.fields.get(name)!r}" for name in fields]
             if len(left.turns) != len(right.turns):
                 parts.append(f"turns: {len(left.turns)} != {len(right.turns)}")
-            for lt, rt in zip(left.turns, right.turns):
+            for lt, rt in zip(left.turns, right.turns, strict=False):  # a count that differs is reported above
                 if lt != rt:
                     changed = [n for n in _TURN_FIELDS if lt.get(n) != rt.get(n)]
                     parts.append(f"turn {lt['turn_index']}: {', '.join(changed)} differ")
@@ -136,7 +136,7 @@ def _differences(a: dict[str, SessionDigest], b: dict[str, SessionDigest]) -> It
                 sides = [f"only in A {extra[:5]}" if extra else "", f"only in B {missing[:5]}" if missing else ""]
                 parts.append("events: seqs " + ", ".join(side for side in sides if side))
             else:
-                changed_seqs = [a[0] for a, b in zip(left_events, right_events) if a != b]
+                changed_seqs = [a[0] for a, b in zip(left_events, right_events, strict=True) if a != b]
                 if changed_seqs:
                     parts.append(f"events: {len(changed_seqs)} differ, first at seq {changed_seqs[0]}")
             yield Difference(session_id, "; ".join(parts) or "digest differs")

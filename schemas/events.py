@@ -51,7 +51,7 @@ from __future__ import annotations
 import datetime as dt
 import uuid
 from collections.abc import Mapping
-from typing import Annotated, Any, ClassVar, Final, Literal, Union
+from typing import Annotated, Any, ClassVar, Final, Literal
 
 import msgspec
 
@@ -204,7 +204,7 @@ class SessionEnded(_Envelope, frozen=True, kw_only=True, tag="session.ended"):
     last_turn_index: Int32 | None = None
 
 
-Event = Union[SessionStarted, TurnPartial, TurnCompleted, SessionEnded]
+Event = SessionStarted | TurnPartial | TurnCompleted | SessionEnded
 EVENT_TYPES: Final = (SessionStarted, TurnPartial, TurnCompleted, SessionEnded)
 
 _encoder = msgspec.json.Encoder()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ def plot_report(report: dict[str, Any], path: Path) -> None:
     timeline = report["timeline"]
     t0 = timeline[0]["at"] if timeline else 0.0
     times, rates, lags = [], [], []
-    for before, after in zip(timeline, timeline[1:]):
+    for before, after in pairwise(timeline):
         span = after["at"] - before["at"]
         if span <= 0:
             continue

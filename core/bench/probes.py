@@ -4,6 +4,7 @@ and, inside this process, the recorder's spool commits (``spool_counters``)."""
 
 from __future__ import annotations
 
+import contextlib
 import math
 import threading
 import time
@@ -97,10 +98,8 @@ class Sampler:
     def _run(self) -> None:
         with psycopg.connect(self.dsn, autocommit=True) as conn:
             while not self._stop.is_set():
-                try:
+                with contextlib.suppress(Exception):  # a missed sample is a gap in the plot, not a failed run
                     self.samples.append(self.sample(conn))
-                except Exception:  # a missed sample is a gap in the plot, not a failed run
-                    pass
                 self._stop.wait(self.interval)
 
 

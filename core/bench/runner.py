@@ -541,7 +541,7 @@ def _wait_drained(sampler: Sampler, timeout: float) -> None:
         if sampler.samples and sampler.samples[-1].lag == 0:
             return
         time.sleep(0.2)
-    raise RuntimeError("the pipeline did not catch up within %.0f s" % timeout)
+    raise RuntimeError(f"the pipeline did not catch up within {timeout:.0f} s")
 
 
 def _lag_slope(samples: list[Sample]) -> float:
@@ -553,7 +553,7 @@ def _lag_slope(samples: list[Sample]) -> float:
     ys = [s.lag for s in samples]
     mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
     var = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / var if var else 0.0
 
 
 def _sustained(

@@ -82,7 +82,7 @@ def encoded_events(plans: list[SessionPlan], *, flush_interval: float, speed: fl
     per_session = [_session_events(plan, flush_interval, speed) for plan in plans]
     interleaved: list[tuple[str, bytes]] = []
     for position in range(max(len(events) for events in per_session)):
-        for plan, events in zip(plans, per_session):
+        for plan, events in zip(plans, per_session, strict=True):
             if position < len(events):
                 interleaved.append((plan.session_id, events[position]))
     return interleaved
