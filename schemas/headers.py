@@ -20,13 +20,13 @@ event, and the store decides from the decoded event, never from the header.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
 from typing import Final
 
 import msgspec
 
-from turnlog.schemas.events import Event
+from turnlog.schemas.events import EVENT_TYPES, Event
 
 __all__ = [
     "EVENT_TYPE_HEADER",
@@ -42,8 +42,8 @@ __all__ = [
 #: The header naming the event type of a transcript record.
 EVENT_TYPE_HEADER: Final = "turnlog-type"
 
-#: Kafka record headers as confluent-kafka gives them (``Message.headers()``): None when there are none.
-Headers = Sequence[tuple[str, bytes | None]] | None
+#: Kafka record headers in confluent-kafka's shapes (``Message.headers()`` gives the list; None when there are none).
+Headers = Sequence[tuple[str, str | bytes | None]] | Mapping[str, str | bytes | None] | None
 
 
 class EventType(StrEnum):
@@ -55,9 +55,13 @@ class EventType(StrEnum):
     SESSION_ENDED = "session.ended"
 
 
+#: Each event struct's type (a tag missing from EventType fails here, at import).
+_TYPE_OF: Final[dict[type, EventType]] = {cls: EventType(str(cls.__struct_config__.tag)) for cls in EVENT_TYPES}
+
+
 def event_type(event: Event) -> EventType:
     """The type of a decoded event."""
-    return EventType(type(event).__struct_config__.tag)
+    return _TYPE_OF[type(event)]
 
 
 class _Tagged(msgspec.Struct):
@@ -87,13 +91,18 @@ def type_headers(kind: EventType | None) -> list[tuple[str, bytes]] | None:
     return [(EVENT_TYPE_HEADER, kind.value.encode("ascii"))]
 
 
-_BY_HEADER_VALUE: Final = {kind.value.encode("ascii"): kind for kind in EventType}
+_BY_HEADER_VALUE: Final[dict[str | bytes, EventType]] = {
+    **{kind.value.encode("ascii"): kind for kind in EventType},
+    **{kind.value: kind for kind in EventType},
+}
 
 
 def header_event_type(headers: Headers) -> EventType | None:
     """The event type the :data:`EVENT_TYPE_HEADER` names, or None if it is
     absent or names no known type."""
-    for name, value in headers or ():
+    if headers is None:
+        return None
+    for name, value in headers.items() if isinstance(headers, Mapping) else headers:
         if name == EVENT_TYPE_HEADER:
             return _BY_HEADER_VALUE.get(value) if value is not None else None
     return None

@@ -63,6 +63,13 @@ def test_the_header_round_trips(kind):
     assert header_event_type(headers) is kind
 
 
+def test_the_header_is_read_in_each_of_confluent_kafkas_shapes():
+    assert header_event_type({EVENT_TYPE_HEADER: b"turn.partial"}) is EventType.TURN_PARTIAL
+    assert header_event_type([(EVENT_TYPE_HEADER, "session.ended")]) is EventType.SESSION_ENDED
+    assert header_event_type({"other": b"turn.partial"}) is None
+    assert header_event_type(None) is None
+
+
 def test_without_a_type_there_is_no_header():
     assert type_headers(None) is None
 
