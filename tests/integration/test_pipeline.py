@@ -200,3 +200,23 @@ def test_a_record_the_sink_cannot_decode_goes_to_the_dlq_and_other_sessions_are_
     headers = dict(headers)
     assert value == b'{"type": "turn.completed", "seq": "not a number"}'
     assert headers["turnlog-reason"].startswith(b"invalid:") and headers["turnlog-source-topic"] == transcript.encode()
+
+
+async def test_every_transcript_record_carries_the_type_header_of_its_event(pipeline):
+    from turnlog.schemas.headers import EVENT_TYPE_HEADER, event_type
+
+    session_id = f"hdr-{uuid.uuid4().hex[:8]}"
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await recorder.start_session(session_id, fleet="tests", agent_id="a1")
+        session.update_partial(0, "user", "I would")
+        await session.flush_partial()
+        await session.complete_turn(0, "user", "I would like to cancel", input_tokens=5)
+        await session.end("hangup")
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    records = read_partition(pipeline, pipeline.settings.topics.transcript, session_id, with_headers=True)
+    said = [
+        (dict(headers).get(EVENT_TYPE_HEADER), event_type(decode_event(value)).value.encode())
+        for value, headers in records
+    ]
+    assert said and all(header == actual for header, actual in said), said
+    assert {actual for _, actual in said} == {b"session.started", b"turn.partial", b"turn.completed", b"session.ended"}
