@@ -204,7 +204,7 @@ class TranscriptHub:
             event = decode_event(value)
         except EventValidationError:
             return  # the sink dead-letters it; followers never see it
-        live = StoredEvent(event.seq, type(event).__struct_config__.tag, value.decode("utf-8"))
+        live = StoredEvent(event.seq, str(type(event).__struct_config__.tag), value.decode("utf-8"))
         assert self._loop is not None
         for subscription in subscribers:
             self._loop.call_soon_threadsafe(subscription.offer, live)

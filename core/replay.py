@@ -26,6 +26,7 @@ import logging
 import time
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
+from typing import cast
 
 from confluent_kafka import KafkaError, TopicPartition
 from sqlalchemy import select
@@ -125,11 +126,12 @@ def replay_events(
                         pending.discard(partition)
                         continue
                     raise ReplayError(f"reading {topic}[{partition}]: {error.str()}")
-                if partition not in pending or record.offset() >= ends[partition]:
+                offset = cast(int, record.offset())  # every record without an error has its offset
+                if partition not in pending or offset >= ends[partition]:
                     pending.discard(partition)
                     continue
                 result.records_read += 1
-                if record.offset() + 1 >= ends[partition]:
+                if offset + 1 >= ends[partition]:
                     pending.discard(partition)
                 _sequence_record(store, record, states, wanted, emitted, result,
                                  max_buffer=settings.reorder_buffer_size)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from functools import cached_property
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -285,6 +285,6 @@ def _environment_value(value: object) -> str:
     return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
 
 
-def load_settings(**overrides: object) -> TurnlogSettings:
+def load_settings(**overrides: Any) -> TurnlogSettings:
     """Settings from the environment, with explicit keyword overrides on top."""
     return TurnlogSettings(**{k: v for k, v in overrides.items() if v is not None})

@@ -381,8 +381,13 @@ class SpoolDrainer:
     def _adopt_now(self, waiter: concurrent.futures.Future[int]) -> None:
         assert self._spool is not None
         counted: list[int] = []
+
+        def take_in(rows: list[SpoolRow]) -> None:
+            self._take_in(rows)
+            counted.append(len(rows))
+
         try:
-            self._spool.adopt_orphans(lambda rows: (self._take_in(rows), counted.append(len(rows))))
+            self._spool.adopt_orphans(take_in)
         finally:
             _settle(waiter, sum(counted))
 

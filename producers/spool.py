@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from turnlog.producers.exceptions import SpoolError
 
@@ -92,9 +93,10 @@ class SpoolFile:
         except OSError as e:
             raise SpoolError(f"cannot create the spool folder {folder}: {e}") from e
         self.path = folder / f"spool-{os.getpid()}-{uuid.uuid4().hex[:12]}.db"
-        self._lock_fd = _take_lock(self.path)
-        if self._lock_fd is None:  # a fresh name: nobody can hold it
+        lock_fd = _take_lock(self.path)
+        if lock_fd is None:  # a fresh name: nobody can hold it
             raise SpoolError(f"cannot lock the new spool file {self.path}")
+        self._lock_fd = lock_fd
         self._db = _connect(self.path, create=True)
 
     # -- writing ------------------------------------------------------------
@@ -112,11 +114,11 @@ class SpoolFile:
             with self._db:
                 self._delete(delete_ids)
                 return [
-                    self._db.execute(
+                    cast(int, self._db.execute(  # an INSERT's cursor always has its row's id
                         "INSERT INTO spooled (topic, key, value, session_id, seq, spooled_at)"
                         " VALUES (?, ?, ?, ?, ?, ?)",
                         (e.topic, e.key, e.value, e.session_id, e.seq, at),
-                    ).lastrowid
+                    ).lastrowid)
                     for e, at in zip(events, times, strict=True)
                 ]
 

@@ -22,7 +22,7 @@ from turnlog.schemas.events import EVENT_TYPES, SCHEMA_VERSION, SCHEMA_VERSIONS,
 SCHEMA_DIR = Path(__file__).parent / "json"
 
 #: JSON values a field added after version 1 holds while unused (its falsy default).
-_UNUSED = [False, None, 0, "", [], {}]
+_UNUSED: list[Any] = [False, None, 0, "", [], {}]
 
 
 def schema_file_name(tag: str, version: int = SCHEMA_VERSION) -> str:
@@ -35,7 +35,7 @@ def render_schemas() -> dict[str, str]:
     v = SCHEMA_VERSION
     files = {schema_file_name("event"): _render(Event, f"turnlog event, version {v} (any type)")}
     for event_type in EVENT_TYPES:
-        tag = event_type.__struct_config__.tag
+        tag = str(event_type.__struct_config__.tag)
         files[schema_file_name(tag)] = _render(event_type, f"turnlog {tag} event, version {v}")
     return files
 

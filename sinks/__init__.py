@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import URL, make_url
 from sqlalchemy.exc import ArgumentError
 
 from turnlog.sinks.base import BatchResult, SessionPosition, SqlStore
@@ -26,7 +26,7 @@ __all__ = [
 _SECRET_PARAMETERS = ("password", "sslpassword", "passfile")
 
 
-def safe_url(url: object) -> str:
+def safe_url(url: str | URL) -> str:
     """``url`` (a string or SQLAlchemy URL) for messages and logs: the password
     hidden wherever it sits, in the authority or in the query string."""
     try:

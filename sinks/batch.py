@@ -253,7 +253,11 @@ def advance_contiguous(last_seq: int, seqs: Iterable[int]) -> int:
     return last_seq
 
 
-def merge_session(stored: Mapping[str, Any] | None, changes: SessionChanges, last_seq: int) -> dict[str, Any]:
+def merge_session(
+    stored: Mapping[Any, Any] | None,  # a RowMapping (its keys typed as str or column)
+    changes: SessionChanges,
+    last_seq: int,
+) -> dict[str, Any]:
     """The ``sessions`` row after a batch: stored values, overlaid by the batch's.
 
     Status only moves forward (active -> ended; finalized and abandoned stay);

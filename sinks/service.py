@@ -27,7 +27,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping
-from typing import Any
+from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
 from tenacity import RetryCallState, Retrying, retry, retry_if_exception_type, wait_exponential
@@ -86,6 +86,8 @@ class SinkService:
     the same batching, offsets-in-transaction, retries and dead-lettering.
     ``on_batch`` (optional) is called after each committed batch with its result.
     """
+
+    stopping: threading.Event  # declared for mypy: _while_store_unavailable's stop reads it
 
     def __init__(
         self,
@@ -148,8 +150,9 @@ class SinkService:
                     if not batch:
                         first_at = time.monotonic()
                     boundary = boundary or not _is_partial(record.headers(), value)
-                    batch.append(SourceMessage(record.topic(), record.partition(), record.offset(), value,
-                                               record.key()))
+                    # Set on every record without an error (a None value would be a tombstone: never written).
+                    batch.append(SourceMessage(cast(str, record.topic()), cast(int, record.partition()),
+                                               cast(int, record.offset()), cast(bytes, value), record.key()))
                 if not batch:
                     continue
                 # Completed turns and session events are written at once; partials alone

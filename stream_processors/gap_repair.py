@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import time
 import uuid
+from typing import cast
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
@@ -79,11 +80,12 @@ class LogRangeReader:
                             break
                         logger.warning("re-read of %s[%d]: %s", self._topic, partition, error.str())
                         continue
-                    if record.offset() > last:
+                    offset = cast(int, record.offset())  # every record without an error has its offset
+                    if offset > last:
                         break
                     if key is None or record.key() == key:
-                        found.append((record.offset(), record.key(), record.value()))
-                    if record.offset() >= last:
+                        found.append((offset, record.key(), cast(bytes, record.value())))
+                    if offset >= last:
                         break
                 else:
                     # A partial answer must not pass for the whole range: the caller retries later.

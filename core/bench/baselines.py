@@ -460,7 +460,7 @@ def unsafe_baseline(dsn: str, sessions_dir: Path, *, turns: int, speed: float) -
     child.send_signal(signal.SIGKILL)
     child.wait()
     with psycopg.connect(dsn) as conn:
-        stored = conn.execute(
-            "SELECT count(*) FROM transcript_turns WHERE session_id = %s", (session_id,)
-        ).fetchone()[0]
+        row = conn.execute("SELECT count(*) FROM transcript_turns WHERE session_id = %s", (session_id,)).fetchone()
+        assert row is not None  # count(*) answers one row
+        stored = row[0]
     return UnsafeBaseline(commits, rows, said, stored)

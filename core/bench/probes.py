@@ -89,10 +89,10 @@ class Sampler:
             self._consumer.get_watermark_offsets(TopicPartition(topics.transcript, p), timeout=5)[1] for p in range(n)
         )
         sequenced = sum(max(tp.offset, 0) for tp in self._consumer.committed(events, timeout=5))
-        stored = conn.execute(
+        stored = _one_row(conn.execute(
             "SELECT coalesce(sum(next_offset), 0) FROM sink_offsets WHERE consumer_group = %s AND topic = %s",
             (self.settings.sink_group, topics.transcript),
-        ).fetchone()[0]
+        ))[0]
         return Sample(time.monotonic(), events_end, sequenced, transcript_end, int(stored))
 
     def _run(self) -> None:
@@ -131,17 +131,24 @@ def pg_counters(admin_dsn: str, database: str) -> PgCounters:
     take these around phases of several seconds.
     """
     with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        commits = conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (database,)).fetchone()[0]
-        wal_sync, wal_write = conn.execute("SELECT wal_sync, wal_write FROM pg_stat_wal").fetchone()
+        commits = _one_row(conn.execute("SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (database,)))[0]
+        wal_sync, wal_write = _one_row(conn.execute("SELECT wal_sync, wal_write FROM pg_stat_wal"))
         # The snapshot's xmax is the next xid to assign; reading it assigns none.
-        next_xid = conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint").fetchone()[0]
+        next_xid = _one_row(conn.execute("SELECT pg_snapshot_xmax(pg_current_snapshot())::text::bigint"))[0]
     return PgCounters(int(commits), int(wal_sync), int(wal_write), int(next_xid))
+
+
+def _one_row(cursor: psycopg.Cursor[Any]) -> tuple[Any, ...]:
+    """The row of a query that always answers one (an aggregate, a SHOW, a statistics view)."""
+    row = cursor.fetchone()
+    assert row is not None
+    return row
 
 
 def require_commit_timestamps(dsn: str) -> None:
     """Raises RuntimeError unless Postgres tracks commit timestamps (the latency probe needs them)."""
     with psycopg.connect(dsn, autocommit=True) as conn:
-        if conn.execute("SHOW track_commit_timestamp").fetchone()[0] != "on":
+        if _one_row(conn.execute("SHOW track_commit_timestamp"))[0] != "on":
             raise RuntimeError(
                 "Postgres runs without track_commit_timestamp = on (turn-to-durable latency needs it); "
                 "deploy/postgres.sh sets it: restart with `bash deploy/postgres.sh restart`"

@@ -703,7 +703,7 @@ def _memory(
             now = dt.datetime.now(dt.UTC)
             for i in range(options.memory_sessions):
                 sid = f"bench-{run}-open-{opened + i:06d}"
-                env = dict(session_id=sid, epoch=0, producer_id="bench", emitted_at=now)
+                env: dict[str, Any] = dict(session_id=sid, epoch=0, producer_id="bench", emitted_at=now)
                 events.append((sid,
                                encode_event(SessionStarted(event_id=uuid.uuid4(), seq=0, fleet="bench",
                                                            agent_id="bench", started_at=now, **env))))

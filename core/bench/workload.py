@@ -19,6 +19,7 @@ import math
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from turnlog.demo.transcripts import InputTurn, find_transcripts, load_transcript, token_counts
 from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, encode_event
@@ -93,7 +94,7 @@ def _session_events(plan: SessionPlan, flush_interval: float, speed: float) -> l
     seq = 0
     now = dt.datetime.now(dt.UTC)
 
-    def envelope() -> dict[str, object]:
+    def envelope() -> dict[str, Any]:
         nonlocal seq
         seq += 1
         return dict(event_id=uuid.uuid4(), session_id=sid, seq=seq - 1, epoch=0, producer_id="bench", emitted_at=now)

@@ -208,15 +208,15 @@ def judge_session(
                 Problem(ProblemKind.WRONG_AGGREGATE, 1,
                         f"{name} is {row[name]}, a recomputation from session_events gives {value}")
             )
-    for name, value in (("duration_seconds (log)", folded.duration_seconds),
-                        ("duration_seconds (input)", expected_duration)):
+    for name, seconds in (("duration_seconds (log)", folded.duration_seconds),
+                          ("duration_seconds (input)", expected_duration)):
         if (
             row["duration_seconds"] is None
-            or value is None
-            or abs(row["duration_seconds"] - value) > DURATION_TOLERANCE_SECONDS
+            or seconds is None
+            or abs(row["duration_seconds"] - seconds) > DURATION_TOLERANCE_SECONDS
         ):
             problems.append(Problem(ProblemKind.WRONG_AGGREGATE, 1,
-                                    f"duration_seconds is {row['duration_seconds']}, {name} gives {value}"))
+                                    f"duration_seconds is {row['duration_seconds']}, {name} gives {seconds}"))
     input_tokens = sum(token_counts(t)[0] for t in expected)
     output_tokens = sum(token_counts(t)[1] for t in expected)
     if (row["input_tokens"], row["output_tokens"]) != (input_tokens, output_tokens):
@@ -262,7 +262,7 @@ def check_turns(
             Problem(ProblemKind.ALTERED_TURNS, len(altered),
                     f"{len(altered)} complete turns differ from every input turn: {_few(altered)}")
         )
-    copies = Counter(source[r.turn_index] for r in complete if source[r.turn_index] is not None)
+    copies = Counter(input_index for r in complete if (input_index := source[r.turn_index]) is not None)
     lost = [i for i in range(len(expected)) if copies[i] == 0]
     if lost:
         problems.append(Problem(ProblemKind.LOST_TURNS, len(lost), f"{len(lost)} input turns missing: {_few(lost)}"))
@@ -284,7 +284,11 @@ def check_turns(
     misplaced: list[int] = []
     for epoch in epochs:
         generation = by_epoch[epoch]
-        said = [(r.turn_index, source[r.turn_index]) for r in generation if source[r.turn_index] not in done | {None}]
+        said = [
+            (r.turn_index, input_index)
+            for r in generation
+            if (input_index := source[r.turn_index]) is not None and input_index not in done
+        ]
         # A lost input turn (reported above) may have vanished before this generation
         # resumed (so it said it again) or after: judge the order under the likelier case.
         misplaced.extend(
@@ -297,9 +301,9 @@ def check_turns(
             )
         )
         done.update(
-            said_index
+            input_index
             for r in generation
-            if r.status == TurnStatus.COMPLETE and (said_index := source[r.turn_index]) is not None
+            if r.status == TurnStatus.COMPLETE and (input_index := source[r.turn_index]) is not None
         )
         highest = max(highest, generation[-1].turn_index)
     if misplaced:

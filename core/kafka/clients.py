@@ -75,7 +75,8 @@ def admin(settings: TurnlogSettings, **overrides: Any) -> AdminClient:
         BrokerConfigurationError: librdkafka refused a setting.
     """
     with broker_errors("creating a Kafka admin client"):
-        return AdminClient({"logger": logger, **client_config(settings), **overrides})
+        config: dict[str, Any] = {"logger": logger, **client_config(settings), **overrides}  # a logger is no str
+        return AdminClient(config)
 
 
 def produce(client: Producer, topic: str, value: bytes | None, *, key: bytes | None = None, **kwargs: Any) -> None:

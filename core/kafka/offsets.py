@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from confluent_kafka import Consumer, TopicPartition
-from tenacity import RetryCallState, Retrying, retry_if_exception, stop_after_attempt, wait_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 from turnlog.kafka.clients import consumer as consumer_for
 from turnlog.kafka.errors import broker_errors, to_broker_error
@@ -77,7 +77,8 @@ def lookup_retry(lookup: Callable[[float], _T], what: str, *, deadline: float | 
         # Retriable by the broker's own flag: a restarting broker answers
         # UNKNOWN_TOPIC_OR_PART or NOT_LEADER for a while, not only "unavailable".
         retry=retry_if_exception(lambda e: isinstance(e, BrokerError) and e.retriable),
-        stop=stop_after_attempt(LOOKUP_ATTEMPTS) | (lambda _: time.monotonic() >= ends),
+        # stop_after_attempt(LOOKUP_ATTEMPTS) or the deadline (tenacity types `|` for its own stop classes only).
+        stop=lambda state: state.attempt_number >= LOOKUP_ATTEMPTS or time.monotonic() >= ends,
         wait=wait_exponential(multiplier=0.2, max=2.0),
         before_sleep=_log_retry,
         reraise=True,
