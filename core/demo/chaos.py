@@ -202,14 +202,16 @@ def build_schedule(
     busy = sum(down + AFTER_OUTAGE_SECONDS for _, down, _ in outages)
     slack = max(0.0, end - start - busy)
     cuts = sorted(rng.uniform(0, slack) for _ in outages)
-    gaps = [b - a for a, b in zip([0.0, *cuts], cuts)]
+    gaps = [b - a for a, b in itertools.pairwise([0.0, *cuts])]
     planned: list[PlannedOutage] = []
     at = start
-    for (service, down, method), gap in zip(outages, gaps):
+    for (service, down, method), gap in zip(outages, gaps, strict=True):
         at += gap
         agent_kills: tuple[float, ...] = ()
         if service == "broker":
-            agent_kills = tuple(sorted(round(rng.uniform(*OUTAGE_AGENT_KILL_WINDOW) * down, 1) for _ in range(outage_agent_kills)))
+            agent_kills = tuple(
+                sorted(round(rng.uniform(*OUTAGE_AGENT_KILL_WINDOW) * down, 1) for _ in range(outage_agent_kills))
+            )
         planned.append(PlannedOutage(round(at, 1), service, round(down, 1), method, agent_kills))
         at += down + AFTER_OUTAGE_SECONDS
 
@@ -217,7 +219,8 @@ def build_schedule(
     agent_count = order.count("agent")
     span = end - start
     planned_kills = [
-        PlannedKill(round(start + (n + rng.uniform(0.2, 0.8)) * span / agent_count, 1), "agent") for n in range(agent_count)
+        PlannedKill(round(start + (n + rng.uniform(0.2, 0.8)) * span / agent_count, 1), "agent")
+        for n in range(agent_count)
     ]
     slots = _free_slots(planned, *(f * duration for f in SERVICE_KILL_WINDOW))
     services = [c for c in order if c != "agent"]
@@ -290,7 +293,8 @@ class _Run:
         self.outage: str | None = None  # the service that is down now, if any
         self.threads: list[threading.Thread] = []
         self.started = time.monotonic()
-        self.spool_drain: tuple[int, int] | None = None  # events found in orphaned spools at the end, and left undelivered
+        # Events found in orphaned spools at the end, and left undelivered.
+        self.spool_drain: tuple[int, int] | None = None
 
     # -- time and records --
     def now(self) -> float:
@@ -308,7 +312,8 @@ class _Run:
         down = f", down {entry['down_seconds']:.1f}s" if "down_seconds" in entry else ""
         recovered = entry.get("recovery_seconds")
         result = f"recovered in {recovered:.2f}s" if recovered is not None else f"NOT RECOVERED ({entry.get('error')})"
-        print(f"  {entry['at_seconds']:6.1f}s {entry['action']:<7} {what:<24} {entry['target']}{down}: {result}", flush=True)
+        print(f"  {entry['at_seconds']:6.1f}s {entry['action']:<7} {what:<24} {entry['target']}{down}: {result}",
+              flush=True)
 
     def background(self, name: str, target: Any, *args: Any) -> None:
         thread = threading.Thread(target=target, args=args, name=name, daemon=True)
@@ -381,7 +386,8 @@ class _Run:
                 if a.state == "running" and a.open_turns > 0 and a.process is not None and a.process.process.alive()
             )
             if not candidates:
-                self.skipped.append({"at_seconds": round(at, 1), "component": "agent", "during": during, "why": "no agent was mid-turn"})
+                self.skipped.append({"at_seconds": round(at, 1), "component": "agent", "during": during,
+                                     "why": "no agent was mid-turn"})
                 print(f"  {at:6.1f}s skip    agent: none mid-turn")
                 return
             session_id = self.rng.choice(candidates)
@@ -409,7 +415,8 @@ class _Run:
                 state = self.agents[session_id].state
             if state in ("running", "done"):
                 return number
-            logger.warning("resume of %s failed (attempt %d, %s); see %s", session_id, number, state, process.process.log_path)
+            logger.warning("resume of %s failed (attempt %d, %s); see %s", session_id, number, state,
+                           process.process.log_path)
             self.kill_process(process)
             return None
 
@@ -440,7 +447,8 @@ class _Run:
         with self.service_lock:
             at = self.now()
             if at > LATEST_SERVICE_KILL * self.options.duration:
-                self.skipped.append({"at_seconds": round(at, 1), "component": planned.component, "why": "too late (an outage or a recovery ran long)"})
+                self.skipped.append({"at_seconds": round(at, 1), "component": planned.component,
+                                     "why": "too late (an outage or a recovery ran long)"})
                 print(f"  {at:6.1f}s skip    {planned.component}: too late")
                 return
             began = time.monotonic()
@@ -452,7 +460,8 @@ class _Run:
                 recovered = _wait_until(lambda: _broker_answers(self.settings), RECOVERY_TIMEOUT_SECONDS)
             else:
                 component = planned.component
-                group = {"sequencer": self.settings.sequencer_group, "finalizer": self.settings.finalizer_group}.get(component)
+                groups = {"sequencer": self.settings.sequencer_group, "finalizer": self.settings.finalizer_group}
+                group = groups.get(component)
                 admin = _admin(self.settings)
                 members: frozenset[str] = frozenset()
                 if group is not None:  # who is in the group before the kill (the broker may still be settling)
@@ -465,14 +474,16 @@ class _Run:
                     self.services[component] = self.start_service(component, f"{component}-{int(at)}")
                     target = f"pid {killed} (replaced by pid {self.services[component].pid})"
                 if group is not None:
-                    recovered = _wait_until(lambda: _group_rejoined(admin, group, members), RECOVERY_TIMEOUT_SECONDS, every=0.5)
+                    recovered = _wait_until(lambda: _group_rejoined(admin, group, members), RECOVERY_TIMEOUT_SECONDS,
+                                            every=0.5)
                 else:
                     recovered = _wait_until(lambda: self.sink_moved(before), RECOVERY_TIMEOUT_SECONDS, every=0.5)
             if not recovered:
                 error = f"not recovered within {RECOVERY_TIMEOUT_SECONDS:.0f}s"
             self.record({
                 "at_seconds": round(at, 1), "action": "SIGKILL", "component": planned.component, "target": target,
-                "recovery_seconds": round(time.monotonic() - began, 2) if recovered else None, **({"error": error} if error else {}),
+                "recovery_seconds": round(time.monotonic() - began, 2) if recovered else None,
+                **({"error": error} if error else {}),
             })
 
     def sink_moved(self, before: int) -> bool:
@@ -538,7 +549,8 @@ class _Run:
     def watch_shared_services(self) -> None:
         """Record every stop or restart of the shared broker and Postgres this run did
         not make (other people's tests use them too): such a run's figures are not its own."""
-        pids = {"broker": self.options.state_dir / "kafka" / "kafka.pid", "postgres": self.options.state_dir / "postgres" / "postmaster.pid"}
+        pids = {"broker": self.options.state_dir / "kafka" / "kafka.pid",
+                "postgres": self.options.state_dir / "postgres" / "postmaster.pid"}
         known = {service: _running_pid(path) for service, path in pids.items()}
         while not self.finished.wait(0.5):
             for service, path in pids.items():
@@ -579,9 +591,11 @@ class _Run:
                     exit_code = process.popen.returncode
                     self.services[component] = self.start_service(component, f"{component}-restarted-{int(at)}")
                     self.service_exits.append(
-                        {"at_seconds": round(at, 1), "component": component, "exit": exit_code, "log": str(process.log_path)}
+                        {"at_seconds": round(at, 1), "component": component, "exit": exit_code,
+                         "log": str(process.log_path)}
                     )
-                    print(f"  {at:6.1f}s {component} exited by itself (exit {exit_code}, {process.log_path}); restarted", flush=True)
+                    print(f"  {at:6.1f}s {component} exited by itself (exit {exit_code}, {process.log_path}); "
+                          "restarted", flush=True)
 
     def run_service_kills(self, kills: list[PlannedKill]) -> None:
         for planned in kills:
@@ -621,15 +635,18 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
     )
     for outage in schedule.outages:
         kills = f", {len(outage.agent_kills)} agent kills meanwhile" if outage.agent_kills else ""
-        print(f"  plan: {outage.service} outage at {outage.at:.0f}s for {outage.down_seconds:.0f}s ({outage.method}{kills})")
-    print(f"  plan: {len(schedule.kills)} SIGKILLs" + (f"; no room for {len(schedule.dropped)} more ({', '.join(schedule.dropped)})" if schedule.dropped else ""))
+        print(f"  plan: {outage.service} outage at {outage.at:.0f}s for {outage.down_seconds:.0f}s"
+              f" ({outage.method}{kills})")
+    dropped = f"; no room for {len(schedule.dropped)} more ({', '.join(schedule.dropped)})" if schedule.dropped else ""
+    print(f"  plan: {len(schedule.kills)} SIGKILLs" + dropped)
 
     run.services = start_pipeline(settings, run.log_dir)
     # The schedule hits a running pipeline, not one starting up (a Faust worker takes a while on 2 cores).
     began = time.monotonic()
     if not _wait_until(lambda: _pipeline_ready(settings), PIPELINE_READY_TIMEOUT_SECONDS, every=1.0):
         stop_all(run.services)
-        raise ConfigurationError(f"the pipeline did not start within {PIPELINE_READY_TIMEOUT_SECONDS:.0f} s; see {run.log_dir}")
+        raise ConfigurationError(f"the pipeline did not start within {PIPELINE_READY_TIMEOUT_SECONDS:.0f} s; see"
+                                 f" {run.log_dir}")
     print(f"  pipeline ready in {time.monotonic() - began:.1f}s; the schedule starts now", flush=True)
     run.started = time.monotonic()
     for session_id in run.transcripts:
@@ -638,8 +655,13 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
         for watch in (run.supervise_services, run.watch_shared_services):
             threading.Thread(target=watch, name=watch.__name__, daemon=True).start()
         run.background("service-kills", run.run_service_kills, [k for k in schedule.kills if k.component != "agent"])
+
+        def outage_at(scheduled: PlannedOutage) -> None:
+            run.sleep_until(scheduled.at)
+            run.run_outage(scheduled)
+
         for outage in schedule.outages:
-            run.background(f"outage-{outage.service}", lambda o=outage: (run.sleep_until(o.at), run.run_outage(o)))
+            run.background(f"outage-{outage.service}", outage_at, outage)
         for planned in (k for k in schedule.kills if k.component == "agent"):
             run.sleep_until(planned.at)
             run.kill_agent(during=run.outage and f"{run.outage} down")
@@ -825,17 +847,20 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
     for event in run.interference:
         print(f"  NOTE: at {event['at_seconds']}s the shared {event['service']} was {event['what']} by someone else")
     for exit in run.service_exits:
-        print(f"  {exit['component']} exited by itself at {exit['at_seconds']}s (exit {exit['exit']}) and was restarted")
+        print(f"  {exit['component']} exited by itself at {exit['at_seconds']}s (exit {exit['exit']}) "
+              "and was restarted")
     if run.spool_drain:
         print(f"  spools left by finished agents: {run.spool_drain[0]} events, {run.spool_drain[1]} left undelivered")
     for label, figure in recovery_figures.items():
         median = "-" if figure["median_seconds"] is None else f"{figure['median_seconds']:.2f}s"
         longest = "-" if figure["max_seconds"] is None else f"{figure['max_seconds']:.2f}s"
-        print(f"  recovery {label:<22} {figure['recovered']:>2}/{figure['count']:<2} median {median:>8}  max {longest:>8}")
+        print(f"  recovery {label:<22} {figure['recovered']:>2}/{figure['count']:<2} median {median:>8}  max"
+              f" {longest:>8}")
     if not long_broker_outages:
         print(f"  no broker outage of at least {settings.delivery_timeout_seconds + 30:.0f}s happened")
     if not covered:
-        print(f"  note: SIGKILLs hit {sorted(killed)}, not every component ({len(run.skipped)} skipped, {len(schedule.dropped)} dropped for room)")
+        print(f"  note: SIGKILLs hit {sorted(killed)}, not every component ({len(run.skipped)} skipped,"
+              f" {len(schedule.dropped)} dropped for room)")
     print("CHAOS VERDICT: " + ("no violations" if ok else "VIOLATIONS: see above"))
     if options.report_path is not None:
         report = {
@@ -860,7 +885,8 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
 async def _drain_spools(settings: TurnlogSettings) -> tuple[int, int]:
     """Deliver the orphaned spools of the run's spool folder: (events found, events left undelivered)."""
     recorder = SessionRecorder(
-        settings.model_copy(update={"spool_close_timeout_seconds": RECOVERY_TIMEOUT_SECONDS}), producer_id="chaos-spool-drain"
+        settings.model_copy(update={"spool_close_timeout_seconds": RECOVERY_TIMEOUT_SECONDS}),
+        producer_id="chaos-spool-drain"
     )
     await recorder.start()
     held = recorder.spooled_events()
@@ -1004,7 +1030,8 @@ def _sink_progress(store: SqlStore, settings: TurnlogSettings) -> int:
     try:
         with store_errors(), store.engine.connect() as conn:
             return conn.execute(
-                select(func.coalesce(func.sum(sink_offsets.c.next_offset), 0)).where(sink_offsets.c.consumer_group == settings.sink_group)
+                select(func.coalesce(func.sum(sink_offsets.c.next_offset), 0))
+                .where(sink_offsets.c.consumer_group == settings.sink_group)
             ).scalar_one()
     except StoreUnavailableError:
         return -1
