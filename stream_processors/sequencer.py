@@ -258,14 +258,15 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         extra_topic_configs={"segment.ms": str(CHANGELOG_SEGMENT_MS), "min.cleanable.dirty.ratio": "0.1"},
         help="SessionSequence per session id (JSON).",
     )
+    # A batch's records are produced together and then awaited: waiting
+    # longer for more only adds to each batch's two round trips.
+    linger: dict[str, Any] = {"linger.ms": EMISSION_LINGER_MS}
     emissions = EmissionProducer(
         lambda: kafka.producer(
             settings,
             client_id=f"{settings.sequencer_group}-emissions",
             delivery_timeout_seconds=EMISSION_DELIVERY_TIMEOUT_SECONDS,
-            # A batch's records are produced together and then awaited: waiting
-            # longer for more only adds to each batch's two round trips.
-            **{"linger.ms": EMISSION_LINGER_MS},
+            **linger,
         )
     )
     sequencer = Sequencer(
@@ -282,7 +283,8 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
 
     @app.agent(events, name="sequence-events")
     async def sequence_events(stream: faust.StreamT[bytes]) -> None:
-        async for batch in stream.take_events(BATCH_SIZE, within=BATCH_WAIT_SECONDS):
+        # The agent gets a faust.Stream, which has take_events; faust types it as StreamT, which has not.
+        async for batch in stream.take_events(BATCH_SIZE, within=BATCH_WAIT_SECONDS):  # type: ignore[attr-defined]
             records = [SourceRecord(e.key, e.value, e.message.partition, e.message.offset) for e in batch]
             try:
                 async with batch_lock:
@@ -304,12 +306,13 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
             logger.error("stopping: %s", e)
             await app.crash(e)
 
-    @app.on_partitions_revoked.connect
+    # faust types a receiver as taking any positional arguments; these take the ones their signal sends.
+    @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def forget_revoked(_app: Any, revoked: Any, **_: Any) -> None:
         sequencer.forget(tp.partition for tp in revoked if tp.topic == topics.events)
         await emissions.flush()
 
-    @app.on_before_shutdown.connect
+    @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close_emissions(_app: Any, **_: Any) -> None:
         await emissions.close()
 

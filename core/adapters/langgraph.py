@@ -254,7 +254,8 @@ class LangGraphMirror:
         if not isinstance(input, Mapping):
             return []
         raw = input.get(self.messages_key) or []
-        messages = convert_to_messages([raw] if isinstance(raw, (str, BaseMessage, Mapping)) else raw)
+        batch: list[Any] = [raw] if isinstance(raw, (str, BaseMessage, Mapping)) else raw  # whatever the state holds
+        messages = convert_to_messages(batch)
         return [m for m in messages if isinstance(m, HumanMessage) and not (m.id and m.id in self._seen)]
 
     def _on_chunk(self, message: Any, metadata: Mapping[str, Any]) -> None:
@@ -281,7 +282,8 @@ class LangGraphMirror:
                 raw = write.get(self.messages_key)
                 if raw is None:
                     continue
-                for message in convert_to_messages([raw] if isinstance(raw, (BaseMessage, Mapping)) else raw):
+                batch: list[Any] = [raw] if isinstance(raw, (BaseMessage, Mapping)) else raw
+                for message in convert_to_messages(batch):
                     await self._complete(message)
 
     async def _complete(self, message: BaseMessage) -> None:
@@ -301,18 +303,18 @@ class LangGraphMirror:
         else:
             return
         text = _text(message)
-        tokens: dict[str, int] = {}
+        input_tokens = output_tokens = 0
         calls: tuple[ToolCall, ...] = ()
-        if speaker == ASSISTANT:
-            usage = message.usage_metadata or {}
+        if isinstance(message, AIMessage):  # speaker == ASSISTANT
+            usage: Mapping[str, Any] = message.usage_metadata or {}
             self._tokens[0] += int(usage.get("input_tokens") or 0)
             self._tokens[1] += int(usage.get("output_tokens") or 0)
-            for call in message.tool_calls:
-                self._tool_calls[str(call.get("id"))] = {"name": call["name"],
-                                                         "arguments": dict(call.get("args") or {})}
+            for tool_call in message.tool_calls:
+                self._tool_calls[str(tool_call.get("id"))] = {"name": tool_call["name"],
+                                                              "arguments": dict(tool_call.get("args") or {})}
             if not text:
                 return  # a tool-calling message: its calls and tokens go with the next assistant turn
-            tokens = {"input_tokens": self._tokens[0], "output_tokens": self._tokens[1]}
+            input_tokens, output_tokens = self._tokens
             self._tokens = [0, 0]
             calls = tuple(
                 ToolCall(name=c["name"], arguments=c["arguments"], result=c.get("result"))
@@ -321,7 +323,9 @@ class LangGraphMirror:
             self._tool_calls.clear()
         streamed = self._streamed.pop(message.id, None) if message.id else None
         index = streamed.turn_index if streamed is not None else self.recorded.next_turn_index
-        await self.recorded.complete_turn(index, speaker, text, tool_calls=calls or None, **tokens)
+        await self.recorded.complete_turn(
+            index, speaker, text, tool_calls=calls or None, input_tokens=input_tokens, output_tokens=output_tokens
+        )
 
 
 def _after_run(run: list[tuple[str, str]], items: list[tuple[str, str]]) -> int | None:

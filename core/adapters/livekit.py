@@ -358,14 +358,11 @@ class LiveKitRecording:
             job.add_shutdown_callback(self._on_job_shutdown)
 
     def _detach(self) -> None:
-        for event, callback in (
-            ("user_input_transcribed", self._on_user_input_transcribed),
-            ("conversation_item_added", self._on_conversation_item_added),
-            ("session_usage_updated", self._on_session_usage_updated),
-            ("agent_state_changed", self._on_agent_state_changed),
-            ("close", self._on_close),
-        ):
-            self.session.off(event, callback)
+        self.session.off("user_input_transcribed", self._on_user_input_transcribed)
+        self.session.off("conversation_item_added", self._on_conversation_item_added)
+        self.session.off("session_usage_updated", self._on_session_usage_updated)
+        self.session.off("agent_state_changed", self._on_agent_state_changed)
+        self.session.off("close", self._on_close)
 
     def _tap_transcription(self, *, install: bool) -> None:
         """Wrap ``session.output.transcription`` unless it is our tap; with

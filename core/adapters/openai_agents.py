@@ -254,8 +254,10 @@ class TurnlogSession:
                 for item_id, streamed in list(self._streamed.items()):
                     del self._streamed[item_id]
                     self._cut.add(item_id)  # if the run saves it after all, it is recorded already
+                    usage = self._take_usage()
                     await self.recorded.complete_turn(
-                        streamed.turn_index, ASSISTANT, streamed.text, barged_in=True, **self._take_usage()
+                        streamed.turn_index, ASSISTANT, streamed.text, barged_in=True,
+                        input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
                     )
 
     # -- the turnlog session -------------------------------------------------
@@ -334,14 +336,15 @@ class TurnlogSession:
             # The ids differ (a model that sets none): the oldest first.
             streamed = self._streamed.pop(next(iter(self._streamed)))
         index = streamed.turn_index if streamed is not None else self.recorded.next_turn_index
-        tokens = self._take_usage() if message.speaker == ASSISTANT else {}
+        usage = self._take_usage() if message.speaker == ASSISTANT else _Usage()
         await self.recorded.complete_turn(
-            index, message.speaker, message.text, tool_calls=message.tool_calls or None, **tokens
+            index, message.speaker, message.text, tool_calls=message.tool_calls or None,
+            input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
         )
 
-    def _take_usage(self) -> dict[str, int]:
+    def _take_usage(self) -> _Usage:
         usage, self._usage = self._usage, _Usage()
-        return {"input_tokens": usage.input_tokens, "output_tokens": usage.output_tokens}
+        return usage
 
     async def _rebuild(self) -> None:
         stored = [
@@ -392,7 +395,7 @@ def _message(item: Any) -> _Message | None:
         text = content
     elif isinstance(content, list):
         text = "".join(
-            str(part.get(_TEXT_PARTS[part.get("type")]) or "")
+            str(part.get(_TEXT_PARTS[part["type"]]) or "")
             for part in content
             if isinstance(part, Mapping) and part.get("type") in _TEXT_PARTS
         )

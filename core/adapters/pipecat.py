@@ -415,9 +415,12 @@ class TurnlogObserver(BaseObserver):
                 if item.content:
                     session.update_partial(index, ASSISTANT, item.content)
                 return
-            tokens = {"input_tokens": self._prompt_tokens, "output_tokens": self._completion_tokens}
+            input_tokens, output_tokens = self._prompt_tokens, self._completion_tokens
             self._prompt_tokens = self._completion_tokens = 0
-            await session.complete_turn(index, ASSISTANT, item.content, barged_in=item.interrupted, **tokens)
+            await session.complete_turn(
+                index, ASSISTANT, item.content, barged_in=item.interrupted,
+                input_tokens=input_tokens, output_tokens=output_tokens,
+            )
         elif isinstance(item, _Usage):
             self._prompt_tokens += item.prompt_tokens
             self._completion_tokens += item.completion_tokens

@@ -20,6 +20,8 @@ import sys
 import time
 from pathlib import Path
 
+import faust
+
 from turnlog.settings import load_settings
 from turnlog.stream_processors.app import make_app, raw_topic
 from turnlog.stream_processors.worker import run_worker
@@ -37,8 +39,9 @@ def main() -> None:
     seen = {"records": 0, "first_at": 0.0, "first_batch": 0, "full_records": 0, "full_at": 0.0, "written": False}
 
     @app.agent(source, name="consume-only")
-    async def consume(stream):  # type: ignore[no-untyped-def]
-        async for events in stream.take_events(TAKE, within=1.0):
+    async def consume(stream: faust.StreamT[bytes]) -> None:
+        # The agent gets a faust.Stream, which has take_events; faust types it as StreamT, which has not.
+        async for events in stream.take_events(TAKE, within=1.0):  # type: ignore[attr-defined]
             now = time.monotonic()
             if not seen["records"]:
                 seen["first_at"], seen["first_batch"] = now, len(events)

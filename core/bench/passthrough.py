@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import sys
 
+import faust
+
 from turnlog.settings import load_settings
 from turnlog.stream_processors.app import make_app, raw_topic
 from turnlog.stream_processors.worker import run_worker
@@ -20,7 +22,7 @@ def main() -> None:
     source, sink = raw_topic(app, source_name), raw_topic(app, sink_name)
 
     @app.agent(source, name="pass-through")
-    async def copy(stream):  # type: ignore[no-untyped-def]
+    async def copy(stream: faust.StreamT[bytes]) -> None:
         async for key, value in stream.items():
             await sink.send(key=key, value=value)
 

@@ -406,11 +406,12 @@ def _resume(
                 finally:
                     stop.set()  # the load ends with the probe
 
-            load, probes = await asyncio.gather(
+            outcomes = await asyncio.gather(
                 run_load(settings, chosen, speed=options.speed, seconds=options.resume_seconds, tag="r50", stop=stop),
                 probe(),
                 return_exceptions=True,  # a failed probe stops the load, which then ends its sessions
             )
+            load, probes = outcomes  # unpacked apart: mypy cannot type it unpacked from the await
             window["ended"] = time.monotonic()
             for outcome in (load, probes):
                 if isinstance(outcome, BaseException):

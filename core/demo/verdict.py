@@ -291,15 +291,14 @@ def check_turns(
         ]
         # A lost input turn (reported above) may have vanished before this generation
         # resumed (so it said it again) or after: judge the order under the likelier case.
-        misplaced.extend(
-            min(
-                (
-                    _misplaced(said, highest + 1, [i for i in range(len(expected)) if i not in done | gone])
-                    for gone in ({*lost}, set())
-                ),
-                key=len,
-            )
+        fewest = min(
+            (
+                _misplaced(said, highest + 1, [i for i in range(len(expected)) if i not in done | gone])
+                for gone in ({*lost}, set())
+            ),
+            key=len,
         )
+        misplaced.extend(fewest)
         done.update(
             input_index
             for r in generation
