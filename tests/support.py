@@ -17,7 +17,7 @@ from turnlog.sinks import SourceMessage, SqlStore
 from turnlog.sinks.tables import metadata, sessions
 
 T = TypeVar("T")
-BASE = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def wait_until(probe: Callable[[], T], *, timeout: float, what: str, interval: float = 0.1) -> T:

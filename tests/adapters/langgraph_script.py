@@ -24,6 +24,7 @@ from langgraph.checkpoint.memory import InMemorySaver
 from turnlog.adapters.langgraph import LangGraphMirror
 from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
+
 from tests.adapters.langgraph_fakes import ScriptedChat, chat_graph, reply
 
 

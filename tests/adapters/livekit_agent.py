@@ -21,6 +21,7 @@ import sys
 from livekit.agents import Agent, AgentSession
 
 from turnlog.adapters.livekit import record_session
+
 from tests.adapters.livekit_fakes import Reply, ScriptedLLM
 
 STORY = "Once upon a time, " + " ".join(f"dragon{i}" for i in range(800))

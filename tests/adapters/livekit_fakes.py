@@ -14,10 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from livekit.agents import DEFAULT_API_CONNECT_OPTIONS, NOT_GIVEN, APIConnectionError, APIConnectOptions, NotGivenOr
-from livekit.agents.llm import LLM, ChatChunk, ChatContext, ChoiceDelta, CompletionUsage, LLMStream, Tool, ToolChoice
 from livekit import rtc
-from livekit.agents import utils
+from livekit.agents import (
+    DEFAULT_API_CONNECT_OPTIONS,
+    NOT_GIVEN,
+    APIConnectionError,
+    APIConnectOptions,
+    NotGivenOr,
+    utils,
+)
+from livekit.agents.llm import LLM, ChatChunk, ChatContext, ChoiceDelta, CompletionUsage, LLMStream, Tool, ToolChoice
 from livekit.agents.tts import TTS, AudioEmitter, ChunkedStream, SynthesizeStream, TTSCapabilities
 from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities, TextOutput
 from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer

@@ -24,6 +24,7 @@ from agents import Agent, Runner, SQLiteSession, set_tracing_disabled
 from turnlog.adapters.openai_agents import TurnlogSession
 from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
+
 from tests.adapters.openai_agents_fakes import FakeModel, Reply
 
 

@@ -16,10 +16,11 @@ from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
 
 from turnlog.adapters.langgraph import LangGraphMirror  # noqa: E402
 from turnlog.producers import SessionRecorder  # noqa: E402
+
 from tests.adapters.langgraph_fakes import ScriptedChat, chat_graph, reply  # noqa: E402
-from tests.integration.test_pipeline import finalized  # noqa: E402
 from tests.adapters.scripted import ScriptedAgent
 from tests.adapters.stored import turns
+from tests.integration.test_pipeline import finalized  # noqa: E402
 from tests.support import wait_until  # noqa: E402
 
 TIMEOUT = 120

@@ -28,6 +28,7 @@ from turnlog.deploy.processes import ServiceProcess  # noqa: E402
 from turnlog.producers import SessionRecorder, StoredTurn  # noqa: E402
 from turnlog.schemas import TurnPartial, decode_event  # noqa: E402
 from turnlog.sinks.tables import session_events, sessions, transcript_turns  # noqa: E402
+
 from tests.adapters.livekit_fakes import CapturedText, Reply, ScriptedLLM, SilentTTS, voice_outputs  # noqa: E402
 from tests.support import wait_until  # noqa: E402
 
@@ -101,7 +102,7 @@ def new_session(llm, **options):
 
 # -- the rebuilt context (no services) ----------------------------------------------------
 def stored(index, speaker, text, status="complete", barged_in=False, second=0):
-    start = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(seconds=second)
+    start = dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=second)
     return StoredTurn(index, speaker, text, status, start, None, 0, 0, None, barged_in)
 
 

@@ -14,10 +14,11 @@ from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disa
 
 from turnlog.adapters.openai_agents import TurnlogSession  # noqa: E402
 from turnlog.producers import SessionRecorder  # noqa: E402
+
 from tests.adapters.openai_agents_fakes import FakeModel, Reply  # noqa: E402
-from tests.integration.test_pipeline import finalized  # noqa: E402
 from tests.adapters.scripted import ScriptedAgent
 from tests.adapters.stored import turns
+from tests.integration.test_pipeline import finalized  # noqa: E402
 from tests.support import wait_until  # noqa: E402
 
 TIMEOUT = 120

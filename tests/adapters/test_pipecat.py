@@ -32,6 +32,7 @@ from turnlog.adapters.pipecat import TurnlogObserver  # noqa: E402
 from turnlog.deploy.processes import ServiceProcess  # noqa: E402
 from turnlog.producers import SessionRecorder  # noqa: E402
 from turnlog.sinks.tables import transcript_turns  # noqa: E402
+
 from tests.adapters.pipecat_agent import SYSTEM, aggregator_pair, llm_says, user_says  # noqa: E402
 from tests.integration.test_pipeline import finalized  # noqa: E402
 from tests.support import wait_until  # noqa: E402

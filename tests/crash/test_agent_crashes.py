@@ -13,6 +13,7 @@ import pytest
 
 from turnlog.deploy.processes import ServiceProcess, turnlog_command
 from turnlog.producers import SessionRecorder
+
 from tests.crash.test_service_crashes import read_topic
 from tests.integration.test_pipeline import finalized, stored_turns
 from tests.support import wait_until

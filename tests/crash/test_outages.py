@@ -20,6 +20,7 @@ import pytest
 from turnlog import kafka
 from turnlog.deploy.local import SCRIPTS
 from turnlog.producers import SessionRecorder
+
 from tests.integration.test_pipeline import finalized, stored_turns
 from tests.support import wait_until
 

@@ -27,6 +27,7 @@ from turnlog.deploy.local import SCRIPTS
 from turnlog.deploy.processes import ServiceProcess
 from turnlog.producers import SessionRecorder
 from turnlog.sinks.tables import session_events, transcript_turns
+
 from tests.integration.test_pipeline import finalized
 from tests.support import wait_until
 

@@ -20,6 +20,7 @@ from turnlog.schemas import decode_event, encode_event
 from turnlog.sinks import SourceMessage, open_store
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import session_events, sink_offsets
+
 from tests.integration.test_pipeline import finalized, logged_payloads, session_row, stored_turns
 from tests.support import EventFactory, dump_store, unfinalize, wait_until
 

@@ -28,6 +28,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from turnlog.audit import fold_events
 from turnlog.deploy.processes import ServiceProcess, turnlog_command
 from turnlog.schemas import decode_event, encode_event
+
 from tests.crash.test_service_crashes import expected_turns, read_topic, session_events_of
 from tests.integration.test_pipeline import finalized, logged_payloads, stored_turns
 from tests.support import EventFactory, free_port, wait_until

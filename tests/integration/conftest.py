@@ -17,6 +17,7 @@ from turnlog.deploy.topics import create_topics
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.migrate import upgrade_to_head
+
 from tests.support import wait_until
 
 

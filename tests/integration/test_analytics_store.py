@@ -1,7 +1,8 @@
 """The analytics projection on SQLite and Postgres: figures, idempotence, the shared offset frame."""
 
 from turnlog.sinks import SourceMessage
-from turnlog.sinks.analytics import AnalyticsProjection, UNKNOWN_FLEET
+from turnlog.sinks.analytics import UNKNOWN_FLEET, AnalyticsProjection
+
 from tests.support import BASE, EventFactory, messages
 
 GROUP = "analytics-test"

@@ -19,6 +19,7 @@ from sqlalchemy import select
 from turnlog.deploy.processes import stop_all, turnlog_command
 from turnlog.producers import SessionRecorder
 from turnlog.sinks.tables import session_events, transcript_turns
+
 from tests.integration.conftest import Pipeline, make_pipeline
 from tests.support import free_port, sse_events, wait_until
 
@@ -150,7 +151,7 @@ def test_list_filters_and_pages_through_sessions(api):
     assert len(whole["sessions"]) == 5 and whole["next_cursor"] is None  # a full last page is still the last
     assert len(get(api, "/api/sessions", fleet=fleet, status="finalized", limit=50).json()["sessions"]) == 5
     assert get(api, "/api/sessions", fleet=fleet, status="active").json()["sessions"] == []
-    future = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
+    future = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).isoformat()
     assert get(api, "/api/sessions", fleet=fleet, started_after=future).json()["sessions"] == []
     assert len(get(api, "/api/sessions", fleet=fleet, started_before=future).json()["sessions"]) == 5
     assert get(api, "/api/sessions", status="bogus").status_code == 422
@@ -212,16 +213,18 @@ def test_the_transcript_flags_a_barged_in_turn_apart_from_an_interrupted_one(api
 async def read_stream(pipeline, session_id, *, token="tok-all", headers=None, params=None, limit=None):
     """Events of one SSE connection: until session.ended, or after ``limit`` events (then disconnect)."""
     got = []
-    async with httpx.AsyncClient(base_url=base_url(pipeline), timeout=httpx.Timeout(10, read=60)) as client:
-        async with client.stream(
+    async with (
+        httpx.AsyncClient(base_url=base_url(pipeline), timeout=httpx.Timeout(10, read=60)) as client,
+        client.stream(
             "GET", f"/api/sessions/{session_id}/events", headers={**auth(token), **(headers or {})}, params=params
-        ) as response:
-            assert response.status_code == 200, await response.aread()
-            assert response.headers["content-type"].startswith("text/event-stream")
-            async for event in sse_events(response.aiter_lines()):
-                got.append(event)
-                if event.event == "session.ended" or (limit is not None and len(got) >= limit):
-                    break
+        ) as response,
+    ):
+        assert response.status_code == 200, await response.aread()
+        assert response.headers["content-type"].startswith("text/event-stream")
+        async for event in sse_events(response.aiter_lines()):
+            got.append(event)
+            if event.event == "session.ended" or (limit is not None and len(got) >= limit):
+                break
     return got
 
 

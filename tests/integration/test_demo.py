@@ -10,6 +10,7 @@ import pytest
 
 from turnlog.demo.runner import DemoOptions, choose_kills, run_demo
 from turnlog.demo.transcripts import load_transcript
+
 from tests.integration.conftest import isolated_settings
 
 SESSIONS = Path(__file__).resolve().parents[2] / "data" / "sessions"

@@ -20,6 +20,7 @@ from sqlalchemy import select
 
 from turnlog.producers import SessionRecorder
 from turnlog.sinks.tables import session_events, transcript_turns
+
 from tests.support import free_port, wait_until
 
 TIMEOUT_MS = 60_000

@@ -14,6 +14,7 @@ from turnlog.deploy.processes import turnlog_command
 from turnlog.producers import SessionRecorder
 from turnlog.sinks import open_store
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
+
 from tests.support import dump_store, wait_until
 
 TIMEOUT = 90
@@ -41,8 +42,9 @@ async def record(pipeline, session_id: str, turns: int, *, interrupted: bool) ->
 @pytest.fixture(scope="module")
 def finished(kafka_bootstrap, postgres_databases, tmp_path_factory):
     """A pipeline whose three sessions are all finalized (one ends on an interrupted turn)."""
-    from tests.integration.conftest import make_pipeline
     from turnlog.deploy.processes import stop_all
+
+    from tests.integration.conftest import make_pipeline
 
     pipeline = make_pipeline(
         kafka_bootstrap, postgres_databases.create(), tmp_path_factory.mktemp("ops"), ("sequencer", "sink")
@@ -133,7 +135,7 @@ def test_replay_of_chosen_sessions_or_from_a_time(finished, postgres_databases):
     with store.engine.connect() as conn:
         assert conn.execute(select(sessions.c.id)).scalars().all() == [ids[1]]
     store.engine.dispose()
-    later = (dt.datetime.now(dt.timezone.utc) + dt.timedelta(hours=1)).isoformat()
+    later = (dt.datetime.now(dt.UTC) + dt.timedelta(hours=1)).isoformat()
     none = run(pipeline, "replay", "--database-url", postgres_databases.create(), "--from-time", later)
     assert none.returncode == 0 and "replayed 0 records" in none.stdout
     # From the middle of the log: sessions whose start is cut off are reported, not silently dropped.

@@ -7,6 +7,7 @@ import uuid
 import pytest
 
 from turnlog.producers import ResumeBarrierTimeout, SessionClosedError, SessionRecorder
+
 from tests.integration.test_pipeline import finalized, stored_turns
 from tests.support import wait_until
 

@@ -26,6 +26,7 @@ from turnlog.producers import (
 from turnlog.producers.api_client import resume_via_api
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.tables import sessions
+
 from tests.integration.conftest import Pipeline, make_pipeline
 from tests.support import free_port, wait_until
 

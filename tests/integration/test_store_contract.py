@@ -5,15 +5,16 @@ import threading
 
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
+from sqlalchemy import func, select, text
 
 from turnlog.audit import fold_events
 from turnlog.schemas import encode_event
 from turnlog.sinks.tables import metadata, session_events, sessions, sink_offsets, transcript_turns
+
 from tests.support import EventFactory, dump_store, messages, unfinalize
-from sqlalchemy import func, select, text
 
 GROUP = "sink-test"
-NOW = dt.datetime(2026, 2, 1, tzinfo=dt.timezone.utc)
+NOW = dt.datetime(2026, 2, 1, tzinfo=dt.UTC)
 
 
 def apply(store, batch, group=GROUP):

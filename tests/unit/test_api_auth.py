@@ -2,7 +2,6 @@
 
 from turnlog.api.auth import TokenTable
 
-
 TABLE = TokenTable({"tok-a": ["fleet-a"], "tok-ab": ["fleet-a", "fleet-b"], "tok-all": ["*"]})
 
 

@@ -1,5 +1,6 @@
 from turnlog.audit import fold_events
 from turnlog.schemas import encode_event
+
 from tests.support import EventFactory
 
 

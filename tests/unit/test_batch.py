@@ -14,6 +14,7 @@ from turnlog.sinks.batch import (
     ready_to_finalize,
     turn_update_wins,
 )
+
 from tests.support import EventFactory, messages
 
 

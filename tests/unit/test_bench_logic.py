@@ -24,8 +24,8 @@ from turnlog.bench.probes import (
     spool_cost,
     spool_counters,
 )
-from turnlog.bench.resume_probe import resume_summary
 from turnlog.bench.profile import summarize
+from turnlog.bench.resume_probe import resume_summary
 from turnlog.bench.runner import BenchOptions, _lag_slope, peer_ratios, quick_options
 from turnlog.bench.workload import encoded_events, events_per_second, plan_sessions
 from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, decode_event

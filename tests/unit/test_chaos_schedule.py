@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import pytest
 
 from turnlog.demo.chaos import (
     AFTER_OUTAGE_SECONDS,
     COMPONENTS,
     SERVICE_KILL_WINDOW,
-    build_schedule,
     broker_outage_range,
+    build_schedule,
 )
 
 SEEDS = range(40)
@@ -40,7 +42,7 @@ def test_outages_never_overlap_and_service_kills_fall_outside_them():
         for duration in (120.0, 300.0, 900.0):
             schedule = build_schedule(seed, duration, 25, 20.0)
             windows = sorted((o.at, o.at + o.down_seconds + AFTER_OUTAGE_SECONDS) for o in schedule.outages)
-            assert all(end <= next_start + 0.2 for (_, end), (next_start, _) in zip(windows, windows[1:]))
+            assert all(end <= next_start + 0.2 for (_, end), (next_start, _) in pairwise(windows))
             for kill in schedule.kills:
                 if kill.component != "agent":
                     assert not any(start <= kill.at < end - 0.05 for start, end in windows), (seed, duration, kill)  # 0.1 s rounding

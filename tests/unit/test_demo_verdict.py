@@ -19,7 +19,7 @@ from turnlog.demo.transcripts import InputTurn, check_replayable, recording_time
 from turnlog.demo.verdict import Problem, ProblemKind, TurnRow, check_turns, problem_totals
 from turnlog.exceptions import ConfigurationError
 
-BASE = dt.datetime(2026, 1, 1, tzinfo=dt.timezone.utc)
+BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def turn(index: int, speaker: str, text: str, start: float, end: float) -> InputTurn:

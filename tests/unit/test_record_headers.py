@@ -8,7 +8,6 @@ import json
 
 import pytest
 
-from tests.support import EventFactory
 from turnlog.schemas import EVENT_TYPE_HEADER, EVENT_TYPES, EventType, encode_event
 from turnlog.schemas.headers import (
     event_type,
@@ -17,6 +16,8 @@ from turnlog.schemas.headers import (
     record_event_type,
     type_headers,
 )
+
+from tests.support import EventFactory
 
 F = EventFactory("s-headers")
 ONE_OF_EACH = {

@@ -5,11 +5,10 @@ import datetime as dt
 
 import pytest
 
-from turnlog.schemas import decode_event
-
 from turnlog.producers import InvalidTurnError, SessionClosedError
 from turnlog.producers.drainer import Ticket
 from turnlog.producers.recorder import RecordedSession
+from turnlog.schemas import decode_event
 from turnlog.settings import TurnlogSettings
 
 
@@ -74,7 +73,7 @@ async def test_tokens_and_times_are_checked(session):
         await session.complete_turn(0, "A", "x", started_at=dt.datetime(1, 1, 1, 0, 30, tzinfo=dt.timezone(dt.timedelta(hours=1))))
     with pytest.raises(InvalidTurnError, match="arguments must be a mapping"):
         await session.complete_turn(0, "A", "x", tool_calls=[{"name": "lookup", "arguments": [1, 2]}])
-    now = dt.datetime.now(dt.timezone.utc)
+    now = dt.datetime.now(dt.UTC)
     with pytest.raises(InvalidTurnError, match="before started_at"):
         await session.complete_turn(0, "A", "x", started_at=now, ended_at=now - dt.timedelta(seconds=1))
     assert session._recorder.sent == []

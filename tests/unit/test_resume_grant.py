@@ -6,7 +6,7 @@ import pytest
 
 from turnlog.producers.grant import ResumeGrant, StoredTurn, decode_grant, encode_grant
 
-T0 = dt.datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=dt.timezone.utc)
+T0 = dt.datetime(2026, 3, 1, 12, 0, 0, 123456, tzinfo=dt.UTC)
 
 
 def grant() -> ResumeGrant:

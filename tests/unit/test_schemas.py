@@ -8,6 +8,7 @@ import pytest
 
 from turnlog.schemas import SCHEMA_VERSION, EventValidationError, SessionEnded, ToolCall, decode_event, encode_event
 from turnlog.schemas.generate import SCHEMA_DIR, render_schemas
+
 from tests.support import EventFactory
 from tests.unit import events_v1 as v1
 

@@ -1,5 +1,6 @@
 from turnlog.schemas import encode_event
 from turnlog.stream_processors.sequencing import SessionSequence, sequence
+
 from tests.support import EventFactory
 
 MAX = 4

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from turnlog.kafka import producer_config
 from turnlog.producers.drainer import SpoolDrainer
 from turnlog.producers.exceptions import SpoolFullError
-from turnlog.kafka import producer_config
 from turnlog.producers.spool import SpooledEvent, SpoolFile
 from turnlog.settings import TurnlogSettings
 

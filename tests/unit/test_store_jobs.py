@@ -15,13 +15,14 @@ import pytest
 from sqlalchemy import event, select
 from sqlalchemy.engine import Connection
 
-from tests.support import EventFactory, messages
 from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.batch import SourceMessage, WriteResult
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.offsets import offsets_to_store
 from turnlog.sinks.tables import session_events, sessions, sink_offsets
 from turnlog.sinks.transcript import TranscriptWriter
+
+from tests.support import EventFactory, messages
 
 GROUP = "g"
 TOPIC = "t.transcript"

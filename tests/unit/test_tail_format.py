@@ -26,6 +26,7 @@ def test_control_characters_are_shown_escaped_never_sent_to_the_terminal():
 
 def test_a_barged_in_turn_is_marked_cut_off_and_a_whole_one_is_not():
     from turnlog.schemas import encode_event
+
     from tests.support import EventFactory
 
     f = EventFactory("s")
