@@ -32,16 +32,16 @@ setup() {
   bash "$here/services.sh" start
 }
 
-# ruff, then mypy on the package `turnlog`. mypy cannot see the package-dir mapping (turnlog ->
-# core/, turnlog.sinks -> sinks/, ...; pyproject.toml) through the editable install, so the
-# folders are linked into build/mypy/turnlog as the package they are installed as, and the errors
-# are printed at their real paths.
+# ruff (the repository), then mypy on the package `turnlog`; fails if either finds anything.
+# mypy cannot see the package-dir mapping (turnlog -> core/, turnlog.sinks -> sinks/, ...;
+# pyproject.toml) through the editable install's import hook, so the folders are linked into
+# build/mypy/turnlog as the package they are installed as, and each error is printed at its real path.
 lint() {
   install "test,adapters,lint"   # what `test` installs: mypy checks the adapters against the frameworks
   cd "$root"
+  local status=0 tree="build/mypy"
   echo "dev.sh: ruff check"
-  "$python" -m ruff check
-  local tree="build/mypy"
+  "$python" -m ruff check || status=1
   rm -rf "$tree"
   "$python" - "$tree" <<'PY'
 import os
@@ -62,9 +62,15 @@ for package, folder in sorted(package_dir.items()):  # "turnlog" before its subp
         os.symlink(os.path.abspath(folder), target)
 PY
   echo "dev.sh: mypy -p turnlog"
-  local prefix="$tree/turnlog/"
-  MYPYPATH="$tree" "$python" -m mypy -p turnlog \
-    | sed -E -e "s#^${prefix}(producers|stream_processors|sinks|schemas|deploy)/#\\1/#" -e "s#^${prefix}#core/#"
+  MYPYPATH="$tree" "$python" -m mypy -p turnlog | "$python" -c '
+import os, sys
+for line in sys.stdin:  # build/mypy/turnlog/sinks/base.py:12: ... -> sinks/base.py:12: ...
+    path, colon, rest = line.partition(":")
+    if colon and path.endswith(".py") and os.path.exists(path):
+        path = os.path.relpath(os.path.realpath(path))
+    sys.stdout.write(path + colon + rest)
+' || status=1
+  return "$status"
 }
 
 cmd="${1:-}"
