@@ -8,6 +8,7 @@ import faust
 
 from turnlog.kafka.faust_auth import faust_credentials
 from turnlog.settings import TurnlogSettings
+from turnlog.stream_processors.fetching import SnapshotFetchApp
 from turnlog.stream_processors.recovery import OrderedTableManager
 
 __all__ = ["make_app", "raw_topic"]
@@ -23,7 +24,8 @@ def make_app(settings: TurnlogSettings, app_id: str, *, commit_interval_seconds:
     datadir = Path(settings.faust_data_dir) / app_id
     datadir.parent.mkdir(parents=True, exist_ok=True)
     brokers = [f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")]
-    return faust.App(
+    # SnapshotFetchApp: Faust's fetch drops records of paused partitions (fetching.py).
+    return SnapshotFetchApp(
         app_id,
         broker=brokers,
         broker_credentials=faust_credentials(settings),  # None for PLAINTEXT: Faust's default

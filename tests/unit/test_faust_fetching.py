@@ -1,0 +1,175 @@
+"""The fix of Faust's fetch of paused partitions (``stream_processors/fetching.py``).
+
+The root, shown on the real code: aiokafka's ``Fetcher.fetched_records``
+drains every partition when given an empty set, and Faust's real
+``Consumer.getmany`` hands the consumer thread its live set of active
+partitions, which empties while the thread waits, then drops the records of
+partitions that are not active. Only the consumer thread is a stand-in: it
+applies aiokafka's rule to a prefetched batch and moves aiokafka's position as
+a drain does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import inspect
+import tomllib
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import aiokafka
+import faust
+import pytest
+from aiokafka.consumer.fetcher import Fetcher, FetchResult
+from aiokafka.structs import ConsumerRecord
+from faust.transport.consumer import Consumer, ThreadDelegateConsumer
+from faust.transport.drivers.aiokafka import AIOKafkaConsumerThread
+from faust.types import TP
+
+from turnlog.stream_processors.fetching import SnapshotFetchApp, SnapshotFetchConsumer, records_to_hand_back
+
+ROOT = Path(__file__).resolve().parents[2]
+AIOKAFKA_VERSION = "0.14.0"
+
+#: SHA-256 of the upstream sources the fix relies on or replaces.
+UPSTREAM_SOURCES = {
+    (Consumer, "_wait_next_records"): "6218e1969a636b3ff504ad1b8e7ad58a113572e43d746cc96d684ed5153032c6",
+    (Consumer, "getmany"): "4b168d84882a70d6e3e2f9804430a63b92f8fd117d3187cbb4aeb54305bda34e",
+    (ThreadDelegateConsumer, "_getmany"): "f9d47aa9010b5ff2b874ba65f927871f3612718d8a9db00b58601554a35236c4",
+    (faust.App, "_new_consumer"): "bff6ccd646b71ea99a7e7a7d1c62adbf3d34432a0b42a39e6f60b4c0307d89c8",
+    (AIOKafkaConsumerThread, "_fetch_records"): "39a2c6c79fc1455a199629912b533458a720c64983bc957420a42feef6593baa",
+}
+EVENTS = TP("events", 0)
+CHANGELOG = TP("app-state-changelog", 0)
+
+
+def _record(tp: TP, offset: int) -> ConsumerRecord:
+    return ConsumerRecord(tp.topic, tp.partition, offset, 0, 0, b"k", b"v", None, 1, 1, [])
+
+
+def test_aiokafka_is_pinned_to_the_version_the_fix_was_written_against() -> None:
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    pins = [d for d in pyproject["project"]["dependencies"] if d.startswith("aiokafka")]
+    assert pins == [f"aiokafka=={AIOKAFKA_VERSION}"]
+    assert aiokafka.__version__ == AIOKAFKA_VERSION
+
+
+@pytest.mark.parametrize("owner,method", sorted(UPSTREAM_SOURCES, key=lambda k: (k[0].__name__, k[1])))
+def test_the_upstream_methods_relied_on_are_unchanged(owner: type, method: str) -> None:
+    source = inspect.getsource(getattr(owner, method))
+    assert hashlib.sha256(source.encode()).hexdigest() == UPSTREAM_SOURCES[(owner, method)], (
+        f"{owner.__name__}.{method} changed: re-check stream_processors/fetching.py against it"
+    )
+
+
+def test_aiokafka_drains_every_partition_when_given_none() -> None:
+    """The real ``Fetcher.fetched_records``: an empty set of partitions means all of them."""
+    state = SimpleNamespace(paused=False, position=100, consumed_to=lambda offset: setattr(state, "position", offset))
+    assignment = SimpleNamespace(active=True, state_value=lambda tp: state)
+    class Records:  # aiokafka's partition records: iterated, next_fetch_offset follows
+        def __init__(self) -> None:
+            self.left = [_record(EVENTS, 100), _record(EVENTS, 101)]
+            self.next_fetch_offset = 100
+
+        def __iter__(self) -> Records:
+            return self
+
+        def __next__(self) -> ConsumerRecord:
+            if not self.left:
+                raise StopIteration
+            record = self.left.pop(0)
+            self.next_fetch_offset = record.offset + 1
+            return record
+
+    fetcher: Any = SimpleNamespace(
+        _subscriptions=SimpleNamespace(reassignment_in_progress=False, is_assigned=lambda tp: True),
+        _records={EVENTS: FetchResult(EVENTS, assignment=assignment, partition_records=Records(), backoff=0)},
+        _notify=lambda future: None,
+        _wait_consume_future=None,
+    )
+    drained = asyncio.run(Fetcher.fetched_records(fetcher, set(), timeout=0))
+    assert [r.offset for r in drained[EVENTS]] == [100, 101]
+    assert state.position == 102  # past the records: aiokafka will not fetch them again
+
+
+class _Thread:
+    """Stands in for the consumer thread. While it waits for a fetch, the main
+    side pauses ``pause_meanwhile``; then it drains, by aiokafka's rule, the
+    records waiting in ``prefetched``, and moves the position past them."""
+
+    def __init__(self, consumer: Any, prefetched: dict[TP, list[int]], pause_meanwhile: set[TP]) -> None:
+        self.consumer = consumer
+        self.prefetched = prefetched
+        self.pause_meanwhile = pause_meanwhile
+        self.position = {tp: offsets[0] for tp, offsets in prefetched.items()}
+        self.asked: list[frozenset[TP]] = []
+        self.seeks: list[dict[TP, int]] = []
+
+    async def getmany(self, active_partitions: Any, timeout: float) -> dict[TP, list[ConsumerRecord]]:
+        await asyncio.sleep(0)  # the thread waits for a fetch; the main side goes on
+        self.consumer.pause_partitions(self.pause_meanwhile)
+        self.asked.append(frozenset(active_partitions))
+        drained: dict[TP, list[ConsumerRecord]] = {}
+        for tp, offsets in self.prefetched.items():
+            if active_partitions and tp not in active_partitions:  # aiokafka's rule
+                continue
+            drained[tp] = [_record(tp, offset) for offset in offsets]
+            self.position[tp] = offsets[-1] + 1
+        return drained
+
+    async def seek_wait(self, partitions: dict[TP, int]) -> None:
+        self.seeks.append(dict(partitions))
+        self.position.update(partitions)
+
+    def highwater(self, tp: TP) -> int:
+        return 0
+
+
+async def _fetch_once(app: faust.App, *, active: set[TP], pause_meanwhile: set[TP]) -> tuple[list[int], _Thread]:
+    consumer = app.consumer
+    consumer._active_partitions = set(active)
+    consumer._paused_partitions = {EVENTS, CHANGELOG} - active
+    thread = _Thread(consumer, {EVENTS: [100, 101, 102]}, pause_meanwhile)
+    consumer._thread = thread
+    delivered = [message.offset async for tp, message in consumer.getmany(timeout=1.0) if tp == EVENTS]
+    return delivered, thread
+
+
+async def test_upstream_drains_a_paused_partition_and_drops_its_records() -> None:
+    """The end of a changelog restore: only the changelog is active, the stream
+    partition is paused, and the changelog is paused while the thread waits."""
+    delivered, thread = await _fetch_once(faust.App("fetch-upstream"), active={CHANGELOG}, pause_meanwhile={CHANGELOG})
+    assert thread.asked == [frozenset()]  # the live set, emptied while the thread waited
+    assert delivered == []
+    assert thread.position[EVENTS] == 103 and thread.seeks == []  # lost: never delivered, never fetched again
+
+
+async def test_the_snapshot_fetch_never_drains_a_paused_partition() -> None:
+    app = SnapshotFetchApp("fetch-snapshot")
+    assert isinstance(app.consumer, SnapshotFetchConsumer)
+    delivered, thread = await _fetch_once(app, active={CHANGELOG}, pause_meanwhile={CHANGELOG})
+    assert thread.asked == [frozenset({CHANGELOG})]
+    assert delivered == []
+    assert thread.position[EVENTS] == 100  # still to be read
+
+
+async def test_records_of_a_partition_paused_during_the_fetch_are_handed_back() -> None:
+    delivered, thread = await _fetch_once(SnapshotFetchApp("fetch-hand-back"), active={EVENTS}, pause_meanwhile={EVENTS})
+    assert delivered == []
+    assert thread.seeks == [{EVENTS: 100}]
+    assert thread.position[EVENTS] == 100
+
+
+async def test_records_of_active_partitions_are_delivered_in_order() -> None:
+    delivered, thread = await _fetch_once(SnapshotFetchApp("fetch-active"), active={EVENTS}, pause_meanwhile=set())
+    assert delivered == [100, 101, 102]
+    assert thread.seeks == []
+
+
+def test_records_to_hand_back_names_the_first_offset_of_each_inactive_partition() -> None:
+    records = {EVENTS: [_record(EVENTS, 7), _record(EVENTS, 8)], CHANGELOG: [_record(CHANGELOG, 3)]}
+    assert records_to_hand_back(records, {CHANGELOG}) == {EVENTS: 7}
+    assert records_to_hand_back(records, {EVENTS, CHANGELOG}) == {}
+    assert records_to_hand_back({EVENTS: []}, set()) == {}
