@@ -86,9 +86,9 @@ def test_lag_slope_tells_flat_from_growing():
 def test_profile_summary_ranks_leaf_frames_and_counts_turnlog_code(tmp_path):
     stacks = tmp_path / "p.txt"
     stacks.write_text(
-        "main (core/cli.py:1);apply (sinks/base.py:10) 30\n"
-        "main (core/cli.py:1);execute (psycopg/cursor.py:5) 60\n"
-        "main (core/cli.py:1);select (selectors.py:9) 10\n"
+        "main (turnlog/cli.py:1);apply (sinks/base.py:10) 30\n"
+        "main (turnlog/cli.py:1);execute (psycopg/cursor.py:5) 60\n"
+        "main (turnlog/cli.py:1);select (selectors.py:9) 10\n"
     )
     summary = summarize("sink", stacks)
     assert summary.samples == 100

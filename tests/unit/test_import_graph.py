@@ -2,7 +2,7 @@
 
 The graph is built from the source with ``ast`` (nothing is imported): a node
 is a subpackage (``turnlog.sinks``, ``turnlog.kafka``, ...) or a top-level
-module of ``core/`` (``turnlog.settings``, ``turnlog.replay``, ...). Every
+module of ``turnlog/`` (``turnlog.settings``, ``turnlog.replay``, ...). Every
 import counts, also those inside functions: a lazy import hides a cycle, it
 does not remove it.
 """
@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Folders outside core/ that are turnlog subpackages (pyproject.toml, ``package-dir``).
+#: Folders outside turnlog/ that are turnlog subpackages (pyproject.toml, ``package-dir``).
 TOP_LEVEL_SUBPACKAGES = ("producers", "sinks", "stream_processors", "schemas", "deploy")
 #: Edges known to close a cycle, each waiting for its owner's fix; left out of the graph.
 #: ``test_every_tolerated_edge_still_exists`` fails once one is gone, so the entry is removed.
@@ -23,7 +23,7 @@ TOLERATED_EDGES: frozenset[tuple[str, str]] = frozenset()
 
 def source_files() -> Iterable[tuple[str, Path]]:
     """``(module name, path)`` of every turnlog module."""
-    core = ROOT / "core"
+    core = ROOT / "turnlog"
     for path in sorted(core.rglob("*.py")):
         parts = path.relative_to(core).with_suffix("").parts
         yield ".".join(("turnlog", *parts)).removesuffix(".__init__"), path
