@@ -352,7 +352,7 @@ def bench(
     ] = False,
 ) -> None:
     """Benchmark the pipeline on Postgres against baselines measured in the same run (see docs/benchmarks.md)."""
-    from turnlog.bench.runner import BenchOptions, quick_options, run_bench
+    from turnlog.tools.bench.runner import BenchOptions, quick_options, run_bench
 
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     if not settings.database_url.startswith("postgresql"):
@@ -418,7 +418,7 @@ def replay_agent(
     import asyncio
     import datetime as dt
 
-    from turnlog.demo.agent import replay_transcript
+    from turnlog.tools.demo.agent import replay_transcript
 
     settings = _settings()
     base = dt.datetime.fromisoformat(base_time)
@@ -444,7 +444,7 @@ def demo(
     flush_interval: Annotated[float, typer.Option(help="Agents' partial flush timer (seconds, replay time).")] = 0.2,
 ) -> None:
     """Replay real transcripts as concurrent agents, SIGKILL some mid-turn, resume them, verify the store."""
-    from turnlog.demo.runner import DemoOptions, run_demo
+    from turnlog.tools.demo.runner import DemoOptions, run_demo
 
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     options = DemoOptions(
@@ -469,7 +469,7 @@ def chaos(
 ) -> None:
     """SIGKILL every component at random under the demo workload; report losses, duplicates, order, aggregates,
     recovery."""
-    from turnlog.demo.chaos import ChaosOptions, run_chaos
+    from turnlog.tools.demo.chaos import ChaosOptions, run_chaos
 
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     ok = run_chaos(settings,
