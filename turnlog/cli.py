@@ -192,9 +192,9 @@ def tail(
     """Follow a session in the terminal: its stored turns, then live ones, until it ends."""
     import asyncio
 
+    from turnlog.ops.tail import tail_session
     from turnlog.sinks import open_store
     from turnlog.sinks.migrate import require_head
-    from turnlog.tail import tail_session
 
     settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
@@ -225,7 +225,7 @@ def replay(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from turnlog.replay import replay_events
+    from turnlog.ops.replay import replay_events
     from turnlog.sinks import open_store
     from turnlog.sinks.errors import store_errors
     from turnlog.sinks.migrate import upgrade_to_head
@@ -288,10 +288,10 @@ def verify(
     """Compare a store (A) with another store or with the log, session by session; exit 1 on any difference."""
     import tempfile
 
-    from turnlog.replay import replay_events
+    from turnlog.ops.replay import replay_events
+    from turnlog.ops.verify import compare_digests, session_digests
     from turnlog.sinks import open_store, safe_url
     from turnlog.sinks.migrate import require_head, upgrade_to_head
-    from turnlog.verify import compare_digests, session_digests
 
     if (against_url is None) == (not against_log):
         typer.echo("turnlog: give exactly one of --against-url DSN and --against-log", err=True)

@@ -2,7 +2,7 @@
 
 The graph is built from the source with ``ast`` (nothing is imported): a node
 is a subpackage (``turnlog.sinks``, ``turnlog.kafka``, ...) or a top-level
-module of ``turnlog/`` (``turnlog.settings``, ``turnlog.replay``, ...). Every
+module of ``turnlog/`` (``turnlog.settings``, ``turnlog.follow``, ...). Every
 import counts, also those inside functions: a lazy import hides a cycle, it
 does not remove it.
 """

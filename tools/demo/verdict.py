@@ -3,7 +3,7 @@
 For each session it compares three things:
 - the input transcript (what the agents said),
 - the store (``transcript_turns`` and the finalized ``sessions`` row),
-- an independent fold of the stored event log (``turnlog.audit.fold_events``).
+- an independent fold of the stored event log (``turnlog.ops.audit.fold_events``).
 
 What "in order" means with overlapping turns and crashes
 (``turnlog.tools.demo.transcripts`` has the replay's conventions). Each agent
@@ -42,7 +42,7 @@ from typing import Any
 
 from sqlalchemy import select
 
-from turnlog.audit import fold_events
+from turnlog.ops.audit import fold_events
 from turnlog.schemas import SessionStatus, TurnStatus
 from turnlog.sinks import SqlStore
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
