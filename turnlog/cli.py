@@ -95,8 +95,8 @@ def migrate(database_url: DatabaseUrl = None) -> None:
 @app.command()
 def sequencer(bootstrap_servers: Bootstrap = None) -> None:
     """Run a sequencer worker (order, dedupe, fence, DLQ). Scale by starting more."""
-    from turnlog.deploy.local import wait_for_broker
     from turnlog.deploy.topics import create_topics
+    from turnlog.kafka import wait_for_broker
     from turnlog.stream_processors.sequencer import build_sequencer
     from turnlog.stream_processors.worker import run_worker
 
