@@ -33,7 +33,7 @@ setup() {
 }
 
 # ruff (the repository), then mypy on the package `turnlog`; fails if either finds anything.
-# mypy cannot see the package-dir mapping (turnlog -> core/, turnlog.sinks -> sinks/, ...;
+# mypy cannot see the package-dir mapping (turnlog -> turnlog/, turnlog.sinks -> sinks/, ...;
 # pyproject.toml) through the editable install's import hook, so the folders are linked into
 # build/mypy/turnlog as the package they are installed as, and each error is printed at its real path.
 lint() {

@@ -4,12 +4,10 @@ from __future__ import annotations
 
 import logging
 import subprocess
-import time
 from pathlib import Path
 
 from sqlalchemy import text
 from sqlalchemy.engine import make_url
-from tenacity import RetryCallState, Retrying, retry_if_result, wait_exponential
 
 from turnlog import kafka
 from turnlog.exceptions import ConfigurationError
@@ -17,7 +15,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks import StoreUnavailableError, open_store, safe_url
 from turnlog.sinks.errors import store_errors
 
-__all__ = ["ensure_local_services", "broker_answers", "wait_for_broker"]
+__all__ = ["ensure_local_services", "broker_answers"]
 
 logger = logging.getLogger(__name__)
 SCRIPTS = Path(__file__).parent
@@ -28,31 +26,6 @@ def broker_answers(settings: TurnlogSettings, timeout: float = 5.0) -> bool:
     """True if a broker of ``settings`` answers within ``timeout`` seconds
     (see :func:`turnlog.kafka.broker_answers`)."""
     return kafka.broker_answers(settings, timeout)
-
-
-def wait_for_broker(settings: TurnlogSettings, *, timeout: float | None = None) -> None:
-    """Block until a broker answers, polling with capped backoff (forever when ``timeout`` is None).
-
-    Raises:
-        ConfigurationError: no broker answered within ``timeout`` seconds.
-    """
-    deadline = None if timeout is None else time.monotonic() + timeout
-
-    def warn_once(state: RetryCallState) -> None:
-        if state.attempt_number == 1:
-            logger.warning("waiting for a Kafka broker at %s", settings.bootstrap_servers)
-
-    def gave_up(_: RetryCallState) -> None:
-        raise ConfigurationError(f"no Kafka broker answers at {settings.bootstrap_servers}")
-
-    retrying = Retrying(
-        retry=retry_if_result(lambda answered: not answered),
-        wait=wait_exponential(multiplier=0.5, max=5.0),
-        stop=lambda _: deadline is not None and time.monotonic() >= deadline,
-        before_sleep=warn_once,
-        retry_error_callback=gave_up,
-    )
-    retrying(broker_answers, settings)
 
 
 def _database_answers(url: str) -> bool:

@@ -76,7 +76,7 @@ class SecondsBetween(ColumnElement[float]):
     """``end - start`` in seconds, rounded half away from zero to whole milliseconds,
     computed by the database from the exact (microsecond) timestamps.
 
-    ``turnlog.audit`` rounds the same way, so both give the same float.
+    ``turnlog.ops.audit`` rounds the same way, so both give the same float.
     """
 
     type = FloatType()

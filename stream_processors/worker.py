@@ -6,7 +6,7 @@ import logging
 
 import faust
 
-from turnlog.deploy.local import wait_for_broker
+from turnlog.kafka import wait_for_broker
 from turnlog.settings import TurnlogSettings
 
 __all__ = ["run_worker"]

@@ -23,8 +23,8 @@ from livekit.agents.voice.agent_session import SessionConnectOptions  # noqa: E4
 from sqlalchemy import select  # noqa: E402
 
 from turnlog.adapters.livekit import chat_context_from_turns, record_session  # noqa: E402
-from turnlog.audit import fold_events  # noqa: E402
 from turnlog.deploy.processes import ServiceProcess  # noqa: E402
+from turnlog.ops.audit import fold_events  # noqa: E402
 from turnlog.producers import SessionRecorder, StoredTurn  # noqa: E402
 from turnlog.schemas import TurnPartial, decode_event  # noqa: E402
 from turnlog.sinks.tables import session_events, sessions, transcript_turns  # noqa: E402

@@ -22,9 +22,9 @@ from pathlib import Path
 import pytest
 from sqlalchemy import select
 
-from turnlog.audit import fold_events
 from turnlog.deploy.local import SCRIPTS
 from turnlog.deploy.processes import ServiceProcess
+from turnlog.ops.audit import fold_events
 from turnlog.producers import SessionRecorder
 from turnlog.sinks.tables import session_events, transcript_turns
 

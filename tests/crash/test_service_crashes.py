@@ -15,7 +15,7 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 from sqlalchemy import func, select
 
-from turnlog.audit import fold_events
+from turnlog.ops.audit import fold_events
 from turnlog.schemas import decode_event, encode_event
 from turnlog.sinks import SourceMessage, open_store
 from turnlog.sinks.migrate import upgrade_to_head

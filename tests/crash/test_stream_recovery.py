@@ -24,8 +24,8 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from confluent_kafka.admin import AdminClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from turnlog.audit import fold_events
 from turnlog.deploy.processes import ServiceProcess, turnlog_command
+from turnlog.ops.audit import fold_events
 from turnlog.schemas import decode_event, encode_event
 
 from tests.crash.test_service_crashes import expected_turns, read_topic, session_events_of

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from turnlog.demo.runner import DemoOptions, choose_kills, run_demo
-from turnlog.demo.transcripts import load_transcript
+from turnlog.tools.demo.runner import DemoOptions, choose_kills, run_demo
+from turnlog.tools.demo.transcripts import load_transcript
 
 from tests.integration.conftest import isolated_settings
 

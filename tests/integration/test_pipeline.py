@@ -10,7 +10,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 from sqlalchemy import select
 
 from turnlog import kafka
-from turnlog.audit import fold_events
+from turnlog.ops.audit import fold_events
 from turnlog.producers import SessionRecorder, partition_for
 from turnlog.schemas import decode_event, encode_event
 from turnlog.sinks.tables import session_events, sessions, transcript_turns

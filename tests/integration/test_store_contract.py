@@ -7,7 +7,7 @@ from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, select, text
 
-from turnlog.audit import fold_events
+from turnlog.ops.audit import fold_events
 from turnlog.schemas import encode_event
 from turnlog.sinks.tables import metadata, session_events, sessions, sink_offsets, transcript_turns
 
@@ -253,7 +253,7 @@ def test_a_newer_completion_of_a_turn_replaces_its_barged_in_flag(store):
 def test_verify_digests_tell_a_barged_in_turn_from_a_whole_one(store):
     from sqlalchemy import update
 
-    from turnlog.verify import compare_digests, session_digests
+    from turnlog.ops.verify import compare_digests, session_digests
 
     f = EventFactory()
     apply(store, messages([f.started(), f.completed(1, 0, "Hold on", barged_in=True), f.completed(2, 1, "Sure")]))

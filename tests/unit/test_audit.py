@@ -1,4 +1,4 @@
-from turnlog.audit import fold_events
+from turnlog.ops.audit import fold_events
 from turnlog.schemas import encode_event
 
 from tests.support import EventFactory

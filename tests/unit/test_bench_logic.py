@@ -9,10 +9,18 @@ from pathlib import Path
 
 import pytest
 
-from turnlog.bench.baselines import batch_rate, percentile
-from turnlog.bench.direct import EVENT_SQL, TURN_SQL, DirectResult, direct_summary, lateness_flat, least_squares_slope
-from turnlog.bench.load import _sleep_until, plans_for_rate
-from turnlog.bench.probes import (
+from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, decode_event
+from turnlog.tools.bench.baselines import batch_rate, percentile
+from turnlog.tools.bench.direct import (
+    EVENT_SQL,
+    TURN_SQL,
+    DirectResult,
+    direct_summary,
+    lateness_flat,
+    least_squares_slope,
+)
+from turnlog.tools.bench.load import _sleep_until, plans_for_rate
+from turnlog.tools.bench.probes import (
     Sample,
     SinkBatches,
     SpoolCounters,
@@ -24,11 +32,10 @@ from turnlog.bench.probes import (
     spool_cost,
     spool_counters,
 )
-from turnlog.bench.profile import summarize
-from turnlog.bench.resume_probe import resume_summary
-from turnlog.bench.runner import BenchOptions, _lag_slope, peer_ratios, quick_options
-from turnlog.bench.workload import encoded_events, events_per_second, plan_sessions
-from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, decode_event
+from turnlog.tools.bench.profile import summarize
+from turnlog.tools.bench.resume_probe import resume_summary
+from turnlog.tools.bench.runner import BenchOptions, _lag_slope, peer_ratios, quick_options
+from turnlog.tools.bench.workload import encoded_events, events_per_second, plan_sessions
 
 SESSIONS = Path(__file__).resolve().parents[2] / "data" / "sessions"
 
@@ -86,9 +93,9 @@ def test_lag_slope_tells_flat_from_growing():
 def test_profile_summary_ranks_leaf_frames_and_counts_turnlog_code(tmp_path):
     stacks = tmp_path / "p.txt"
     stacks.write_text(
-        "main (core/cli.py:1);apply (sinks/base.py:10) 30\n"
-        "main (core/cli.py:1);execute (psycopg/cursor.py:5) 60\n"
-        "main (core/cli.py:1);select (selectors.py:9) 10\n"
+        "main (turnlog/cli.py:1);apply (sinks/base.py:10) 30\n"
+        "main (turnlog/cli.py:1);execute (psycopg/cursor.py:5) 60\n"
+        "main (turnlog/cli.py:1);select (selectors.py:9) 10\n"
     )
     summary = summarize("sink", stacks)
     assert summary.samples == 100
@@ -164,8 +171,8 @@ def test_sink_batches_are_read_from_the_exposition_text_as_the_sink_serves_it():
 
 
 def test_produce_all_serves_reports_while_the_queue_is_full_and_keeps_the_order(monkeypatch):
-    from turnlog.bench import baselines
     from turnlog.settings import TurnlogSettings
+    from turnlog.tools.bench import baselines
 
     class QueueFullTwice:
         def __init__(self):

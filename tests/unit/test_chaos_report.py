@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 from types import SimpleNamespace
 
-from turnlog.demo import chaos
-from turnlog.demo.chaos import SessionProblem, tally_problems
-from turnlog.demo.verdict import Problem, ProblemKind, SessionVerdict
+from turnlog.tools.demo import chaos
+from turnlog.tools.demo.chaos import SessionProblem, tally_problems
+from turnlog.tools.demo.verdict import Problem, ProblemKind, SessionVerdict
 
 
 def verdict(session_id: str, *problems: Problem) -> SessionVerdict:

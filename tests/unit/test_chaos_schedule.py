@@ -6,7 +6,7 @@ from itertools import pairwise
 
 import pytest
 
-from turnlog.demo.chaos import (
+from turnlog.tools.demo.chaos import (
     AFTER_OUTAGE_SECONDS,
     COMPONENTS,
     SERVICE_KILL_WINDOW,

@@ -7,8 +7,8 @@ import datetime as dt
 
 import pytest
 
-from turnlog.demo.agent import _play, replay_plan
-from turnlog.demo.transcripts import InputTurn, recording_time
+from turnlog.tools.demo.agent import _play, replay_plan
+from turnlog.tools.demo.transcripts import InputTurn, recording_time
 
 BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 SPEED = 50.0  # 22 recorded seconds in 0.44 s

@@ -14,10 +14,10 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from turnlog.demo.agent import replay_plan
-from turnlog.demo.transcripts import InputTurn, check_replayable, recording_time, unfinished_turns
-from turnlog.demo.verdict import Problem, ProblemKind, TurnRow, check_turns, problem_totals
 from turnlog.exceptions import ConfigurationError
+from turnlog.tools.demo.agent import replay_plan
+from turnlog.tools.demo.transcripts import InputTurn, check_replayable, recording_time, unfinished_turns
+from turnlog.tools.demo.verdict import Problem, ProblemKind, TurnRow, check_turns, problem_totals
 
 BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 

@@ -2,8 +2,8 @@
 
 import json
 
+from turnlog.ops.tail import format_event
 from turnlog.sinks.reads import StoredEvent
-from turnlog.tail import format_event
 
 
 def test_turns_and_session_events_have_one_line_each():

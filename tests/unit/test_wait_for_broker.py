@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from turnlog.deploy import local
 from turnlog.exceptions import ConfigurationError
+from turnlog.kafka import cluster
 from turnlog.settings import TurnlogSettings
 
 
@@ -18,13 +18,13 @@ def answers_after(monkeypatch, failures: int) -> list[float]:
         calls.append(time.monotonic())
         return len(calls) > failures
 
-    monkeypatch.setattr(local, "broker_answers", broker_answers)
+    monkeypatch.setattr(cluster, "broker_answers", broker_answers)
     return calls
 
 
 def test_it_asks_again_backing_off_until_the_broker_answers(monkeypatch, caplog):
     calls = answers_after(monkeypatch, 2)
-    local.wait_for_broker(TurnlogSettings(bootstrap_servers="127.0.0.1:1"))
+    cluster.wait_for_broker(TurnlogSettings(bootstrap_servers="127.0.0.1:1"))
     assert len(calls) == 3
     first, second = calls[1] - calls[0], calls[2] - calls[1]
     assert 0.45 <= first < 0.9 and 0.95 <= second < 1.5  # 0.5 s, then doubled
@@ -35,12 +35,12 @@ def test_it_gives_up_at_the_deadline_naming_the_servers(monkeypatch):
     calls = answers_after(monkeypatch, 10**6)
     began = time.monotonic()
     with pytest.raises(ConfigurationError, match="127.0.0.1:1"):
-        local.wait_for_broker(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), timeout=0.2)
+        cluster.wait_for_broker(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), timeout=0.2)
     assert len(calls) == 2 and time.monotonic() - began < 2
 
 
 def test_an_answering_broker_is_not_waited_for(monkeypatch):
     calls = answers_after(monkeypatch, 0)
     began = time.monotonic()
-    local.wait_for_broker(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), timeout=0)
+    cluster.wait_for_broker(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), timeout=0)
     assert len(calls) == 1 and time.monotonic() - began < 0.4

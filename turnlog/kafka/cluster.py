@@ -1,18 +1,24 @@
-"""Questions about the cluster itself: does a broker answer, who is in a consumer group."""
+"""Questions about the cluster itself: does a broker answer (or wait until one does), who is in a consumer group."""
 
 from __future__ import annotations
 
+import logging
+import time
 from dataclasses import dataclass
 
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
+from tenacity import RetryCallState, Retrying, retry_if_result, wait_exponential
 
+from turnlog.exceptions import ConfigurationError
 from turnlog.kafka.clients import admin
 from turnlog.kafka.errors import broker_errors
 from turnlog.kafka.exceptions import BrokerError
 from turnlog.settings import TurnlogSettings
 
-__all__ = ["broker_answers", "GroupMembers", "group_members"]
+__all__ = ["broker_answers", "wait_for_broker", "GroupMembers", "group_members"]
+
+logger = logging.getLogger(__name__)
 
 
 def broker_answers(settings: TurnlogSettings, timeout: float = 5.0, *, quiet: bool = False) -> bool:
@@ -26,6 +32,31 @@ def broker_answers(settings: TurnlogSettings, timeout: float = 5.0, *, quiet: bo
     except BrokerError:
         return False
     return True
+
+
+def wait_for_broker(settings: TurnlogSettings, *, timeout: float | None = None) -> None:
+    """Block until a broker answers, polling with capped backoff (forever when ``timeout`` is None).
+
+    Raises:
+        ConfigurationError: no broker answered within ``timeout`` seconds.
+    """
+    deadline = None if timeout is None else time.monotonic() + timeout
+
+    def warn_once(state: RetryCallState) -> None:
+        if state.attempt_number == 1:
+            logger.warning("waiting for a Kafka broker at %s", settings.bootstrap_servers)
+
+    def gave_up(_: RetryCallState) -> None:
+        raise ConfigurationError(f"no Kafka broker answers at {settings.bootstrap_servers}")
+
+    retrying = Retrying(
+        retry=retry_if_result(lambda answered: not answered),
+        wait=wait_exponential(multiplier=0.5, max=5.0),
+        stop=lambda _: deadline is not None and time.monotonic() >= deadline,
+        before_sleep=warn_once,
+        retry_error_callback=gave_up,
+    )
+    retrying(broker_answers, settings)
 
 
 @dataclass(frozen=True, slots=True)

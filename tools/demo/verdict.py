@@ -3,10 +3,10 @@
 For each session it compares three things:
 - the input transcript (what the agents said),
 - the store (``transcript_turns`` and the finalized ``sessions`` row),
-- an independent fold of the stored event log (``turnlog.audit.fold_events``).
+- an independent fold of the stored event log (``turnlog.ops.audit.fold_events``).
 
 What "in order" means with overlapping turns and crashes
-(``turnlog.demo.transcripts`` has the replay's conventions). Each agent
+(``turnlog.tools.demo.transcripts`` has the replay's conventions). Each agent
 process that wrote a session is a *generation*; its turns carry its epoch.
 Generation ``g`` says the input turns ``pending(g)`` = those not stored
 complete by the generations before it, in input order, at the turn indexes
@@ -42,11 +42,11 @@ from typing import Any
 
 from sqlalchemy import select
 
-from turnlog.audit import fold_events
-from turnlog.demo.transcripts import InputTurn, recording_time, token_counts, turn_key
+from turnlog.ops.audit import fold_events
 from turnlog.schemas import SessionStatus, TurnStatus
 from turnlog.sinks import SqlStore
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
+from turnlog.tools.demo.transcripts import InputTurn, recording_time, token_counts, turn_key
 
 __all__ = [
     "ProblemKind",

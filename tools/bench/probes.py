@@ -352,7 +352,7 @@ def lag_stats(samples: Sequence[Sample], *, rate: float) -> dict[str, Any]:
     processed) and the sink's (transcript records not yet stored): mean, p50,
     p99 (nearest rank) and max; and the mean and p99 in seconds at ``rate``
     events/s (how long the newest record waits behind them)."""
-    from turnlog.bench.baselines import percentile
+    from turnlog.tools.bench.baselines import percentile
 
     def stats(values: list[int]) -> dict[str, float]:
         return {

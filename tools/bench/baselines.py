@@ -232,7 +232,7 @@ def faust_baseline(
     log_dir.mkdir(parents=True, exist_ok=True)
     with (log_dir / "faust-passthrough.log").open("ab") as log:
         agent = subprocess.Popen(
-            [sys.executable, "-m", "turnlog.bench.passthrough", source, target,
+            [sys.executable, "-m", "turnlog.tools.bench.passthrough", source, target,
              f"{settings.topic_prefix}-bench-s-{run}"],
             env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
         )
@@ -266,8 +266,8 @@ def faust_consume_baseline(
     result_path = log_dir / f"faust-consume-only-{run}.json"
     with (log_dir / "faust-consume-only.log").open("ab") as log:
         agent = subprocess.Popen(
-            [sys.executable, "-m", "turnlog.bench.consume_only", source, f"{settings.topic_prefix}-bench-s0-{run}",
-             str(len(events)), str(result_path)],
+            [sys.executable, "-m", "turnlog.tools.bench.consume_only", source,
+             f"{settings.topic_prefix}-bench-s0-{run}", str(len(events)), str(result_path)],
             env=env, stdout=log, stderr=log, stdin=subprocess.DEVNULL,
         )
     try:
@@ -438,12 +438,12 @@ def postgres_baselines(dsn: str, events: Sequence[tuple[str, bytes]], batch_size
 
 # -- unsafe: in memory, written once at the end ---------------------------------------------
 def unsafe_baseline(dsn: str, sessions_dir: Path, *, turns: int, speed: float) -> UnsafeBaseline:
-    """Run ``turnlog.bench.unsafe`` (one session held in memory, written at its end),
+    """Run ``turnlog.tools.bench.unsafe`` (one session held in memory, written at its end),
     SIGKILL it halfway, and count what reached the database."""
     session_id = f"unsafe-{uuid.uuid4().hex[:8]}"
 
     def command(sid: str) -> list[str]:
-        return [sys.executable, "-m", "turnlog.bench.unsafe", dsn, str(sessions_dir), sid, str(turns), str(speed)]
+        return [sys.executable, "-m", "turnlog.tools.bench.unsafe", dsn, str(sessions_dir), sid, str(turns), str(speed)]
 
     # First a run to completion (another session id): what one session costs the database.
     finished = subprocess.run(command(f"{session_id}-full") + ["--count-only"], capture_output=True, text=True,

@@ -17,10 +17,10 @@ import math
 import time
 from dataclasses import dataclass, field
 
-from turnlog.bench.workload import BENCH_FLEET, SessionPlan, events_per_second
-from turnlog.demo.transcripts import token_counts
 from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
+from turnlog.tools.bench.workload import BENCH_FLEET, SessionPlan, events_per_second
+from turnlog.tools.demo.transcripts import token_counts
 
 __all__ = ["LoadResult", "run_load", "plans_for_rate"]
 

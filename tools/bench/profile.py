@@ -11,7 +11,7 @@ from pathlib import Path
 __all__ = ["ProfileSummary", "start_profiles", "summarize"]
 
 #: Frames from these files are turnlog's own code (py-spy names files relative to sys.path).
-_OWN_CODE = ("(core/", "(producers/", "(stream_processors/", "(sinks/", "(schemas/", "/turnlog/")
+_OWN_CODE = ("(turnlog/", "(tools/", "(producers/", "(stream_processors/", "(sinks/", "(schemas/", "/turnlog/")
 
 
 @dataclass(frozen=True, slots=True)

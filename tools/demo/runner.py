@@ -6,7 +6,7 @@
 4. SIGKILL ``kills`` agents in the middle of a long turn and resume each
    session in a new process (which passes the resume barrier first);
 5. wait until every session is finalized, then judge each one
-   (``turnlog.demo.verdict``) and print a table and a verdict.
+   (``turnlog.tools.demo.verdict``) and print a table and a verdict.
 """
 
 from __future__ import annotations
@@ -24,8 +24,6 @@ from pathlib import Path
 import msgspec
 from sqlalchemy import func, select
 
-from turnlog.demo.transcripts import InputTurn, check_replayable, find_transcripts, load_transcript
-from turnlog.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session
 from turnlog.deploy.local import ensure_local_services
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command
 from turnlog.deploy.topics import create_topics
@@ -34,6 +32,8 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store, safe_url
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import session_events, sessions
+from turnlog.tools.demo.transcripts import InputTurn, check_replayable, find_transcripts, load_transcript
+from turnlog.tools.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session
 
 __all__ = ["DemoOptions", "run_demo", "choose_kills", "load_sessions"]
 

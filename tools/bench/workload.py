@@ -21,8 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from turnlog.demo.transcripts import InputTurn, find_transcripts, load_transcript, token_counts
 from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, encode_event
+from turnlog.tools.demo.transcripts import InputTurn, find_transcripts, load_transcript, token_counts
 
 __all__ = ["SessionPlan", "plan_sessions", "encoded_events", "events_per_second", "BENCH_FLEET"]
 

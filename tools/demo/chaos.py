@@ -19,7 +19,7 @@ seeded schedule (:func:`build_schedule`) does, in one run:
 - **Postgres outages**: stopped (``deploy/postgres.sh stop``) or its
   postmaster SIGKILLed, kept down 20 to 60 s (scaled to the run), then started.
 
-Afterwards every session is judged as in the demo (``turnlog.demo.verdict``)
+Afterwards every session is judged as in the demo (``turnlog.tools.demo.verdict``)
 and the report gives events sent and stored, turns lost, duplicated, altered
 and out of order, wrong aggregates (sums of the verdict's typed problems by
 kind), each kill and outage with its recovery time, and agents that failed.
@@ -66,8 +66,6 @@ from sqlalchemy import func, select, text
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_fixed
 
 from turnlog import kafka
-from turnlog.demo.runner import AgentProcess, count_events, load_sessions, print_table, wait_for_finalized
-from turnlog.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session, problem_totals
 from turnlog.deploy.local import SCRIPTS, ensure_local_services
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command
 from turnlog.deploy.topics import create_topics
@@ -79,6 +77,8 @@ from turnlog.sinks import SqlStore, StoreUnavailableError, open_store
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import sink_offsets
+from turnlog.tools.demo.runner import AgentProcess, count_events, load_sessions, print_table, wait_for_finalized
+from turnlog.tools.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session, problem_totals
 
 __all__ = [
     "ChaosOptions",

@@ -11,7 +11,7 @@ is left out: ``finalized_at`` (when, not what) and ``claimed_epoch`` (epochs
 handed out to resumers that may never have written).
 
 Against the log, the reference store is rebuilt from ``<prefix>.events`` by
-``turnlog.replay`` into a scratch SQLite database first.
+``turnlog.ops.replay`` into a scratch SQLite database first.
 """
 
 from __future__ import annotations

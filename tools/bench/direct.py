@@ -47,10 +47,6 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Json
 
-from turnlog.bench.baselines import percentile
-from turnlog.bench.load import _sleep_until
-from turnlog.bench.workload import BENCH_FLEET, SessionPlan
-from turnlog.demo.transcripts import token_counts
 from turnlog.schemas import (
     SessionEnded,
     SessionStarted,
@@ -61,6 +57,10 @@ from turnlog.schemas import (
     encode_event,
 )
 from turnlog.sinks.batch import TurnRow
+from turnlog.tools.bench.baselines import percentile
+from turnlog.tools.bench.load import _sleep_until
+from turnlog.tools.bench.workload import BENCH_FLEET, SessionPlan
+from turnlog.tools.demo.transcripts import token_counts
 
 __all__ = [
     "DirectResult",

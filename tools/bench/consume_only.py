@@ -1,6 +1,6 @@
 """Baseline S0: a bare Faust agent that consumes one topic and does nothing else.
 
-Run as ``python -m turnlog.bench.consume_only SOURCE APP_ID TOTAL RESULT_PATH``
+Run as ``python -m turnlog.tools.bench.consume_only SOURCE APP_ID TOTAL RESULT_PATH``
 (the benchmark starts it as a child process, on the same app settings as the
 sequencer's). The agent reads ``SOURCE`` in batches of up to 1,000
 (``stream.take_events(1000, within=1.0)``), counts them, and once it has seen

@@ -1,6 +1,6 @@
 """Baseline S: a bare Faust agent that copies one topic to another, nothing else.
 
-Run as ``python -m turnlog.bench.passthrough SOURCE SINK APP_ID`` (the benchmark
+Run as ``python -m turnlog.tools.bench.passthrough SOURCE SINK APP_ID`` (the benchmark
 starts it as a child process, on the same app settings as the sequencer's).
 """
 

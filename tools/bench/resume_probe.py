@@ -24,7 +24,7 @@ running ``turnlog api``), so each sees the same load. A resume that fails
 (timeout, error) is a sample of infinite latency: it shows in the percentiles.
 
 The probe runs in a process of its own (:func:`run_probe_process`, which
-runs ``python -m turnlog.bench.resume_probe``), as another agent would, so
+runs ``python -m turnlog.tools.bench.resume_probe``), as another agent would, so
 its recorders' threads do not share the load generator's interpreter.
 """
 
@@ -41,12 +41,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from turnlog.bench.baselines import percentile
-from turnlog.bench.workload import BENCH_FLEET
 from turnlog.producers import SessionRecorder
 from turnlog.schemas import TurnStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
+from turnlog.tools.bench.baselines import percentile
+from turnlog.tools.bench.workload import BENCH_FLEET
 
 __all__ = ["ResumeSamples", "resume_probe", "run_probe_process", "resume_summary", "RESUME_GOAL_P99_MS"]
 
@@ -169,7 +169,7 @@ async def run_probe_process(
     tag: str,
     log_path: Path,
 ) -> dict[str, ResumeSamples]:
-    """:func:`resume_probe` in a child process (``python -m turnlog.bench.resume_probe``):
+    """:func:`resume_probe` in a child process (``python -m turnlog.tools.bench.resume_probe``):
     the ``store`` path, and the ``api`` path too when ``api_url`` is given (its token
     is ``settings.api_token``). ``begin_at`` and ``end_at`` are ``time.monotonic()``
     values (the clock is the system's, the same in every process).
@@ -179,7 +179,7 @@ async def run_probe_process(
     """
     env = {**os.environ, **settings.as_environment()}
     env.pop("TURNLOG_API_URL", None)
-    argv = [sys.executable, "-m", "turnlog.bench.resume_probe", json.dumps(
+    argv = [sys.executable, "-m", "turnlog.tools.bench.resume_probe", json.dumps(
         {"api_url": api_url, "begin_at": begin_at, "end_at": end_at, "samples": samples, "tag": tag}
     )]
     log_path.parent.mkdir(parents=True, exist_ok=True)
@@ -194,7 +194,7 @@ async def run_probe_process(
 
 
 def main(argv: Sequence[str]) -> None:
-    """``python -m turnlog.bench.resume_probe '{"api_url": ..., "begin_at": ..., ...}'``:
+    """``python -m turnlog.tools.bench.resume_probe '{"api_url": ..., "begin_at": ..., ...}'``:
     settings from the environment; one JSON line of :class:`ResumeSamples` per path on stdout."""
     import logging
 

@@ -95,8 +95,8 @@ def migrate(database_url: DatabaseUrl = None) -> None:
 @app.command()
 def sequencer(bootstrap_servers: Bootstrap = None) -> None:
     """Run a sequencer worker (order, dedupe, fence, DLQ). Scale by starting more."""
-    from turnlog.deploy.local import wait_for_broker
     from turnlog.deploy.topics import create_topics
+    from turnlog.kafka import wait_for_broker
     from turnlog.stream_processors.sequencer import build_sequencer
     from turnlog.stream_processors.worker import run_worker
 
@@ -192,9 +192,9 @@ def tail(
     """Follow a session in the terminal: its stored turns, then live ones, until it ends."""
     import asyncio
 
+    from turnlog.ops.tail import tail_session
     from turnlog.sinks import open_store
     from turnlog.sinks.migrate import require_head
-    from turnlog.tail import tail_session
 
     settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
@@ -225,7 +225,7 @@ def replay(
 
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
 
-    from turnlog.replay import replay_events
+    from turnlog.ops.replay import replay_events
     from turnlog.sinks import open_store
     from turnlog.sinks.errors import store_errors
     from turnlog.sinks.migrate import upgrade_to_head
@@ -288,10 +288,10 @@ def verify(
     """Compare a store (A) with another store or with the log, session by session; exit 1 on any difference."""
     import tempfile
 
-    from turnlog.replay import replay_events
+    from turnlog.ops.replay import replay_events
+    from turnlog.ops.verify import compare_digests, session_digests
     from turnlog.sinks import open_store, safe_url
     from turnlog.sinks.migrate import require_head, upgrade_to_head
-    from turnlog.verify import compare_digests, session_digests
 
     if (against_url is None) == (not against_log):
         typer.echo("turnlog: give exactly one of --against-url DSN and --against-log", err=True)
@@ -352,7 +352,7 @@ def bench(
     ] = False,
 ) -> None:
     """Benchmark the pipeline on Postgres against baselines measured in the same run (see docs/benchmarks.md)."""
-    from turnlog.bench.runner import BenchOptions, quick_options, run_bench
+    from turnlog.tools.bench.runner import BenchOptions, quick_options, run_bench
 
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     if not settings.database_url.startswith("postgresql"):
@@ -418,7 +418,7 @@ def replay_agent(
     import asyncio
     import datetime as dt
 
-    from turnlog.demo.agent import replay_transcript
+    from turnlog.tools.demo.agent import replay_transcript
 
     settings = _settings()
     base = dt.datetime.fromisoformat(base_time)
@@ -444,7 +444,7 @@ def demo(
     flush_interval: Annotated[float, typer.Option(help="Agents' partial flush timer (seconds, replay time).")] = 0.2,
 ) -> None:
     """Replay real transcripts as concurrent agents, SIGKILL some mid-turn, resume them, verify the store."""
-    from turnlog.demo.runner import DemoOptions, run_demo
+    from turnlog.tools.demo.runner import DemoOptions, run_demo
 
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     options = DemoOptions(
@@ -469,7 +469,7 @@ def chaos(
 ) -> None:
     """SIGKILL every component at random under the demo workload; report losses, duplicates, order, aggregates,
     recovery."""
-    from turnlog.demo.chaos import ChaosOptions, run_chaos
+    from turnlog.tools.demo.chaos import ChaosOptions, run_chaos
 
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     ok = run_chaos(settings,

@@ -1,6 +1,6 @@
 """The unsafe baseline: an agent backend that holds the session in memory and writes it once, at the end.
 
-``python -m turnlog.bench.unsafe DSN SESSIONS_DIR SESSION_ID TURNS SPEED [--count-only]``
+``python -m turnlog.tools.bench.unsafe DSN SESSIONS_DIR SESSION_ID TURNS SPEED [--count-only]``
 replays the first transcript's first TURNS turns at SPEED, printing ``said N``
 after each turn, and then writes the session row and every turn in one
 transaction. ``--count-only`` replays without waiting and prints
@@ -16,8 +16,8 @@ from pathlib import Path
 
 import psycopg
 
-from turnlog.bench.workload import plan_sessions
 from turnlog.schemas import SessionStatus, TurnStatus
+from turnlog.tools.bench.workload import plan_sessions
 
 
 def main() -> None:

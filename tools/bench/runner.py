@@ -45,10 +45,16 @@ from typing import Any
 import psycopg
 from sqlalchemy.engine import make_url
 
-from turnlog.bench import baselines as base
-from turnlog.bench.direct import direct_summary, run_direct
-from turnlog.bench.load import plans_for_rate, run_load
-from turnlog.bench.probes import (
+from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all
+from turnlog.deploy.topics import create_topics
+from turnlog.schemas import SessionStarted, TurnPartial, encode_event
+from turnlog.settings import TurnlogSettings
+from turnlog.sinks import open_store
+from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.tools.bench import baselines as base
+from turnlog.tools.bench.direct import direct_summary, run_direct
+from turnlog.tools.bench.load import plans_for_rate, run_load
+from turnlog.tools.bench.probes import (
     Sample,
     Sampler,
     cpu_seconds,
@@ -62,15 +68,9 @@ from turnlog.bench.probes import (
     spool_counters,
     turn_latencies_ms,
 )
-from turnlog.bench.profile import start_profiles, summarize
-from turnlog.bench.resume_probe import resume_summary, run_probe_process
-from turnlog.bench.workload import BENCH_FLEET, encoded_events, plan_sessions
-from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all
-from turnlog.deploy.topics import create_topics
-from turnlog.schemas import SessionStarted, TurnPartial, encode_event
-from turnlog.settings import TurnlogSettings
-from turnlog.sinks import open_store
-from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.tools.bench.profile import start_profiles, summarize
+from turnlog.tools.bench.resume_probe import resume_summary, run_probe_process
+from turnlog.tools.bench.workload import BENCH_FLEET, encoded_events, plan_sessions
 
 __all__ = ["BenchOptions", "run_bench", "quick_options"]
 
@@ -310,7 +310,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
         options.report_path.write_text(json.dumps({**slim, "timeline": report["timeline"]}, indent=2, default=str))
         print(f"report written to {options.report_path}")
     if options.plot_path is not None:
-        from turnlog.bench.plot import plot_report
+        from turnlog.tools.bench.plot import plot_report
 
         plot_report(report, options.plot_path)
         print(f"plot written to {options.plot_path}")

@@ -14,7 +14,7 @@ index ``i``. An agent that resumes a session says again, in full and at their
 recorded times, every input turn the store does not hold complete (the turns
 its predecessor left open, and those it never reached), at new turn indexes
 counted on from the recorder's ``next_turn_index``
-(``turnlog.demo.transcripts.unfinished_turns``).
+(``turnlog.tools.demo.transcripts.unfinished_turns``).
 
 Progress goes to stdout as JSON lines (``started``/``resumed``, ``turn`` when
 a turn opens, ``said`` when its completion returned, ``done``) so the demo can
@@ -33,9 +33,9 @@ from pathlib import Path
 
 import msgspec
 
-from turnlog.demo.transcripts import InputTurn, load_transcript, recording_time, token_counts, unfinished_turns
 from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
+from turnlog.tools.demo.transcripts import InputTurn, load_transcript, recording_time, token_counts, unfinished_turns
 
 __all__ = ["replay_transcript", "recording_time", "SpokenTurn", "replay_plan"]
 
