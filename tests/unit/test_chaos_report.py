@@ -97,3 +97,21 @@ def test_a_resume_that_fails_every_attempt_is_recorded_as_not_recovered(monkeypa
     [entry] = run.records
     assert entry["recovery_seconds"] is None and entry["resume_attempts"] == chaos.RESUME_ATTEMPTS
     assert entry["error"] == "every resume attempt failed" and run.failed_resumes == ["s"]
+
+
+def test_a_schedule_step_that_raises_is_recorded_and_voids_the_run(tmp_path) -> None:
+    from pathlib import Path
+
+    from turnlog.settings import load_settings
+
+    sessions = Path(__file__).resolve().parents[2] / "data" / "sessions"
+    run = chaos._Run(load_settings(), chaos.ChaosOptions(sessions, log_dir=tmp_path), "step-test", store=None)
+
+    def restart_broker() -> None:
+        raise RuntimeError("kafka.sh start failed")
+
+    run.background("service-kills", restart_broker)
+    run.background("outage-postgres", lambda: None)
+    for thread in run.threads:
+        thread.join(10)
+    assert run.step_failures == ["service-kills: RuntimeError: kafka.sh start failed"]

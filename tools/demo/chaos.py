@@ -295,6 +295,8 @@ class _Run:
         self.started = time.monotonic()
         # Events found in orphaned spools at the end, and left undelivered.
         self.spool_drain: tuple[int, int] | None = None
+        # Schedule steps that failed (a service that did not come back up): the run is void.
+        self.step_failures: list[str] = []
 
     # -- time and records --
     def now(self) -> float:
@@ -316,7 +318,15 @@ class _Run:
               flush=True)
 
     def background(self, name: str, target: Any, *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+        def step() -> None:
+            try:
+                target(*args)
+            except Exception as e:  # the schedule did not run as planned: say so in the verdict
+                logger.exception("chaos: schedule step %s failed", name)
+                with self.lock:
+                    self.step_failures.append(f"{name}: {type(e).__name__}: {e}")
+
+        thread = threading.Thread(target=step, name=name, daemon=True)
         with self.lock:
             self.threads.append(thread)
         thread.start()
@@ -861,6 +871,9 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
     if not covered:
         print(f"  note: SIGKILLs hit {sorted(killed)}, not every component ({len(run.skipped)} skipped,"
               f" {len(schedule.dropped)} dropped for room)")
+    for failure in run.step_failures:
+        print(f"  SCHEDULE STEP FAILED (the run is void): {failure}")
+    ok = ok and not run.step_failures
     print("CHAOS VERDICT: " + ("no violations" if ok else "VIOLATIONS: see above"))
     if options.report_path is not None:
         report = {
@@ -873,7 +886,7 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
             },
             **figures, "recovery": recovery_figures, "schedule": schedule.as_json(),
             "kills": sorted(run.records, key=lambda e: e["at_seconds"]), "skipped": run.skipped,
-            "sessions": [v.as_json() for v in verdicts],
+            "sessions": [v.as_json() for v in verdicts], "schedule_step_failures": run.step_failures,
         }
         options.report_path.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n")
     return ok
