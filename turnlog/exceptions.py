@@ -6,6 +6,7 @@ classes once, at the boundary, with ``raise ... from e``::
 
     TurnlogError
     ├── ConfigurationError                 (turnlog.exceptions)
+    ├── NotReadyError                      (turnlog.readiness)
     ├── SchemaError                        (turnlog.schemas.exceptions)
     │   └── EventValidationError
     ├── RecorderError                      (turnlog.producers.exceptions)

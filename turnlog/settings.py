@@ -211,6 +211,13 @@ class TurnlogSettings(BaseSettings):
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="Serve Prometheus metrics on this port (services only; unset: off)."
     )
+    ready_file: Path | None = Field(
+        None,
+        description="A service (sequencer, finalizer, sink, analytics, api) writes this file when it is ready "
+        "and removes it when it is not (a rebalance) or stops: one JSON object {component, pid, ready_at "
+        "(Unix seconds)}, replaced atomically (turnlog/readiness.py). Its folder must exist. Unset: no file. "
+        "The process runner (deploy/processes.py) sets it per service.",
+    )
 
     @field_validator("topic_prefix")
     @classmethod

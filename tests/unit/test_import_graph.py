@@ -166,6 +166,7 @@ LAYERS: dict[str, str] = {
     "turnlog.metrics": "foundation",
     "turnlog.faults": "foundation",
     "turnlog.dlq": "foundation",
+    "turnlog.readiness": "foundation",
     "turnlog.schemas": "schemas",
     "turnlog.kafka": "kafka",
     "turnlog.sinks": "sinks",
