@@ -35,6 +35,7 @@ from tenacity import RetryCallState, Retrying, retry, retry_if_exception_type, w
 from turnlog import kafka, metrics
 from turnlog.dlq import dlq_headers, reason_class
 from turnlog.faults import fault_point
+from turnlog.readiness import mark_not_ready, mark_ready
 from turnlog.schemas import EventType
 from turnlog.schemas.headers import Headers, record_event_type
 from turnlog.settings import TurnlogSettings
@@ -85,6 +86,12 @@ class SinkService:
     (the analytics one) passes its own ``consumer_group`` and ``write``; it gets
     the same batching, offsets-in-transaction, retries and dead-lettering.
     ``on_batch`` (optional) is called after each committed batch with its result.
+
+    With ``settings.ready_file`` set, it writes that file as ``component``
+    (:mod:`turnlog.readiness`) once the consumer has an assignment, seeked to the
+    stored offsets (an empty one too: a member with no partition is in the group
+    and consuming), removes it when the assignment is revoked, and at the end of
+    :meth:`run`.
     """
 
     stopping: threading.Event  # declared for mypy: _while_store_unavailable's stop reads it
@@ -98,8 +105,10 @@ class SinkService:
         write: BatchWriter | None = None,
         consumer_config: Mapping[str, Any] | None = None,
         on_batch: Callable[[BatchResult], None] | None = None,
+        component: str = "sink",
     ) -> None:
         self.settings = settings
+        self.component = component
         self.store = store
         self.consumer_group = consumer_group or settings.sink_group
         self._write = write or store.write_transcript
@@ -132,7 +141,8 @@ class SinkService:
         """Consume and apply until :attr:`stopping` is set."""
         consumer = kafka.consumer(self.settings, group_id=self.consumer_group, **self._config)
         self._consumer = consumer
-        consumer.subscribe([self.settings.topics.transcript], on_assign=self._seek_to_stored)
+        consumer.subscribe([self.settings.topics.transcript], on_assign=self._seek_to_stored,
+                           on_revoke=self._revoked)
         batch: list[SourceMessage] = []
         boundary = False  # the batch holds something other than a partial
         first_at = 0.0
@@ -170,6 +180,7 @@ class SinkService:
         finally:
             self._consumer = None
             consumer.close()
+            mark_not_ready(self.settings.ready_file)
             if self._dlq is not None:
                 self._dlq.flush(DLQ_FLUSH_TIMEOUT_SECONDS)
 
@@ -206,6 +217,11 @@ class SinkService:
             tp.offset = stored.get((tp.topic, tp.partition), OFFSET_BEGINNING)
         logger.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in partitions))
         consumer.assign(partitions)
+        mark_ready(self.settings.ready_file, self.component)
+
+    def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """The assignment is revoked (a rebalance, or leaving the group): not ready until the next one."""
+        mark_not_ready(self.settings.ready_file)
 
     @_while_store_unavailable
     def _stored_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:

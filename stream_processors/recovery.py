@@ -79,7 +79,7 @@ class OrderedRecovery(Recovery):
         self.tables.on_actives_ready()
         if standbys_ready:
             self.tables.on_standbys_ready()
-        app.on_rebalance_end()
+        app.on_rebalance_end()  # its sensors' on_rebalance_end: the ready file is written (worker.ReadinessSensor)
         self.log.info("Worker ready")
 
     async def _resume_streams(self, generation_id: int = 0) -> None:

@@ -105,7 +105,7 @@ def sequencer(bootstrap_servers: Bootstrap = None) -> None:
     # so Faust would never declare them: make sure they exist (idempotent).
     wait_for_broker(settings)
     create_topics(settings)
-    run_worker(build_sequencer(settings), settings)
+    run_worker(build_sequencer(settings), settings, "sequencer")
 
 
 @app.command()
@@ -119,7 +119,7 @@ def finalizer(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = N
     settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
     wait_for_head(store.engine)
-    run_worker(build_finalizer(settings, store), settings)
+    run_worker(build_finalizer(settings, store), settings, "finalizer")
 
 
 @app.command()
@@ -151,7 +151,8 @@ def analytics(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = N
     store = open_store(settings.database_url)
     wait_for_head(store.engine)
     projection = AnalyticsProjection(store)
-    service = SinkService(settings, store, consumer_group=settings.analytics_group, write=projection.write)
+    service = SinkService(settings, store, consumer_group=settings.analytics_group, write=projection.write,
+                          component="analytics")
     signal.signal(signal.SIGTERM, lambda *_: service.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: service.stopping.set())
     service.run()

@@ -111,10 +111,20 @@ class TranscriptHub:
     offset and commits nothing), so every API process sees every record and
     none steals partitions from another. Records are decoded only when their
     session has a subscriber.
+
+    ``on_following`` (optional) is called once, in the hub's thread, when the
+    consumer is assigned every partition of the topic (the API's readiness).
     """
 
-    def __init__(self, settings: TurnlogSettings, *, consumer_config: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self,
+        settings: TurnlogSettings,
+        *,
+        consumer_config: dict[str, Any] | None = None,
+        on_following: Callable[[], object] | None = None,
+    ) -> None:
         self.settings = settings
+        self._on_following = on_following
         self._group_id = f"{settings.topic_prefix}-live-{uuid.uuid4().hex[:8]}"  # required by the client; never joined
         self._config = {"enable.auto.offset.store": False, **(consumer_config or {})}
         self._subscribers: dict[str, set[Subscription]] = {}
@@ -164,6 +174,8 @@ class TranscriptHub:
             offsets.close()
             consumer.assign([TopicPartition(topic, p, OFFSET_END) for p in partitions])
             logger.info("transcript hub: following %d partitions of %s", len(partitions), topic)
+            if self._on_following is not None:
+                self._on_following()
             while not self._stopping.is_set():
                 record = consumer.poll(0.5)
                 if record is None or record.error() is not None:

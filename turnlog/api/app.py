@@ -51,6 +51,7 @@ from turnlog.kafka import BrokerUnavailableError
 from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.grant import MAX_RESUME_TIMEOUT_SECONDS, ResumeGrant, encode_grant
 from turnlog.producers.resume import ResumeBarrier
+from turnlog.readiness import mark_not_ready, mark_ready
 from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.analytics import AnalyticsProjection
@@ -76,9 +77,14 @@ logger = logging.getLogger(__name__)
 
 def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True) -> FastAPI:
     """The API over ``store``. ``live=False`` runs without the transcript hub
-    (followers then see new events from the store, ``api_poll_seconds`` late)."""
+    (followers then see new events from the store, ``api_poll_seconds`` late).
+
+    With ``settings.ready_file`` set, the ready file (:mod:`turnlog.readiness`,
+    component ``api``) is written once the hub follows the transcript topic
+    (without a hub: at start-up), and removed at shutdown.
+    """
     tokens = TokenTable(settings.api_tokens)
-    hub = TranscriptHub(settings) if live else None
+    hub = TranscriptHub(settings, on_following=lambda: mark_ready(settings.ready_file, "api")) if live else None
     barrier = ResumeBarrier(settings, store)
     resume_workers = ThreadPoolExecutor(max_workers=RESUME_WORKERS, thread_name_prefix="turnlog-resume")
 
@@ -86,6 +92,8 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if hub is not None:
             hub.start()
+        else:
+            mark_ready(settings.ready_file, "api")
         try:
             yield
         finally:
@@ -93,6 +101,7 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
             barrier.close()
             if hub is not None:
                 await asyncio.to_thread(hub.stop)
+            mark_not_ready(settings.ready_file)  # after the hub's thread, which may mark it ready
 
     app = FastAPI(title="turnlog", summary="Sessions, transcripts and live events of turnlog's store.",
                   lifespan=lifespan)
