@@ -226,8 +226,9 @@ def test_scaling_the_sequencer_from_one_worker_to_two_and_back_while_events_flow
         for number, wave in enumerate(waves):
             produce(settings, wave)
             if number == 1:
-                second = ServiceProcess("sequencer-2", turnlog_command("sequencer"), settings.as_environment(), pipeline.log_dir / "sequencer-2.log")
-                wait_until(lambda: "Worker]: Ready" in second.log_path.read_text(errors="replace"), timeout=TIMEOUT, what="a second sequencer ready")
+                second = ServiceProcess("sequencer-2", turnlog_command("sequencer"), settings.as_environment(), pipeline.log_dir / "sequencer-2.log",
+                                        ready_path=pipeline.log_dir / "sequencer-2.ready")
+                second.wait_ready(TIMEOUT)  # its rebalance completed: it holds partitions now
             if number == 3:
                 pipeline.stop("sequencer")  # back to one worker (the second)
         for sid in sids:

@@ -12,13 +12,12 @@ from pathlib import Path
 
 import pytest
 
-from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all
+from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, wait_all_ready
 from turnlog.deploy.topics import create_topics
+from turnlog.readiness import NotReadyError
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.migrate import upgrade_to_head
-
-from tests.support import wait_until
 
 
 def isolated_settings(kafka_bootstrap: str, database_url: str, tmp: Path, **overrides: object) -> TurnlogSettings:
@@ -56,26 +55,12 @@ class Pipeline:
         stop_all([self.processes.pop(name) for name in services])
 
     def wait_ready(self, timeout: float = 120) -> None:
-        """Until every running service says it is consuming (Faust's "Ready", the sink's assignment)."""
-        marks = {
-            "sequencer": "[^Worker]: Ready",
-            "finalizer": "[^Worker]: Ready",
-            "sink": "assigned ",
-            "analytics": "assigned ",
-            "api": "transcript hub: following",
-        }
-
-        def ready() -> bool:
-            return all(
-                marks[name] in process.log_path.read_text(errors="replace")
-                for name, process in self.processes.items()
-                if name in marks
-            )
-
+        """Until every running service has written its ready file (turnlog/readiness.py: a Faust worker
+        after its rebalance completed, the sink with its assignment, the API following the transcript)."""
         try:
-            wait_until(ready, timeout=timeout, what="services ready")
-        except AssertionError as e:
-            raise AssertionError(f"{e}\n{self.logs()}") from None
+            wait_all_ready(self.processes, timeout)
+        except NotReadyError as e:
+            raise AssertionError(f"services not ready: {e}\n{self.logs()}") from None
 
     def logs(self) -> str:
         return "\n".join(f"--- {name}\n{p.log_path.read_text(errors='replace')[-3000:]}" for name, p in self.processes.items())

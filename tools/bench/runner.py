@@ -45,7 +45,7 @@ from typing import Any
 import psycopg
 from sqlalchemy.engine import make_url
 
-from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all
+from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, wait_all_ready
 from turnlog.deploy.topics import create_topics
 from turnlog.schemas import SessionStarted, TurnPartial, encode_event
 from turnlog.settings import TurnlogSettings
@@ -76,6 +76,8 @@ __all__ = ["BenchOptions", "run_bench", "quick_options"]
 
 #: Lag may grow by at most this share of the offered rate per second and still count as flat.
 FLAT_LAG_SLOPE = 0.02
+#: Longest the pipeline's services may take to write their ready files (seconds).
+PIPELINE_READY_TIMEOUT_SECONDS = 180.0
 
 
 @dataclass(frozen=True)
@@ -194,6 +196,9 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             start_pipeline(settings, log_dir, services=("sink",),
                            extra_env={**env, "TURNLOG_METRICS_PORT": str(options.metrics_port)})
         )
+        # Their ready files (turnlog/readiness.py): a service that cannot start fails here, naming its log,
+        # not after the drain's deadline. The drain is measured from its first stored row either way.
+        wait_all_ready(processes, PIPELINE_READY_TIMEOUT_SECONDS)
         capacity = _drain(sampler, len(backlog), options, processes, report)
         print(f"capacity: {capacity:,.0f} durable events/s draining a backlog of {len(backlog):,}")
         report["capacity"] = {"events_per_second": capacity, "backlog_events": len(backlog)}
@@ -377,7 +382,8 @@ def _resume(
                 settings.model_copy(update={"api_tokens": {token: [BENCH_FLEET]}, "api_port": port}),
                 log_dir, services=("api",), extra_env={"TURNLOG_LOG_LEVEL": "WARNING"},
             )["api"]
-            _wait_http(f"http://127.0.0.1:{port}/healthz", 60, api)
+            api.wait_ready(60)  # its ready file: the transcript hub follows the topic
+            _wait_http(f"http://127.0.0.1:{port}/healthz", 60, api)  # and the port answers
             probe_settings, api_url = settings.model_copy(update={"api_token": SecretStr(token)}), f"http://127.0.0.1:{port}"
         except Exception as e:  # the store path is still measured
             out["api_error"] = f"{type(e).__name__}: {e}"

@@ -67,10 +67,11 @@ from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_fixed
 
 from turnlog import kafka
 from turnlog.deploy.local import SCRIPTS, ensure_local_services
-from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command
+from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command, wait_all_ready
 from turnlog.deploy.topics import create_topics
 from turnlog.exceptions import ConfigurationError
 from turnlog.producers import SessionRecorder
+from turnlog.readiness import NotReadyError
 from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, StoreUnavailableError, open_store
@@ -586,7 +587,8 @@ class _Run:
                     known[service] = pid
 
     def start_service(self, component: str, log_name: str) -> ServiceProcess:
-        return ServiceProcess(component, turnlog_command(component), self.env, self.log_dir / f"{log_name}.log")
+        return ServiceProcess(component, turnlog_command(component), self.env, self.log_dir / f"{log_name}.log",
+                              ready_path=self.log_dir / f"{log_name}.ready")
 
     def supervise_services(self) -> None:
         """Restart a service that exited by itself (a supervisor would), and report it."""
@@ -653,10 +655,13 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
     run.services = start_pipeline(settings, run.log_dir)
     # The schedule hits a running pipeline, not one starting up (a Faust worker takes a while on 2 cores).
     began = time.monotonic()
-    if not _wait_until(lambda: _pipeline_ready(settings), PIPELINE_READY_TIMEOUT_SECONDS, every=1.0):
+    try:  # each service's ready file (turnlog/readiness.py): a Faust worker's rebalance done, the sink assigned
+        wait_all_ready(run.services, PIPELINE_READY_TIMEOUT_SECONDS)
+    except NotReadyError as e:
         stop_all(run.services)
-        raise ConfigurationError(f"the pipeline did not start within {PIPELINE_READY_TIMEOUT_SECONDS:.0f} s; see"
-                                 f" {run.log_dir}")
+        raise ConfigurationError(
+            f"the pipeline did not start within {PIPELINE_READY_TIMEOUT_SECONDS:.0f} s: {e}"
+        ) from e
     print(f"  pipeline ready in {time.monotonic() - began:.1f}s; the schedule starts now", flush=True)
     run.started = time.monotonic()
     for session_id in run.transcripts:
@@ -1011,16 +1016,6 @@ def _group_members(admin: AdminClient, group: str) -> tuple[bool, frozenset[str]
     except kafka.BrokerError:
         return False, frozenset()
     return found.stable, found.member_ids
-
-
-def _pipeline_ready(settings: TurnlogSettings) -> bool:
-    """Each service's consumer group is stable with a member."""
-    admin = _admin(settings)
-    for group in (settings.sequencer_group, settings.sink_group, settings.finalizer_group):
-        stable, members = _group_members(admin, group)
-        if not stable or not members:
-            return False
-    return True
 
 
 def _group_rejoined(admin: AdminClient, group: str, before: frozenset[str]) -> bool:

@@ -25,7 +25,7 @@ import msgspec
 from sqlalchemy import func, select
 
 from turnlog.deploy.local import ensure_local_services
-from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command
+from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command, wait_all_ready
 from turnlog.deploy.topics import create_topics
 from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
@@ -39,6 +39,8 @@ __all__ = ["DemoOptions", "run_demo", "choose_kills", "load_sessions"]
 
 logger = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
+#: Longest the services may take to write their ready files (a Faust worker is slow to start on 2 cores).
+PIPELINE_READY_TIMEOUT_SECONDS = 180.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -159,10 +161,14 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
         threading.Timer(delay, kill_and_resume).start()
 
     try:
+        # The agents talk to a running pipeline: each service's ready file (turnlog/readiness.py).
+        wait_all_ready(services, PIPELINE_READY_TIMEOUT_SECONDS)
+        replay_started = time.monotonic()
+        print(f"pipeline ready in {replay_started - started:.1f}s", flush=True)
         for session_id in transcripts:
             spawn(session_id)
         _wait_for_agents(agents, lock, len(transcripts) + len(kills), started + options.timeout + 600)
-        replay_seconds = time.monotonic() - started
+        replay_seconds = time.monotonic() - replay_started
         finalized_in = wait_for_finalized(store, list(transcripts), time.monotonic() + options.timeout)
     finally:
         stop_all(services)
