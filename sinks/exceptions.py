@@ -4,7 +4,9 @@ from __future__ import annotations
 
 from turnlog.exceptions import TurnlogError
 
-__all__ = ["StoreError", "StoreUnavailableError", "RecordRejectedError", "UnsupportedDatabaseError"]
+__all__ = [
+    "StoreError", "StoreUnavailableError", "RecordRejectedError", "UnsupportedDatabaseError", "StoreAheadOfLogError",
+]
 
 
 class StoreError(TurnlogError):
@@ -26,3 +28,24 @@ class RecordRejectedError(StoreError):
     def __init__(self, message: str, sqlstate: str | None = None) -> None:
         super().__init__(message)
         self.sqlstate = sqlstate
+
+
+class StoreAheadOfLogError(StoreError):
+    """The store's offsets for a partition are past the partition's end: the topic was
+    deleted and created again, or the broker lost its log, after the store recorded them.
+    Consuming on would skip every record below the stored offsets without a word, so
+    the sink stops instead.
+
+    Attributes:
+        ahead: ``{(topic, partition): (stored offset, end offset)}``.
+    """
+
+    def __init__(self, consumer_group: str, ahead: dict[tuple[str, int], tuple[int, int]]) -> None:
+        where = ", ".join(f"{t}[{p}] stored {s} > end {e}" for (t, p), (s, e) in sorted(ahead.items()))
+        super().__init__(
+            f"the store's offsets for consumer group {consumer_group!r} are past the end of the log ({where}):"
+            " the topic was recreated or the broker lost its data after they were stored. Nothing was"
+            " consumed. To start that group over from the topic's beginning, delete its rows:"
+            f" DELETE FROM sink_offsets WHERE consumer_group = '{consumer_group}'; or use a new topic prefix."
+        )
+        self.ahead = ahead

@@ -149,3 +149,11 @@ class SqlOffsets:
         if not rows:
             return
         conn.execute(self._upsert, rows)
+
+
+def offsets_past_end(stored: dict[tuple[str, int], int], ends: dict[tuple[str, int], int]) -> dict[
+        tuple[str, int], tuple[int, int]]:
+    """``{(topic, partition): (stored, end)}`` where the stored offset (the next record
+    to apply) is past the partition's end offset (the next record to be written).
+    A partition whose end is unknown is not judged."""
+    return {tp: (offset, ends[tp]) for tp, offset in stored.items() if tp in ends and offset > ends[tp]}

@@ -29,8 +29,16 @@ import time
 from collections.abc import Callable, Mapping
 from typing import Any, cast
 
-from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, Producer, TopicPartition
-from tenacity import RetryCallState, Retrying, retry, retry_if_exception_type, wait_exponential
+from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from tenacity import (
+    RetryCallState,
+    Retrying,
+    retry,
+    retry_if_exception_type,
+    stop_after_attempt,
+    wait_exponential,
+    wait_fixed,
+)
 
 from turnlog import kafka, metrics
 from turnlog.dlq import dlq_headers, reason_class
@@ -42,12 +50,18 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import BatchResult, BatchWriter, SqlStore, report_finalized
 from turnlog.sinks.batch import SourceMessage
 from turnlog.sinks.errors import store_errors
-from turnlog.sinks.exceptions import RecordRejectedError, StoreError, StoreUnavailableError
+from turnlog.sinks.exceptions import RecordRejectedError, StoreAheadOfLogError, StoreError, StoreUnavailableError
+from turnlog.sinks.offsets import offsets_past_end
 
 __all__ = ["SinkService"]
 
 logger = logging.getLogger(__name__)
 DLQ_FLUSH_TIMEOUT_SECONDS = 30.0
+#: How long the end offset of an assigned partition is waited for (seconds).
+END_OFFSET_TIMEOUT_SECONDS = 5.0
+#: Lookups of the end offsets before stored offsets past them stop the sink, and the wait between them (seconds).
+END_OFFSET_ATTEMPTS = 3
+END_OFFSET_RETRY_SECONDS = 1.0
 
 
 def _is_partial(headers: Headers, value: bytes | None) -> bool:
@@ -212,12 +226,44 @@ class SinkService:
         return BatchResult(applied=applied, stale=stale, rejected=rejected)
 
     def _seek_to_stored(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
+        """Start each assigned partition at the store's offset.
+
+        Raises:
+            StoreAheadOfLogError: a stored offset is past the partition's end (the topic was recreated).
+        """
         stored = self._stored_offsets([(tp.topic, tp.partition) for tp in partitions])
+        # Asked again before giving up: a broker that has just restarted may not have its end offsets yet.
+        for attempt in Retrying(
+            retry=retry_if_exception_type(StoreAheadOfLogError),
+            stop=stop_after_attempt(END_OFFSET_ATTEMPTS),
+            wait=wait_fixed(END_OFFSET_RETRY_SECONDS),
+            reraise=True,
+        ):
+            with attempt:
+                ahead = offsets_past_end(stored, self._end_offsets(consumer, list(stored)))
+                if ahead:
+                    raise StoreAheadOfLogError(self.consumer_group, ahead)
         for tp in partitions:
             tp.offset = stored.get((tp.topic, tp.partition), OFFSET_BEGINNING)
         logger.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in partitions))
         consumer.assign(partitions)
         mark_ready(self.settings.ready_file, self.component)
+
+    @staticmethod
+    def _end_offsets(consumer: Consumer, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
+        """The partitions' end offsets; a partition the broker does not answer for is left out
+        (not judged: the check must not stop a sink the broker is merely slow for)."""
+        ends: dict[tuple[str, int], int] = {}
+        for topic, partition in partitions:
+            try:
+                _low, high = consumer.get_watermark_offsets(
+                    TopicPartition(topic, partition), timeout=END_OFFSET_TIMEOUT_SECONDS, cached=False
+                )
+            except KafkaException as e:
+                logger.warning("end offset of %s[%d] unknown (%s): not checked against the store", topic, partition, e)
+                continue
+            ends[(topic, partition)] = high
+        return ends
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """The assignment is revoked (a rebalance, or leaving the group): not ready until the next one."""
