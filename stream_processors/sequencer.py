@@ -66,7 +66,11 @@ BATCH_WAIT_SECONDS = 0.005
 CHANGELOG_SEGMENT_MS = 10 * 60 * 1000
 #: Faust commits the acked offsets this often (seconds); the resume barrier waits on them.
 COMMIT_INTERVAL_SECONDS = 0.1
-EMISSION_DELIVERY_TIMEOUT_SECONDS = 120.0
+#: How long an emission waits for the broker before the worker stops (seconds). A broker may be
+#: away for minutes: a batch waits through the outage (its records stay unacked) rather than
+#: crash the worker when the broker comes back a little late (120 s crashed it after a 90 s outage
+#: in CI, while the restarted broker was still starting).
+EMISSION_DELIVERY_TIMEOUT_SECONDS = 600.0
 EMISSION_LINGER_MS = 1
 #: How often gaps whose re-read failed are read again (seconds).
 GAP_RETRY_SECONDS = 5.0
