@@ -65,12 +65,15 @@ class SnapshotFetchConsumer(AIOKafkaConsumer):
             return {}
         records = await super()._getmany(fetching, timeout)
         active = self._get_active_partitions() | self._buffered_partitions  # what getmany will deliver
-        hand_back = records_to_hand_back(records, active)
-        if not hand_back:
+        dropped = records_to_hand_back(records, active)
+        if not dropped:
             return records
-        logger.info("fetched records of partitions paused meanwhile; read again from %s", hand_back)
-        await self.seek_wait(hand_back)
-        return {tp: batch for tp, batch in records.items() if tp not in hand_back}
+        # A revoked partition is not ours to seek: its next owner starts at the committed offset.
+        hand_back = {tp: offset for tp, offset in dropped.items() if tp in self.assignment()}
+        if hand_back:
+            logger.info("fetched records of partitions paused meanwhile; read again from %s", hand_back)
+            await self.seek_wait(hand_back)
+        return {tp: batch for tp, batch in records.items() if tp not in dropped}
 
 
 class SnapshotFetchApp(faust.App):

@@ -106,6 +106,7 @@ class _Thread:
         self.position = {tp: offsets[0] for tp, offsets in prefetched.items()}
         self.asked: list[frozenset[TP]] = []
         self.seeks: list[dict[TP, int]] = []
+        self.assigned = {EVENTS, CHANGELOG}
 
     async def getmany(self, active_partitions: Any, timeout: float) -> dict[TP, list[ConsumerRecord]]:
         await asyncio.sleep(0)  # the thread waits for a fetch; the main side goes on
@@ -125,6 +126,9 @@ class _Thread:
 
     def highwater(self, tp: TP) -> int:
         return 0
+
+    def assignment(self) -> set[TP]:
+        return set(self.assigned)
 
 
 async def _fetch_once(app: faust.App, *, active: set[TP], pause_meanwhile: set[TP]) -> tuple[list[int], _Thread]:
@@ -160,6 +164,18 @@ async def test_records_of_a_partition_paused_during_the_fetch_are_handed_back() 
     assert delivered == []
     assert thread.seeks == [{EVENTS: 100}]
     assert thread.position[EVENTS] == 100
+
+
+async def test_records_of_a_partition_revoked_during_the_fetch_are_dropped_not_sought() -> None:
+    app = SnapshotFetchApp("fetch-revoked")
+    consumer = app.consumer
+    consumer._active_partitions = {EVENTS}
+    consumer._paused_partitions = set()
+    thread = _Thread(consumer, {EVENTS: [100, 101, 102]}, {EVENTS})
+    thread.assigned = {CHANGELOG}  # EVENTS went to another worker meanwhile
+    consumer._thread = thread
+    delivered = [message.offset async for tp, message in consumer.getmany(timeout=1.0) if tp == EVENTS]
+    assert delivered == [] and thread.seeks == []
 
 
 async def test_records_of_active_partitions_are_delivered_in_order() -> None:
