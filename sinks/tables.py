@@ -28,6 +28,7 @@ from sqlalchemy import (
 )
 from sqlalchemy.ext.compiler import compiles
 from sqlalchemy.sql.expression import ColumnElement
+from sqlalchemy.sql.visitors import InternalTraversal
 from sqlalchemy.types import Float as FloatType
 
 __all__ = [
@@ -81,6 +82,9 @@ class SecondsBetween(ColumnElement[float]):
 
     type = FloatType()
     inherit_cache = True
+    # Without these the element has no cache key, and every statement holding it
+    # (the finalize UPDATE) is compiled again on each execution.
+    _traverse_internals = [("start", InternalTraversal.dp_clauseelement), ("end", InternalTraversal.dp_clauseelement)]
 
     def __init__(self, start: ColumnElement[Any], end: ColumnElement[Any]) -> None:
         self.start = start
