@@ -70,6 +70,7 @@ from turnlog.tools.bench.probes import (
 )
 from turnlog.tools.bench.profile import start_profiles, summarize
 from turnlog.tools.bench.resume_probe import resume_summary, run_probe_process
+from turnlog.tools.bench.stages import turn_stage_latencies
 from turnlog.tools.bench.workload import BENCH_FLEET, encoded_events, plan_sessions
 
 __all__ = ["BenchOptions", "run_bench", "quick_options"]
@@ -250,6 +251,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             after = pg_counters(admin_psycopg, database) - before
             phase_batches = sink_batches(options.metrics_port) - batches_before
             mine = turn_latencies_ms(psycopg_dsn, f"bench-{run}-%-{tag}-")
+            stages = turn_stage_latencies(settings, psycopg_dsn, f"bench-{run}-%-{tag}-").summary()
             report["latency"][f"{int(share * 100)}%"] = {
                 "offered_events_per_second": load.events_per_second,
                 "turns": len(mine),
@@ -269,6 +271,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
                 "lag": lag_stats([s for s in sampler.samples if wall_before + 3 <= s.at <= wall_before + wall],
                                  rate=load.events_per_second),
                 "cores_used": cores,
+                "stages_ms": stages,
                 "samples_ms": mine,
             }
             print(f"  cores used at {share:.0%}: " + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()))
@@ -277,6 +280,9 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
                   f" at {load.events_per_second:,.0f} ev/s offered; complete_turn p50"
                   f" {base.percentile(load.complete_ms, 50):.1f} ms,"
                   f" p99 {base.percentile(load.complete_ms, 99):.1f} ms")
+            print(f"  stages at {share:.0%} (p50 / p99 ms): " + ", ".join(
+                f"{name} {stages[name]['p50']:.1f} / {stages[name]['p99']:.1f}"
+                for name in ("spool", "sequence", "store", "total")))
 
         # -- resume at 50 % ---------------------------------------------------------------------------
         try:
