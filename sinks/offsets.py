@@ -23,7 +23,7 @@ import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 
 from turnlog.sinks.batch import SourceMessage, next_offsets
@@ -118,14 +118,24 @@ class SqlOffsets:
         if not wanted:
             return {}
         topics = sorted({topic for topic, _ in wanted})
-        query = (
+        query = self._locked_offsets_query if lock else self._offsets_query
+        rows = conn.execute(query, {"group": consumer_group, "topics": topics})
+        return {(r.topic, r.partition): r.next_offset for r in rows if (r.topic, r.partition) in wanted}
+
+    # The queries are built once per store too: building one and its cache key costs
+    # more than the sink's Python work on the rows of a small batch.
+    @functools.cached_property
+    def _offsets_query(self) -> Any:
+        return (
             select(sink_offsets.c.topic, sink_offsets.c.partition, sink_offsets.c.next_offset)
-            .where(sink_offsets.c.consumer_group == consumer_group, sink_offsets.c.topic.in_(topics))
+            .where(sink_offsets.c.consumer_group == bindparam("group"),
+                   sink_offsets.c.topic.in_(bindparam("topics", expanding=True)))
             .order_by(sink_offsets.c.topic, sink_offsets.c.partition)
         )
-        if lock:
-            query = self._dialect.lock(query)
-        return {(r.topic, r.partition): r.next_offset for r in conn.execute(query) if (r.topic, r.partition) in wanted}
+
+    @functools.cached_property
+    def _locked_offsets_query(self) -> Any:
+        return self._dialect.lock(self._offsets_query)
 
     # Built once per store: building an upsert (its ``excluded`` columns) costs
     # about as much as executing it for a small batch.

@@ -27,7 +27,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import and_, case, func, literal, or_, select, update
+from sqlalchemy import and_, bindparam, case, func, literal, or_, select, update
 from sqlalchemy.engine import Connection
 
 from turnlog.schemas import SessionStatus
@@ -129,6 +129,13 @@ class TranscriptWriter:
             where=and_(newer, no_downgrade),
         )
 
+    @functools.cached_property
+    def _sessions_locked(self) -> Any:
+        """The batch's ``sessions`` rows (``ids``), locked in id order."""
+        return self._dialect.lock(
+            select(sessions).where(sessions.c.id.in_(bindparam("ids", expanding=True))).order_by(sessions.c.id)
+        )
+
     def _insert_events(self, conn: Connection, rows: list[dict[str, Any]]) -> None:
         conn.execute(self._events_upsert, rows)
 
@@ -136,8 +143,7 @@ class TranscriptWriter:
         """Upsert the batch's ``sessions`` rows (locked, in id order); return the ids the
         rows leave ended and complete (candidates for the guarded finalize)."""
         ids = sorted(changes_by_id)
-        query = self._dialect.lock(select(sessions).where(sessions.c.id.in_(ids)).order_by(sessions.c.id))
-        stored = {row.id: row._mapping for row in conn.execute(query)}
+        stored = {row.id: row._mapping for row in conn.execute(self._sessions_locked, {"ids": ids})}
         rows = []
         for session_id in ids:
             changes = changes_by_id[session_id]
