@@ -25,10 +25,12 @@ their finalization has committed (the caller calls it after the commit).
 from __future__ import annotations
 
 import datetime as dt
+import functools
 import logging
 from collections.abc import Iterable, Sequence
+from typing import Any
 
-from sqlalchemy import func, select, update
+from sqlalchemy import bindparam, func, select, update
 from sqlalchemy.engine import Connection
 
 from turnlog import metrics
@@ -72,6 +74,13 @@ class SqlFinalization:
         and not yet finalized: True means this call finalized it; False means it
         was finalized already or is not complete yet (DESIGN.md, "finalize once").
         """
+        result = conn.execute(self._finalize, {"finalized_session": session_id, "finalized_time": finalized_at})
+        return result.rowcount == 1
+
+    @functools.cached_property
+    def _finalize(self) -> Any:
+        """The guarded finalize of ``finalized_session`` at ``finalized_time`` (built once: its
+        subqueries cost more to build than to run)."""
         t = transcript_turns.c
         of_session = t.session_id == sessions.c.id
         figures = {
@@ -83,17 +92,16 @@ class SqlFinalization:
             "output_tokens": select(func.coalesce(func.sum(t.output_tokens), 0)).where(of_session).scalar_subquery(),
             "duration_seconds": SecondsBetween(sessions.c.started_at, sessions.c.ended_at),
         }
-        result = conn.execute(
+        return (
             update(sessions)
             .where(
-                sessions.c.id == session_id,
+                sessions.c.id == bindparam("finalized_session"),
                 sessions.c.status == SessionStatus.ENDED,
                 sessions.c.end_seq.is_not(None),
                 sessions.c.last_seq >= sessions.c.end_seq,
             )
-            .values(status=SessionStatus.FINALIZED, finalized_at=finalized_at, **figures)
+            .values(status=SessionStatus.FINALIZED, finalized_at=bindparam("finalized_time"), **figures)
         )
-        return result.rowcount == 1
 
     def finalizable_sessions(self, conn: Connection, limit: int = 100) -> list[str]:
         """Ids of sessions that are ended and complete in the store but not finalized

@@ -27,7 +27,7 @@ import functools
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import and_, bindparam, case, func, literal, or_, select, update
+from sqlalchemy import and_, bindparam, case, func, or_, select, update
 from sqlalchemy.engine import Connection
 
 from turnlog.schemas import SessionStatus
@@ -182,16 +182,21 @@ class TranscriptWriter:
         conn.execute(self._turns_upsert, rows)
 
     def _mark_interrupted(self, conn: Connection, changes_by_id: Mapping[str, Any]) -> None:
-        t = transcript_turns.c
         for session_id, changes in changes_by_id.items():
             if changes.ended is not None:
-                superseded = literal(True)
+                conn.execute(self._interrupt_partials, {"of_session": session_id, "below_epoch": None})
             elif changes.max_epoch > 0:
-                superseded = t.epoch < changes.max_epoch
-            else:
-                continue
-            conn.execute(
-                update(transcript_turns)
-                .where(t.session_id == session_id, t.status == TURN_PARTIAL, superseded)
-                .values(status=TURN_INTERRUPTED)
-            )
+                conn.execute(self._interrupt_partials, {"of_session": session_id, "below_epoch": changes.max_epoch})
+
+    @functools.cached_property
+    def _interrupt_partials(self) -> Any:
+        """A session's partial turns become interrupted: every one once it has ended
+        (``below_epoch`` NULL), else those of writers below ``below_epoch`` (superseded by a resume)."""
+        t = transcript_turns.c
+        epoch = bindparam("below_epoch", type_=t.epoch.type)
+        return (
+            update(transcript_turns)
+            .where(t.session_id == bindparam("of_session"), t.status == TURN_PARTIAL,
+                   or_(epoch.is_(None), t.epoch < epoch))
+            .values(status=TURN_INTERRUPTED)
+        )
