@@ -92,6 +92,7 @@ case "$cmd" in
     bash "$here/browser.sh"
     cd "$root"
     export TURNLOG_TEST_BOOTSTRAP_SERVERS="$TURNLOG_BOOTSTRAP_SERVERS" TURNLOG_TEST_DATABASE_URL="$TURNLOG_DATABASE_URL"
+    export TURNLOG_TEST_REQUIRE_EXTRAS=1  # the extras are installed above: a framework that fails to import is an error
     exec "$python" -m pytest "$@"
     ;;
   *)

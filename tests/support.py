@@ -129,3 +129,29 @@ async def sse_events(lines: Any) -> Any:
             kind = value
         elif field == "data":
             data.append(value)
+
+
+#: Set by ``deploy/dev.sh test`` (which installs every adapter extra): a framework that
+#: cannot be imported there fails its tests instead of skipping them without a word.
+REQUIRE_EXTRAS_ENV = "TURNLOG_TEST_REQUIRE_EXTRAS"
+
+
+def require_extra(module: str, extra: str) -> None:
+    """Skip the calling test module when ``module`` cannot be imported (the optional
+    extra ``extra`` is not installed), unless ``TURNLOG_TEST_REQUIRE_EXTRAS=1``: then
+    raise, so a missing framework is an error, not a quiet skip.
+
+    Raises:
+        ImportError: the module is missing and extras are required.
+    """
+    import importlib
+    import os
+
+    import pytest
+
+    try:
+        importlib.import_module(module)
+    except ImportError as e:
+        if os.environ.get(REQUIRE_EXTRAS_ENV) == "1":
+            raise ImportError(f"{module} is not importable ({e}); install it: pip install -e '.[{extra}]'") from e
+        pytest.skip(f"{module} is not importable: the optional extra turnlog[{extra}]", allow_module_level=True)

@@ -9,19 +9,21 @@ from contextlib import aclosing
 
 import pytest
 
-pytest.importorskip("langgraph", reason="LangGraph is the optional extra turnlog[langgraph]")
+from tests.support import require_extra
 
-from langchain_core.messages import AIMessageChunk, HumanMessage  # noqa: E402
-from langgraph.checkpoint.memory import InMemorySaver  # noqa: E402
+require_extra("langgraph", "langgraph")
 
-from turnlog.adapters.langgraph import LangGraphMirror  # noqa: E402
-from turnlog.producers import SessionRecorder  # noqa: E402
+from langchain_core.messages import AIMessageChunk, HumanMessage
+from langgraph.checkpoint.memory import InMemorySaver
 
-from tests.adapters.langgraph_fakes import ScriptedChat, chat_graph, reply  # noqa: E402
+from turnlog.adapters.langgraph import LangGraphMirror
+from turnlog.producers import SessionRecorder
+
+from tests.adapters.langgraph_fakes import ScriptedChat, chat_graph, reply
 from tests.adapters.scripted import ScriptedAgent
 from tests.adapters.stored import turns
-from tests.integration.test_pipeline import finalized  # noqa: E402
-from tests.support import wait_until  # noqa: E402
+from tests.integration.test_pipeline import finalized
+from tests.support import wait_until
 
 TIMEOUT = 120
 

@@ -15,22 +15,24 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("livekit.agents", reason="livekit-agents is not importable (pip install 'turnlog[livekit]')", exc_type=ImportError)
+from tests.support import require_extra
 
-from livekit.agents import Agent, AgentSession, APIConnectOptions, ChatContext, UserInputTranscribedEvent  # noqa: E402
-from livekit.agents.testing import fake_job_context  # noqa: E402
-from livekit.agents.voice.agent_session import SessionConnectOptions  # noqa: E402
-from sqlalchemy import select  # noqa: E402
+require_extra("livekit.agents", "livekit")
 
-from turnlog.adapters.livekit import chat_context_from_turns, record_session  # noqa: E402
-from turnlog.deploy.processes import ServiceProcess  # noqa: E402
-from turnlog.ops.audit import fold_events  # noqa: E402
-from turnlog.producers import SessionRecorder, StoredTurn  # noqa: E402
-from turnlog.schemas import TurnPartial, decode_event  # noqa: E402
-from turnlog.sinks.tables import session_events, sessions, transcript_turns  # noqa: E402
+from livekit.agents import Agent, AgentSession, APIConnectOptions, ChatContext, UserInputTranscribedEvent
+from livekit.agents.testing import fake_job_context
+from livekit.agents.voice.agent_session import SessionConnectOptions
+from sqlalchemy import select
 
-from tests.adapters.livekit_fakes import CapturedText, Reply, ScriptedLLM, SilentTTS, voice_outputs  # noqa: E402
-from tests.support import wait_until  # noqa: E402
+from turnlog.adapters.livekit import chat_context_from_turns, record_session
+from turnlog.deploy.processes import ServiceProcess
+from turnlog.ops.audit import fold_events
+from turnlog.producers import SessionRecorder, StoredTurn
+from turnlog.schemas import TurnPartial, decode_event
+from turnlog.sinks.tables import session_events, sessions, transcript_turns
+
+from tests.adapters.livekit_fakes import CapturedText, Reply, ScriptedLLM, SilentTTS, voice_outputs
+from tests.support import wait_until
 
 TIMEOUT = 90
 ROOT = Path(__file__).resolve().parents[2]

@@ -8,18 +8,20 @@ import uuid
 
 import pytest
 
-pytest.importorskip("agents.memory", reason="the OpenAI Agents SDK is the optional extra turnlog[openai-agents]")
+from tests.support import require_extra
 
-from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled  # noqa: E402
+require_extra("agents.memory", "openai-agents")
 
-from turnlog.adapters.openai_agents import TurnlogSession  # noqa: E402
-from turnlog.producers import SessionRecorder  # noqa: E402
+from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled
 
-from tests.adapters.openai_agents_fakes import FakeModel, Reply  # noqa: E402
+from turnlog.adapters.openai_agents import TurnlogSession
+from turnlog.producers import SessionRecorder
+
+from tests.adapters.openai_agents_fakes import FakeModel, Reply
 from tests.adapters.scripted import ScriptedAgent
 from tests.adapters.stored import turns
-from tests.integration.test_pipeline import finalized  # noqa: E402
-from tests.support import wait_until  # noqa: E402
+from tests.integration.test_pipeline import finalized
+from tests.support import wait_until
 
 TIMEOUT = 120
 set_tracing_disabled(True)

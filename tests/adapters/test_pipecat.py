@@ -18,24 +18,26 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pipecat", reason="the Pipecat adapter's tests need pipecat-ai 1.x: pip install -e '.[pipecat]'")
+from tests.support import require_extra
 
-from pipecat.frames.frames import CancelFrame, InterimTranscriptionFrame, InterruptionFrame, UserStartedSpeakingFrame  # noqa: E402
-from pipecat.pipeline.pipeline import Pipeline  # noqa: E402
-from pipecat.pipeline.worker import PipelineWorker  # noqa: E402
-from pipecat.processors.aggregators.llm_context import LLMContext  # noqa: E402
-from pipecat.tests import utils as pipecat_test_utils  # noqa: E402
-from pipecat.tests.utils import SleepFrame, run_test  # noqa: E402
-from sqlalchemy import select  # noqa: E402
+require_extra("pipecat", "pipecat")
 
-from turnlog.adapters.pipecat import TurnlogObserver  # noqa: E402
-from turnlog.deploy.processes import ServiceProcess  # noqa: E402
-from turnlog.producers import SessionRecorder  # noqa: E402
-from turnlog.sinks.tables import transcript_turns  # noqa: E402
+from pipecat.frames.frames import CancelFrame, InterimTranscriptionFrame, InterruptionFrame, UserStartedSpeakingFrame
+from pipecat.pipeline.pipeline import Pipeline
+from pipecat.pipeline.worker import PipelineWorker
+from pipecat.processors.aggregators.llm_context import LLMContext
+from pipecat.tests import utils as pipecat_test_utils
+from pipecat.tests.utils import SleepFrame, run_test
+from sqlalchemy import select
 
-from tests.adapters.pipecat_agent import SYSTEM, aggregator_pair, llm_says, user_says  # noqa: E402
-from tests.integration.test_pipeline import finalized  # noqa: E402
-from tests.support import wait_until  # noqa: E402
+from turnlog.adapters.pipecat import TurnlogObserver
+from turnlog.deploy.processes import ServiceProcess
+from turnlog.producers import SessionRecorder
+from turnlog.sinks.tables import transcript_turns
+
+from tests.adapters.pipecat_agent import SYSTEM, aggregator_pair, llm_says, user_says
+from tests.integration.test_pipeline import finalized
+from tests.support import wait_until
 
 TIMEOUT = 120
 ROOT = Path(__file__).resolve().parents[2]

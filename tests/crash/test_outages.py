@@ -96,7 +96,7 @@ def test_the_sink_stays_in_its_group_through_a_postgres_outage_longer_than_its_p
                 while time.monotonic() < outage_ends:  # the same member, the group stable, all along
                     members = kafka.group_members(admin, group)
                     assert members.stable and members.member_ids == members_before.member_ids, members
-                    await asyncio.sleep(1.0)
+                    await asyncio.sleep(1.0)  # one look a second through the outage: an observation, not a sync
             finally:
                 script("postgres.sh", "start")
             await session.end("completed")
