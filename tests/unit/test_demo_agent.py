@@ -8,25 +8,12 @@ import datetime as dt
 import pytest
 
 from turnlog.tools.demo.agent import _play, replay_plan
-from turnlog.tools.demo.transcripts import InputTurn, recording_time
+from turnlog.tools.demo.transcripts import recording_time
+
+from tests.unit.demo_turns import OVERLAPPING_TURNS
 
 BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 SPEED = 50.0  # 22 recorded seconds in 0.44 s
-
-
-def turn(index: int, speaker: str, text: str, start: float, end: float) -> InputTurn:
-    return InputTurn("s", index, speaker, text, start, end)
-
-
-# Turn 0 is open while 1, 2 and 3 start; ends fall in the order 1, 0, 3, 2, 4, 5.
-INPUT = [
-    turn(0, "A", "so the remote control should be easy to use", 0.0, 10.0),
-    turn(1, "B", "yeah", 2.0, 3.0),
-    turn(2, "C", "and cheap to make I think", 4.0, 12.0),
-    turn(3, "B", "right", 11.0, 11.5),
-    turn(4, "A", "okay let us move on to the next point then", 13.0, 20.0),
-    turn(5, "C", "fine by me", 19.0, 22.0),
-]
 
 
 class FakeSession:
@@ -58,19 +45,19 @@ class FakeSession:
 async def test_overlapping_turns_are_open_together_and_complete_in_the_order_their_ends_fall():
     session = FakeSession()
 
-    assert await _play(session, replay_plan(INPUT), speed=SPEED, base_time=BASE, terminating=asyncio.Event()) is True
+    assert await _play(session, replay_plan(OVERLAPPING_TURNS), speed=SPEED, base_time=BASE, terminating=asyncio.Event()) is True
 
     assert session.completed() == [1, 0, 3, 2, 4, 5]
     assert session.first("partial", 2) < session.first("complete", 0)  # 0 and 2 open at once
     for kind, index, text in session.calls:
-        whole = INPUT[index].text
+        whole = OVERLAPPING_TURNS[index].text
         assert text == whole if kind == "complete" else whole.startswith(text + " ")
     assert session.ended_at[2] == recording_time(BASE, 12.0) and session.started_at[4] == recording_time(BASE, 13.0)
 
 
 async def test_a_resumed_plan_records_the_unfinished_turns_at_fresh_indexes_with_their_own_times():
     session = FakeSession()
-    plan = replay_plan([INPUT[2], INPUT[3], INPUT[5]], first_turn_index=7)
+    plan = replay_plan([OVERLAPPING_TURNS[2], OVERLAPPING_TURNS[3], OVERLAPPING_TURNS[5]], first_turn_index=7)
 
     assert await _play(session, plan, speed=SPEED, base_time=BASE, terminating=asyncio.Event()) is True
 
@@ -82,7 +69,7 @@ async def test_sigterm_stops_new_turns_and_leaves_the_open_ones_to_the_drain():
     terminating = asyncio.Event()
     session = FakeSession(on_complete=lambda index: terminating.set() if index == 1 else None)
 
-    assert await _play(session, replay_plan(INPUT), speed=SPEED, base_time=BASE, terminating=terminating) is False
+    assert await _play(session, replay_plan(OVERLAPPING_TURNS), speed=SPEED, base_time=BASE, terminating=terminating) is False
 
     assert session.completed() == [1]
     assert not any(index >= 3 for _, index, _ in session.calls)
@@ -99,6 +86,6 @@ async def test_a_failed_turn_stops_the_replay_with_its_error():
     session = FakeSession(on_complete=refuse)
 
     with pytest.raises(Refused):
-        await _play(session, replay_plan(INPUT), speed=SPEED, base_time=BASE, terminating=asyncio.Event())
+        await _play(session, replay_plan(OVERLAPPING_TURNS), speed=SPEED, base_time=BASE, terminating=asyncio.Event())
     assert session.completed() == [1, 0]  # the open turns 2 and 3 were cancelled at once, 4 never began
     assert not any(index == 4 for _, index, _ in session.calls)
