@@ -1,38 +1,42 @@
-"""An agent script in a child process that reports progress as JSON lines on stdout."""
+"""The crash test the LangGraph and OpenAI Agents adapters share: an agent script
+(``tests/adapters/langgraph_script.py``, ``tests/adapters/openai_agents_script.py``)
+SIGKILLed mid-answer, then a second process that resumes its conversation.
+
+Both scripts hold the same conversation, so what the store holds after it is the same.
+"""
 
 from __future__ import annotations
 
-import json
-import sys
-import threading
 from pathlib import Path
 from typing import Any
 
-from turnlog.deploy.processes import ServiceProcess
+from turnlog.settings import TurnlogSettings
+
+from tests.progress import ScriptProcess
+
+#: ``(turn_index, speaker, text, status, input_tokens, output_tokens)`` of the stored turns.
+TURNS_AFTER_A_KILL_MID_ANSWER = [
+    (0, "user", "question 0", "complete", 0, 0),
+    (1, "assistant", "answer 0", "complete", 10, 2),
+    (2, "user", "question 1", "complete", 0, 0),
+    (3, "assistant", "answer 1", "complete", 11, 2),
+    (4, "user", "question 2", "complete", 0, 0),
+    (5, "assistant", "answer 2 is on ", "interrupted", 0, 0),  # the words flushed before the kill
+    (6, "user", "question 3", "complete", 0, 0),
+    (7, "assistant", "answer 3", "complete", 13, 2),
+]
 
 
-class ScriptedAgent:
-    """``python -m <module> <phase> <session id>`` with ``env``; its stdout lines are parsed as JSON."""
+def kill_mid_answer_then_resume(module: str, session_id: str, settings: TurnlogSettings, log_dir: Path, timeout: float) -> dict[str, Any]:
+    """``python -m <module> first <session>`` SIGKILLed once it reports ``streaming`` (the third
+    answer's first words flushed and acknowledged), then ``python -m <module> second <session>``
+    run to its successful end; returns the second's ``done`` line (what its model was shown)."""
+    env = settings.as_environment()
+    first = ScriptProcess(module, "first", session_id, env=env, log_path=log_dir / "agent-first.log", name="agent-first")
+    first.first_with("streaming", timeout)
+    first.process.kill()
 
-    def __init__(self, module: str, phase: str, session_id: str, env: dict[str, str], log_dir: Path) -> None:
-        argv = [sys.executable, "-m", module, phase, session_id]
-        self.log_path = log_dir / f"agent-{phase}.log"
-        self.process = ServiceProcess(f"agent-{phase}", argv, env, self.log_path, stdout_pipe=True)
-        self.lines: list[dict[str, Any]] = []
-        self._changed = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        assert self.process.popen.stdout is not None
-        for raw in self.process.popen.stdout:
-            with self._changed:
-                self.lines.append(json.loads(raw))
-                self._changed.notify_all()
-
-    def wait_for(self, key: str, timeout: float) -> None:
-        """Until a line holds ``key``; fails with the agent's log after ``timeout`` seconds."""
-        with self._changed:
-            assert self._changed.wait_for(lambda: any(key in line for line in self.lines), timeout=timeout), self.log_path.read_text()
-
-    def kill(self) -> None:
-        self.process.kill()
+    second = ScriptProcess(module, "second", session_id, env=env, log_path=log_dir / "agent-second.log", name="agent-second")
+    done = second.first_with("done", timeout)
+    assert second.process.popen.wait(timeout) == 0, second.log_tail()
+    return done

@@ -20,7 +20,7 @@ from turnlog.adapters.langgraph import LangGraphMirror
 from turnlog.producers import SessionRecorder
 
 from tests.adapters.langgraph_fakes import ScriptedChat, chat_graph, reply
-from tests.adapters.scripted import ScriptedAgent
+from tests.adapters.scripted import TURNS_AFTER_A_KILL_MID_ANSWER, kill_mid_answer_then_resume
 from tests.adapters.stored import turns
 from tests.integration.test_pipeline import finalized
 from tests.support import wait_until
@@ -125,42 +125,17 @@ async def test_a_resumed_thread_whose_checkpointer_lost_it_continues_from_turnlo
 def test_an_agent_killed_mid_answer_resumes_with_its_thread_rebuilt_from_turnlog(new_pipeline, tmp_path):
     pipeline = new_pipeline(("sequencer", "sink"))
     thread = f"lg-crash-{uuid.uuid4().hex[:8]}"
-    env = pipeline.settings.as_environment()
-
-    first = ScriptedAgent("tests.adapters.langgraph_script", "first", thread, env, tmp_path)
-    first.wait_for("streaming", TIMEOUT)
-    first.kill()
-
-    second = ScriptedAgent("tests.adapters.langgraph_script", "second", thread, env, tmp_path)
-    second.wait_for("done", TIMEOUT)
-    assert second.process.popen.wait(TIMEOUT) == 0
-    report = next(line for line in second.lines if "done" in line)
+    report = kill_mid_answer_then_resume("tests.adapters.langgraph_script", thread, pipeline.settings, tmp_path, TIMEOUT)
     asked = [["human", "question 0"], ["ai", "answer 0"], ["human", "question 1"], ["ai", "answer 1"], ["human", "question 2"]]
     assert report["model_saw"] == [*asked, ["human", "question 3"]]  # the thread rebuilt from turnlog
     assert report["epoch"] == 1
 
     wait_until(lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
-    assert [t[:6] for t in turns(pipeline, thread)] == [
-        (0, "user", "question 0", "complete", 0, 0),
-        (1, "assistant", "answer 0", "complete", 10, 2),
-        (2, "user", "question 1", "complete", 0, 0),
-        (3, "assistant", "answer 1", "complete", 11, 2),
-        (4, "user", "question 2", "complete", 0, 0),
-        (5, "assistant", "answer 2 is on ", "interrupted", 0, 0),  # the words flushed before the kill
-        (6, "user", "question 3", "complete", 0, 0),
-        (7, "assistant", "answer 3", "complete", 13, 2),
-    ]
+    assert [t[:6] for t in turns(pipeline, thread)] == TURNS_AFTER_A_KILL_MID_ANSWER
 
 
-def test_the_example_imports_without_network_or_api_keys(monkeypatch):
-    import importlib.util
-    from pathlib import Path
-
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    path = Path(__file__).resolve().parents[2] / "examples" / "langgraph_agent.py"
-    spec = importlib.util.spec_from_file_location("langgraph_example", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_the_example_imports_without_network_or_api_keys(import_example):
+    module = import_example("langgraph_agent.py")
     assert set(module.graph.nodes) >= {"chat"} and callable(module.main)
 
 

@@ -6,9 +6,6 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
-import json
-import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -25,13 +22,13 @@ from livekit.agents.voice.agent_session import SessionConnectOptions
 from sqlalchemy import select
 
 from turnlog.adapters.livekit import chat_context_from_turns, record_session
-from turnlog.deploy.processes import ServiceProcess
 from turnlog.ops.audit import fold_events
 from turnlog.producers import SessionRecorder, StoredTurn
 from turnlog.schemas import TurnPartial, decode_event
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
 from tests.adapters.livekit_fakes import CapturedText, Reply, ScriptedLLM, SilentTTS, voice_outputs
+from tests.progress import ScriptProcess
 from tests.support import wait_until
 
 TIMEOUT = 90
@@ -324,40 +321,19 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
 
 
 # -- an agent process SIGKILLed mid-reply, and restarted ----------------------------------
-class AgentProcess:
+def agent_process(settings, phase: str, session_id: str, log: Path) -> ScriptProcess:
     """``tests/adapters/livekit_agent.py`` as a child process, with its JSON progress lines."""
-
-    def __init__(self, settings, phase: str, session_id: str, log: Path) -> None:
-        argv = [sys.executable, "-m", "tests.adapters.livekit_agent", phase, session_id]
-        env = {**settings.as_environment(), "PYTHONPATH": str(ROOT)}
-        self.process = ServiceProcess(f"livekit-agent-{phase}", argv, env, log, stdout_pipe=True)
-        self.lines: list[dict] = []
-        self.changed = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for raw in self.process.popen.stdout:
-            with self.changed:
-                self.lines.append(json.loads(raw))
-                self.changed.notify_all()
-
-    def wait_for(self, key: str, timeout: float = TIMEOUT) -> dict:
-        def found():
-            return next((line for line in self.lines if key in line), None)
-
-        with self.changed:
-            ok = self.changed.wait_for(lambda: found() is not None or not self.process.alive(), timeout=timeout)
-            line = found()
-            assert ok and line is not None, f"agent: no {key!r}\n{self.process.log_path.read_text(errors='replace')[-4000:]}"
-            return line
+    return ScriptProcess(
+        "tests.adapters.livekit_agent", phase, session_id, env=settings.as_environment(), log_path=log, name=f"livekit-agent-{phase}"
+    )
 
 
 def test_an_agent_killed_mid_reply_resumes_with_its_conversation_rebuilt_from_turnlog(pipeline, tmp_path):
     from tests.adapters.livekit_agent import STORY
 
     session_id = f"lk-crash-{uuid.uuid4().hex[:6]}"
-    first = AgentProcess(pipeline.settings, "first", session_id, tmp_path / "first.log")
-    first.wait_for("speaking")
+    first = agent_process(pipeline.settings, "first", session_id, tmp_path / "first.log")
+    first.first_with("speaking", TIMEOUT)
     # Mid-reply: the agent's partial text is in the store, then the process is SIGKILLed.
     partial = wait_until(
         lambda: (t := stored_turn(pipeline, session_id, 3)) and t["status"] == "partial" and len(t["text"]) >= 40 and t,
@@ -367,9 +343,9 @@ def test_an_agent_killed_mid_reply_resumes_with_its_conversation_rebuilt_from_tu
     first.process.kill()
     assert STORY.startswith(partial["text"])
 
-    second = AgentProcess(pipeline.settings, "resume", session_id, tmp_path / "second.log")
-    resumed = second.wait_for("resumed")
-    done = second.wait_for("done")
+    second = agent_process(pipeline.settings, "resume", session_id, tmp_path / "second.log")
+    resumed = second.first_with("resumed", TIMEOUT)
+    done = second.first_with("done", TIMEOUT)
     assert second.process.popen.wait(TIMEOUT) == 0
 
     # What the restarted agent's LiveKit ChatContext held, rebuilt from turnlog: the unfinished

@@ -18,7 +18,7 @@ from turnlog.adapters.openai_agents import TurnlogSession
 from turnlog.producers import SessionRecorder
 
 from tests.adapters.openai_agents_fakes import FakeModel, Reply
-from tests.adapters.scripted import ScriptedAgent
+from tests.adapters.scripted import TURNS_AFTER_A_KILL_MID_ANSWER, kill_mid_answer_then_resume
 from tests.adapters.stored import turns
 from tests.integration.test_pipeline import finalized
 from tests.support import wait_until
@@ -200,32 +200,14 @@ async def test_open_resumes_and_rebuilds_an_inner_session_that_lost_its_items(pi
 def test_an_agent_killed_mid_answer_resumes_with_its_history_rebuilt_from_turnlog(new_pipeline, tmp_path):
     pipeline = new_pipeline(("sequencer", "sink"))
     session_id = f"oa-crash-{uuid.uuid4().hex[:8]}"
-    env = pipeline.settings.as_environment()
-
-    first = ScriptedAgent("tests.adapters.openai_agents_script", "first", session_id, env, tmp_path)
-    first.wait_for("streaming", TIMEOUT)
-    first.kill()  # mid-answer: the third answer is streaming, its first words flushed
-
-    second = ScriptedAgent("tests.adapters.openai_agents_script", "second", session_id, env, tmp_path)
-    second.wait_for("done", TIMEOUT)
-    assert second.process.popen.wait(TIMEOUT) == 0
-    report = next(line for line in second.lines if "done" in line)
+    report = kill_mid_answer_then_resume("tests.adapters.openai_agents_script", session_id, pipeline.settings, tmp_path, TIMEOUT)
     asked = [("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1"), ("assistant", "answer 1"), ("user", "question 2")]
     assert [tuple(m) for m in report["rebuilt"]] == asked  # the inner session rebuilt from turnlog
     assert [tuple(m) for m in report["model_saw"]] == [*asked, ("user", "question 3")]
     assert report["epoch"] == 1
 
     wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert [t[:6] for t in turns(pipeline, session_id)] == [
-        (0, "user", "question 0", "complete", 0, 0),
-        (1, "assistant", "answer 0", "complete", 10, 2),
-        (2, "user", "question 1", "complete", 0, 0),
-        (3, "assistant", "answer 1", "complete", 11, 2),
-        (4, "user", "question 2", "complete", 0, 0),
-        (5, "assistant", "answer 2 is on ", "interrupted", 0, 0),  # the words flushed before the kill
-        (6, "user", "question 3", "complete", 0, 0),
-        (7, "assistant", "answer 3", "complete", 13, 2),
-    ]
+    assert [t[:6] for t in turns(pipeline, session_id)] == TURNS_AFTER_A_KILL_MID_ANSWER
 
 
 async def test_open_appends_what_an_inner_session_lacks_and_leaves_a_different_one_alone(pipeline):
@@ -272,15 +254,8 @@ async def test_a_popped_item_stays_recorded_and_its_restore_is_not_recorded_twic
     ]
 
 
-def test_the_example_imports_without_network_or_api_keys(monkeypatch):
-    import importlib.util
-    from pathlib import Path
-
-    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
-    path = Path(__file__).resolve().parents[2] / "examples" / "openai_agents_agent.py"
-    spec = importlib.util.spec_from_file_location("openai_agents_example", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
+def test_the_example_imports_without_network_or_api_keys(import_example):
+    module = import_example("openai_agents_agent.py")
     assert module.agent.name == "support" and callable(module.main)
 
 

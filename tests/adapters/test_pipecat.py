@@ -9,10 +9,7 @@ process mid-reply and restarts it.
 
 from __future__ import annotations
 
-import json
-import queue
 import sys
-import threading
 import uuid
 from pathlib import Path
 
@@ -37,6 +34,7 @@ from turnlog.sinks.tables import transcript_turns
 
 from tests.adapters.pipecat_agent import SYSTEM, aggregator_pair, llm_says, user_says
 from tests.integration.test_pipeline import finalized
+from tests.progress import ScriptProcess
 from tests.support import wait_until
 
 TIMEOUT = 120
@@ -149,25 +147,19 @@ async def test_a_reply_cut_off_by_a_cancelled_pipeline_is_kept_interrupted_not_b
     ]
     assert (row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == ("cancelled", 2, 1)
 
-class AgentProcess:
-    """``tests/adapters/pipecat_agent.py`` as a child process, with its JSON lines."""
+class AgentProcess(ScriptProcess):
+    """``tests/adapters/pipecat_agent.py`` as a child process, with its JSON lines read one by one."""
 
     def __init__(self, settings, session_id: str, log: Path) -> None:
-        argv = [sys.executable, "-m", "tests.adapters.pipecat_agent", session_id]
-        env = {**settings.as_environment(), "PYTHONPATH": str(ROOT)}
-        self.process = ServiceProcess("pipecat-agent", argv, env, log, stdout_pipe=True)
-        self.lines: queue.Queue[dict] = queue.Queue()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for raw in self.process.popen.stdout:
-            self.lines.put(json.loads(raw))
+        super().__init__("tests.adapters.pipecat_agent", session_id, env=settings.as_environment(), log_path=log, name="pipecat-agent")
+        self.lines_taken = 0
 
     def next_line(self, timeout: float = TIMEOUT) -> dict:
-        try:
-            return self.lines.get(timeout=timeout)
-        except queue.Empty:
-            raise AssertionError(f"no line from the agent in {timeout:.0f}s\n{self.process.log_path.read_text(errors='replace')[-4000:]}") from None
+        """The line after the last one taken: the test checks every line the agent prints, in order."""
+        index = self.lines_taken
+        line = self.wait_for(lambda lines: lines[index] if len(lines) > index else None, f"line {index}", timeout)
+        self.lines_taken += 1
+        return line
 
 
 def test_a_pipecat_agent_killed_mid_reply_resumes_with_its_llm_context_rebuilt_from_turnlog(ready_pipeline, tmp_path):
