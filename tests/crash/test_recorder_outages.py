@@ -9,12 +9,10 @@ it runs only against services started by ``deploy/services.sh``.
 from __future__ import annotations
 
 import asyncio
-import json
 import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 import uuid
 from pathlib import Path
@@ -23,47 +21,31 @@ import pytest
 from sqlalchemy import select
 
 from turnlog.deploy.local import SCRIPTS
-from turnlog.deploy.processes import ServiceProcess
 from turnlog.ops.audit import fold_events
 from turnlog.producers import SessionRecorder
 from turnlog.sinks.tables import session_events, transcript_turns
 
 from tests.integration.test_pipeline import finalized
+from tests.progress import ScriptProcess
 from tests.support import wait_until
 
 TIMEOUT = 180
 STATE = Path(os.environ.get("TURNLOG_STATE_DIR", Path.home() / ".cache" / "turnlog"))
 DELIVERY_TIMEOUT = 10.0
 OUTAGE_SECONDS = 90.0
-ROOT = Path(__file__).resolve().parents[2]
 
 
-class ScriptedAgent:
+class ScriptedAgent(ScriptProcess):
     """``tests/crash/scripted_agent.py`` as a child process, with its JSON progress lines."""
 
     def __init__(self, settings, scenario: str, session_id: str, log: Path) -> None:
-        argv = [sys.executable, "-m", "tests.crash.scripted_agent", scenario, session_id]
-        env = {**settings.as_environment(), "PYTHONPATH": str(ROOT)}
-        self.process = ServiceProcess(f"agent-{scenario}", argv, env, log, stdout_pipe=True)
-        self.lines: list[dict] = []
-        self.changed = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
-
-    def _read(self) -> None:
-        for raw in self.process.popen.stdout:
-            with self.changed:
-                self.lines.append(json.loads(raw))
-                self.changed.notify_all()
-
-    def wait_for(self, probe, what: str, timeout: float = TIMEOUT):
-        with self.changed:
-            ok = self.changed.wait_for(lambda: probe(self.lines) or not self.process.alive(), timeout=timeout)
-            assert ok and probe(self.lines), f"agent: {what}\n{self.process.log_path.read_text(errors='replace')[-3000:]}"
-            return self.lines[-1]
+        super().__init__(
+            "tests.crash.scripted_agent", scenario, session_id, env=settings.as_environment(), log_path=log, name=f"agent-{scenario}"
+        )
 
     def completed(self) -> int:
-        with self.changed:
-            return max((line["completed"] for line in self.lines if "completed" in line), default=-1)
+        """The last turn the agent reported completed (-1: none yet)."""
+        return max((line["completed"] for line in self.lines_so_far() if "completed" in line), default=-1)
 
 
 def kafka(command: str) -> None:
@@ -99,7 +81,7 @@ def test_an_agent_killed_during_a_long_broker_outage_loses_no_completed_turn(new
     pipeline.wait_ready()
     session_id = f"outage-{uuid.uuid4().hex[:6]}"
     agent = ScriptedAgent(pipeline.settings, "talk", session_id, tmp_path / "agent.log")
-    agent.wait_for(lambda lines: any(line.get("completed") == 3 for line in lines), "turn 3 completed")
+    agent.wait_for(lambda lines: any(line.get("completed") == 3 for line in lines), "turn 3 completed", TIMEOUT)
 
     pid = int((STATE / "kafka" / "kafka.pid").read_text().split()[0])
     os.kill(pid, signal.SIGKILL)
@@ -113,6 +95,7 @@ def test_an_agent_killed_during_a_long_broker_outage_loses_no_completed_turn(new
             lambda lines: lines and lines[-1].get("degraded") and lines[-1]["completed"] >= before + 5
             and time.monotonic() - outage_began > DELIVERY_TIMEOUT * 2,
             "talking on, degraded, past twice the delivery timeout",
+            TIMEOUT,
         )
         agent.process.kill()
         last_completed = agent.completed()
@@ -157,7 +140,7 @@ def test_overlapping_open_turns_and_a_barge_in_survive_a_sigkill(new_pipeline, t
     pipeline = new_pipeline(("sequencer", "sink", "finalizer"))
     session_id = f"overlap-{uuid.uuid4().hex[:6]}"
     agent = ScriptedAgent(pipeline.settings, "overlap", session_id, tmp_path / "agent.log")
-    ready = agent.wait_for(lambda lines: any(line.get("ready") for line in lines), "both turns open and acknowledged")
+    ready = agent.first_with("ready", TIMEOUT)  # both turns open and acknowledged
     assert ready["open_turns"] == [2, 3]
     agent.process.kill()
 
@@ -193,7 +176,7 @@ def test_spool_drain_delivers_what_an_agent_that_never_reached_the_broker_left(n
     session_id = f"nobroker-{uuid.uuid4().hex[:6]}"
     unreachable = pipeline.settings.model_copy(update={"bootstrap_servers": "127.0.0.1:1", "ack_wait_seconds": 0.2})
     agent = ScriptedAgent(unreachable, "talk", session_id, tmp_path / "agent.log")
-    agent.wait_for(lambda lines: lines and lines[-1].get("completed", -1) >= 4 and lines[-1]["degraded"], "five turns, degraded")
+    agent.wait_for(lambda lines: lines and lines[-1].get("completed", -1) >= 4 and lines[-1]["degraded"], "five turns, degraded", TIMEOUT)
     agent.process.kill()
     last_completed = agent.completed()
 
