@@ -16,7 +16,7 @@ from turnlog import kafka
 from turnlog.exceptions import ConfigurationError
 from turnlog.settings import TurnlogSettings
 
-__all__ = ["topic_specs", "create_topics"]
+__all__ = ["topic_specs", "create_topics", "delete_topics_with_prefix"]
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +71,35 @@ def create_topics(settings: TurnlogSettings, *, timeout: float = 30.0) -> list[s
                 "co-partitioned topics must agree"
             )
     return created
+
+
+def delete_topics_with_prefix(settings: TurnlogSettings, prefix: str, *, timeout: float = 30.0) -> list[str]:
+    """Delete every topic named ``<prefix>.…`` or ``<prefix>-…``; returns the names deleted.
+
+    For throwaway pipelines (tests, benchmarks) whose topic prefix and consumer
+    groups share ``prefix``: Faust names its changelog and internal topics after
+    the app id (the group), so those go too. A broker keeps every topic it holds
+    until it is deleted, and a restarted broker loads them all (thousands of
+    leftover partitions made restarts take minutes).
+
+    Raises:
+        BrokerError: the broker did not list the topics, or refused a deletion.
+    """
+    admin = kafka.admin(settings)  # held until the futures resolve: a collected client cancels them
+    with kafka.broker_errors("listing topics"):
+        names = sorted(name for name in admin.list_topics(timeout=timeout).topics
+                       if name.startswith((f"{prefix}.", f"{prefix}-")))
+    if not names:
+        return []
+    with kafka.broker_errors("delete_topics"):
+        futures = admin.delete_topics(names, request_timeout=timeout, operation_timeout=timeout)
+    for name, future in futures.items():
+        try:
+            with kafka.broker_errors(f"deleting topic {name}"):
+                future.result()
+        except kafka.UnknownTopicError:
+            pass  # deleted meanwhile
+    return names
 
 
 def _partition_count(admin: AdminClient, topic: str, timeout: float) -> int:

@@ -5,6 +5,7 @@ it themselves."""
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -12,8 +13,9 @@ from pathlib import Path
 
 import pytest
 
+from turnlog import kafka
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, wait_all_ready
-from turnlog.deploy.topics import create_topics
+from turnlog.deploy.topics import create_topics, delete_topics_with_prefix
 from turnlog.readiness import NotReadyError
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store
@@ -37,6 +39,14 @@ def isolated_settings(kafka_bootstrap: str, database_url: str, tmp: Path, **over
         faust_data_dir=str(tmp / "faust"),
         **{"spool_dir": str(tmp / "spool"), **overrides},
     )
+
+
+def drop_topics(settings: TurnlogSettings) -> None:
+    """Delete the run's topics (Faust's included): the shared broker loads every topic it
+    keeps at each restart, and the crash tests restart it. Best effort: a topic left over
+    only costs the broker."""
+    with contextlib.suppress(kafka.BrokerError):
+        delete_topics_with_prefix(settings, settings.topic_prefix, timeout=10.0)
 
 
 @dataclass
@@ -92,6 +102,7 @@ def new_pipeline(kafka_bootstrap: str, postgres_databases, tmp_path: Path) -> It
     for made in started:
         stop_all(made.processes)
         made.store.engine.dispose()
+        drop_topics(made.settings)
 
 
 @pytest.fixture(scope="module")
@@ -103,3 +114,4 @@ def pipeline(kafka_bootstrap: str, postgres_databases, tmp_path_factory: pytest.
     yield running
     stop_all(running.processes)
     running.store.engine.dispose()
+    drop_topics(running.settings)
