@@ -32,7 +32,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from turnlog.deploy.processes import start_pipeline, stop_all, wait_all_ready
-from turnlog.deploy.topics import create_topics
+from turnlog.deploy.topics import create_topics, delete_topics_with_prefix
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
 from turnlog.sinks.migrate import upgrade_to_head
@@ -115,4 +115,4 @@ finally:
     stop_all(procs)
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
-    base.delete_topics(settings, *base.topics_with_prefix(settings, settings.topic_prefix))
+    delete_topics_with_prefix(settings, settings.topic_prefix)

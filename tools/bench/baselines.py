@@ -57,7 +57,6 @@ __all__ = [
     "percentile",
     "produce_all",
     "topic_end",
-    "topics_with_prefix",
 ]
 
 
@@ -109,11 +108,6 @@ def create_bench_topics(settings: TurnlogSettings, *names: str) -> None:
     futures = admin.create_topics([NewTopic(n, settings.partitions, settings.replication_factor) for n in names])
     for future in futures.values():
         future.result(30)
-
-
-def topics_with_prefix(settings: TurnlogSettings, prefix: str) -> list[str]:
-    """Every topic on the broker whose name starts with ``prefix``."""
-    return sorted(name for name in _admin(settings).list_topics(timeout=10).topics if name.startswith(prefix))
 
 
 def delete_topics(settings: TurnlogSettings, *names: str) -> None:

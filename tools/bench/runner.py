@@ -46,7 +46,7 @@ import psycopg
 from sqlalchemy.engine import make_url
 
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, wait_all_ready
-from turnlog.deploy.topics import create_topics
+from turnlog.deploy.topics import create_topics, delete_topics_with_prefix
 from turnlog.schemas import SessionStarted, TurnPartial, encode_event
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
@@ -309,7 +309,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
         stop_all(processes)
         if not options.keep:  # the run's topics, Faust's changelog and internal topics included
             try:
-                base.delete_topics(settings, *base.topics_with_prefix(settings, f"{settings.topic_prefix}"))
+                delete_topics_with_prefix(settings, settings.topic_prefix)
             except Exception as e:  # the broker is away: still drop the database
                 print(f"turnlog bench {run}: could not delete the topics {settings.topic_prefix}.* ({e}); delete"
                       " them by hand")

@@ -30,6 +30,7 @@ from turnlog import kafka
 from turnlog.schemas import TurnCompleted, decode_event
 from turnlog.schemas.statuses import TurnStatus
 from turnlog.settings import TurnlogSettings
+from turnlog.tools.bench.baselines import percentile
 
 __all__ = ["StageLatencies", "turn_stage_latencies"]
 
@@ -47,8 +48,6 @@ class StageLatencies:
 
     def summary(self) -> dict[str, Any]:
         """``{stage: {"p50": ms, "p99": ms, "max": ms}}`` and ``turns``."""
-        from turnlog.tools.bench.baselines import percentile
-
         out: dict[str, Any] = {"turns": len(self.total)}
         for name in ("spool", "sequence", "store", "total"):
             values = getattr(self, name)
@@ -62,18 +61,14 @@ def _completed_turn_times(
 ) -> dict[tuple[str, int], float]:
     """``{(session_id, seq): record CreateTime in epoch ms}`` of every ``turn.completed`` record in ``topic``
     whose session id matches ``sessions``."""
-    offsets = kafka.OffsetReader(settings)
-    try:
-        partitions = offsets.partitions(topic)
-        ends = offsets.end_offsets(topic, partitions)
-    finally:
-        offsets.close()
-    consumer = kafka.consumer(settings, group_id=f"bench-stages-{uuid.uuid4().hex[:8]}",
-                              **{"enable.auto.commit": False})
+    with kafka.OffsetReader(settings) as offsets:
+        marks = offsets.watermarks(topic)
+    ends = {p: m.high for p, m in marks.items()}
+    consumer = kafka.consumer(settings, group_id=f"bench-stages-{uuid.uuid4().hex[:8]}")
     times: dict[tuple[str, int], float] = {}
     try:
-        consumer.assign([TopicPartition(topic, p, 0) for p in partitions if ends[p] > 0])
-        left = {p for p in partitions if ends[p] > 0}
+        left = {p for p, m in marks.items() if m.high > m.low}
+        consumer.assign([TopicPartition(topic, p, marks[p].low) for p in left])
         deadline = time.monotonic() + _READ_TIMEOUT_SECONDS
         while left:
             if time.monotonic() > deadline:
