@@ -33,7 +33,7 @@ async def talk(recorder: SessionRecorder, session_id: str) -> None:
         await session.complete_turn(index, "AB"[index % 2], f"turn {index} said in full", input_tokens=index, output_tokens=1)
         say(completed=index, degraded=recorder.degraded, spooled=recorder.spooled_events())
         index += 1
-        await asyncio.sleep(0.2)
+        await asyncio.sleep(0.2)  # the agent's pace (a turn every 200 ms until it is killed), not a sync
 
 
 async def overlap(recorder: SessionRecorder, session_id: str) -> None:

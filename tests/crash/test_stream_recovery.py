@@ -15,7 +15,6 @@ Two facts are checked on real processes:
 from __future__ import annotations
 
 import threading
-import time
 import uuid
 from collections.abc import Callable
 
@@ -206,7 +205,7 @@ class _Agents:
                     send(sid, f.completed(seq + 1, turn, f"turn {turn} so far and done", tokens=1))
                 producer.poll(0)
                 turn += 1
-                time.sleep(0.05)
+                self._ending.wait(0.05)  # the agents' pace: a round of turns every 50 ms, until told to end
             for sid, f in factories.items():
                 send(sid, f.ended(len(self.sent[sid]), last_turn=turn - 1))
             assert producer.flush(30) == 0
