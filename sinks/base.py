@@ -1,8 +1,8 @@
 """The SQL store: one transaction per batch, rows and offsets together.
 
 :class:`SqlStore` is the abstract store: the backends (``postgres.py``,
-``sqlite.py``) supply the dialect's ``INSERT ... ON CONFLICT`` construct and
-row locking (:class:`~turnlog.sinks.interfaces.Dialect`), and the store's four
+``sqlite.py``) supply the dialect's ``INSERT ... ON CONFLICT`` construct,
+row locking and pipelined writes (:class:`~turnlog.sinks.interfaces.Dialect`), and the store's four
 jobs each live in a module of their own, behind a small interface
 (``sinks/interfaces.py``):
 
@@ -24,14 +24,16 @@ Order inside :meth:`SqlStore.apply_batch` (one transaction, so all or nothing):
 1. lock this consumer group's ``sink_offsets`` rows for the batch's partitions
    and drop records below the stored offsets (a paused, zombie sink re-sending
    an old batch writes nothing) (offsets);
-2. insert ``session_events`` (dedupe by primary key ``(session_id, seq)``) (transcript);
-3. upsert ``sessions`` (``last_seq`` = highest contiguous seq applied) (transcript);
-4. upsert ``transcript_turns`` under the ``(epoch, seq)`` and status guard (transcript);
-5. mark partial turns ``interrupted`` when their writer's epoch is superseded
-   or their session has ended (transcript);
-6. finalize every session of the batch that is now ended and complete: the
+2. lock the batch's ``sessions`` rows and merge the batch into them (transcript);
+3. insert ``session_events`` (dedupe by primary key ``(session_id, seq)``),
+   upsert ``sessions`` (``last_seq`` = highest contiguous seq applied) and
+   ``transcript_turns`` (under the ``(epoch, seq)`` and status guard), and
+   mark partial turns ``interrupted`` when their writer's epoch is superseded
+   or their session has ended: writes only, sent in one round trip where the
+   backend can (:meth:`SqlStore.pipeline`) (transcript);
+4. finalize every session of the batch that is now ended and complete: the
    guarded ``UPDATE`` of :meth:`SqlStore.finalize_session`, after the rows (finalization);
-7. move ``sink_offsets`` forward (never backward) (offsets).
+5. move ``sink_offsets`` forward (never backward) (offsets).
 
 Finalization sits in the batch's transaction (DESIGN.md, "finalize once" and
 "exactly-once effect in the store"). The aggregates are computed in SQL from
@@ -53,8 +55,10 @@ partition assignment it seeks to the offsets stored here.
 from __future__ import annotations
 
 import abc
+import contextlib
 import datetime as dt
 from collections.abc import Iterable, Sequence
+from contextlib import AbstractContextManager
 from typing import Any
 
 from sqlalchemy import Engine
@@ -105,6 +109,12 @@ class SqlStore(abc.ABC):
     @abc.abstractmethod
     def lock(self, query: Select[Any]) -> Select[Any]:
         """``query`` with row locks held to the end of the transaction."""
+
+    def pipeline(self, conn: Connection) -> AbstractContextManager[None]:
+        """A block of writes sent without waiting for each result, where the backend
+        can (:meth:`Dialect.pipeline <turnlog.sinks.interfaces.Dialect.pipeline>`);
+        here, a plain block: each statement waits for its result."""
+        return contextlib.nullcontext()
 
     # -- the batch (offsets + transcript + finalization) -------------------
     def apply_batch(

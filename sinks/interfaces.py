@@ -14,7 +14,7 @@ Every method takes the caller's connection and never commits: the caller's
 explicit"). The order of work inside one batch's transaction (rows, then
 finalization, then offsets) is stated in ``sinks/base.py``.
 
-The implementations get the backend through :class:`Dialect` (the two hooks
+The implementations get the backend through :class:`Dialect` (the three hooks
 ``postgres.py`` and ``sqlite.py`` supply), so none of them knows which
 database it runs on.
 """
@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import datetime as dt
 from collections.abc import Callable, Iterable, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -77,7 +78,7 @@ class SessionPosition:
 
 
 class Dialect(Protocol):
-    """The backend's two hooks (``postgres.py``, ``sqlite.py``)."""
+    """The backend's three hooks (``postgres.py``, ``sqlite.py``)."""
 
     def insert(self, table: Any) -> Any:
         """The dialect's ``INSERT`` construct with ``on_conflict_do_*``."""
@@ -85,6 +86,13 @@ class Dialect(Protocol):
 
     def lock(self, query: Select[Any]) -> Select[Any]:
         """``query`` with row locks held to the end of the transaction."""
+        ...
+
+    def pipeline(self, conn: Connection) -> AbstractContextManager[None]:
+        """A block whose statements may be sent without waiting for each result
+        (Postgres' pipeline mode: one round trip for the lot), for writes whose
+        results and row counts are never read. Their errors are raised by the
+        end of the block, as SQLAlchemy ``DBAPIError`` subclasses."""
         ...
 
 

@@ -2,10 +2,15 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
+import psycopg
 from sqlalchemy import Engine, create_engine
 from sqlalchemy.dialects.postgresql import insert as pg_insert
+from sqlalchemy.engine import Connection
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.sql import Select
 
 from turnlog.sinks.base import SqlStore
@@ -14,7 +19,8 @@ __all__ = ["PostgresStore"]
 
 
 class PostgresStore(SqlStore):
-    """:class:`SqlStore` on Postgres: ``ON CONFLICT`` upserts and ``FOR UPDATE`` locks."""
+    """:class:`SqlStore` on Postgres: ``ON CONFLICT`` upserts, ``FOR UPDATE`` locks and
+    pipelined writes."""
 
     @classmethod
     def from_url(cls, url: str, **engine_options: Any) -> PostgresStore:
@@ -26,3 +32,33 @@ class PostgresStore(SqlStore):
 
     def lock(self, query: Select[Any]) -> Select[Any]:
         return query.with_for_update()
+
+    @contextmanager
+    def pipeline(self, conn: Connection) -> Iterator[None]:
+        """psycopg's pipeline mode for the block: its statements go out without waiting
+        for each result, and the block's end waits once for all of them.
+
+        Only for writes whose results are never read: SQLAlchemy reads a
+        statement's result as soon as it runs, and in pipeline mode there is none
+        yet. An error the server returns by then is raised at the block's end, as
+        the SQLAlchemy ``DBAPIError`` subclass it would have been outside
+        (``IntegrityError``, ``DataError``, ``OperationalError``...), so
+        ``sinks/errors.store_errors`` classifies it the same way; on a lost
+        connection, the connection is invalidated first (a new one is made for
+        the next transaction). A libpq without pipeline mode runs the block
+        statement by statement.
+        """
+        driver = conn.connection.driver_connection
+        if not isinstance(driver, psycopg.Connection) or not psycopg.Pipeline.is_supported():
+            yield
+            return
+        try:
+            with driver.pipeline():
+                yield
+        except psycopg.Error as e:
+            lost = conn.dialect.is_disconnect(e, driver, None)  # type: ignore[arg-type]  # psycopg's own types
+            if lost:
+                conn.invalidate(e)
+            raise DBAPIError.instance(
+                None, None, e, psycopg.Error, connection_invalidated=lost, dialect=conn.dialect
+            ) from e

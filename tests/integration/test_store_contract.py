@@ -175,6 +175,17 @@ def test_an_incomplete_session_is_not_finalized_until_the_batch_that_completes_i
         assert store.finalize_session(conn, f.session_id, NOW) is False
 
 
+def test_a_batch_that_closes_a_gap_counts_its_own_seqs_past_the_gap(store):
+    """Seq 5 was stored past a gap; the batch that fills 3 and 4 also brings 6, so the
+    log (with this batch's events in it) says 6 is the highest contiguous seq."""
+    f = EventFactory()
+    apply(store, messages([f.started(), f.completed(1, 0, "a"), f.completed(2, 1, "b"), f.completed(5, 4, "e")]))
+    apply(store, messages([f.completed(3, 2, "c"), f.completed(4, 3, "d"), f.completed(6, 5, "f")], first_offset=4))
+    with store.engine.connect() as conn:
+        row = conn.execute(select(sessions.c.last_seq, sessions.c.max_seq)).one()
+    assert tuple(row) == (6, 6)
+
+
 def test_sink_offsets_never_move_backward(store):
     f = EventFactory()
     apply(store, messages([f.started(), f.completed(1, 0, "a")], first_offset=10))

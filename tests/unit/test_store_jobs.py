@@ -72,13 +72,13 @@ def test_one_batch_writes_the_rows_then_finalizes_then_moves_the_offsets_in_one_
     assert seen == [
         "BEGIN",  # SQLite's BEGIN IMMEDIATE
         "SELECT sink_offsets",  # 1. the group's offsets, locked; stale records dropped
-        "INSERT session_events",  # 2. the rows
-        "SELECT sessions",
+        "SELECT sessions",  # 2. the batch's sessions, locked
+        "INSERT session_events",  # 3. the rows (pipelined on Postgres)
         "INSERT sessions",
         "INSERT transcript_turns",
         "UPDATE transcript_turns",  # the partial of an ended session: interrupted
-        "UPDATE sessions",  # 3. the guarded finalize, after the rows
-        "INSERT sink_offsets",  # 4. the offsets, last
+        "UPDATE sessions",  # 4. the guarded finalize, after the rows
+        "INSERT sink_offsets",  # 5. the offsets, last
         "COMMIT",  # one transaction for all of it
     ]
     with store.engine.connect() as conn:
