@@ -37,10 +37,14 @@ def safe_url(url: str | URL) -> str:
     return hidden.render_as_string(hide_password=True)
 
 
-def open_store(url: str) -> SqlStore:
+def open_store(url: str, *, pool_pre_ping: bool = True) -> SqlStore:
     """A store for ``url`` (``sqlite:///PATH`` or ``postgresql+psycopg://...``).
 
-    No connection is made here; the engine connects on first use.
+    No connection is made here; the engine connects on first use. On Postgres,
+    ``pool_pre_ping`` checks each pooled connection at checkout (one round trip
+    per transaction), so a connection the server dropped is replaced unseen; a
+    caller that retries a transaction failing with ``StoreUnavailableError``
+    anyway (the sink) can turn it off.
 
     Raises:
         UnsupportedDatabaseError: the URL is malformed or names another backend.
@@ -59,5 +63,5 @@ def open_store(url: str) -> SqlStore:
 
         if parsed.drivername == "postgresql":  # plain URL: use psycopg 3, the driver turnlog ships
             parsed = parsed.set(drivername="postgresql+psycopg")
-        return PostgresStore.from_url(parsed.render_as_string(hide_password=False))
+        return PostgresStore.from_url(parsed.render_as_string(hide_password=False), pool_pre_ping=pool_pre_ping)
     raise UnsupportedDatabaseError(f"no turnlog store for {backend!r} (use sqlite:/// or postgresql+psycopg://)")

@@ -24,7 +24,7 @@ class PostgresStore(SqlStore):
 
     @classmethod
     def from_url(cls, url: str, **engine_options: Any) -> PostgresStore:
-        engine: Engine = create_engine(url, pool_pre_ping=True, **engine_options)
+        engine: Engine = create_engine(url, **{"pool_pre_ping": True, **engine_options})
         return cls(engine)
 
     def insert(self, table: Any) -> Any:

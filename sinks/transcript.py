@@ -22,9 +22,10 @@ move. Its own order:
 
 Steps 2 to 5 read no results, so they are sent together in one round trip
 (:meth:`~turnlog.sinks.interfaces.Dialect.pipeline`: Postgres' pipeline
-mode). At about 14 events per batch the sink's transaction waited for the
-server about 9 times; now about 5 (the offsets lock, the sessions lock, the
-writes, the offsets and the commit).
+mode). The sink's transaction waited for the server 9 times per batch; now
+6: ``BEGIN``, the offsets lock, the sessions lock, the writes, the offsets
+and the commit (the sink's pool also skips the liveness check per checkout:
+``turnlog sink``).
 
 Nothing here commits: the rows, the finalizations and the offsets commit
 together in the caller's ``engine.begin()`` block (``sinks/base.py``).

@@ -130,7 +130,9 @@ def sink(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = None) 
     from turnlog.sinks.service import SinkService
 
     settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
-    store = open_store(settings.database_url)
+    # No liveness check per batch (a round trip each): a batch on a dropped
+    # connection fails as StoreUnavailableError and the sink applies it again.
+    store = open_store(settings.database_url, pool_pre_ping=False)
     wait_for_head(store.engine)
     service = SinkService(settings, store)
     # SIGTERM only shortens the stop; correctness never depends on it.

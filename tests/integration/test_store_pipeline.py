@@ -10,7 +10,6 @@ import psycopg
 import pytest
 from psycopg import pq
 from sqlalchemy import event, insert, select, text
-from sqlalchemy.engine import make_url
 
 from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.errors import store_errors
@@ -33,6 +32,18 @@ def pg_store(postgres_databases) -> Iterator[SqlStore]:
 
 def _offset_row(partition: int) -> dict[str, object]:
     return {"consumer_group": GROUP, "topic": "t", "partition": partition, "next_offset": 1}
+
+
+def _terminate(store: SqlStore, backend: int) -> None:
+    """Drop the server side of one of ``store``'s connections (as a Postgres restart
+    would), from another connection, and wait until it is gone."""
+    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
+    with psycopg.connect(url, autocommit=True) as other:
+        other.execute("SELECT pg_terminate_backend(%s)", [backend])
+        deadline = time.monotonic() + 10
+        while other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend]).fetchone():
+            assert time.monotonic() < deadline, f"backend {backend} still there after 10 s"
+            time.sleep(0.05)
 
 
 def test_a_batch_sends_its_writes_in_one_pipeline_and_reads_outside_it(pg_store):
@@ -74,18 +85,31 @@ def test_a_row_refused_at_the_pipelines_end_is_a_rejection_and_the_store_stays_u
 
 
 def test_a_connection_lost_before_the_pipelines_end_is_an_outage_and_the_next_transaction_reconnects(pg_store):
-    admin = make_url(str(pg_store.engine.url.render_as_string(hide_password=False))).set(drivername="postgresql")
     with pytest.raises(StoreUnavailableError), store_errors(), pg_store.engine.begin() as conn:
-        backend = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
-        with psycopg.connect(admin.render_as_string(hide_password=False), autocommit=True) as other:
-            other.execute("SELECT pg_terminate_backend(%s)", [backend])
-            deadline = time.monotonic() + 10
-            while other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend]).fetchone():
-                assert time.monotonic() < deadline, "the backend was not terminated"
-                time.sleep(0.05)
+        _terminate(pg_store, conn.execute(text("SELECT pg_backend_pid()")).scalar_one())
         with pg_store.pipeline(conn):
             conn.execute(insert(sink_offsets).values(_offset_row(0)))
     with pg_store.engine.begin() as conn, pg_store.pipeline(conn):
         conn.execute(insert(sink_offsets).values(_offset_row(0)))
     with pg_store.engine.connect() as conn:
         assert conn.execute(select(sink_offsets.c.partition)).scalars().all() == [0]
+
+
+def test_without_pre_ping_a_connection_dropped_while_idle_fails_one_transaction_then_reconnects(postgres_databases):
+    """What the sink relies on when it opens its store with ``pool_pre_ping=False``:
+    the dropped connection costs one StoreUnavailableError (the sink applies the
+    batch again), never a wrong classification or a pool that stays broken."""
+    store = open_store(postgres_databases.create(), pool_pre_ping=False)
+    upgrade_to_head(store.engine)
+    try:
+        with store.engine.connect() as conn:
+            backend = conn.execute(text("SELECT pg_backend_pid()")).scalar_one()
+        _terminate(store, backend)
+        with pytest.raises(StoreUnavailableError), store_errors(), store.engine.begin() as conn:
+            conn.execute(insert(sink_offsets).values(_offset_row(0)))
+        with store_errors(), store.engine.begin() as conn:
+            conn.execute(insert(sink_offsets).values(_offset_row(0)))
+        with store.engine.connect() as conn:
+            assert conn.execute(select(sink_offsets.c.partition)).scalars().all() == [0]
+    finally:
+        store.engine.dispose()
