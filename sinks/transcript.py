@@ -6,9 +6,11 @@ frame (``sinks/offsets.py``), in the batch's one transaction, after the
 offsets are locked and the stale records dropped, and before the offsets
 move. Its own order:
 
-1. lock the batch's ``sessions`` rows (in id order) and merge the batch into
-   them (``last_seq`` = highest contiguous seq applied); a session with seqs
-   stored past a gap reads the log for that, after this batch's events are in;
+1. lock the batch's ``sessions`` rows (in id order; a new session's id is
+   claimed with a placeholder row first, so two writers of it take turns) and
+   merge the batch into them (``last_seq`` = highest contiguous seq applied);
+   a session with seqs stored past a gap reads the log for that, after this
+   batch's events are in;
 2. insert ``session_events`` (dedupe by primary key ``(session_id, seq)``; a
    higher epoch replaces a fenced writer's event at the same seq);
 3. upsert ``sessions``;
@@ -23,9 +25,10 @@ move. Its own order:
 Steps 2 to 5 read no results, so they are sent together in one round trip
 (:meth:`~turnlog.sinks.interfaces.Dialect.pipeline`: Postgres' pipeline
 mode). The sink's transaction waited for the server 9 times per batch; now
-6: ``BEGIN``, the offsets lock, the sessions lock, the writes, the offsets
-and the commit (the sink's pool also skips the liveness check per checkout:
-``turnlog sink``).
+6 (``BEGIN``, the offsets lock, the sessions lock, the writes, the offsets
+and the commit; the sink's pool also skips the liveness check per checkout:
+``turnlog sink``), plus 2 in a batch with a new session (its placeholder
+and its lock), 1 per session finalized and 1 per gap closed from the log.
 
 Nothing here commits: the rows, the finalizations and the offsets commit
 together in the caller's ``engine.begin()`` block (``sinks/base.py``).
@@ -152,6 +155,11 @@ class TranscriptWriter:
         )
 
     @functools.cached_property
+    def _sessions_claim(self) -> Any:
+        """Placeholder ``sessions`` rows for ids without one (``_lock_sessions``)."""
+        return self._dialect.insert(sessions).on_conflict_do_nothing(index_elements=[sessions.c.id])
+
+    @functools.cached_property
     def _sessions_locked(self) -> Any:
         """The batch's ``sessions`` rows (``ids``), locked in id order."""
         return self._dialect.lock(
@@ -162,8 +170,22 @@ class TranscriptWriter:
         conn.execute(self._events_upsert, rows)
 
     def _lock_sessions(self, conn: Connection, ids: list[str]) -> dict[str, RowMapping]:
-        """The stored ``sessions`` rows of ``ids``, locked (in id order) to the end of the transaction."""
-        return {row.id: row._mapping for row in conn.execute(self._sessions_locked, {"ids": ids})}
+        """The ``sessions`` rows of ``ids`` (sorted), locked to the end of the transaction.
+
+        An id without a row has nothing to lock: it gets a placeholder row
+        (:func:`_placeholder`; replaced by the batch's upsert before the commit,
+        so nobody else ever sees it). The insert waits while another writer's
+        uncommitted row of that id exists, so two writers of a new session
+        (``turnlog replay`` beside the sink, a zombie sink) take turns; the
+        second then locks and merges into the first one's committed row,
+        never into an empty one.
+        """
+        stored = {row.id: row._mapping for row in conn.execute(self._sessions_locked, {"ids": ids})}
+        missing = [session_id for session_id in ids if session_id not in stored]
+        if missing:
+            conn.execute(self._sessions_claim, [_placeholder(session_id) for session_id in missing])
+            stored.update((row.id, row._mapping) for row in conn.execute(self._sessions_locked, {"ids": missing}))
+        return stored
 
     def _session_rows(
         self, conn: Connection, changes_by_id: Mapping[str, SessionChanges], stored: Mapping[str, RowMapping]
@@ -222,6 +244,12 @@ class TranscriptWriter:
                    or_(epoch.is_(None), t.epoch < epoch))
             .values(status=TURN_INTERRUPTED)
         )
+
+
+def _placeholder(session_id: str) -> dict[str, Any]:
+    """A ``sessions`` row that merges like no row at all (:func:`~turnlog.sinks.batch.merge_session`
+    and :func:`_reach` read it as a new session)."""
+    return {"id": session_id, "status": SessionStatus.ACTIVE, "epoch": 0, "last_seq": -1, "max_seq": -1}
 
 
 class _Reach(NamedTuple):

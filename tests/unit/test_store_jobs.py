@@ -73,6 +73,8 @@ def test_one_batch_writes_the_rows_then_finalizes_then_moves_the_offsets_in_one_
         "BEGIN",  # SQLite's BEGIN IMMEDIATE
         "SELECT sink_offsets",  # 1. the group's offsets, locked; stale records dropped
         "SELECT sessions",  # 2. the batch's sessions, locked
+        "INSERT sessions",  # a new session's id, claimed with a placeholder row
+        "SELECT sessions",  # and locked
         "INSERT session_events",  # 3. the rows (pipelined on Postgres)
         "INSERT sessions",
         "INSERT transcript_turns",
