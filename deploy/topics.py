@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Mapping
+from concurrent.futures import Future
 
 from confluent_kafka.admin import AdminClient, NewTopic
 
@@ -50,19 +52,12 @@ def create_topics(settings: TurnlogSettings, *, timeout: float = 30.0) -> list[s
             f"no Kafka broker answers at {settings.bootstrap_servers} (start one with `bash deploy/services.sh start`)"
         )
     specs = topic_specs(settings)
-    created = []
     with kafka.broker_errors("create_topics"):
         futures = admin.create_topics(specs, request_timeout=timeout, operation_timeout=timeout)
-    for name, future in futures.items():
-        try:
-            with kafka.broker_errors(f"creating topic {name}"):
-                future.result()
-            created.append(name)
-            logger.info("created topic %s", name)
-        except kafka.TopicAlreadyExistsError:
-            pass
-        except kafka.BrokerError as e:
-            raise ConfigurationError(f"cannot create topic {name}: {e}") from e
+    try:
+        created = _settle(futures, "creating topic", "created topic", already=kafka.TopicAlreadyExistsError)
+    except kafka.BrokerError as e:  # its message names the topic
+        raise ConfigurationError(f"cannot create the topics: {e}") from e
     for spec in specs:
         partitions = _partition_count(admin, spec.topic, timeout)
         if partitions != settings.partitions:
@@ -93,13 +88,31 @@ def delete_topics_with_prefix(settings: TurnlogSettings, prefix: str, *, timeout
         return []
     with kafka.broker_errors("delete_topics"):
         futures = admin.delete_topics(names, request_timeout=timeout, operation_timeout=timeout)
+    _settle(futures, "deleting topic", "deleted topic", already=kafka.UnknownTopicError)  # unknown: deleted meanwhile
+    return names
+
+
+def _settle(
+    futures: Mapping[str, Future[None]], doing: str, done: str, *, already: type[kafka.BrokerError]
+) -> list[str]:
+    """Wait for each topic's future of an admin request (``{topic: future}``, in order)
+    and return the topics it changed, each logged as ``"<done> <topic>"``; one whose
+    error is ``already`` (the topic was as asked before the request) is skipped.
+
+    Raises:
+        BrokerError: the broker refused the request for a topic (the message says
+            ``"<doing> <topic>: ..."``).
+    """
+    changed = []
     for name, future in futures.items():
         try:
-            with kafka.broker_errors(f"deleting topic {name}"):
+            with kafka.broker_errors(f"{doing} {name}"):
                 future.result()
-        except kafka.UnknownTopicError:
-            pass  # deleted meanwhile
-    return names
+        except already:
+            continue
+        changed.append(name)
+        logger.info("%s %s", done, name)
+    return changed
 
 
 def _partition_count(admin: AdminClient, topic: str, timeout: float) -> int:
