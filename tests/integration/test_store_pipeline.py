@@ -5,7 +5,6 @@ a new session (whose row does not exist yet, so a lock on it holds nothing)."""
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator
 
 import psycopg
@@ -19,7 +18,7 @@ from turnlog.sinks.exceptions import RecordRejectedError, StoreUnavailableError
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import sessions, sink_offsets
 
-from tests.support import EventFactory, messages
+from tests.support import EventFactory, messages, wait_until
 
 GROUP = "pipeline-test"
 
@@ -36,16 +35,19 @@ def _offset_row(partition: int) -> dict[str, object]:
     return {"consumer_group": GROUP, "topic": "t", "partition": partition, "next_offset": 1}
 
 
+def _other_connection(store: SqlStore) -> psycopg.Connection:
+    """A plain psycopg connection to ``store``'s database, outside its pool."""
+    return psycopg.connect(store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False),
+                           autocommit=True)
+
+
 def _terminate(store: SqlStore, backend: int) -> None:
     """Drop the server side of one of ``store``'s connections (as a Postgres restart
     would), from another connection, and wait until it is gone."""
-    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(url, autocommit=True) as other:
+    with _other_connection(store) as other:
         other.execute("SELECT pg_terminate_backend(%s)", [backend])
-        deadline = time.monotonic() + 10
-        while other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend]).fetchone():
-            assert time.monotonic() < deadline, f"backend {backend} still there after 10 s"
-            time.sleep(0.05)
+        wait_until(lambda: not other.execute("SELECT 1 FROM pg_stat_activity WHERE pid = %s", [backend]).fetchone(),
+                   timeout=10, what=f"backend {backend} gone", interval=0.05)
 
 
 def test_a_batch_sends_its_writes_in_one_pipeline_and_reads_outside_it(pg_store):
@@ -100,13 +102,10 @@ def test_the_first_refused_statement_is_the_error_even_with_statements_queued_be
 
 
 def _backend_waits_for_a_lock(store: SqlStore, backend: int) -> None:
-    url = store.engine.url.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(url, autocommit=True) as other:
-        deadline = time.monotonic() + 10
-        while not other.execute(
-                "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", [backend]).fetchone():
-            assert time.monotonic() < deadline, f"backend {backend} never waited for a lock"
-            time.sleep(0.02)
+    with _other_connection(store) as other:
+        wait_until(lambda: other.execute(
+            "SELECT 1 FROM pg_stat_activity WHERE pid = %s AND wait_event_type = 'Lock'", [backend]).fetchone(),
+            timeout=10, what=f"backend {backend} waiting for a lock", interval=0.02)
 
 
 @pytest.mark.parametrize("second", ["the same records again", "the session's later records"])
@@ -134,10 +133,7 @@ def test_two_writers_of_a_new_session_take_turns_and_the_row_holds_both(pg_store
 
             writer = threading.Thread(target=second_writer)
             writer.start()
-            deadline = time.monotonic() + 10
-            while not outcome:
-                assert time.monotonic() < deadline
-                time.sleep(0.01)
+            wait_until(lambda: outcome, timeout=10, what="the second writer's backend pid", interval=0.01)
             _backend_waits_for_a_lock(pg_store, outcome[0])
         writer.join(10)
     assert outcome[1:] == ["committed"]
