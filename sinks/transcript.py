@@ -86,11 +86,12 @@ class TranscriptWriter:
         session_rows: list[dict[str, Any]] = []
         if plan.sessions:
             stored = self._lock_sessions(conn, sorted(plan.sessions))
-            if event_rows and any(_reach(stored.get(sid), changes).reads_log for sid, changes in plan.sessions.items()):
+            reaches = {sid: _reach(stored.get(sid), changes) for sid, changes in sorted(plan.sessions.items())}
+            if event_rows and any(reach.reads_log for reach in reaches.values()):
                 # A gap to close from the log: the log must hold this batch's events first.
                 self._insert_events(conn, event_rows)
                 event_rows = []
-            session_rows = self._session_rows(conn, plan.sessions, stored)
+            session_rows = self._session_rows(conn, plan.sessions, stored, reaches)
         # The writes read no results: they go out together, one round trip for all.
         with self._dialect.pipeline(conn):
             if event_rows:
@@ -188,16 +189,19 @@ class TranscriptWriter:
         return stored
 
     def _session_rows(
-        self, conn: Connection, changes_by_id: Mapping[str, SessionChanges], stored: Mapping[str, RowMapping]
+        self,
+        conn: Connection,
+        changes_by_id: Mapping[str, SessionChanges],
+        stored: Mapping[str, RowMapping],
+        reaches: Mapping[str, _Reach],
     ) -> list[dict[str, Any]]:
-        """The batch's ``sessions`` rows, in id order: each stored row (``stored``)
-        merged with the batch's changes. Reads the log only for a session with
-        seqs stored past a gap (the caller has written this batch's events by then)."""
+        """The batch's ``sessions`` rows, in the order of ``reaches`` (id order): each
+        stored row (``stored``) merged with the batch's changes. Reads the log only
+        for a session whose reach says so (the caller has written this batch's events by then)."""
         rows = []
-        for session_id in sorted(changes_by_id):
+        for session_id, reach in reaches.items():
             changes = changes_by_id[session_id]
             current = stored.get(session_id)
-            reach = _reach(current, changes)
             reached, max_seq = reach.contiguous, reach.max_seq
             if reach.reads_log:
                 reached = self._contiguous_from_log(conn, session_id, reached)
