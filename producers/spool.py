@@ -19,6 +19,13 @@ on the host adopts its rows (:meth:`SpoolFile.adopt_orphans`) and delivers
 them. Deletes after acknowledgement run with ``synchronous=NORMAL``: losing one
 to a power cut only re-sends an event, which the sequencer drops as a
 duplicate by ``(session_id, seq)``.
+
+Privacy: the spool holds transcript text, so its folder is mode 0700 and every
+file in it (the database, its ``-wal`` and ``-shm`` files, the ``.lock``) 0600,
+whatever the umask. A missing folder is created so; an existing one must belong
+to the recorder's user (else :class:`SpoolError`) and is tightened to 0700 with
+a warning if it was looser. The database file is created 0600 before SQLite
+opens it, and SQLite gives its ``-wal`` and ``-shm`` files the database's mode.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import fcntl
 import logging
 import os
 import sqlite3
+import stat
 import time
 import uuid
 from collections.abc import Callable, Iterable, Iterator
@@ -88,16 +96,18 @@ class SpoolFile:
 
     def __init__(self, folder: Path) -> None:
         self.folder = folder
-        try:
-            folder.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise SpoolError(f"cannot create the spool folder {folder}: {e}") from e
+        _private_folder(folder)
         self.path = folder / f"spool-{os.getpid()}-{uuid.uuid4().hex[:12]}.db"
         lock_fd = _take_lock(self.path)
         if lock_fd is None:  # a fresh name: nobody can hold it
             raise SpoolError(f"cannot lock the new spool file {self.path}")
         self._lock_fd = lock_fd
-        self._db = _connect(self.path, create=True)
+        try:
+            _create_private_file(self.path)
+            self._db = _connect(self.path)
+        except (OSError, sqlite3.Error) as e:
+            os.close(lock_fd)
+            raise SpoolError(f"cannot create the spool file {self.path}: {e}") from e
 
     # -- writing ------------------------------------------------------------
     def append(
@@ -183,7 +193,8 @@ class SpoolFile:
                     removed = True  # adopted by another recorder a moment ago
                     continue
                 try:
-                    orphan = _connect(path, create=False)
+                    _tighten_spool_files(path)  # one left by an older turnlog may be 0644
+                    orphan = _connect(path)
                     try:
                         rows = list(_rows(orphan, "ORDER BY id", ()))
                         set_aside = orphan.execute("SELECT * FROM quarantined ORDER BY id").fetchall()
@@ -237,6 +248,52 @@ class SpoolFile:
             raise SpoolError(f"cannot {verb} the spool {self.path}: {e}") from e
 
 
+def _private_folder(folder: Path) -> None:
+    """Create ``folder`` (and its parents) with mode 0700, or make sure an existing one is
+    this process's user's and mode 0700.
+
+    Raises:
+        SpoolError: it cannot be created or read, is not a folder, or belongs to
+            another user (who could read the spooled transcripts).
+    """
+    try:
+        folder.mkdir(mode=0o700, parents=True, exist_ok=True)  # the mode of the last part only
+        info = folder.stat()
+    except OSError as e:
+        raise SpoolError(f"cannot create the spool folder {folder}: {e}") from e
+    if info.st_uid != os.geteuid():
+        raise SpoolError(
+            f"the spool folder {folder} belongs to uid {info.st_uid}, not to this process's uid {os.geteuid()}, "
+            "and its owner could read the spooled transcripts: set TURNLOG_SPOOL_DIR to a folder of this user "
+            "(a missing one is created, mode 0700)"
+        )
+    mode = stat.S_IMODE(info.st_mode)
+    if mode != 0o700:
+        try:
+            os.chmod(folder, 0o700)
+        except OSError as e:
+            raise SpoolError(f"cannot make the spool folder {folder} private (mode 0700): {e}") from e
+        if mode & 0o077:
+            logger.warning("the spool folder %s was mode %03o, open to other users; made it 0700", folder, mode)
+
+
+def _create_private_file(path: Path) -> None:
+    """Create the empty file ``path`` with mode 0600 (exactly, whatever the umask); fails if it exists."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        os.fchmod(fd, 0o600)  # a umask such as 0o277 would have left less
+    finally:
+        os.close(fd)
+
+
+def _tighten_spool_files(path: Path) -> None:
+    """Mode 0600 for the database ``path`` and its ``-wal`` and ``-shm`` files, those that exist
+    and are ours (SQLite gives new ``-wal``/``-shm`` files the database's mode)."""
+    for suffix in ("", "-wal", "-shm"):
+        with contextlib.suppress(FileNotFoundError, PermissionError):
+            os.chmod(f"{path}{suffix}", 0o600, follow_symlinks=False)
+
+
 def _lock_path(path: Path) -> Path:
     return path.with_suffix(".lock")
 
@@ -252,10 +309,12 @@ def _take_lock(path: Path) -> int | None:
     return fd
 
 
-def _connect(path: Path, *, create: bool) -> sqlite3.Connection:
-    mode = "rwc" if create else "rw"
+def _connect(path: Path) -> sqlite3.Connection:
+    """Open the existing spool database ``path`` (``mode=rw``: SQLite never creates it, so it
+    keeps the 0600 it was created with). ``Path.as_uri`` percent-encodes the path, so a ``#``,
+    ``?``, ``%``, space or non-ASCII character in it names that file, not a URI part."""
     # The default isolation level: a write opens a transaction, and `with db:` commits it.
-    db = sqlite3.connect(f"file:{path}?mode={mode}", uri=True, check_same_thread=False)
+    db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=rw", uri=True, check_same_thread=False)
     db.execute("PRAGMA journal_mode=WAL")
     db.execute("PRAGMA synchronous=FULL")
     db.execute(_SCHEMA)

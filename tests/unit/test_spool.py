@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
+import sqlite3
+import stat
+
 import pytest
 
 from turnlog.kafka import producer_config
 from turnlog.producers.drainer import SpoolDrainer
-from turnlog.producers.exceptions import SpoolFullError
+from turnlog.producers.exceptions import SpoolError, SpoolFullError
 from turnlog.producers.spool import SpooledEvent, SpoolFile
 from turnlog.settings import TurnlogSettings
 
@@ -216,3 +220,74 @@ def test_an_unexpected_error_at_the_stop_ends_the_thread(tmp_path, monkeypatch):
     closing.join(10)
     assert not closing.is_alive()  # not retried once the stop was asked for
     assert len(calls) >= 1
+
+
+@pytest.fixture(params=[0o022, 0o000], ids=["umask022", "umask000"])
+def umask(request):
+    """Run the test under this process umask (restored after)."""
+    old = os.umask(request.param)
+    try:
+        yield request.param
+    finally:
+        os.umask(old)
+
+
+def test_the_folder_is_0700_and_every_spool_file_0600_whatever_the_umask(tmp_path, umask):
+    folder = tmp_path / "new" / "spool"
+    spool = SpoolFile(folder)
+    spool.append([event("a", 0)])  # WAL mode: the -wal and -shm files exist while it is open
+    try:
+        files = {p.name.removeprefix(spool.path.stem): stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()}
+        assert files == {".db": 0o600, ".db-wal": 0o600, ".db-shm": 0o600, ".lock": 0o600}
+        assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    finally:
+        spool.close(remove_if_empty=False)
+
+
+def test_an_existing_loose_folder_of_ours_is_made_0700_and_its_orphans_0600(tmp_path, umask, caplog):
+    folder = tmp_path / "spool"
+    folder.mkdir()
+    folder.chmod(0o755)
+    dead = SpoolFile(folder)
+    dead.append([event("s", 0)])
+    dead.close(remove_if_empty=False)
+    dead.path.chmod(0o644)  # as an older turnlog left it
+    folder.chmod(0o777)
+
+    newcomer = SpoolFile(folder)
+    assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+    assert "was mode 777" in caplog.text
+    adopted: list = []
+    assert newcomer.adopt_orphans(adopted.extend) == 1
+    assert {stat.S_IMODE(p.stat().st_mode) for p in folder.iterdir()} == {0o600}
+    newcomer.close(remove_if_empty=False)
+
+
+def test_a_folder_of_another_user_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setattr(os, "geteuid", lambda: os.stat(tmp_path).st_uid + 1)  # as if someone else owned it
+    with pytest.raises(SpoolError, match="belongs to uid .* TURNLOG_SPOOL_DIR"):
+        SpoolFile(tmp_path / "spool")
+
+
+@pytest.mark.parametrize("name", ["with#hash", "with?query", "with%41percent", "with space", "ünïcødé", "a?mode=ro#x"])
+def test_any_folder_name_opens_exactly_that_file(tmp_path, name):
+    folder = tmp_path / name
+    spool = SpoolFile(folder)
+    spool.append([event("a", 0)])
+    spool.close(remove_if_empty=False)
+    assert spool.path.parent == folder and spool.path.stat().st_size > 0
+    # Nothing was created beside it (a URI cut at '#' or '?' would have opened tmp_path/"with" or so).
+    assert [p.name for p in tmp_path.iterdir()] == [name]
+    with sqlite3.connect(spool.path) as db:  # the rows are in that very file
+        assert db.execute("SELECT session_id, seq FROM spooled").fetchall() == [("a", 0)]
+
+
+def test_two_folders_that_differ_after_a_hash_or_question_mark_do_not_share_a_database(tmp_path):
+    first, second = SpoolFile(tmp_path / "spool#one"), SpoolFile(tmp_path / "spool#two")
+    third = SpoolFile(tmp_path / "spool?a")
+    first.append([event("one", 0)])
+    second.append([event("two", 0), event("two", 1)])
+    assert first.totals()[2] == {"one": 1} and second.totals()[2] == {"two": 2} and third.totals()[0] == 0
+    for spool in (first, second, third):
+        spool.close(remove_if_empty=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["spool#one", "spool#two", "spool?a"]
