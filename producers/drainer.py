@@ -441,7 +441,8 @@ class SpoolDrainer:
             self._on_delivery(row.id, err)
 
         try:
-            produce(self._producer, event.topic, event.value, key=event.key, on_delivery=on_delivery)
+            signed = {"headers": list(event.headers)} if event.headers else {}
+            produce(self._producer, event.topic, event.value, key=event.key, on_delivery=on_delivery, **signed)
         except BufferError:
             self._producer.poll(0.01)  # librdkafka's queue is full: serve reports, go on next round
             return False

@@ -62,6 +62,7 @@ from turnlog.schemas import (
 )
 from turnlog.schemas.events import EARLIEST_YEAR, LATEST_YEAR
 from turnlog.settings import TurnlogSettings
+from turnlog.signing import RecordSigner
 
 __all__ = ["SessionRecorder", "RecordedSession"]
 
@@ -107,14 +108,19 @@ class RecordedSession:
         recorder: SessionRecorder,
         session_id: str,
         *,
+        fleet: str | None,
         epoch: int,
         next_seq: int,
         next_turn_index: int,
         turns: tuple[StoredTurn, ...] = (),
+        epoch_grant: str | None = None,
     ) -> None:
         self._recorder = recorder
         self.session_id = session_id
+        #: the session's fleet: its events are signed with this fleet's key (None: unknown, unsigned)
+        self.fleet = fleet
         self.epoch = epoch
+        self._epoch_grant = epoch_grant
         self.turns = turns
         self._next_seq = next_seq
         #: turn indexes below this belong to a predecessor (resume): never reused
@@ -298,7 +304,7 @@ class RecordedSession:
                 f"{event_type.__struct_config__.tag}: the event is {len(payload)} bytes encoded; the limit is "
                 f"{MAX_EVENT_BYTES} (Kafka's record size): shorten the text, tool calls or metadata"
             )
-        ticket = self._recorder._spool(self.session_id, self._next_seq, payload)  # raises SpoolFullError
+        ticket = self._recorder._spool(self, payload)  # raises SpoolFullError
         self._next_seq += 1
         return ticket
 
@@ -352,6 +358,7 @@ class SessionRecorder:
             max_bytes=self.settings.spool_max_bytes
         )
         self._store = store
+        self._signer = RecordSigner(self.settings.fleet_key_values())
         self._barrier: Any | None = None  # ResumeBarrier, made at the first direct-store resume
         self._sessions: dict[str, RecordedSession] = {}
         self._timer: asyncio.Task[None] | None = None
@@ -409,7 +416,8 @@ class SessionRecorder:
             raise SessionClosedError(f"session {session_id} is already being recorded here")
         _check_name("fleet", fleet)
         _check_name("agent_id", agent_id)
-        session = RecordedSession(self, session_id, epoch=0, next_seq=0, next_turn_index=0)
+        self._check_signable(fleet, session_id)
+        session = RecordedSession(self, session_id, fleet=fleet, epoch=0, next_seq=0, next_turn_index=0)
         ticket = session._emit(
             SessionStarted,
             fleet=fleet,
@@ -460,9 +468,18 @@ class SessionRecorder:
             raise SessionNotFoundError(f"no session {session_id} in the store")
         if not grant.resumable:
             raise SessionClosedError(f"session {session_id} is {grant.status}; it cannot be resumed")
+        if self._signer.enabled:
+            if grant.fleet is None or grant.epoch_grant is None:
+                raise RecorderError(
+                    f"resume of {session_id}: the grant names no fleet or carries no epoch grant (set "
+                    "TURNLOG_EPOCH_GRANT_KEY where resumes are granted): the sequencer would refuse the new epoch"
+                )
+            self._check_signable(grant.fleet, session_id)
         session = RecordedSession(
             self,
             session_id,
+            fleet=grant.fleet,
+            epoch_grant=grant.epoch_grant,
             epoch=grant.epoch,
             next_seq=grant.next_seq,
             next_turn_index=grant.next_turn_index,
@@ -525,8 +542,23 @@ class SessionRecorder:
         if self._timer is None:
             raise RecorderError("the recorder is not started: use `async with SessionRecorder(...)` or await start()")
 
-    def _spool(self, session_id: str, seq: int, payload: bytes) -> Ticket:
-        event = SpooledEvent(self.settings.topics.events, session_id.encode("utf-8"), payload, session_id, seq)
+    def _check_signable(self, fleet: str, session_id: str) -> None:
+        """With fleet keys configured, refuse a session of a fleet whose key this recorder lacks: the
+        sequencer would send every event of it to the DLQ."""
+        if self._signer.enabled and not self._signer.can_sign(fleet):
+            raise RecorderError(
+                f"session {session_id}: no signing key for its fleet in TURNLOG_FLEET_KEYS (this recorder "
+                "holds other fleets' keys); its events would be refused by the sequencer"
+            )
+
+    def _spool(self, session: RecordedSession, payload: bytes) -> Ticket:
+        key = session.session_id.encode("utf-8")
+        headers: tuple[tuple[str, bytes], ...] = ()
+        if self._signer.enabled and session.fleet is not None:
+            headers = tuple(self._signer.headers(session.fleet, key, payload, session._epoch_grant))
+        event = SpooledEvent(
+            self.settings.topics.events, key, payload, session.session_id, session.next_seq, headers=headers
+        )
         [ticket] = self._drainer.submit([event])
         return ticket
 

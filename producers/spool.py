@@ -43,6 +43,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
+import msgspec
+
 from turnlog.producers.exceptions import SpoolError
 
 __all__ = ["SpoolFile", "SpoolRow", "SpooledEvent", "SPOOL_GLOB"]
@@ -61,20 +63,26 @@ CREATE TABLE IF NOT EXISTS spooled (
     value BLOB NOT NULL,
     session_id TEXT NOT NULL,
     seq INTEGER NOT NULL,
-    spooled_at REAL NOT NULL
+    spooled_at REAL NOT NULL,
+    headers BLOB
 )
 """
+#: The columns of a row after its id, in the order every statement here names them.
+_COLUMNS = "topic, key, value, session_id, seq, spooled_at, headers"
 
 
 @dataclass(frozen=True, slots=True)
 class SpooledEvent:
-    """An event to spool: its Kafka topic, key and value (bytes), and its session and seq."""
+    """An event to spool: its Kafka topic, key and value (bytes), its session and seq, and the
+    record headers it is produced with (the fleet signature, ``turnlog/signing.py``; kept with
+    the event, so a recorder that adopts an orphaned spool delivers it signed as it was)."""
 
     topic: str
     key: bytes
     value: bytes
     session_id: str
     seq: int
+    headers: tuple[tuple[str, bytes], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +133,8 @@ class SpoolFile:
                 self._delete(delete_ids)
                 return [
                     cast(int, self._db.execute(  # an INSERT's cursor always has its row's id
-                        "INSERT INTO spooled (topic, key, value, session_id, seq, spooled_at)"
-                        " VALUES (?, ?, ?, ?, ?, ?)",
-                        (e.topic, e.key, e.value, e.session_id, e.seq, at),
+                        f"INSERT INTO spooled ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+                        (e.topic, e.key, e.value, e.session_id, e.seq, at, _encode_headers(e.headers)),
                     ).lastrowid)
                     for e, at in zip(events, times, strict=True)
                 ]
@@ -137,7 +144,10 @@ class SpoolFile:
         with self._errors("quarantine in"):
             self._db.execute("PRAGMA synchronous=FULL")
             with self._db:
-                self._db.execute("INSERT INTO quarantined SELECT * FROM spooled WHERE id = ?", (row_id,))
+                self._db.execute(
+                    f"INSERT INTO quarantined (id, {_COLUMNS}) SELECT id, {_COLUMNS} FROM spooled WHERE id = ?",  # noqa: S608
+                    (row_id,),
+                )
                 self._db.execute("DELETE FROM spooled WHERE id = ?", (row_id,))
 
     def delete(self, ids: Iterable[int]) -> None:
@@ -197,7 +207,7 @@ class SpoolFile:
                     orphan = _connect(path)
                     try:
                         rows = list(_rows(orphan, "ORDER BY id", ()))
-                        set_aside = orphan.execute("SELECT * FROM quarantined ORDER BY id").fetchall()
+                        set_aside = orphan.execute(f"SELECT {_COLUMNS} FROM quarantined ORDER BY id").fetchall()  # noqa: S608
                     finally:
                         orphan.close()
                 except sqlite3.Error as e:
@@ -206,9 +216,8 @@ class SpoolFile:
                 if set_aside:
                     with self._errors("keep the quarantined rows in"), self._db:
                         self._db.executemany(
-                            "INSERT INTO quarantined (topic, key, value, session_id, seq, spooled_at)"
-                            " VALUES (?, ?, ?, ?, ?, ?)",
-                            [row[1:] for row in set_aside],
+                            f"INSERT INTO quarantined ({_COLUMNS}) VALUES (?, ?, ?, ?, ?, ?, ?)",  # noqa: S608
+                            set_aside,
                         )
                 ids = self.append([r.event for r in rows], spooled_at=[r.spooled_at for r in rows])
                 on_adopted([SpoolRow(i, r.event, r.spooled_at) for i, r in zip(ids, rows, strict=True)])
@@ -319,10 +328,22 @@ def _connect(path: Path) -> sqlite3.Connection:
     db.execute("PRAGMA synchronous=FULL")
     db.execute(_SCHEMA)
     db.execute(_QUARANTINE)
+    for table in ("spooled", "quarantined"):  # a spool written before rows had headers
+        if "headers" not in {column[1] for column in db.execute(f"PRAGMA table_info({table})")}:
+            db.execute(f"ALTER TABLE {table} ADD COLUMN headers BLOB")
     return db
 
 
+def _encode_headers(headers: tuple[tuple[str, bytes], ...]) -> bytes | None:
+    return msgspec.msgpack.encode(headers) if headers else None
+
+
+def _decode_headers(blob: bytes | None) -> tuple[tuple[str, bytes], ...]:
+    return msgspec.msgpack.decode(blob, type=tuple[tuple[str, bytes], ...]) if blob else ()
+
+
 def _rows(db: sqlite3.Connection, where: str, params: tuple[object, ...]) -> Iterator[SpoolRow]:
-    query = f"SELECT id, topic, key, value, session_id, seq, spooled_at FROM spooled {where}"  # noqa: S608
-    for row_id, topic, key, value, session_id, seq, spooled_at in db.execute(query, params):
-        yield SpoolRow(row_id, SpooledEvent(topic, bytes(key), bytes(value), session_id, seq), spooled_at)
+    query = f"SELECT id, {_COLUMNS} FROM spooled {where}"  # noqa: S608
+    for row_id, topic, key, value, session_id, seq, spooled_at, headers in db.execute(query, params):
+        event = SpooledEvent(topic, bytes(key), bytes(value), session_id, seq, _decode_headers(headers))
+        yield SpoolRow(row_id, event, spooled_at)

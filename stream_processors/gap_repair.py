@@ -25,7 +25,7 @@ __all__ = ["LogRangeReader", "LogRecord"]
 logger = logging.getLogger(__name__)
 READ_TIMEOUT_SECONDS = 30.0
 
-LogRecord = tuple[int, bytes | None, bytes]  # (offset, key, value)
+LogRecord = tuple[int, bytes | None, bytes, list[tuple[str, bytes]] | None]  # (offset, key, value, headers)
 
 
 class LogRangeReader:
@@ -84,7 +84,7 @@ class LogRangeReader:
                     if offset > last:
                         break
                     if key is None or record.key() == key:
-                        found.append((offset, record.key(), cast(bytes, record.value())))
+                        found.append((offset, record.key(), cast(bytes, record.value()), record.headers()))
                     if offset >= last:
                         break
                 else:

@@ -50,8 +50,11 @@ from turnlog import kafka, metrics
 from turnlog.dlq import dlq_headers, reason_class
 from turnlog.faults import fault_point
 from turnlog.schemas import EventValidationError, decode_event
+from turnlog.exceptions import ConfigurationError
 from turnlog.schemas.headers import event_type, peek_event_type, type_headers
 from turnlog.settings import TopicNames, TurnlogSettings
+from turnlog.signing import ProvenanceError, RecordVerifier, provenance_headers
+from turnlog.stream_processors.admission import admit
 from turnlog.stream_processors.app import make_app, raw_topic
 from turnlog.stream_processors.emitter import EmissionBatch, EmissionFailed, EmissionProducer
 from turnlog.stream_processors.gap_repair import LogRangeReader
@@ -85,6 +88,8 @@ class SourceRecord:
     value: bytes
     partition: int
     offset: int
+    #: the record's headers as the client gave them (a list of pairs, a mapping, or None)
+    headers: Any = None
 
 
 class Sequencer:
@@ -104,8 +109,10 @@ class Sequencer:
         reader: LogRangeReader,
         topics: TopicNames,
         max_buffer: int,
+        verifier: RecordVerifier | None = None,
     ) -> None:
         self._states = states
+        self._verifier = verifier
         self._changelog = changelog
         self._emissions = emissions
         self._reader = reader
@@ -175,6 +182,11 @@ class Sequencer:
         assert key is not None
         try:
             state = touched[key][0] if key in touched else SessionSequence.from_json(self._states.get(key))
+            if self._verifier is not None:
+                refused = self._admission(state, event, key, raw, record.headers)
+                if refused is not None:
+                    self._reject(batch, record, raw, refused)
+                    return
             decision = sequence(state, event, raw, record.offset, max_buffer=self._max_buffer)
         except Exception as e:  # a bug here must not stop the pipeline; the bytes go to the DLQ
             logger.exception("sequencing %s seq %d failed", event.session_id, event.seq)
@@ -193,6 +205,15 @@ class Sequencer:
             batch.send(self._topics.transcript, key=key, value=out, partition=record.partition, headers=headers)
         for held, reason in decision.dlq:
             self._reject(batch, record, held, reason)
+
+    def _admission(self, state: SessionSequence, event: Any, key: bytes, raw: bytes, headers: Any) -> str | None:
+        """Why the record may not be written (fleet signature, owner, issued epoch), or None (admitted)."""
+        assert self._verifier is not None
+        try:
+            found = provenance_headers(headers)
+        except ProvenanceError as e:
+            return f"unauthenticated: {e.reason}"
+        return admit(self._verifier, state, event, key, raw, found)
 
     def _reject(self, batch: EmissionBatch, record: SourceRecord, raw: bytes, reason: str) -> None:
         metrics.DLQ_ROUTED.labels("sequencer", reason_class(reason)).inc()
@@ -221,7 +242,7 @@ class Sequencer:
             "read them again: %d records",
             expected, record.offset - 1, self._topics.events, partition, len(found),
         )
-        return [SourceRecord(key, raw, partition, offset) for offset, key, raw in found]
+        return [SourceRecord(key, raw, partition, offset, headers) for offset, key, raw, headers in found]
 
     async def _missing_seqs(self, touched: dict[bytes, tuple[SessionSequence, SourceRecord]]) -> list[SourceRecord]:
         """For each session left waiting on a seq, the records at the offsets where it must be."""
@@ -240,8 +261,31 @@ class Sequencer:
             if reread:
                 logger.warning("gap in %r: re-read %d records from %s[%d]", key, len(reread), self._topics.events,
                                record.partition)
-            found.extend(SourceRecord(k, raw, record.partition, offset) for offset, k, raw in reread)
+            found.extend(
+                SourceRecord(k, raw, record.partition, offset, headers) for offset, k, raw, headers in reread
+            )
         return found
+
+
+def record_verifier(settings: TurnlogSettings) -> RecordVerifier | None:
+    """The write-side admission's verifier (``turnlog/signing.py``), or None in open mode (no fleet keys).
+
+    Raises:
+        ConfigurationError: fleet keys without ``epoch_grant_key`` (no resumed epoch could be admitted).
+    """
+    if not settings.fleet_keys:
+        logger.warning(
+            "TURNLOG_FLEET_KEYS is empty: records are not authenticated, and any writer of %s can write, "
+            "fence or take over any session (open mode; see docs/design.md, 'Write-side isolation')",
+            settings.topics.events,
+        )
+        return None
+    if settings.epoch_grant_key is None:
+        raise ConfigurationError(
+            "TURNLOG_FLEET_KEYS is set but TURNLOG_EPOCH_GRANT_KEY is not: the sequencer could not admit any "
+            "resumed epoch"
+        )
+    return RecordVerifier(settings.fleet_key_values(), settings.epoch_grant_key.get_secret_value())
 
 
 def build_sequencer(settings: TurnlogSettings) -> faust.App:
@@ -280,6 +324,7 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         reader=LogRangeReader(settings, topics.events, settings.sequencer_group),
         topics=topics,
         max_buffer=settings.reorder_buffer_size,
+        verifier=record_verifier(settings),
     )
 
     # The agent's batches and the gap retries never interleave: both read and write session states.
@@ -289,7 +334,9 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
     async def sequence_events(stream: faust.StreamT[bytes]) -> None:
         # The agent gets a faust.Stream, which has take_events; faust types it as StreamT, which has not.
         async for batch in stream.take_events(BATCH_SIZE, within=BATCH_WAIT_SECONDS):  # type: ignore[attr-defined]
-            records = [SourceRecord(e.key, e.value, e.message.partition, e.message.offset) for e in batch]
+            records = [
+                SourceRecord(e.key, e.value, e.message.partition, e.message.offset, e.message.headers) for e in batch
+            ]
             try:
                 async with batch_lock:
                     await sequencer.process(records)

@@ -57,6 +57,8 @@ class SessionSequence:
     started_event_id: str | None = None
     reused: bool = False
     buffer: dict[int, Buffered] = field(default_factory=dict)
+    #: the fleet that owns the session: the signer of its first admitted record (None: not yet, or open mode)
+    fleet: str | None = None
 
     def missing_range(self) -> tuple[int, int] | None:
         """``(first, last)`` source offsets (inclusive) where the missing seq must be, if there is a gap."""
@@ -72,6 +74,7 @@ class SessionSequence:
             "applied_offset": self.applied_offset,
             "started_event_id": self.started_event_id,
             "reused": self.reused,
+            "fleet": self.fleet,
             "buffer": {
                 str(seq): [b.epoch, b.ends_session, b.offset, b.raw.decode("utf-8")] for seq, b in self.buffer.items()
             },
@@ -88,6 +91,7 @@ class SessionSequence:
             applied_offset=data.get("applied_offset", -1),
             started_event_id=data.get("started_event_id"),
             reused=data.get("reused", False),
+            fleet=data.get("fleet"),
             buffer={
                 int(seq): Buffered(epoch, ends, offset, raw.encode("utf-8"))
                 for seq, (epoch, ends, offset, raw) in data["buffer"].items()

@@ -190,6 +190,21 @@ class TurnlogSettings(BaseSettings):
         description="The recorder's bearer token for api_url: one of the API's TURNLOG_API_TOKENS whose "
         "fleets include the sessions it resumes.",
     )
+    fleet_keys: dict[str, SecretStr] = Field(
+        default_factory=dict,
+        repr=False,
+        description="Write-side isolation: each fleet's record signing key, as JSON {fleet: key} (at least 32 "
+        "bytes each, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`). A recorder holds the "
+        "keys of the fleets it records and signs every event; the sequencer holds every fleet's key and sends "
+        "unsigned, wrongly signed or other fleets' records to the DLQ (turnlog/signing.py). Empty: records are "
+        "not signed and any writer of the events topic can write any session (open mode, a warning at start).",
+    )
+    epoch_grant_key: SecretStr | None = Field(
+        None,
+        description="Key that signs epoch grants (at least 32 bytes): a resume claim (the API, or a recorder "
+        "resuming through database_url) signs the epoch it issues, and the sequencer admits an epoch above 0 "
+        "only with such a grant. Required wherever fleet_keys is set and resumes are granted or checked.",
+    )
     faust_data_dir: str = Field(
         ".turnlog-faust", description="Folder for Faust's local table files (one subfolder per app)."
     )
@@ -273,6 +288,23 @@ class TurnlogSettings(BaseSettings):
                 raise ValueError(f"{name}: no such file: {location}")
         return self
 
+    @model_validator(mode="after")
+    def _signing_keys_are_strong(self) -> TurnlogSettings:
+        """Fail at load on a key too short to sign with (the error names the fleet, never the key)."""
+        from turnlog.signing import MIN_KEY_BYTES
+
+        named = {f"fleet_keys[{fleet!r}]": key for fleet, key in self.fleet_keys.items()}
+        if self.epoch_grant_key is not None:
+            named["epoch_grant_key"] = self.epoch_grant_key
+        for name, key in named.items():
+            if len(key.get_secret_value().encode("utf-8")) < MIN_KEY_BYTES:
+                raise ValueError(f"{name} is shorter than {MIN_KEY_BYTES} bytes")
+        return self
+
+    def fleet_key_values(self) -> dict[str, str]:
+        """``fleet_keys`` unwrapped, for :class:`turnlog.signing.RecordSigner` and ``RecordVerifier``."""
+        return {fleet: key.get_secret_value() for fleet, key in self.fleet_keys.items()}
+
     @cached_property
     def topics(self) -> TopicNames:
         return TopicNames(self.topic_prefix)
@@ -289,7 +321,9 @@ class TurnlogSettings(BaseSettings):
 def _environment_value(value: object) -> str:
     if isinstance(value, SecretStr):  # the child needs the secret itself, not its mask
         return value.get_secret_value()
-    return json.dumps(value) if isinstance(value, (dict, list)) else str(value)
+    if isinstance(value, (dict, list)):
+        return json.dumps(value, default=lambda v: v.get_secret_value() if isinstance(v, SecretStr) else str(v))
+    return str(value)
 
 
 def load_settings(**overrides: Any) -> TurnlogSettings:

@@ -63,9 +63,9 @@ def test_the_range_reader_returns_only_the_sessions_records_in_the_range(pipelin
     partition = partition_for(f.session_id, settings.partitions)
     try:
         found = reader.read(partition, offsets[1], offsets[2], f.session_id.encode())
-        assert [offset for offset, _, _ in found] == offsets[1:]
+        assert [offset for offset, _, _, _ in found] == offsets[1:]
         assert reader.read(partition, offsets[1], offsets[2], b"other-key") == []
-        assert [offset for offset, _, _ in reader.read(partition, offsets[0], offsets[2])] == list(range(offsets[0], offsets[2] + 1))
+        assert [offset for offset, _, _, _ in reader.read(partition, offsets[0], offsets[2])] == list(range(offsets[0], offsets[2] + 1))
         assert reader.committed(partition) == 0
     finally:
         reader.close()

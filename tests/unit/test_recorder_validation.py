@@ -20,7 +20,7 @@ class RecordingSend:
         self.producer_id = "unit"
         self.sent = []
 
-    def _spool(self, session_id, seq, payload):
+    def _spool(self, session, payload):
         self.sent.append(payload)
         ticket = Ticket()
         ticket.spooled.set_result(None)
@@ -36,7 +36,7 @@ class RecordingSend:
 
 @pytest.fixture
 def session():
-    return RecordedSession(RecordingSend(), "s-1", epoch=0, next_seq=1, next_turn_index=0)
+    return RecordedSession(RecordingSend(), "s-1", fleet="f", epoch=0, next_seq=1, next_turn_index=0)
 
 
 @pytest.mark.parametrize(

@@ -52,9 +52,9 @@ class _Log:
     def committed(self, partition: int) -> int:
         return self._committed
 
-    def read(self, partition: int, first: int, last: int, key: bytes | None = None) -> list[tuple[int, bytes | None, bytes]]:
+    def read(self, partition: int, first: int, last: int, key: bytes | None = None) -> list[tuple[int, bytes | None, bytes, Any]]:
         self.reads.append((first, last))
-        return [(r.offset, r.key, r.value) for r in self.records if first <= r.offset <= last and key in (None, r.key)]
+        return [(r.offset, r.key, r.value, r.headers) for r in self.records if first <= r.offset <= last and key in (None, r.key)]
 
 
 def _log_of(events: list[Any]) -> list[SourceRecord]:
