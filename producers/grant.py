@@ -83,6 +83,7 @@ class ResumeGrant:
     the others nothing was claimed). ``last_seq`` is the highest contiguous
     stored seq (-1: none), ``max_turn_index`` the highest stored turn (None:
     no turn), and ``turns`` the stored turns in ``turn_index`` order.
+    ``fleet`` and ``epoch_grant``: see docs/design.md, "Write-side isolation".
     """
 
     session_id: str
@@ -91,6 +92,11 @@ class ResumeGrant:
     last_seq: int
     max_turn_index: int | None
     turns: tuple[StoredTurn, ...] = ()
+    #: the session's fleet (None from a server that does not say)
+    fleet: str | None = None
+    #: the signed epoch grant the new owner sends with every event of ``epoch``
+    #: (``turnlog/signing.py``); None where no epoch grant key is configured
+    epoch_grant: str | None = None
 
     @property
     def resumable(self) -> bool:

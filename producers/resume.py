@@ -32,7 +32,9 @@ from turnlog.kafka import BrokerError, OffsetReader
 from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.grant import ResumeGrant, StoredTurn
 from turnlog.producers.partitioning import partition_for
+from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
+from turnlog.signing import EpochGrant, issue_epoch_grant
 from turnlog.sinks import SessionPosition, SqlStore, StoreUnavailableError
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.reads import get_session, get_turns
@@ -46,7 +48,12 @@ _T = TypeVar("_T")
 
 
 def claim_resume(
-    store: SqlStore, conn: Connection, session_id: str, *, fleets: Collection[str] | None = None
+    store: SqlStore,
+    conn: Connection,
+    session_id: str,
+    *,
+    fleets: Collection[str] | None = None,
+    grant_key: str | None = None,
 ) -> ResumeGrant | None:
     """Claim the next epoch of ``session_id`` and read its stored turns, in the
     caller's transaction (``with store.engine.begin() as conn``), so the turns
@@ -56,16 +63,25 @@ def claim_resume(
     answered as a missing one, and nothing is claimed. Only an ``active``
     session gets a claim; for the others the grant carries their status (see
     :meth:`SqlStore.claim_epoch`). Returns None if the store has no such
-    session within ``fleets``. Driver errors pass through (wrap the call in
+    session within ``fleets``. With ``grant_key`` (the epoch grant issuer's
+    key), an active session's grant carries the signed epoch grant the
+    sequencer admits the new epoch by (``turnlog/signing.py``). Driver errors pass through (wrap the call in
     ``store_errors()``).
     """
-    if fleets is not None and get_session(conn, session_id, fleets=fleets) is None:
+    session = get_session(conn, session_id, fleets=fleets)
+    if session is None:
         return None
     claimed = store.claim_epoch(conn, session_id)  # locks the session row to the end of the transaction
     if claimed is None:
         return None
     epoch, position = claimed
     turns = tuple(StoredTurn.from_row(row) for row in get_turns(conn, session_id))
+    fleet = session["fleet"]
+    signed = None
+    if grant_key is not None and position.status == SessionStatus.ACTIVE:
+        signed = issue_epoch_grant(
+            grant_key, EpochGrant(fleet=fleet, session_id=session_id, epoch=epoch, from_seq=position.last_seq + 1)
+        )
     return ResumeGrant(
         session_id=session_id,
         epoch=epoch,
@@ -73,6 +89,8 @@ def claim_resume(
         last_seq=position.last_seq,
         max_turn_index=position.max_turn_index,
         turns=turns,
+        fleet=fleet,
+        epoch_grant=signed,
     )
 
 
@@ -99,7 +117,11 @@ class ResumeBarrier:
         """
         deadline = time.monotonic() + timeout
         self._catch_up(session_id, deadline)
-        return self._in_store(deadline, lambda conn: claim_resume(self._store, conn, session_id, fleets=fleets))
+        key = self._settings.epoch_grant_key
+        grant_key = key.get_secret_value() if key is not None else None
+        return self._in_store(
+            deadline, lambda conn: claim_resume(self._store, conn, session_id, fleets=fleets, grant_key=grant_key)
+        )
 
     def wait(self, session_id: str, timeout: float) -> tuple[int, SessionPosition] | None:
         """Pass the barrier for ``session_id``, claim its next epoch, and return

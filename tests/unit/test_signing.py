@@ -1,0 +1,160 @@
+"""Record signatures and epoch grants (turnlog/signing.py) and the sequencer's admission rules
+(stream_processors/admission.py), without a broker."""
+
+from __future__ import annotations
+
+import datetime as dt
+import uuid
+
+import pytest
+
+from turnlog.schemas import SessionStarted, TurnPartial, encode_event
+from turnlog.signing import (
+    EPOCH_GRANT_HEADER,
+    FLEET_HEADER,
+    SIGNATURE_HEADER,
+    EpochGrant,
+    ProvenanceError,
+    RecordSigner,
+    RecordVerifier,
+    issue_epoch_grant,
+    provenance_headers,
+    verify_epoch_grant,
+)
+from turnlog.stream_processors.admission import admit
+from turnlog.stream_processors.sequencing import SessionSequence
+
+KEY_A, KEY_B, ISSUER = "a" * 40, "b" * 40, "i" * 40
+NOW = dt.datetime(2026, 12, 2, tzinfo=dt.UTC)
+
+
+def _started(session_id: str, fleet: str) -> SessionStarted:
+    return SessionStarted(
+        event_id=uuid.uuid4(), session_id=session_id, seq=0, epoch=0, producer_id="p", emitted_at=NOW,
+        fleet=fleet, agent_id="agent", started_at=NOW,
+    )
+
+
+def _partial(session_id: str, seq: int, epoch: int = 0) -> TurnPartial:
+    return TurnPartial(
+        event_id=uuid.uuid4(), session_id=session_id, seq=seq, epoch=epoch, producer_id="p", emitted_at=NOW,
+        turn_index=0, speaker="user", text="hello", started_at=NOW,
+    )
+
+
+@pytest.fixture
+def verifier() -> RecordVerifier:
+    return RecordVerifier({"a": KEY_A, "b": KEY_B}, ISSUER)
+
+
+def _signed(fleet: str, key: str, event, grant: str | None = None) -> tuple[bytes, bytes, dict[str, bytes]]:
+    raw = encode_event(event)
+    record_key = event.session_id.encode()
+    headers = RecordSigner({fleet: key}).headers(fleet, record_key, raw, grant)
+    return record_key, raw, provenance_headers(headers)
+
+
+def test_a_signed_record_verifies_as_its_fleet(verifier):
+    record_key, raw, headers = _signed("a", KEY_A, _started("s1", "a"))
+    verified = verifier.verify(headers, record_key, raw)
+    assert verified.fleet == "a" and verified.grant is None
+
+
+@pytest.mark.parametrize("tamper", ["value", "key", "fleet", "signature", "grant"])
+def test_any_change_to_a_signed_record_fails_verification(verifier, tamper):
+    grant = issue_epoch_grant(ISSUER, EpochGrant(fleet="a", session_id="s1", epoch=1, from_seq=3))
+    record_key, raw, headers = _signed("a", KEY_A, _partial("s1", 3, epoch=1), grant)
+    if tamper == "value":
+        raw = raw.replace(b"hello", b"HELLO")
+    elif tamper == "key":
+        record_key = b"s2"
+    elif tamper == "fleet":
+        headers[FLEET_HEADER] = b"b"
+    elif tamper == "signature":
+        headers[SIGNATURE_HEADER] = bytes(32)
+    else:
+        headers[EPOCH_GRANT_HEADER] = issue_epoch_grant(ISSUER, EpochGrant("a", "s1", 9, 0)).encode()
+    with pytest.raises(ProvenanceError):
+        verifier.verify(headers, record_key, raw)
+
+
+def test_a_record_signed_with_a_key_the_sequencer_does_not_hold_is_refused(verifier):
+    record_key, raw, headers = _signed("c", "c" * 40, _started("s1", "c"))
+    with pytest.raises(ProvenanceError, match="no key"):
+        verifier.verify(headers, record_key, raw)
+
+
+def test_an_unsigned_record_and_a_repeated_header_are_refused(verifier):
+    raw = encode_event(_started("s1", "a"))
+    with pytest.raises(ProvenanceError, match="unsigned"):
+        verifier.verify({}, b"s1", raw)
+    with pytest.raises(ProvenanceError, match="more than once"):
+        provenance_headers([(FLEET_HEADER, b"a"), (FLEET_HEADER, b"b")])
+    assert provenance_headers([("other", b"x"), (FLEET_HEADER, None)]) == {}
+
+
+def test_an_epoch_grant_round_trips_and_refuses_forgery_and_oversize():
+    grant = EpochGrant(fleet="a", session_id="s1", epoch=2, from_seq=10)
+    token = issue_epoch_grant(ISSUER, grant)
+    assert verify_epoch_grant(ISSUER.encode(), token) == grant
+    with pytest.raises(ProvenanceError, match="does not verify"):
+        verify_epoch_grant(ISSUER.encode(), issue_epoch_grant("x" * 40, grant))
+    with pytest.raises(ProvenanceError):
+        verify_epoch_grant(ISSUER.encode(), "not-base64!.@@")
+    with pytest.raises(ProvenanceError, match="limit"):
+        verify_epoch_grant(ISSUER.encode(), "a" * 2000)
+
+
+def test_short_keys_are_refused():
+    with pytest.raises(ValueError, match="at least 32"):
+        RecordSigner({"a": "short"})
+    with pytest.raises(ValueError, match="at least 32"):
+        RecordVerifier({"a": KEY_A}, "short")
+
+
+def test_the_first_admitted_record_makes_its_fleet_the_owner_and_another_fleet_is_refused(verifier):
+    state = SessionSequence()
+    record_key, raw, headers = _signed("a", KEY_A, _started("s1", "a"))
+    assert admit(verifier, state, _decode(raw), record_key, raw, headers) is None
+    assert state.fleet == "a"
+    # fleet b reuses the id: refused, never merged, and the owner stays a
+    record_key, raw, headers = _signed("b", KEY_B, _started("s1", "b"))
+    reason = admit(verifier, state, _decode(raw), record_key, raw, headers)
+    assert reason is not None and reason.startswith("foreign fleet")
+    record_key, raw, headers = _signed("b", KEY_B, _partial("s1", 1))
+    assert admit(verifier, state, _decode(raw), record_key, raw, headers).startswith("foreign fleet")
+    assert state.fleet == "a"
+
+
+def test_a_session_started_naming_another_fleet_than_its_signer_is_refused(verifier):
+    state = SessionSequence()
+    record_key, raw, headers = _signed("b", KEY_B, _started("s1", "a"))
+    assert admit(verifier, state, _decode(raw), record_key, raw, headers).startswith("forged fleet")
+    assert state.fleet is None
+
+
+def test_an_epoch_is_admitted_only_with_its_grant_and_never_below_the_granted_seq(verifier):
+    state = SessionSequence(fleet="a", next_seq=5)
+    event = _partial("s1", 5, epoch=1)
+    record_key, raw, headers = _signed("a", KEY_A, event)
+    assert admit(verifier, state, event, record_key, raw, headers).startswith("epoch not issued")
+    invented = _partial("s1", 5, epoch=2**31 - 1)
+    record_key, raw, headers = _signed(
+        "a", KEY_A, invented, issue_epoch_grant(ISSUER, EpochGrant("a", "s1", 1, 5))
+    )
+    assert admit(verifier, state, invented, record_key, raw, headers).startswith("epoch not issued")
+    other_fleet_grant = issue_epoch_grant(ISSUER, EpochGrant("b", "s1", 1, 5))
+    record_key, raw, headers = _signed("a", KEY_A, event, other_fleet_grant)
+    assert admit(verifier, state, event, record_key, raw, headers).startswith("epoch not issued")
+    grant = issue_epoch_grant(ISSUER, EpochGrant("a", "s1", 1, 5))
+    rewrite = _partial("s1", 2, epoch=1)
+    record_key, raw, headers = _signed("a", KEY_A, rewrite, grant)
+    assert "below seq 5" in admit(verifier, state, rewrite, record_key, raw, headers)
+    record_key, raw, headers = _signed("a", KEY_A, event, grant)
+    assert admit(verifier, state, event, record_key, raw, headers) is None
+
+
+def _decode(raw: bytes):
+    from turnlog.schemas import decode_event
+
+    return decode_event(raw)
