@@ -48,9 +48,9 @@ import msgspec
 
 from turnlog import kafka, metrics
 from turnlog.dlq import dlq_headers, reason_class
+from turnlog.exceptions import ConfigurationError
 from turnlog.faults import fault_point
 from turnlog.schemas import EventValidationError, decode_event
-from turnlog.exceptions import ConfigurationError
 from turnlog.schemas.headers import event_type, peek_event_type, type_headers
 from turnlog.settings import TopicNames, TurnlogSettings
 from turnlog.signing import ProvenanceError, RecordVerifier, provenance_headers
