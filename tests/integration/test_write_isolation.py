@@ -1,0 +1,146 @@
+"""Write-side isolation on the real broker, Postgres and sequencer/sink processes: with fleet keys
+configured, a writer can affect only its own fleet's sessions, and no record can fence a session
+or rewrite a stored seq with an epoch nobody issued (docs/design.md, "Write-side isolation").
+
+Each hostile record is interleaved with healthy sessions on the same partition; the healthy
+sessions must be stored intact and finalized, every service alive, and each hostile record in the
+DLQ with its reason."""
+
+from __future__ import annotations
+
+import uuid
+
+import pytest
+from confluent_kafka import Producer
+from msgspec.structs import replace
+from pydantic import SecretStr
+
+from turnlog.deploy.processes import stop_all
+from turnlog.dlq import REASON_HEADER
+from turnlog.producers import SessionRecorder, partition_for
+from turnlog.schemas import encode_event
+from turnlog.signing import EpochGrant, RecordSigner, issue_epoch_grant
+
+from tests.integration.conftest import drop_topics, make_pipeline
+from tests.integration.test_pipeline import finalized, read_partition, session_row, stored_turns
+from tests.support import EventFactory, wait_until
+
+TIMEOUT = 90
+KEYS = {"alpha": "alpha-key-" + "a" * 32, "beta": "beta-key-" + "b" * 32}
+GRANT_KEY = "issuer-key-" + "i" * 32
+
+
+@pytest.fixture(scope="module")
+def signed_pipeline(kafka_bootstrap, postgres_databases, tmp_path_factory):
+    running = make_pipeline(
+        kafka_bootstrap, postgres_databases.create(), tmp_path_factory.mktemp("signed"), ("sequencer", "sink"),
+        fleet_keys=KEYS, epoch_grant_key=GRANT_KEY,
+    )
+    running.wait_ready()
+    yield running
+    stop_all(running.processes)
+    running.store.engine.dispose()
+    drop_topics(running.settings)
+
+
+def fleet_settings(pipeline, fleet):
+    """The pipeline's settings as one fleet's agent host has them: its own key only."""
+    return pipeline.settings.model_copy(update={"fleet_keys": {fleet: SecretStr(KEYS[fleet])}})
+
+
+def same_partition_id(pipeline, other: str, prefix: str) -> str:
+    """A fresh session id on ``other``'s partition (hostile and healthy records interleave there)."""
+    target = partition_for(other, pipeline.settings.partitions)
+    while True:
+        candidate = f"{prefix}-{uuid.uuid4().hex[:8]}"
+        if partition_for(candidate, pipeline.settings.partitions) == target:
+            return candidate
+
+
+def send(pipeline, events, *, fleet=None, grant=None, sign_as=None):
+    """Produce ``events`` raw, signed with ``fleet``'s key (as ``sign_as`` says it is, if given), or unsigned."""
+    producer = Producer({"bootstrap.servers": pipeline.settings.bootstrap_servers, "partitioner": "murmur2_random"})
+    for event in events:
+        key, value = event.session_id.encode(), encode_event(event)
+        headers = None
+        if fleet is not None:
+            headers = RecordSigner({sign_as or fleet: KEYS[fleet]}).headers(sign_as or fleet, key, value, grant)
+        producer.produce(pipeline.settings.topics.events, key=key, value=value, headers=headers)
+    assert producer.flush(10) == 0
+
+
+def dlq_reasons(pipeline, session_id, count):
+    records = wait_until(
+        lambda: (r := read_partition(pipeline, pipeline.settings.topics.dlq, session_id, with_headers=True))
+        and len(r) >= count and r,
+        timeout=TIMEOUT, what=f"{count} DLQ records of {session_id}",
+    )
+    return sorted(dict(headers)[REASON_HEADER].decode() for _, headers in records)
+
+
+def assert_alive(pipeline):
+    dead = {name: p.popen.returncode for name, p in pipeline.processes.items() if p.popen.poll() is not None}
+    assert not dead, f"services exited: {dead}\n{pipeline.logs()}"
+
+
+async def test_no_other_fleet_unsigned_writer_or_invented_epoch_can_touch_a_session(signed_pipeline):
+    pipeline = signed_pipeline
+    session_id = f"room-{uuid.uuid4().hex[:8]}"
+    forged_id = same_partition_id(pipeline, session_id, "forged")
+    unsigned_id = same_partition_id(pipeline, session_id, "unsigned")
+    async with SessionRecorder(fleet_settings(pipeline, "alpha")) as recorder:
+        session = await recorder.start_session(session_id, fleet="alpha", agent_id="a1")
+        await session.complete_turn(0, "user", "alpha's first words")
+        squatter = EventFactory(session_id)
+        # Another fleet reuses the id (as rooms named alike would): its start and its turn.
+        send(pipeline, [replace(squatter.started(), fleet="beta")], fleet="beta")
+        send(pipeline, [squatter.completed(2, 1, "beta writes into alpha's session")], fleet="beta")
+        # beta signs a start that says it is alpha's; an unsigned writer starts a session.
+        send(pipeline, [replace(EventFactory(forged_id).started(), fleet="alpha")], fleet="beta")
+        send(pipeline, [EventFactory(unsigned_id).started()])
+        # alpha's own buggy producer invents an epoch (would fence the session for good).
+        send(pipeline, [squatter.partial(3, 1, "fenced?", epoch=2**31 - 1)], fleet="alpha")
+        await session.complete_turn(1, "agent", "alpha's reply")
+        await session.end("done")
+
+    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert row["fleet"] == "alpha"
+    assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
+        (0, "user", "alpha's first words", "complete"),
+        (1, "agent", "alpha's reply", "complete"),
+    ]
+    reasons = dlq_reasons(pipeline, session_id, 3)
+    assert [r.split(":", 1)[0] for r in reasons] == ["epoch not issued", "foreign fleet", "foreign fleet"]
+    assert dlq_reasons(pipeline, forged_id, 1)[0].startswith("forged fleet")
+    assert dlq_reasons(pipeline, unsigned_id, 1)[0].startswith("unauthenticated: unsigned")
+    assert session_row(pipeline, forged_id) is None and session_row(pipeline, unsigned_id) is None
+    assert_alive(pipeline)
+
+
+async def test_a_resumed_epoch_is_admitted_by_its_grant_and_an_old_seq_cannot_rewrite_history(signed_pipeline):
+    pipeline = signed_pipeline
+    session_id = f"resumed-{uuid.uuid4().hex[:8]}"
+    alpha = fleet_settings(pipeline, "alpha")
+    async with SessionRecorder(alpha) as first:
+        session = await first.start_session(session_id, fleet="alpha", agent_id="a1")
+        await session.complete_turn(0, "user", "before the crash")
+        assert await session.wait_acknowledged(30)
+    async with SessionRecorder(alpha) as second:
+        resumed = await second.resume(session_id, timeout=60)
+        assert resumed.epoch == 1 and resumed.next_seq == 2
+        # A buggy producer holding this epoch's grant re-sends an old seq with other words.
+        grant = issue_epoch_grant(GRANT_KEY, EpochGrant("alpha", session_id, 1, 2))
+        send(pipeline, [EventFactory(session_id).completed(1, 0, "rewritten history", epoch=1)],
+             fleet="alpha", grant=grant)
+        await resumed.complete_turn(1, "agent", "after the resume")
+        await resumed.end("done")
+
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
+        (0, "user", "before the crash", "complete"),
+        (1, "agent", "after the resume", "complete"),
+    ]
+    [reason] = dlq_reasons(pipeline, session_id, 1)
+    assert reason.startswith("epoch not issued: seq 1 is below seq 2")
+    assert_alive(pipeline)
+
