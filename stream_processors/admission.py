@@ -20,27 +20,27 @@ name sessions, seqs and epochs, never fleets' keys or content.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from typing import Any
 
 from turnlog.schemas import Event, SessionStarted
-from turnlog.signing import ProvenanceError, RecordVerifier
+from turnlog.signing import ProvenanceError, RecordVerifier, provenance_headers
 from turnlog.stream_processors.sequencing import SessionSequence
 
 __all__ = ["admit"]
 
 
 def admit(
-    verifier: RecordVerifier, state: SessionSequence, event: Event, key: bytes, raw: bytes,
-    headers: Mapping[str, bytes],
+    verifier: RecordVerifier, state: SessionSequence, event: Event, key: bytes, raw: bytes, headers: Any,
 ) -> str | None:
     """Check one decoded record against the session's owner and the issued epochs.
 
     Returns the reason to refuse it (for the DLQ), or None when it is admitted;
     an admitted record of a session without an owner makes its fleet the owner
-    (``state.fleet``). ``headers``: the record's headers by name.
+    (``state.fleet``). ``headers``: the record's headers as the Kafka client
+    gives them (a list of pairs, a mapping, or None).
     """
     try:
-        verified = verifier.verify(headers, key, raw)
+        verified = verifier.verify(provenance_headers(headers), key, raw)
     except ProvenanceError as e:
         return f"unauthenticated: {e.reason}"
     if isinstance(event, SessionStarted) and event.fleet != verified.fleet:

@@ -53,7 +53,7 @@ from turnlog.faults import fault_point
 from turnlog.schemas import EventValidationError, decode_event
 from turnlog.schemas.headers import event_type, peek_event_type, type_headers
 from turnlog.settings import TopicNames, TurnlogSettings
-from turnlog.signing import ProvenanceError, RecordVerifier, provenance_headers
+from turnlog.signing import RecordVerifier
 from turnlog.stream_processors.admission import admit
 from turnlog.stream_processors.app import make_app, raw_topic
 from turnlog.stream_processors.emitter import EmissionBatch, EmissionFailed, EmissionProducer
@@ -183,7 +183,7 @@ class Sequencer:
         try:
             state = touched[key][0] if key in touched else SessionSequence.from_json(self._states.get(key))
             if self._verifier is not None:
-                refused = self._admission(state, event, key, raw, record.headers)
+                refused = admit(self._verifier, state, event, key, raw, record.headers)
                 if refused is not None:
                     self._reject(batch, record, raw, refused)
                     return
@@ -205,15 +205,6 @@ class Sequencer:
             batch.send(self._topics.transcript, key=key, value=out, partition=record.partition, headers=headers)
         for held, reason in decision.dlq:
             self._reject(batch, record, held, reason)
-
-    def _admission(self, state: SessionSequence, event: Any, key: bytes, raw: bytes, headers: Any) -> str | None:
-        """Why the record may not be written (fleet signature, owner, issued epoch), or None (admitted)."""
-        assert self._verifier is not None
-        try:
-            found = provenance_headers(headers)
-        except ProvenanceError as e:
-            return f"unauthenticated: {e.reason}"
-        return admit(self._verifier, state, event, key, raw, found)
 
     def _reject(self, batch: EmissionBatch, record: SourceRecord, raw: bytes, reason: str) -> None:
         metrics.DLQ_ROUTED.labels("sequencer", reason_class(reason)).inc()
