@@ -23,7 +23,7 @@ from turnlog.signing import EpochGrant, RecordSigner, issue_epoch_grant
 
 from tests.integration.conftest import drop_topics, make_pipeline
 from tests.integration.test_pipeline import finalized, read_partition, session_row, stored_turns
-from tests.support import EventFactory, wait_until
+from tests.support import EventFactory, free_port, wait_until
 
 TIMEOUT = 90
 KEYS = {"alpha": "alpha-key-" + "a" * 32, "beta": "beta-key-" + "b" * 32}
@@ -33,8 +33,9 @@ GRANT_KEY = "issuer-key-" + "i" * 32
 @pytest.fixture(scope="module")
 def signed_pipeline(kafka_bootstrap, postgres_databases, tmp_path_factory):
     running = make_pipeline(
-        kafka_bootstrap, postgres_databases.create(), tmp_path_factory.mktemp("signed"), ("sequencer", "sink"),
-        fleet_keys=KEYS, epoch_grant_key=GRANT_KEY,
+        kafka_bootstrap, postgres_databases.create(), tmp_path_factory.mktemp("signed"),
+        ("sequencer", "sink", "api"), fleet_keys=KEYS, epoch_grant_key=GRANT_KEY,
+        api_tokens={"alpha-token": ["alpha"]}, api_port=free_port(),
     )
     running.wait_ready()
     yield running
@@ -144,3 +145,32 @@ async def test_a_resumed_epoch_is_admitted_by_its_grant_and_an_old_seq_cannot_re
     assert reason.startswith("epoch not issued: seq 1 is below seq 2")
     assert_alive(pipeline)
 
+
+
+async def test_a_resume_through_the_api_gets_a_grant_the_sequencer_admits(signed_pipeline):
+    """The agent host has its fleet's key and an API token, no database and no grant key."""
+    pipeline = signed_pipeline
+    session_id = f"api-resumed-{uuid.uuid4().hex[:8]}"
+    agent = fleet_settings(pipeline, "alpha").model_copy(update={
+        "api_url": f"http://127.0.0.1:{pipeline.settings.api_port}",
+        "api_token": SecretStr("alpha-token"),
+        "database_url": SecretStr("postgresql+psycopg://agent:none@127.0.0.1:1/none"),
+        "epoch_grant_key": None,
+    })
+    async with SessionRecorder(agent) as first:
+        session = await first.start_session(session_id, fleet="alpha", agent_id="a1")
+        await session.complete_turn(0, "user", "said before the crash")
+        assert await session.wait_acknowledged(30)
+    async with SessionRecorder(agent) as second:
+        resumed = await second.resume(session_id, timeout=60)
+        assert (resumed.fleet, resumed.epoch, resumed.next_seq) == ("alpha", 1, 2)
+        await resumed.complete_turn(1, "agent", "said after the resume")
+        await resumed.end("done")
+
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
+        (0, "user", "said before the crash", "complete"),
+        (1, "agent", "said after the resume", "complete"),
+    ]
+    assert read_partition(pipeline, pipeline.settings.topics.dlq, session_id) == []
+    assert_alive(pipeline)
