@@ -6,13 +6,14 @@ import logging
 import subprocess
 from pathlib import Path
 
+from pydantic import SecretStr
 from sqlalchemy import text
-from sqlalchemy.engine import make_url
 
 from turnlog import kafka
 from turnlog.exceptions import ConfigurationError
+from turnlog.redact import redact
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import StoreUnavailableError, open_store, safe_url
+from turnlog.sinks import StoreUnavailableError, open_store, parse_database_url, safe_url
 from turnlog.sinks.errors import store_errors
 
 __all__ = ["ensure_local_services", "broker_answers"]
@@ -28,7 +29,7 @@ def broker_answers(settings: TurnlogSettings, timeout: float = 5.0) -> bool:
     return kafka.broker_answers(settings, timeout)
 
 
-def _database_answers(url: str) -> bool:
+def _database_answers(url: str | SecretStr) -> bool:
     store = open_store(url)
     try:
         with store_errors(), store.engine.connect() as conn:
@@ -50,12 +51,12 @@ def ensure_local_services(settings: TurnlogSettings) -> None:
     if not broker_answers(settings):
         hosts = {server.rsplit(":", 1)[0].strip("[]") for server in settings.bootstrap_servers.split(",")}
         if not hosts <= LOCAL_HOSTS:
-            raise ConfigurationError(f"no Kafka broker answers at {settings.bootstrap_servers}")
+            raise ConfigurationError(f"no Kafka broker answers at {redact(settings.bootstrap_servers)}")
         _run_script("kafka.sh")
-    postgres = make_url(settings.database_url).get_backend_name() == "postgresql"
-    if postgres and not _database_answers(settings.database_url):
-        if make_url(settings.database_url).host not in LOCAL_HOSTS:
-            raise ConfigurationError(f"no Postgres answers at {safe_url(settings.database_url)}")
+    database = parse_database_url(settings.database_url)
+    if database.get_backend_name() == "postgresql" and not _database_answers(settings.database_url):
+        if database.host not in LOCAL_HOSTS:
+            raise ConfigurationError(f"no Postgres answers at {safe_url(database)}")
         _run_script("postgres.sh")
 
 

@@ -16,6 +16,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 
 from turnlog import kafka
 from turnlog.exceptions import ConfigurationError
+from turnlog.redact import redact
 from turnlog.settings import TurnlogSettings
 
 __all__ = ["topic_specs", "create_topics", "delete_topics_with_prefix"]
@@ -49,7 +50,8 @@ def create_topics(settings: TurnlogSettings, *, timeout: float = 30.0) -> list[s
     admin = kafka.admin(settings)
     if not kafka.broker_answers(settings, min(timeout, 10.0)):
         raise ConfigurationError(
-            f"no Kafka broker answers at {settings.bootstrap_servers} (start one with `bash deploy/services.sh start`)"
+            f"no Kafka broker answers at {redact(settings.bootstrap_servers)} "
+            "(start one with `bash deploy/services.sh start`)"
         )
     specs = topic_specs(settings)
     with kafka.broker_errors("create_topics"):

@@ -42,6 +42,7 @@ from turnlog.producers.exceptions import (
     SessionNotFoundError,
 )
 from turnlog.producers.grant import MAX_RESUME_TIMEOUT_SECONDS, ResumeGrant, decode_grant
+from turnlog.redact import redact, redact_url
 
 __all__ = ["resume_via_api", "resume_via_api_async", "RESPONSE_MARGIN_SECONDS", "CONNECT_TIMEOUT_SECONDS"]
 
@@ -126,12 +127,13 @@ def _request(
 
 
 def _transport_error(api_url: str, session_id: str, error: httpx.HTTPError) -> Exception:
+    where, why = redact_url(api_url), redact(str(error))  # a user:password@ in the URL stays out
     if isinstance(error, (httpx.UnsupportedProtocol, httpx.InvalidURL)):
-        return ResumeApiError(f"resume of {session_id}: {api_url!r} is not a usable API URL: {error}")
+        return ResumeApiError(f"resume of {session_id}: {where!r} is not a usable API URL: {why}")
     if isinstance(error, httpx.TimeoutException):
-        return ResumeBarrierTimeout(f"resume of {session_id}: turnlog's API at {api_url} did not answer in time")
+        return ResumeBarrierTimeout(f"resume of {session_id}: turnlog's API at {where} did not answer in time")
     return ResumeBarrierTimeout(
-        f"resume of {session_id}: turnlog's API at {api_url} cannot be reached ({type(error).__name__}: {error})"
+        f"resume of {session_id}: turnlog's API at {where} cannot be reached ({type(error).__name__}: {why})"
     )
 
 

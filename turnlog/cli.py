@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 from pydantic import ValidationError
 
-from turnlog.settings import TurnlogSettings, load_settings
+from turnlog.settings import SECRET_SETTINGS, TurnlogSettings, load_settings
 
 app = typer.Typer(
     help="turnlog: crash-safe, incremental persistence for long-lived agent sessions.",
@@ -32,16 +32,15 @@ Bootstrap = Annotated[
 ]
 
 
-#: Settings whose values must never be printed, not even in an error.
-SECRET_SETTINGS = ("api_tokens", "database_url")
-
-
 def _settings(**overrides: object) -> TurnlogSettings:
     try:
         settings = load_settings(**overrides)
     except ValidationError as e:
         for error in e.errors():
-            name = str(error["loc"][0]) if error["loc"] else "?"
+            if not error["loc"]:  # a check of several settings: its input is all of them, secrets included
+                typer.echo(f"turnlog: bad settings: {error['msg']}", err=True)
+                continue
+            name = str(error["loc"][0])
             if name in SECRET_SETTINGS:  # the key path or the value would print a secret
                 typer.echo(f"turnlog: bad setting TURNLOG_{name.upper()}: {error['msg']} (value not shown)", err=True)
                 continue
@@ -355,10 +354,11 @@ def bench(
     ] = False,
 ) -> None:
     """Benchmark the pipeline on Postgres against baselines measured in the same run (see docs/benchmarks.md)."""
+    from turnlog.sinks import parse_database_url
     from turnlog.tools.bench.runner import BenchOptions, quick_options, run_bench
 
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
-    if not settings.database_url.startswith("postgresql"):
+    if parse_database_url(settings.database_url).get_backend_name() != "postgresql":
         typer.echo("turnlog: bench needs Postgres: --database-url postgresql+psycopg://... (its role must be able to"
                    " CREATE DATABASE)", err=True)
         raise typer.Exit(2)

@@ -9,12 +9,14 @@ from __future__ import annotations
 import json
 from functools import cached_property
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, get_args
 
-from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic import Field, SecretStr, ValidatorFunctionWrapHandler, field_serializer, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-__all__ = ["TurnlogSettings", "TopicNames", "load_settings", "KafkaSecurityProtocol", "KafkaSaslMechanism"]
+__all__ = [
+    "TurnlogSettings", "TopicNames", "load_settings", "KafkaSecurityProtocol", "KafkaSaslMechanism", "SECRET_SETTINGS"
+]
 
 #: librdkafka's ``security.protocol`` values turnlog supports (Faust's aiokafka takes the same names).
 KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"]
@@ -73,10 +75,11 @@ class TurnlogSettings(BaseSettings):
     kafka_ssl_key_password: SecretStr | None = Field(
         None, description="Password of kafka_ssl_key_location, if the key is encrypted; never logged."
     )
-    database_url: str = Field(
-        "sqlite:///turnlog.db",
+    database_url: SecretStr = Field(
+        SecretStr("sqlite:///turnlog.db"),
         description="SQLAlchemy URL of the store: sqlite:///PATH (WAL mode, the embedded "
-        "default) or postgresql+psycopg://user:pass@host:port/db.",
+        "default) or postgresql+psycopg://user:pass@host:port/db. It may hold the password, so it is "
+        "never shown in a repr, a dump or an error; messages name it through turnlog.redact.redact_url.",
     )
     topic_prefix: str = Field(
         "turnlog", description="Topics are <prefix>.events, <prefix>.transcript, <prefix>.dlq."
@@ -252,6 +255,22 @@ class TurnlogSettings(BaseSettings):
             raise ValueError("api_url must be an http:// or https:// URL, e.g. http://127.0.0.1:8000")
         return value
 
+    @field_validator("api_tokens", mode="wrap")
+    @classmethod
+    def _api_tokens_errors_name_no_token(cls, value: object, handler: ValidatorFunctionWrapHandler) -> object:
+        """A bad api_tokens fails naming the setting only: pydantic's own error would name the
+        bad entry by its key, and the keys are the tokens."""
+        try:
+            return handler(value)
+        except ValueError:  # pydantic's ValidationError is a ValueError
+            raise ValueError("api_tokens must be a JSON object {token: [fleet, ...]} of strings") from None
+
+    @field_serializer("api_tokens")
+    def _api_tokens_hidden(self, tokens: dict[str, list[str]]) -> dict[str, list[str]]:
+        """In a dump (``model_dump``, ``model_dump_json``) each token shows as ``<token N>``, its fleets
+        as they are; :meth:`as_environment` reads the field itself."""
+        return {f"<token {number}>": fleets for number, fleets in enumerate(tokens.values(), 1)}
+
     @model_validator(mode="after")
     def _kafka_security_is_complete(self) -> TurnlogSettings:
         """Fail at load on a security setup the clients would only reject at their first connection."""
@@ -310,12 +329,25 @@ class TurnlogSettings(BaseSettings):
         return TopicNames(self.topic_prefix)
 
     def as_environment(self) -> dict[str, str]:
-        """These settings as ``TURNLOG_*`` variables, for a child process."""
+        """These settings as ``TURNLOG_*`` variables, for a child process: the values themselves,
+        secrets included (a dump would hide them)."""
+        values = {name: getattr(self, name) for name in type(self).model_fields}
         return {
             f"TURNLOG_{name.upper()}": _environment_value(value)
-            for name, value in self.model_dump().items()
+            for name, value in values.items()
             if value is not None
         }
+
+
+def _holds_secret(annotation: object) -> bool:
+    return annotation is SecretStr or any(_holds_secret(arg) for arg in get_args(annotation))
+
+
+#: The settings whose values are secrets, never to be printed, not even in an error: every one typed
+#: with ``SecretStr`` (also inside a dict or an Optional), and ``api_tokens``, whose keys are the tokens.
+SECRET_SETTINGS: frozenset[str] = frozenset(
+    {"api_tokens", *(name for name, field in TurnlogSettings.model_fields.items() if _holds_secret(field.annotation))}
+)
 
 
 def _environment_value(value: object) -> str:

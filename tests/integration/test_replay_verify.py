@@ -77,14 +77,14 @@ def test_replay_rebuilds_a_store_that_verifies_equal_to_the_live_one(finished, p
     store.engine.dispose()
     assert statuses == {sid: "finalized" for sid in ids}
     assert interrupted == [ids[1]]
-    against = run(pipeline, "verify", "--database-url", pipeline.settings.database_url, "--against-url", rebuilt)
+    against = run(pipeline, "verify", "--database-url", pipeline.settings.database_url.get_secret_value(), "--against-url", rebuilt)
     assert against.returncode == 0, against.stdout + against.stderr
     assert "0 differing sessions" in against.stdout
 
 
 def test_verify_against_the_log_finds_no_difference(finished):
     pipeline, _ = finished
-    done = run(pipeline, "verify", "--database-url", pipeline.settings.database_url, "--against-log")
+    done = run(pipeline, "verify", "--database-url", pipeline.settings.database_url.get_secret_value(), "--against-log")
     assert done.returncode == 0, done.stdout + done.stderr
     assert "0 differing sessions" in done.stdout
 
@@ -117,7 +117,7 @@ def test_verify_lists_every_differing_session(finished, postgres_databases):
         # The event log counts too: what the SSE stream serves.
         conn.execute(delete(session_events).where(session_events.c.session_id == ids[1], session_events.c.seq == 2))
     store.engine.dispose()
-    done = run(pipeline, "verify", "--database-url", pipeline.settings.database_url, "--against-url", target)
+    done = run(pipeline, "verify", "--database-url", pipeline.settings.database_url.get_secret_value(), "--against-url", target)
     assert done.returncode == 1
     assert "3 differing sessions" in done.stdout
     assert f"{ids[0]}: turn 1: text differ" in done.stdout
@@ -168,10 +168,10 @@ def test_replay_into_a_store_that_lost_a_sessions_tail_repairs_it(finished, post
                     output_tokens=None, finalized_at=None)
         )
     store.engine.dispose()
-    broken = run(pipeline, "verify", "--database-url", pipeline.settings.database_url, "--against-url", target)
+    broken = run(pipeline, "verify", "--database-url", pipeline.settings.database_url.get_secret_value(), "--against-url", target)
     assert broken.returncode == 1 and ids[1] in broken.stdout
     repaired = run(pipeline, "replay", "--database-url", target, "--session", ids[1])
     assert repaired.returncode == 0, repaired.stderr
     assert "1 finalized" in repaired.stdout
-    again = run(pipeline, "verify", "--database-url", pipeline.settings.database_url, "--against-url", target)
+    again = run(pipeline, "verify", "--database-url", pipeline.settings.database_url.get_secret_value(), "--against-url", target)
     assert again.returncode == 0, again.stdout

@@ -58,7 +58,7 @@ def agent_settings(pipeline: Pipeline, token: str) -> TurnlogSettings:
     """What an agent host has: the broker and the API, no database."""
     return pipeline.settings.model_copy(
         update={
-            "database_url": UNREACHABLE_DB,
+            "database_url": SecretStr(UNREACHABLE_DB),
             "api_url": f"http://127.0.0.1:{pipeline.settings.api_port}",
             "api_token": SecretStr(token),
         }

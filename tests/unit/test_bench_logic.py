@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 import pytest
+from pydantic import SecretStr
 
 from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, decode_event
 from turnlog.tools.bench.baselines import batch_rate, percentile
@@ -319,9 +320,9 @@ def test_peer_ratios_against_s0_and_the_direct_peer():
 
 
 def test_quick_mode_shortens_every_phase_and_keeps_the_rest():
-    full = BenchOptions(sessions_dir=Path("s"), admin_url="postgresql://x", sessions=700, direct_connections=8)
+    full = BenchOptions(sessions_dir=Path("s"), admin_url=SecretStr("postgresql://x"), sessions=700, direct_connections=8)
     quick = quick_options(full)
     assert quick.phase_seconds < full.phase_seconds and quick.turns_per_session <= 10
     assert quick.memory_sessions < full.memory_sessions and quick.resume_samples < full.resume_samples
     assert quick.resume_seconds < full.resume_seconds
-    assert (quick.sessions, quick.direct_connections, quick.admin_url) == (700, 8, "postgresql://x")
+    assert (quick.sessions, quick.direct_connections, quick.admin_url.get_secret_value()) == (700, 8, "postgresql://x")

@@ -43,6 +43,7 @@ from pathlib import Path
 from typing import Any
 
 import psycopg
+from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, wait_all_ready
@@ -84,7 +85,7 @@ PIPELINE_READY_TIMEOUT_SECONDS = 180.0
 @dataclass(frozen=True)
 class BenchOptions:
     sessions_dir: Path
-    admin_url: str
+    admin_url: SecretStr  # holds the password: unwrapped only where a connection is made
     sessions: int = 1000
     turns_per_session: int = 40
     phase_seconds: float = 30.0
@@ -145,7 +146,7 @@ class Phase:
 def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any]:
     """Run every phase; print the table; return (and write) the report."""
     run = uuid.uuid4().hex[:8]
-    admin = make_url(options.admin_url)
+    admin = make_url(options.admin_url.get_secret_value())
     database = f"turnlog_bench_{run}"
     dsn_url = admin.set(database=database)
     sqlalchemy_dsn = dsn_url.render_as_string(hide_password=False)
@@ -155,7 +156,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
         conn.execute(f'CREATE DATABASE "{database}"')
     settings = settings.model_copy(
         update=dict(
-            database_url=sqlalchemy_dsn,
+            database_url=SecretStr(sqlalchemy_dsn),
             topic_prefix=f"bench-{run}",
             sequencer_group=f"bench-{run}-sequencer",
             sink_group=f"bench-{run}-sink",
@@ -616,7 +617,7 @@ def _direct(plans, sustained: float, options: BenchOptions, database: str, run: 
     """
     import os
 
-    admin = make_url(options.admin_url)
+    admin = make_url(options.admin_url.get_secret_value())
     url = admin.set(database=database)
     dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
     admin_dsn = admin.set(drivername="postgresql").render_as_string(hide_password=False)

@@ -14,6 +14,7 @@ from turnlog.exceptions import ConfigurationError
 from turnlog.kafka.clients import admin
 from turnlog.kafka.errors import broker_errors
 from turnlog.kafka.exceptions import BrokerError
+from turnlog.redact import redact
 from turnlog.settings import TurnlogSettings
 
 __all__ = ["broker_answers", "wait_for_broker", "GroupMembers", "group_members"]
@@ -44,10 +45,10 @@ def wait_for_broker(settings: TurnlogSettings, *, timeout: float | None = None) 
 
     def warn_once(state: RetryCallState) -> None:
         if state.attempt_number == 1:
-            logger.warning("waiting for a Kafka broker at %s", settings.bootstrap_servers)
+            logger.warning("waiting for a Kafka broker at %s", redact(settings.bootstrap_servers))
 
     def gave_up(_: RetryCallState) -> None:
-        raise ConfigurationError(f"no Kafka broker answers at {settings.bootstrap_servers}")
+        raise ConfigurationError(f"no Kafka broker answers at {redact(settings.bootstrap_servers)}")
 
     retrying = Retrying(
         retry=retry_if_result(lambda answered: not answered),

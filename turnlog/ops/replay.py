@@ -34,6 +34,7 @@ from sqlalchemy import select
 from turnlog import kafka
 from turnlog.exceptions import TurnlogError
 from turnlog.producers.partitioning import partition_for
+from turnlog.redact import redact
 from turnlog.schemas import SETTLED_SESSION_STATUSES, EventValidationError, SessionStatus, decode_event
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
@@ -179,7 +180,8 @@ def _offset_range(
     except kafka.UnknownTopicError as e:
         raise ReplayError(f"topic {topic} does not exist (TURNLOG_TOPIC_PREFIX={settings.topic_prefix!r})") from e
     except kafka.BrokerError as e:
-        raise ReplayError(f"cannot read the offsets of {topic} at {settings.bootstrap_servers}: {e}") from e
+        where = redact(settings.bootstrap_servers)
+        raise ReplayError(f"cannot read the offsets of {topic} at {where}: {redact(str(e))}") from e
     return starts, ends
 
 
