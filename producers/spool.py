@@ -273,8 +273,8 @@ def _private_folder(folder: Path) -> None:
     if info.st_uid != os.geteuid():
         raise SpoolError(
             f"the spool folder {folder} belongs to uid {info.st_uid}, not to this process's uid {os.geteuid()}, "
-            "and its owner could read the spooled transcripts: set TURNLOG_SPOOL_DIR to a folder of this user "
-            "(a missing one is created, mode 0700)"
+            "and its owner could read the spooled transcripts: run as its owner (`turnlog spool-drain` too), or "
+            "set TURNLOG_SPOOL_DIR to a folder of this user (a missing one is created, mode 0700)"
         )
     mode = stat.S_IMODE(info.st_mode)
     if mode != 0o700:

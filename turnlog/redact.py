@@ -65,8 +65,9 @@ def redact_url(url: str | URL) -> str:
     the host). One it does not parse is passed through :func:`redact` alone.
     """
     if isinstance(url, str):
+        text = url
         try:
-            url = make_url(url)
+            url = make_url(text)
         except (ArgumentError, ValueError, TypeError):  # ValueError: a port that is not a number
-            return redact(url)
+            return redact(text)
     return redact(url.render_as_string(hide_password=True))
