@@ -198,7 +198,9 @@ class RecordedSession:
         partial's start (or now); token counts are integers >= 0.
 
         Raises:
-            InvalidTurnError, SessionClosedError: as :meth:`update_partial`; nothing is recorded.
+            InvalidTurnError, SessionClosedError: as :meth:`update_partial`, or a tool call's
+                ``arguments``/``result`` nested deeper than ``MAX_VALUE_DEPTH`` or over
+                ``MAX_TOOL_VALUE_BYTES`` encoded (``turnlog.schemas.events``); nothing is recorded.
             SpoolFullError: the spool is at ``spool_max_bytes``; nothing is recorded.
             SpoolError: the spool cannot be written (the turn may be retried).
         """
@@ -283,22 +285,34 @@ class RecordedSession:
         return tickets
 
     def _emit(self, event_type: type[Event], **fields: Any) -> Ticket:
-        event = event_type(
-            event_id=uuid.uuid4(),
-            session_id=self.session_id,
-            seq=self._next_seq,
-            epoch=self.epoch,
-            producer_id=self._recorder.producer_id,
-            emitted_at=_utcnow(),
-            **fields,
-        )
+        """Build, check and spool one event.
+
+        The check is the readers' own: the event is encoded and decoded with
+        :func:`~turnlog.schemas.decode_event`, so the recorder refuses exactly what
+        the sequencer and the sink would (ranges, the raw nesting bound, the
+        free-form values' depth and size), whatever the caller's stack depth.
+        """
+        tag = event_type.__struct_config__.tag
         try:
+            event = event_type(
+                event_id=uuid.uuid4(),
+                session_id=self.session_id,
+                seq=self._next_seq,
+                epoch=self.epoch,
+                producer_id=self._recorder.producer_id,
+                emitted_at=_utcnow(),
+                **fields,
+            )  # __post_init__ checks the free-form values' bounds already (ValueError)
             payload = encode_event(event)
             decode_event(payload)  # the struct constructor does not check ranges; the schema does
         except EventValidationError as e:
-            raise InvalidTurnError(f"{event_type.__struct_config__.tag}: {e.reason}") from e
+            raise InvalidTurnError(f"{tag}: {e.reason}") from e
+        except ValueError as e:  # a struct's own check (schemas/events.py), raised on construction
+            raise InvalidTurnError(f"{tag}: {e}") from e
         except (TypeError, msgspec.EncodeError) as e:
-            raise InvalidTurnError(f"{event_type.__struct_config__.tag}: cannot encode: {e}") from e
+            raise InvalidTurnError(f"{tag}: cannot encode: {e}") from e
+        except RecursionError as e:  # only with the caller's own stack nearly exhausted
+            raise InvalidTurnError(f"{tag}: a value is nested too deep to encode here") from e
         if len(payload) > MAX_EVENT_BYTES:
             raise InvalidTurnError(
                 f"{event_type.__struct_config__.tag}: the event is {len(payload)} bytes encoded; the limit is "
@@ -407,7 +421,8 @@ class SessionRecorder:
         """Open a new session (epoch 0, seq 0); returns as :meth:`RecordedSession.complete_turn` does.
 
         Raises:
-            InvalidTurnError: a bad id, fleet, agent id or metadata (not JSON-able).
+            InvalidTurnError: a bad id, fleet, agent id or metadata (not JSON-able, nested deeper than
+                ``MAX_VALUE_DEPTH`` or over ``MAX_METADATA_BYTES`` encoded: ``turnlog.schemas.events``).
             SessionClosedError: this recorder already records ``session_id``.
             SpoolFullError, SpoolError: as :meth:`RecordedSession.complete_turn`.
         """
@@ -652,4 +667,9 @@ def _tool_call(call: ToolCall | Mapping[str, Any]) -> ToolCall:
     arguments = call.get("arguments", {})
     if not isinstance(arguments, Mapping):
         raise InvalidTurnError(f"a tool call's arguments must be a mapping, got {type(arguments).__name__}")
-    return ToolCall(name=call["name"], arguments=dict(arguments), result=call.get("result"))
+    try:
+        return ToolCall(name=call["name"], arguments=dict(arguments), result=call.get("result"))
+    except ValueError as e:  # the schema's bounds on arguments and result (ToolCall.__post_init__)
+        raise InvalidTurnError(f"a tool call's {e}") from e
+    except TypeError as e:
+        raise InvalidTurnError(f"a tool call cannot be encoded: {e}") from e

@@ -44,11 +44,31 @@ by a crash). The rules, so that a rolling upgrade never stops a consumer:
 The next field follows the same steps: give it a falsy default, raise
 ``SCHEMA_VERSION``, widen the ``schema_version`` literal, and list the field
 in its event type's ``added_in``; regenerate the JSON Schema files.
+
+Bounds on free-form values
+--------------------------
+``SessionStarted.metadata``, ``ToolCall.arguments`` and ``ToolCall.result``
+hold any JSON. Each nests at most :data:`MAX_VALUE_DEPTH` (32) levels (an
+object or array is one level: ``{}`` is 1 deep, ``{"a": [1]}`` 2, a scalar 0)
+and encodes (compact JSON, as :func:`encode_event` writes it) to at most
+:data:`MAX_METADATA_BYTES` (64 KiB) for ``metadata`` and
+:data:`MAX_TOOL_VALUE_BYTES` (256 KiB) for each ``arguments`` and ``result``.
+The struct checks them (``__post_init__``, on construction and on decoding),
+so the recorder refuses what every reader would.
+
+:func:`decode_event` first measures the raw JSON's nesting with a linear scan
+that does not recurse, and refuses a document nested deeper than
+:data:`MAX_EVENT_DEPTH` (the values' bound plus the 3 levels they sit under)
+before msgspec, which decodes ``Any`` recursively, sees it. So a record
+decodes, or is refused, the same way whatever the caller's stack depth: a
+deeply nested record cannot raise ``RecursionError`` in one reader and pass in
+another. Any failure to decode one record is an :class:`EventValidationError`.
 """
 
 from __future__ import annotations
 
 import datetime as dt
+import re
 import uuid
 from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Final, Literal
@@ -61,6 +81,10 @@ __all__ = [
     "SCHEMA_VERSION",
     "SCHEMA_VERSIONS",
     "MAX_TEXT_CHARS",
+    "MAX_VALUE_DEPTH",
+    "MAX_METADATA_BYTES",
+    "MAX_TOOL_VALUE_BYTES",
+    "MAX_EVENT_DEPTH",
     "Event",
     "SessionStarted",
     "TurnPartial",
@@ -79,6 +103,16 @@ SCHEMA_VERSIONS: Final = (1, 2)
 #: Hard limit of the schema on a turn's text, in characters. The producer's own
 #: (configurable, lower) limit is in bytes: ``TurnlogSettings.max_text_bytes``.
 MAX_TEXT_CHARS: Final = 262_144
+#: Deepest nesting of ``SessionStarted.metadata``, ``ToolCall.arguments`` and
+#: ``ToolCall.result``: each object or array is one level (``{}`` is 1, a scalar 0).
+MAX_VALUE_DEPTH: Final = 32
+#: Largest ``SessionStarted.metadata``, in bytes of its compact JSON encoding.
+MAX_METADATA_BYTES: Final = 65_536
+#: Largest ``ToolCall.arguments``, and largest ``ToolCall.result``, each in bytes of its compact JSON encoding.
+MAX_TOOL_VALUE_BYTES: Final = 262_144
+#: Deepest nesting of a whole event's JSON: the free-form values sit at most 3 levels
+#: down (the event object, the ``tool_calls`` array, a tool call object).
+MAX_EVENT_DEPTH: Final = MAX_VALUE_DEPTH + 3
 
 SessionId = Annotated[
     str,
@@ -97,6 +131,29 @@ _NO_NUL = r"^[^\x00]*$"
 Name = Annotated[str, msgspec.Meta(min_length=1, max_length=200, pattern=_NO_NUL)]
 Text = Annotated[str, msgspec.Meta(max_length=MAX_TEXT_CHARS, pattern=_NO_NUL)]
 UtcTime = Annotated[dt.datetime, msgspec.Meta(tz=True, description="RFC 3339 timestamp with offset (UTC)")]
+# JSON Schema cannot state a nesting depth or an encoded size: the descriptions carry them,
+# and the structs check them (_check_free_form).
+Metadata = Annotated[
+    dict[str, Any],
+    msgspec.Meta(
+        description=f"Free-form JSON object: nested at most {MAX_VALUE_DEPTH} levels, "
+        f"at most {MAX_METADATA_BYTES} bytes as compact JSON."
+    ),
+]
+ToolArguments = Annotated[
+    dict[str, Any],
+    msgspec.Meta(
+        description=f"Free-form JSON object: nested at most {MAX_VALUE_DEPTH} levels, "
+        f"at most {MAX_TOOL_VALUE_BYTES} bytes as compact JSON."
+    ),
+]
+ToolResult = Annotated[
+    Any,
+    msgspec.Meta(
+        description=f"Any JSON value: nested at most {MAX_VALUE_DEPTH} levels, "
+        f"at most {MAX_TOOL_VALUE_BYTES} bytes as compact JSON."
+    ),
+]
 
 
 #: Timestamps must fall in these years, so any UTC offset converts without overflow.
@@ -153,7 +210,11 @@ class SessionStarted(_Envelope, frozen=True, kw_only=True, tag="session.started"
     fleet: Name
     agent_id: Name
     started_at: UtcTime
-    metadata: dict[str, Any] = {}
+    metadata: Metadata = {}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        _check_free_form("metadata", self.metadata, MAX_METADATA_BYTES)
 
 
 class TurnPartial(_Envelope, frozen=True, kw_only=True, tag="turn.partial"):
@@ -166,9 +227,15 @@ class TurnPartial(_Envelope, frozen=True, kw_only=True, tag="turn.partial"):
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """One tool call of a turn: the tool's name, its arguments and its result."""
+
     name: Name
-    arguments: dict[str, Any] = {}
-    result: Any = None
+    arguments: ToolArguments = {}
+    result: ToolResult = None
+
+    def __post_init__(self) -> None:
+        _check_free_form("arguments", self.arguments, MAX_TOOL_VALUE_BYTES)
+        _check_free_form("result", self.result, MAX_TOOL_VALUE_BYTES)
 
 
 class TurnCompleted(_Envelope, frozen=True, kw_only=True, tag="turn.completed"):
@@ -210,21 +277,111 @@ EVENT_TYPES: Final = (SessionStarted, TurnPartial, TurnCompleted, SessionEnded)
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Event)
 
+def _check_free_form(field: str, value: object, max_bytes: int) -> None:
+    """The bounds of a free-form value (module docstring, "Bounds on free-form values"),
+    both measured on its compact JSON encoding: its nesting with :func:`nesting_exceeds`,
+    its size in bytes.
+
+    Decoding, the encoding cannot recurse deeper than the raw scan let through
+    (``MAX_EVENT_DEPTH``). Constructing, a value too deep for msgspec's recursive
+    encoder (or a cyclic one) raises ``RecursionError`` there, which is that value
+    being nested too deep.
+
+    Raises:
+        ValueError: nested deeper than ``MAX_VALUE_DEPTH``, or more than ``max_bytes``
+            encoded; the message names the field and the limit, never the content.
+        TypeError: (constructing only) a value msgspec cannot encode.
+    """
+    try:
+        encoded = _encoder.encode(value)
+    except RecursionError:
+        raise ValueError(f"{field} is nested deeper than {MAX_VALUE_DEPTH} levels") from None
+    if nesting_exceeds(encoded, MAX_VALUE_DEPTH):
+        raise ValueError(f"{field} is nested deeper than {MAX_VALUE_DEPTH} levels")
+    if len(encoded) > max_bytes:
+        raise ValueError(f"{field} is {len(encoded)} bytes encoded; the limit is {max_bytes} bytes")
+
+
+# The raw nesting scan (nesting_exceeds). A backslash escapes the byte after it (inside a
+# string; outside one JSON has none, and msgspec refuses the record there). The quote and
+# the backslash are ASCII: they never occur inside a UTF-8 multi-byte sequence.
+_ESCAPED = re.compile(rb"\\.", re.DOTALL)
+_NOT_STRUCTURE = bytes(b for b in range(256) if b not in b'"[]{}')
+_AS_PARENS = bytes.maketrans(b"[{]}", b"(())")
+_SCAN_CHUNK = 32
+
+
+def nesting_exceeds(data: bytes, limit: int) -> bool:
+    """Whether the JSON text ``data`` nests more than ``limit`` objects/arrays deep
+    at any point (brackets inside strings do not count).
+
+    A linear scan that does not recurse, so its answer does not depend on the
+    caller's stack. On text that is not JSON it answers for the longest valid
+    prefix, which is all a decoder reads before refusing it. Costs two
+    ``bytes.count`` calls when ``data`` holds at most ``limit`` opening brackets
+    (nearly every event).
+    """
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return False
+    if b"\\" in data:
+        data = _ESCAPED.sub(b"", data)  # an escaped quote neither opens nor closes a string
+    # Keep quotes and brackets only. The quotes then pair up in order (open, close), so
+    # two adjacent ones enclose nothing that counts, whichever pair they are; what is left
+    # between an odd quote and the next even one is inside a string.
+    marks = data.translate(_AS_PARENS, _NOT_STRUCTURE).replace(b'""', b"")
+    if b'"' in marks:
+        marks = b"".join(marks.split(b'"')[::2])
+    depth = 0
+    for start in range(0, len(marks), _SCAN_CHUNK):
+        chunk = marks[start : start + _SCAN_CHUNK]
+        opens = chunk.count(b"(")
+        if depth + opens <= limit:  # cannot pass the limit inside this chunk
+            depth += 2 * opens - len(chunk)
+            continue
+        for mark in chunk:
+            if mark == 0x28:  # "("
+                depth += 1
+                if depth > limit:
+                    return True
+            else:
+                depth -= 1
+    return False
+
 
 def encode_event(event: Event) -> bytes:
     """Serialize one event to compact JSON bytes (UTF-8)."""
     return _encoder.encode(event)
 
 
-def decode_event(data: bytes | bytearray | memoryview | str) -> Event:
-    """Parse and validate one event.
+def decode_event(data: bytes | bytearray | memoryview | str | None) -> Event:
+    """Parse and validate one event (a record's value: UTF-8 JSON).
+
+    Every reader refuses the same records whatever its stack depth: the raw
+    JSON's nesting is measured without recursion first (:func:`nesting_exceeds`,
+    :data:`MAX_EVENT_DEPTH`), then msgspec decodes it.
 
     Raises:
-        EventValidationError: not JSON, not an event of a known version (1 or 2),
-            a ``schema_version`` too low for the fields used, or a field out of range;
-            ``reason`` names the field (msgspec's path, e.g. ``$.seq``).
+        EventValidationError: for any failure to decode one record, and nothing
+            else: no value (a tombstone), not UTF-8 JSON, nested deeper than
+            ``MAX_EVENT_DEPTH``, not an event of a known version (1 or 2), a
+            ``schema_version`` too low for the fields used, a field out of range,
+            or a free-form value over its bounds (``MAX_VALUE_DEPTH``,
+            ``MAX_METADATA_BYTES``, ``MAX_TOOL_VALUE_BYTES``). ``reason`` names the
+            field (msgspec's path, e.g. ``$.seq``) or the limit.
     """
     try:
-        return _decoder.decode(data)
+        if data is None:
+            raise EventValidationError("the record has no value")
+        raw = data.encode("utf-8") if isinstance(data, str) else bytes(data)
+        if nesting_exceeds(raw, MAX_EVENT_DEPTH):
+            raise EventValidationError(
+                f"the event's JSON nests deeper than {MAX_EVENT_DEPTH} levels (metadata, tool arguments and "
+                f"results may nest {MAX_VALUE_DEPTH})"
+            )
+        return _decoder.decode(raw)
+    except EventValidationError:
+        raise
     except (msgspec.ValidationError, msgspec.DecodeError) as e:
         raise EventValidationError(str(e)) from e
+    except Exception as e:  # anything else one record can cause: still that record's fault, never the reader's
+        raise EventValidationError(f"cannot be decoded ({type(e).__name__})") from e

@@ -26,7 +26,7 @@ from typing import Final
 
 import msgspec
 
-from turnlog.schemas.events import EVENT_TYPES, Event
+from turnlog.schemas.events import EVENT_TYPES, MAX_EVENT_DEPTH, Event, nesting_exceeds
 
 __all__ = [
     "EVENT_TYPE_HEADER",
@@ -75,12 +75,16 @@ _tag_decoder = msgspec.json.Decoder(_Tagged)
 
 def peek_event_type(value: bytes | None) -> EventType | None:
     """The ``type`` member of an event's JSON, or None if ``value`` is not a JSON
-    object with a known type. The rest of the event is not validated."""
+    object with a known type. The rest of the event is not validated, but a value
+    nested deeper than an event may be (``MAX_EVENT_DEPTH``) is None here too,
+    checked before msgspec skips through it (recursively); nothing else is raised."""
     if value is None:
         return None
     try:
+        if nesting_exceeds(value, MAX_EVENT_DEPTH):
+            return None
         return _tag_decoder.decode(value).type
-    except (msgspec.DecodeError, msgspec.ValidationError):
+    except Exception:  # whatever one record's bytes cause: no type, as for any undecodable value
         return None
 
 

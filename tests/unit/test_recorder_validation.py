@@ -146,7 +146,8 @@ async def test_a_recorder_that_was_not_started_says_so(tmp_path):
 
 
 async def test_an_event_too_large_for_kafka_is_refused_before_it_takes_a_seq(session):
-    huge = [{"name": "lookup", "result": "x" * 950_000}]
+    # Each result is under the schema's own bound (MAX_TOOL_VALUE_BYTES); together they are too large for Kafka.
+    huge = [{"name": "lookup", "result": "x" * 240_000} for _ in range(4)]
     with pytest.raises(InvalidTurnError, match="bytes encoded"):
         await session.complete_turn(0, "A", "ok", tool_calls=huge)
     assert session._recorder.sent == [] and session.next_seq == 1
