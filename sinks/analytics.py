@@ -30,9 +30,9 @@ from typing import Any
 from sqlalchemy import select, update
 from sqlalchemy.engine import Connection
 
-from turnlog.schemas import EventValidationError, SessionEnded, SessionStarted, TurnCompleted, decode_event
+from turnlog.schemas import Event, SessionEnded, SessionStarted, TurnCompleted, decode_event
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.batch import RejectedMessage, SourceMessage, WriteResult
+from turnlog.sinks.batch import RejectedMessage, SourceMessage, WriteResult, plan_each
 from turnlog.sinks.tables import (
     analytics_sessions,
     analytics_turns,
@@ -60,6 +60,10 @@ class FleetFigures:
     talk_time: dict[str, tuple[int, float]]
 
 
+def _decode(message: SourceMessage) -> Event:
+    return decode_event(message.value)
+
+
 class AnalyticsProjection:
     """Writes and reads the analytics tables of ``store``'s database."""
 
@@ -68,17 +72,14 @@ class AnalyticsProjection:
 
     def write(self, conn: Connection, messages: Sequence[SourceMessage]) -> WriteResult:
         """Apply ``messages`` to the figures in ``conn``'s transaction (a ``BatchWriter``;
-        it finalizes nothing: finalizing is the transcript sink's)."""
+        it finalizes nothing: finalizing is the transcript sink's). A record that
+        fails to decode, in any way, is returned in ``rejected`` with a reason."""
         rejected: list[RejectedMessage] = []
         starts: dict[str, SessionStarted] = {}
         turns: dict[tuple[str, int], TurnCompleted] = {}
         ends: dict[str, SessionEnded] = {}
-        for message in messages:
-            try:
-                event = decode_event(message.value)
-            except EventValidationError as e:
-                rejected.append(RejectedMessage(message, e.reason))
-                continue
+        # Any failure of one record refuses that record alone (plan_each): the sink's DLQ gets it.
+        for _, event in plan_each(messages, _decode, rejected):
             if isinstance(event, SessionStarted):
                 starts.setdefault(event.session_id, event)
             elif isinstance(event, TurnCompleted):

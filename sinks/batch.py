@@ -15,9 +15,10 @@ completed, because its writer died or its session ended.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Iterable, Mapping
+import logging
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from turnlog.schemas import (
     Event,
@@ -37,6 +38,7 @@ __all__ = [
     "SessionChanges",
     "BatchPlan",
     "plan_batch",
+    "plan_each",
     "turn_update_wins",
     "advance_contiguous",
     "next_offsets",
@@ -48,6 +50,9 @@ __all__ = [
     "TURN_COMPLETE",
     "TURN_INTERRUPTED",
 ]
+
+logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 # The turn statuses (``turnlog.schemas.TurnStatus``), under the names this module always gave them.
 TURN_PARTIAL = TurnStatus.PARTIAL
@@ -184,24 +189,23 @@ class BatchPlan:
 def plan_batch(messages: Iterable[SourceMessage]) -> BatchPlan:
     """Decode ``messages`` (in consumption order) and plan their rows.
 
-    Undecodable messages are listed in ``rejected`` and still advance the
-    offsets: they were validated upstream, so one here is logged, not retried.
+    Each record is decoded and planned on its own, before anything of it is
+    merged into the plan (:func:`plan_each`): one that fails in any way (not a
+    valid event, or any other exception while planning it) is listed in
+    ``rejected`` with a reason, contributes no row, and still advances the
+    offsets. The sink dead-letters it (``invalid: <reason>``); the other records
+    of the batch, of its session or any other, are planned as if it were not there.
     """
-    events: dict[tuple[str, int], tuple[Event, bytes]] = {}
+    events: dict[tuple[str, int], tuple[Event, str]] = {}
     turns: dict[tuple[str, int], TurnRow] = {}
     sessions: dict[str, SessionChanges] = {}
     rejected: list[RejectedMessage] = []
     messages = list(messages)
-    for message in messages:
-        try:
-            event = decode_event(message.value)
-        except EventValidationError as e:
-            rejected.append(RejectedMessage(message, e.reason))
-            continue
+    for _, (event, payload, row) in plan_each(messages, _plan_record, rejected):
         event_key = (event.session_id, event.seq)
         held = events.get(event_key)
         if held is None or event.epoch > held[0].epoch:
-            events[event_key] = (event, message.value)
+            events[event_key] = (event, payload)
         changes = sessions.get(event.session_id)
         if changes is None:
             changes = sessions[event.session_id] = SessionChanges(event.session_id)
@@ -211,8 +215,7 @@ def plan_batch(messages: Iterable[SourceMessage]) -> BatchPlan:
             changes.started = event
         elif isinstance(event, SessionEnded):
             changes.ended = event
-        else:
-            row = TurnRow.from_event(event)
+        elif row is not None:
             turn_key = (row.session_id, row.turn_index)
             current = turns.get(turn_key)
             if current is None or turn_update_wins(current.status, current.epoch, current.seq, row):
@@ -225,11 +228,54 @@ def plan_batch(messages: Iterable[SourceMessage]) -> BatchPlan:
             "event_id": str(event.event_id),
             "type": type(event).__struct_config__.tag,
             "emitted_at": event.emitted_at,
-            "payload": raw.decode("utf-8"),
+            "payload": payload,
         }
-        for event, raw in events.values()
+        for event, payload in events.values()
     ]
     return BatchPlan(event_rows, list(turns.values()), sessions, next_offsets(messages), rejected)
+
+
+def plan_each(
+    messages: Iterable[SourceMessage], plan: Callable[[SourceMessage], T], rejected: list[RejectedMessage]
+) -> Iterator[tuple[SourceMessage, T]]:
+    """``(message, plan(message))`` for each message whose ``plan`` returns; each one
+    whose ``plan`` raises is appended to ``rejected`` instead, with a reason.
+
+    The rule of every projection of the transcript: any failure of one record
+    (an ``EventValidationError``: its reason; any other exception: ``cannot be
+    planned (<type>)``, logged with the record's topic, partition and offset,
+    never its content) refuses that record alone, and the others go on.
+    ``plan`` must leave nothing behind when it raises: the caller merges what it
+    returns.
+    """
+    for message in messages:
+        try:
+            planned = plan(message)
+        except EventValidationError as e:
+            rejected.append(RejectedMessage(message, e.reason))
+            continue
+        except Exception as e:  # a planning bug must not stop the consumer: this record alone is refused
+            logger.warning(
+                "planning %s[%d]@%d failed (%s): refused", message.topic, message.partition, message.offset,
+                type(e).__name__, exc_info=logger.isEnabledFor(logging.DEBUG),  # a traceback may quote content
+            )
+            rejected.append(RejectedMessage(message, f"cannot be planned ({type(e).__name__})"))
+            continue
+        yield message, planned
+
+
+def _plan_record(message: SourceMessage) -> tuple[Event, str, TurnRow | None]:
+    """One record's share of a plan: its event, its payload as text (the
+    ``session_events.payload`` column) and, for a turn, its row. Nothing is
+    merged here, so a record that raises leaves no trace in the plan.
+
+    Raises:
+        EventValidationError: the value is not a valid event.
+    """
+    event = decode_event(message.value)
+    payload = message.value.decode("utf-8")  # valid: decode_event accepted it as UTF-8 JSON
+    row = TurnRow.from_event(event) if isinstance(event, TurnPartial | TurnCompleted) else None
+    return event, payload, row
 
 
 def next_offsets(messages: Iterable[SourceMessage]) -> dict[tuple[str, int], int]:

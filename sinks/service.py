@@ -15,10 +15,15 @@ pauses its partitions and keeps polling, so it stays in its consumer group
 batch commits it seeks every assigned partition back to the stored offsets
 and resumes them (records polled while paused are read again).
 
-A batch the database refuses for good (a data or integrity error) is applied
-again record by record; a record refused on its own goes to ``<prefix>.dlq``
-with the reason and its original bytes, and only then is its offset skipped,
-so one bad record never stops the pipeline or takes other sessions' rows with it.
+A record that fails to decode or to plan, in any way, is refused by the
+writer alone (``sinks/batch.py``, ``plan_each``) and goes to ``<prefix>.dlq``
+(reason ``invalid: ...``) before the batch's offsets move past it. A batch the
+database refuses for good (a data or integrity error) is applied again record
+by record; a record refused on its own goes to ``<prefix>.dlq`` with the reason
+and its original bytes, and only then is its offset skipped, so one bad record
+never stops the pipeline or takes other sessions' rows with it. Nothing here
+decodes a record: the batching reads its type from the ``turnlog-type`` header,
+or peeks it (``peek_event_type``, which answers None for anything undecodable).
 """
 
 from __future__ import annotations

@@ -201,10 +201,12 @@ def tail(
     settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
     require_head(store.engine)
-    found = asyncio.run(tail_session(settings, store, session_id, after))
-    if not found:
+    result = asyncio.run(tail_session(settings, store, session_id, after))
+    if not result.found:
         typer.echo(f"turnlog: no session {session_id!r} in the store", err=True)
         raise typer.Exit(1)
+    if result.skipped:
+        typer.echo(f"turnlog: skipped {result.skipped} events that could not be shown (see the warnings)", err=True)
 
 
 @app.command()

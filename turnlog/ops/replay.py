@@ -40,6 +40,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.batch import SourceMessage
 from turnlog.sinks.errors import store_errors
+from turnlog.sinks.exceptions import RecordRejectedError
 from turnlog.sinks.tables import session_events
 from turnlog.stream_processors.sequencing import SessionSequence, sequence
 
@@ -195,12 +196,20 @@ def _sequence_record(
     *,
     max_buffer: int,
 ) -> None:
+    """Put one log record through the sequencer's state machine.
+
+    A record that fails to decode (``EventValidationError``: any failure) or to
+    sequence (any exception from ``sequence``, as the live sequencer
+    dead-letters with ``internal: ...``) is skipped: counted in
+    ``result.rejected`` and ``rejected_reasons``, and logged with its topic,
+    partition and offset, never its content. Store errors (reading the
+    session's stored position) are not the record's and propagate.
+    """
     raw: bytes = record.value()  # type: ignore[attr-defined]
     try:
         event = decode_event(raw)
     except EventValidationError as e:
-        result.rejected += 1
-        result.rejected_reasons[e.reason] = result.rejected_reasons.get(e.reason, 0) + 1
+        _skip(record, result, e.reason, e.reason)
         return
     if wanted and event.session_id not in wanted:
         return
@@ -209,7 +218,11 @@ def _sequence_record(
     state = states[event.session_id]
     if state is None:  # finalized or abandoned in the target store: leave it be
         return
-    decision = sequence(state, event, raw, record.offset(), max_buffer=max_buffer)  # type: ignore[attr-defined]
+    try:
+        decision = sequence(state, event, raw, record.offset(), max_buffer=max_buffer)  # type: ignore[attr-defined]
+    except Exception as e:  # a bug in sequencing must not stop the replay: this record alone is skipped
+        _skip(record, result, "internal", f"internal: cannot be sequenced ({type(e).__name__})")
+        return
     result.duplicates += int(decision.duplicate)
     result.rejected += len(decision.dlq)
     for _, reason in decision.dlq:
@@ -219,6 +232,15 @@ def _sequence_record(
         emitted.append(
             SourceMessage(record.topic(), record.partition(), record.offset(), value, record.key())  # type: ignore[attr-defined]
         )
+
+
+def _skip(record: object, result: ReplayResult, kind: str, reason: str) -> None:
+    """Count a log record the replay skips, under ``kind`` in ``rejected_reasons``, and say where it is."""
+    result.rejected += 1
+    result.rejected_reasons[kind] = result.rejected_reasons.get(kind, 0) + 1
+    logger.warning(
+        "skipping %s[%d]@%d: %s", record.topic(), record.partition(), record.offset(), reason  # type: ignore[attr-defined]
+    )
 
 
 def _initial_state(store: SqlStore, session_id: str) -> SessionSequence | None:
@@ -242,13 +264,45 @@ def _initial_state(store: SqlStore, session_id: str) -> SessionSequence | None:
 
 
 def _write(store: SqlStore, emitted: list[SourceMessage], result: ReplayResult) -> None:
+    """Write the sequenced events, one transaction per batch.
+
+    As in the live sink, a record the writer refuses (it cannot be decoded or
+    planned) is skipped and counted, and a batch the database refuses for good
+    (``RecordRejectedError``) is written again record by record, skipping (and
+    counting) each record refused on its own: one bad record never stops the replay.
+
+    Raises:
+        StoreError: the store is unavailable, or refused a write for another reason.
+    """
     if not emitted:
         return
+    try:
+        _apply(store, emitted, result)
+    except RecordRejectedError as e:
+        logger.warning("batch of %d refused (%s); writing record by record", len(emitted), e)
+        for message in emitted:
+            try:
+                _apply(store, [message], result)
+            except RecordRejectedError as refused:
+                result.rejected += 1
+                result.rejected_reasons["store"] = result.rejected_reasons.get("store", 0) + 1
+                logger.warning(
+                    "skipping %s[%d]@%d: %s", message.topic, message.partition, message.offset, refused
+                )
+    emitted.clear()
+
+
+def _apply(store: SqlStore, messages: list[SourceMessage], result: ReplayResult) -> None:
+    """Write ``messages`` in one transaction; count what it applied and refused once it committed."""
+    refused: list[tuple[SourceMessage, str]] = []
     with store_errors(), store.engine.begin() as conn:
-        applied = store.apply_batch(conn, None, emitted)
+        applied = store.apply_batch(conn, None, messages, on_rejected=lambda m, reason: refused.append((m, reason)))
     result.events_applied += applied.applied
     result.sessions_finalized += len(applied.finalized)
-    emitted.clear()
+    for message, reason in refused:
+        result.rejected += 1
+        result.rejected_reasons[reason] = result.rejected_reasons.get(reason, 0) + 1
+        logger.warning("skipping %s[%d]@%d: %s", message.topic, message.partition, message.offset, reason)
 
 
 def _finalize(store: SqlStore, session_ids: list[str]) -> int:

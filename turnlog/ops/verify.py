@@ -11,13 +11,19 @@ is left out: ``finalized_at`` (when, not what) and ``claimed_epoch`` (epochs
 handed out to resumers that may never have written).
 
 Against the log, the reference store is rebuilt from ``<prefix>.events`` by
-``turnlog.ops.replay`` into a scratch SQLite database first.
+``turnlog.ops.replay`` into a scratch SQLite database first (records it cannot
+decode or sequence are skipped and counted there, never fatal).
+
+A session whose stored content cannot be serialized for its digest (a value
+nested too deep, from a store written before the event model bounded its
+free-form values) is reported as differing, with why; the others are compared.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -30,6 +36,8 @@ from turnlog.sinks.reads import SESSION_FIELDS, TURN_FIELDS
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
 __all__ = ["SessionDigest", "Difference", "session_digests", "compare_digests"]
+
+logger = logging.getLogger(__name__)
 
 # What the digest covers: what readers see, less the id (the key) and when it was finalized.
 _SESSION_FIELDS = tuple(name for name in SESSION_FIELDS if name not in ("id", "finalized_at"))
@@ -45,6 +53,9 @@ class SessionDigest:
     turns: list[dict[str, Any]]
     sha256: str
     events: list[list[Any]] | None = None
+    #: Why the session's content could not be digested (e.g. ``RecursionError``: a stored value
+    #: nested too deep); None when ``sha256`` is its digest. Such a session always differs.
+    error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,8 +75,14 @@ def _canonical(value: Any) -> Any:
 def _digest(
     session_id: str, fields: dict[str, Any], turns: list[dict[str, Any]], events: list[list[Any]]
 ) -> SessionDigest:
-    body = json.dumps({"session": fields, "turns": turns, "events": events}, sort_keys=True, separators=(",", ":"),
-                      default=str)
+    """The session's digest; one whose content cannot be serialized gets ``error`` instead
+    (logged with the session id, never the content), so the other sessions are still compared."""
+    try:
+        body = json.dumps({"session": fields, "turns": turns, "events": events}, sort_keys=True,
+                          separators=(",", ":"), default=str)
+    except Exception as e:  # one session's stored values (e.g. nested too deep) must not stop the comparison
+        logger.warning("session %s cannot be digested (%s)", session_id, type(e).__name__)
+        return SessionDigest(session_id, fields, turns, "", events, error=type(e).__name__)
     return SessionDigest(session_id, fields, turns, hashlib.sha256(body.encode("utf-8")).hexdigest(), events)
 
 
@@ -116,6 +133,9 @@ def _differences(a: dict[str, SessionDigest], b: dict[str, SessionDigest]) -> It
             yield Difference(session_id, "only in B")
         elif right is None:
             yield Difference(session_id, "only in A")
+        elif left.error is not None or right.error is not None:
+            sides = [f"in {side} ({d.error})" for side, d in (("A", left), ("B", right)) if d.error is not None]
+            yield Difference(session_id, "cannot be digested " + " and ".join(sides))
         elif left.sha256 != right.sha256:
             if "row" in left.fields or "row" in right.fields:
                 parts = [f"session row missing in {'A' if 'row' in left.fields else 'B'}"]

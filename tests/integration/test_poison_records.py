@@ -1,0 +1,216 @@
+"""Poison records on the real broker and Postgres: the sink and the analytics projection (each a SinkService, run
+in this process so one record's planning can be made to fail) dead-letter a record nested ~1,000 levels deep and a
+record whose planning raises, with their reasons, and keep storing the healthy sessions of the same partition."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from confluent_kafka import Consumer, Producer, TopicPartition
+from sqlalchemy import select
+
+from turnlog.deploy.topics import create_topics
+from turnlog.dlq import REASON_HEADER
+from turnlog.producers import partition_for
+from turnlog.schemas import encode_event
+from turnlog.schemas.events import MAX_EVENT_DEPTH
+from turnlog.settings import TurnlogSettings
+from turnlog.sinks import SqlStore, open_store
+from turnlog.sinks import analytics as analytics_module
+from turnlog.sinks import batch as sink_batch
+from turnlog.sinks.analytics import AnalyticsProjection
+from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.sinks.service import SinkService
+from turnlog.sinks.tables import sessions, transcript_turns
+
+from tests.integration.conftest import drop_topics, isolated_settings
+from tests.support import EventFactory, wait_until
+
+TIMEOUT = 60
+PLANNING_BUG = "the text whose planning raises"
+DEEP_REASON = f"invalid: the event's JSON nests deeper than {MAX_EVENT_DEPTH} levels"
+
+
+@pytest.fixture
+def transcript(kafka_bootstrap: str, postgres_databases, tmp_path: Path) -> Iterator[tuple[TurnlogSettings, SqlStore]]:
+    """Topics and a migrated store of their own; no service runs (each test runs its own SinkService)."""
+    settings = isolated_settings(kafka_bootstrap, postgres_databases.create(), tmp_path)
+    store = open_store(settings.database_url)
+    upgrade_to_head(store.engine)
+    create_topics(settings)
+    yield settings, store
+    store.engine.dispose()
+    drop_topics(settings)
+
+
+def ids_on_one_partition(settings: TurnlogSettings, count: int) -> list[str]:
+    """``count`` fresh session ids that all map to the same partition."""
+    ids: list[str] = []
+    while len(ids) < count:
+        candidate = f"poison-{uuid.uuid4().hex[:8]}"
+        if not ids or partition_for(candidate, settings.partitions) == partition_for(ids[0], settings.partitions):
+            ids.append(candidate)
+    return ids
+
+
+def deeply_nested_start(f: EventFactory) -> bytes:
+    """``f``'s session.started whose metadata nests 1,000 levels (a RecursionError in every reader, before)."""
+    return encode_event(f.started())[:-1] + b',"metadata":{"k":' + b"[" * 1_000 + b"]" * 1_000 + b"}}"
+
+
+def produce_transcript(settings: TurnlogSettings) -> tuple[list[str], dict[bytes, int]]:
+    """Two healthy sessions and two poisoned ones, interleaved on one partition of the transcript (bypassing the
+    sequencer). Returns the healthy ids and ``{poison value: its offset}``."""
+    healthy_a, healthy_b, deep_id, buggy_id = ids_on_one_partition(settings, 4)
+    a, b, deep, buggy = (EventFactory(sid) for sid in (healthy_a, healthy_b, deep_id, buggy_id))
+    records = [
+        (a, encode_event(a.started())),
+        (deep, deeply_nested_start(deep)),
+        (a, encode_event(a.completed(1, 0, "hello", speaker="agent"))),
+        (buggy, encode_event(buggy.started())),
+        (buggy, encode_event(buggy.completed(1, 0, PLANNING_BUG, speaker="agent"))),
+        (b, encode_event(b.started())),
+        (b, encode_event(b.completed(1, 0, "hi", speaker="user"))),
+        (a, encode_event(a.ended(2, last_turn=0))),
+        (b, encode_event(b.ended(2, last_turn=0))),
+    ]
+    partition = partition_for(healthy_a, settings.partitions)
+    offsets: dict[bytes, int] = {}
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "enable.idempotence": True})
+
+    def delivered(err, msg):
+        assert err is None, err
+        offsets[msg.value()] = msg.offset()
+
+    for factory, value in records:
+        producer.produce(settings.topics.transcript, key=factory.session_id.encode(), value=value,
+                         partition=partition, on_delivery=delivered)
+    assert producer.flush(10) == 0
+    poison = {value: offsets[value] for _, value in (records[1], records[4])}
+    return [healthy_a, healthy_b], poison
+
+
+def dead_letters(settings: TurnlogSettings, partition: int) -> list[tuple[bytes, dict[str, bytes]]]:
+    """Every DLQ record of ``partition``, with its headers."""
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"test-dlq-{uuid.uuid4()}",
+                         "enable.auto.commit": False})
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(settings.topics.dlq, partition), timeout=10)
+        consumer.assign([TopicPartition(settings.topics.dlq, partition, low)])
+        found, position = [], low
+        while position < high:
+            record = consumer.poll(5)
+            if record is None:
+                break
+            if record.error():
+                continue
+            position = record.offset() + 1
+            found.append((record.value(), dict(record.headers() or [])))
+        return found
+    finally:
+        consumer.close()
+
+
+class RunningService:
+    """A SinkService on a thread of this process (so a test can patch what it plans with)."""
+
+    def __init__(self, service: SinkService) -> None:
+        self.service = service
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"test-{service.component}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.service.run()
+        except BaseException as e:  # the test asserts there is none
+            self.failure = e
+
+    def stop(self) -> None:
+        self.service.stopping.set()
+        self.thread.join(30)
+
+
+def assert_poison_dead_lettered(settings: TurnlogSettings, partition: int, poison: dict[bytes, int]) -> None:
+    rejects = wait_until(lambda: (r := dead_letters(settings, partition)) and len(r) >= 2 and r,
+                         timeout=TIMEOUT, what="the two poison records in the DLQ")
+    by_value = {value: headers for value, headers in rejects}
+    assert set(by_value) == set(poison)
+    deep, buggy = sorted(poison, key=poison.get)  # the deeply nested start comes first
+    assert by_value[deep][REASON_HEADER].decode().startswith(DEEP_REASON)
+    assert by_value[buggy][REASON_HEADER] == b"invalid: cannot be planned (RuntimeError)"
+    for value, headers in by_value.items():
+        assert headers["turnlog-source-offset"] == str(poison[value]).encode()
+        assert headers["turnlog-source-topic"] == settings.topics.transcript.encode()
+        assert PLANNING_BUG.encode() not in headers[REASON_HEADER]
+
+
+def test_the_sink_dead_letters_poison_and_stores_the_healthy_sessions_of_the_partition(transcript, monkeypatch):
+    settings, store = transcript
+    from_event = sink_batch.TurnRow.from_event
+
+    def planned(event):
+        if event.text == PLANNING_BUG:
+            raise RuntimeError("a planning bug")
+        return from_event(event)
+
+    monkeypatch.setattr(sink_batch.TurnRow, "from_event", staticmethod(planned))
+    healthy, poison = produce_transcript(settings)
+    sink = RunningService(SinkService(settings, store))
+    try:
+        def finalized():
+            with store.engine.connect() as conn:
+                rows = conn.execute(select(sessions.c.id, sessions.c.status).where(sessions.c.id.in_(healthy))).all()
+            return {status for _, status in rows} == {"finalized"} and len(rows) == 2
+
+        wait_until(finalized, timeout=TIMEOUT, what="both healthy sessions finalized")
+        assert_poison_dead_lettered(settings, partition_for(healthy[0], settings.partitions), poison)
+        with store.engine.connect() as conn:
+            turns = conn.execute(
+                select(transcript_turns.c.session_id, transcript_turns.c.text, transcript_turns.c.status)
+                .order_by(transcript_turns.c.session_id)
+            ).all()
+            stored = set(conn.execute(select(sessions.c.id)).scalars())
+        assert sorted(map(tuple, turns)) == sorted([(healthy[0], "hello", "complete"), (healthy[1], "hi", "complete")])
+        # The buggy session's start was stored (only its turn was refused); the deep one left nothing.
+        assert len(stored) == 3 and set(healthy) < stored
+        assert sink.thread.is_alive() and sink.failure is None
+    finally:
+        sink.stop()
+    assert sink.failure is None
+
+
+def test_analytics_dead_letters_poison_and_counts_the_healthy_sessions_of_the_partition(transcript, monkeypatch):
+    settings, store = transcript
+    real_decode = analytics_module.decode_event
+
+    def decode(value):
+        event = real_decode(value)
+        if getattr(event, "text", None) == PLANNING_BUG:
+            raise RuntimeError("a planning bug")
+        return event
+
+    monkeypatch.setattr(analytics_module, "decode_event", decode)
+    healthy, poison = produce_transcript(settings)
+    projection = AnalyticsProjection(store)
+    service = RunningService(SinkService(settings, store, consumer_group=settings.analytics_group,
+                                         write=projection.write, component="analytics"))
+    try:
+        def figures():
+            with store.engine.connect() as conn:
+                got = projection.figures(conn, "tests")
+            return got if got.ended_sessions == 2 else None
+
+        got = wait_until(figures, timeout=TIMEOUT, what="both healthy sessions counted")
+        assert_poison_dead_lettered(settings, partition_for(healthy[0], settings.partitions), poison)
+        # Started: the two healthy sessions and the buggy one (its start decoded); the deep one never counted.
+        assert (got.started_sessions, got.ended_sessions, got.active_sessions) == (3, 2, 1)
+        assert got.talk_time == {"agent": (1, 0.9), "user": (1, 0.9)}  # the buggy turn was not counted
+        assert service.thread.is_alive() and service.failure is None
+    finally:
+        service.stop()
+    assert service.failure is None
