@@ -158,3 +158,17 @@ def _decode(raw: bytes):
     from turnlog.schemas import decode_event
 
     return decode_event(raw)
+
+
+def test_the_signing_bench_measures_both_modes_doing_the_same_work():
+    from turnlog.tools.bench.signing import signing_cost
+
+    from tests.support import EventFactory as Factory
+
+    payloads = []
+    for n in range(5):
+        f = Factory(f"bench-{n}")
+        payloads += [(f.session_id, encode_event(e)) for e in (f.started(), f.completed(1, 0, "hi"), f.ended(2, last_turn=0))]
+    cost = signing_cost(payloads, rounds=1, batch=4)
+    assert cost["events"] == 15
+    assert cost["recorder_sign_us"] > 0 and cost["sequencer_on_us"] > 0 and cost["sequencer_off_us"] > 0

@@ -9,6 +9,10 @@ Phases, in order, on a run-private database, topics and consumer groups:
    capacity C. py-spy profiles the sequencer and the sink meanwhile. Each
    service's CPU time (``/proc/<pid>/stat``) over the same span, divided by the
    events stored in it, is its CPU microseconds per event at capacity.
+2b. **Signing** (``signing.py``): write-side isolation's CPU per event on and off in
+   this process (the recorder's signature; the sequencer's decide path with and
+   without verification and admission), and their share of the pipeline's CPU per
+   event at capacity. The pipeline phases run in open mode (no fleet keys).
 3. **Sustained**: the load generator (``load.py``, the real ``SessionRecorder``)
    offers 0.9 C, then less, until the pipeline's lag stays flat for the whole
    phase; that rate is the sustained maximum M. Postgres commits and WAL syncs
@@ -71,6 +75,7 @@ from turnlog.tools.bench.probes import (
 )
 from turnlog.tools.bench.profile import start_profiles, summarize
 from turnlog.tools.bench.resume_probe import resume_summary, run_probe_process
+from turnlog.tools.bench.signing import signing_cost
 from turnlog.tools.bench.stages import turn_stage_latencies
 from turnlog.tools.bench.workload import BENCH_FLEET, encoded_events, plan_sessions
 
@@ -168,6 +173,10 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             # Resume through the store unless the resume phase says otherwise.
             api_url=None,
             api_token=None,
+            # Open mode: the backlog and the baselines produce unsigned records. Signing's cost is
+            # measured on and off in the signing phase instead (tools/bench/signing.py).
+            fleet_keys={},
+            epoch_grant_key=None,
             flush_interval_seconds=options.flush_interval,
             log_level="WARNING",
         )
@@ -204,6 +213,9 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
         capacity = _drain(sampler, len(backlog), options, processes, report)
         print(f"capacity: {capacity:,.0f} durable events/s draining a backlog of {len(backlog):,}")
         report["capacity"] = {"events_per_second": capacity, "backlog_events": len(backlog)}
+
+        # -- signing: write-side isolation's CPU per event, on and off ---------------------
+        report["signing"] = _signing(payloads, report)
 
         # -- sustained ---------------------------------------------------------------------
         counters_before = pg_counters(admin_psycopg, database)
@@ -875,6 +887,32 @@ def _spool_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     ]
 
 
+def _signing(payloads: list[tuple[str, bytes]], report: dict[str, Any]) -> dict[str, Any]:
+    """Signing's CPU per event on and off (``signing.py``), and its share of the pipeline's CPU per
+    event at capacity measured in this run."""
+    cost = signing_cost(payloads)
+    added = cost["recorder_sign_us"] + cost["sequencer_on_us"] - cost["sequencer_off_us"]
+    pipeline = report.get("cpu_at_capacity", {}).get("pipeline_us_per_event", float("nan"))
+    cost["added_us_per_event"] = added
+    cost["added_share_of_pipeline_cpu"] = added / pipeline if pipeline else float("nan")
+    print(f"signing: recorder +{cost['recorder_sign_us']:.1f} µs/event ({cost['recorder_on_over_off']:.2f} x its"
+          f" encode+validate), sequencer decide {cost['sequencer_off_us']:.1f} -> {cost['sequencer_on_us']:.1f}"
+          f" µs/event ({cost['sequencer_on_over_off']:.2f} x); +{added:.1f} µs/event ="
+          f" {cost['added_share_of_pipeline_cpu']:.1%} of the pipeline's CPU per event at capacity")
+    return cost
+
+
+def _signing_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    cost = report.get("signing")
+    if not cost:
+        return []
+    return [("signing (fleet keys) on vs off",
+             f"+{cost['added_us_per_event']:.1f} µs CPU/event",
+             f"recorder +{cost['recorder_sign_us']:.1f} µs; sequencer decide {cost['sequencer_off_us']:.1f} -> "
+             f"{cost['sequencer_on_us']:.1f} µs ({cost['sequencer_on_over_off']:.2f} x); "
+             f"{cost['added_share_of_pipeline_cpu']:.1%} of the pipeline's CPU/event at capacity")]
+
+
 def print_table(report: dict[str, Any]) -> None:
     """The figures, each next to its baseline or target, as a plain table."""
     b, s = report.get("baselines", {}), report.get("sustained", {})
@@ -915,6 +953,7 @@ def print_table(report: dict[str, Any]) -> None:
          f"unsafe: {b['unsafe']['commits_per_session'] / max(b['unsafe']['rows_per_session'] - 1, 1):.3f}"),
         ("WAL syncs per turn", f"{s['wal_syncs_per_turn']:.3f}", f"at 50%: {lat['50%']['wal_syncs_per_turn']:.3f}"),
         *_spool_rows(report),
+        *_signing_rows(report),
         *_peer_rows(report),
         ("unsafe baseline", f"{b['unsafe']['commits_per_session']:.0f} commit/session",
          f"SIGKILL at 50%: {b['unsafe']['turns_said_at_kill']} turns said, "

@@ -35,6 +35,7 @@ import msgspec
 
 from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
+from turnlog.tools.demo.keys import DEMO_FLEET
 from turnlog.tools.demo.transcripts import InputTurn, load_transcript, recording_time, token_counts, unfinished_turns
 
 __all__ = ["replay_transcript", "recording_time", "SpokenTurn", "replay_plan"]
@@ -68,7 +69,7 @@ async def replay_transcript(
     speed: float,
     base_time: dt.datetime,
     resume: bool = False,
-    fleet: str = "demo",
+    fleet: str = DEMO_FLEET,
 ) -> None:
     """Record ``path`` as ``session_id``; with ``resume``, continue it in a new epoch.
 

@@ -78,6 +78,7 @@ from turnlog.sinks import SqlStore, StoreUnavailableError, open_store
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import sink_offsets
+from turnlog.tools.demo.keys import with_run_keys
 from turnlog.tools.demo.runner import AgentProcess, count_events, load_sessions, print_table, wait_for_finalized
 from turnlog.tools.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session, problem_totals
 
@@ -635,7 +636,7 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
         "faust_data_dir": str(options.log_dir / run_id / "faust"),
         "spool_dir": str(options.log_dir / run_id / "spool"),
     }
-    settings = base.model_copy(update=overrides)
+    settings = with_run_keys(base.model_copy(update=overrides))
     ensure_local_services(settings)
     store = open_store(settings.database_url)
     upgrade_to_head(store.engine)

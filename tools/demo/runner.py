@@ -32,6 +32,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store, safe_url
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import session_events, sessions
+from turnlog.tools.demo.keys import with_run_keys
 from turnlog.tools.demo.transcripts import InputTurn, check_replayable, find_transcripts, load_transcript
 from turnlog.tools.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session
 
@@ -106,10 +107,10 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     """Run the demo; print the table and verdict; return True when every session is intact."""
     run_id = uuid.uuid4().hex[:8]
     # The run's own spool folder: its resumed agents deliver what its killed ones left there.
-    settings = settings.model_copy(
+    settings = with_run_keys(settings.model_copy(
         update={"flush_interval_seconds": options.flush_interval_seconds,
                 "spool_dir": str(options.log_dir / run_id / "spool")}
-    )
+    ))
     transcripts, paths = load_sessions(options.sessions_dir, run_id)
     files = list(paths.values())
     kills = choose_kills(transcripts, options.kills, options.speed, options.flush_interval_seconds, options.seed)
