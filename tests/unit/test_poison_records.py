@@ -111,7 +111,10 @@ class LogRecord(SimpleNamespace):
         return 1
 
     def key(self):
-        return b"k"
+        return self.session_key
+
+    def headers(self):
+        return None
 
 
 def test_replay_skips_and_counts_a_record_that_cannot_be_decoded_or_sequenced(monkeypatch, caplog):
@@ -131,7 +134,8 @@ def test_replay_skips_and_counts_a_record_that_cannot_be_decoded_or_sequenced(mo
                encode_event(f.completed(1, 0, SECRET)), b"\xff not json", encode_event(f.completed(1, 0, "kept"))]
     with caplog.at_level(logging.WARNING):
         for at, raw in enumerate(records):
-            replay._sequence_record(None, LogRecord(raw=raw, at=at), states, set(), emitted, result, max_buffer=10)  # type: ignore[arg-type]
+            record = LogRecord(raw=raw, at=at, session_key=b"other" if at == 1 else f.session_id.encode())
+            replay._sequence_record(None, record, states, set(), emitted, result, max_buffer=10)  # type: ignore[arg-type]
     assert result.rejected == 3
     assert sum(result.rejected_reasons.values()) == 3 and result.rejected_reasons["internal"] == 1
     assert [m.offset for m in emitted] == [0, 4]
