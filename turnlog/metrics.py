@@ -20,6 +20,7 @@ __all__ = [
     "RECORDER_DEGRADED",
     "SPOOL_COMMIT_SECONDS",
     "SPOOL_QUARANTINED",
+    "LIVE_RECORDS_SKIPPED",
 ]
 
 EVENTS_EMITTED = Counter("turnlog_sequencer_emitted_total", "Events emitted to the ordered transcript.")
@@ -58,4 +59,12 @@ RECORDER_DEGRADED = Gauge(
 SPOOL_QUARANTINED = Counter(
     "turnlog_spool_quarantined_total",
     "Spooled events the producer refused for good (e.g. too large), set aside in the spool's quarantined table.",
+)
+
+# The API's and `turnlog tail`'s transcript hub (turnlog/follow.py).
+LIVE_RECORDS_SKIPPED = Counter(
+    "turnlog_live_records_skipped_total",
+    "Transcript records the live hub skipped because decoding or handing them out failed, by reason "
+    "(invalid: not a valid event; error: anything else). Followers still read them from the store.",
+    ["reason"],
 )
