@@ -12,6 +12,14 @@ timestamps as RFC 3339 strings in UTC, ``turns`` as an array in
 ``turn_index`` order. Decoding ignores fields it does not know (a newer
 server may add some) and fills ``barged_in`` with False when an older
 server leaves it out.
+
+Paging: the API bounds the turns of one answer (``api_page_bytes``, at most
+``RESUME_TURN_PAGE`` turns). When more were stored, the grant's
+``next_after_turn`` names its last turn, and the client reads the rest from
+``GET /api/sessions/{id}/transcript?after_turn=<n>`` (:class:`TurnPage`, the
+same turn shape) up to ``max_turn_index``; the grant it returns holds every
+turn and ``next_after_turn`` None. An older server leaves the field out
+(None: the grant is whole); the direct path never pages.
 """
 
 from __future__ import annotations
@@ -25,11 +33,14 @@ import msgspec
 
 from turnlog.schemas import SessionStatus
 
-__all__ = ["StoredTurn", "ResumeGrant", "encode_grant", "decode_grant", "MAX_RESUME_TIMEOUT_SECONDS"]
+__all__ = ["StoredTurn", "ResumeGrant", "TurnPage", "encode_grant", "decode_grant", "decode_turn_page",
+           "MAX_RESUME_TIMEOUT_SECONDS", "RESUME_TURN_PAGE"]
 
 #: Longest resume barrier wait the API accepts for one request (seconds). A
 #: request holds one of the API's resume workers for up to this long.
 MAX_RESUME_TIMEOUT_SECONDS = 600.0
+#: Most turns in one page of a resume: the grant's own and each transcript page the client asks for.
+RESUME_TURN_PAGE = 1000
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,6 +108,9 @@ class ResumeGrant:
     #: the signed epoch grant the new owner sends with every event of ``epoch``
     #: (``turnlog/signing.py``); None where no epoch grant key is configured
     epoch_grant: str | None = None
+    #: paging: the last turn index in ``turns`` when more stored turns follow it
+    #: (see the module docstring); None: ``turns`` holds every stored turn
+    next_after_turn: int | None = None
 
     @property
     def resumable(self) -> bool:
@@ -114,8 +128,19 @@ class ResumeGrant:
         return 0 if self.max_turn_index is None else self.max_turn_index + 1
 
 
+@dataclass(frozen=True, slots=True)
+class TurnPage:
+    """A page of stored turns, as ``GET /api/sessions/{id}/transcript`` answers it
+    (its other fields, the session's row, are ignored here). ``next_after_turn``:
+    the last turn index given when more follow; None on the last page."""
+
+    turns: tuple[StoredTurn, ...] = ()
+    next_after_turn: int | None = None
+
+
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(ResumeGrant)
+_page_decoder = msgspec.json.Decoder(TurnPage)
 
 
 def encode_grant(grant: ResumeGrant) -> bytes:
@@ -131,3 +156,13 @@ def decode_grant(data: bytes | str) -> ResumeGrant:
             shape (``msgspec.ValidationError`` is a subclass).
     """
     return _decoder.decode(data)
+
+
+def decode_turn_page(data: bytes | str) -> TurnPage:
+    """The turns of a transcript page in ``data``.
+
+    Raises:
+        msgspec.DecodeError: ``data`` is not JSON, or its turns do not have the
+            stored turn's shape.
+    """
+    return _page_decoder.decode(data)

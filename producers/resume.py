@@ -37,7 +37,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.signing import EpochGrant, issue_epoch_grant
 from turnlog.sinks import SessionPosition, SqlStore, StoreUnavailableError
 from turnlog.sinks.errors import store_errors
-from turnlog.sinks.reads import get_session, get_turns
+from turnlog.sinks.reads import get_session, get_turns, turn_page
 
 __all__ = ["ResumeBarrier", "claim_resume"]
 
@@ -54,6 +54,8 @@ def claim_resume(
     *,
     fleets: Collection[str] | None = None,
     grant_key: str | None = None,
+    turn_limit: int | None = None,
+    max_bytes: int | None = None,
 ) -> ResumeGrant | None:
     """Claim the next epoch of ``session_id`` and read its stored turns, in the
     caller's transaction (``with store.engine.begin() as conn``), so the turns
@@ -67,6 +69,10 @@ def claim_resume(
     key), an active session's grant carries the signed epoch grant the
     sequencer admits the new epoch by (``turnlog/signing.py``). Driver errors pass through (wrap the call in
     ``store_errors()``).
+
+    ``turn_limit`` (None: every turn) and ``max_bytes`` bound the turns read
+    (:func:`~turnlog.sinks.reads.turn_page`); when more are stored, the grant's
+    ``next_after_turn`` says where the rest starts (``producers/grant.py``).
     """
     session = get_session(conn, session_id, fleets=fleets)
     if session is None:
@@ -75,7 +81,12 @@ def claim_resume(
     if claimed is None:
         return None
     epoch, position = claimed
-    turns = tuple(StoredTurn.from_row(row) for row in get_turns(conn, session_id))
+    if turn_limit is None:
+        rows, next_after_turn = get_turns(conn, session_id), None
+    else:
+        page = turn_page(conn, session_id, limit=turn_limit, max_bytes=max_bytes)
+        rows, next_after_turn = page.turns, page.next_after_turn
+    turns = tuple(StoredTurn.from_row(row) for row in rows)
     fleet = session["fleet"]
     signed = None
     if grant_key is not None and position.status == SessionStatus.ACTIVE:
@@ -91,6 +102,7 @@ def claim_resume(
         turns=turns,
         fleet=fleet,
         epoch_grant=signed,
+        next_after_turn=next_after_turn,
     )
 
 
@@ -103,9 +115,26 @@ class ResumeBarrier:
         # Made once and kept across resumes: a new client's first lookup can take most of a second.
         self._offsets = OffsetReader(settings)
 
-    def grant(self, session_id: str, timeout: float, *, fleets: Collection[str] | None = None) -> ResumeGrant | None:
+    def grant(
+        self,
+        session_id: str,
+        timeout: float,
+        *,
+        fleets: Collection[str] | None = None,
+        turn_limit: int | None = None,
+        max_bytes: int | None = None,
+    ) -> ResumeGrant | None:
         """Pass the barrier for ``session_id``, then claim its next epoch and read
-        its stored turns in one transaction (:func:`claim_resume`).
+        its stored turns in one transaction (:func:`claim_resume`; ``turn_limit``
+        and ``max_bytes`` bound the turns read, None: all).
+
+        The scope comes first: before any barrier work the store is asked for the
+        session within ``fleets``. One found there that is no longer active is
+        answered at once (a status never goes back to active; nothing is
+        claimed). One not found, whether missing or another fleet's (the two
+        must look the same to the caller), still waits at the barrier: a session
+        whose first events are in flight is not in the store yet. The claim then
+        checks the scope again. The API bounds that wait per token.
 
         Returns None if the store has no such session (or none within
         ``fleets``; None: every fleet). A grant whose ``status`` is not
@@ -116,12 +145,19 @@ class ResumeBarrier:
                 the store did not answer, within ``timeout`` seconds.
         """
         deadline = time.monotonic() + timeout
-        self._catch_up(session_id, deadline)
         key = self._settings.epoch_grant_key
         grant_key = key.get_secret_value() if key is not None else None
-        return self._in_store(
-            deadline, lambda conn: claim_resume(self._store, conn, session_id, fleets=fleets, grant_key=grant_key)
+
+        def claim(conn: Connection) -> ResumeGrant | None:
+            return claim_resume(self._store, conn, session_id, fleets=fleets, grant_key=grant_key,
+                                turn_limit=turn_limit, max_bytes=max_bytes)
+
+        known = self._in_store(
+            deadline, lambda conn: get_session(conn, session_id, fleets=fleets, include_metadata=False)
         )
+        if known is None or known["status"] == SessionStatus.ACTIVE:
+            self._catch_up(session_id, deadline)
+        return self._in_store(deadline, claim)
 
     def wait(self, session_id: str, timeout: float) -> tuple[int, SessionPosition] | None:
         """Pass the barrier for ``session_id``, claim its next epoch, and return

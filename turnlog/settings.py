@@ -226,6 +226,53 @@ class TurnlogSettings(BaseSettings):
         description="A live stream with nothing new from the transcript topic re-reads the store this often "
         "(seconds): the safety net under the topic's fast path.",
     )
+    api_resume_workers: int = Field(
+        8,
+        ge=1,
+        le=256,
+        description="Resume barriers the API runs at once (each holds a thread until its session passed the barrier "
+        "or its timeout). More requests wait for a worker, within their own timeout.",
+    )
+    api_resume_per_token: int = Field(
+        2,
+        ge=1,
+        description="Resumes one API token may have running or waiting at once; past it the API answers 429 with "
+        "Retry-After, so one token cannot hold every resume worker (at most api_resume_workers).",
+    )
+    api_max_streams: int = Field(
+        256, ge=1, description="Live event streams (SSE followers) the API serves at once; past it: 429."
+    )
+    api_max_streams_per_token: int = Field(
+        16,
+        ge=1,
+        description="Live event streams one API token may hold open at once; past it: 429 (at most api_max_streams).",
+    )
+    api_stream_queue_bytes: int = Field(
+        1024 * 1024,
+        ge=64 * 1024,
+        description="Bytes of live events one stream may hold for a client that reads slower than its session "
+        "writes; past it the stream ends with a stream.cutoff event naming the last event sent, and the client "
+        "reconnects with Last-Event-ID (bytes).",
+    )
+    api_stream_send_timeout_seconds: float = Field(
+        60.0,
+        gt=0,
+        description="A live stream whose client accepts nothing for this long (one event or keep-alive write "
+        "stalls) is closed (seconds).",
+    )
+    api_page_bytes: int = Field(
+        4 * 1024 * 1024,
+        ge=64 * 1024,
+        le=64 * 1024 * 1024,
+        description="Most bytes of turn text and tool calls, session metadata or event payloads in one API page "
+        "(a transcript page, the turns of a resume grant, a page of sessions or stored events); a page holds at "
+        "least one item whatever its size (bytes).",
+    )
+    api_docs: bool = Field(
+        False,
+        description="Serve the API's OpenAPI schema and its browsable docs (/openapi.json, /docs, /redoc) without a "
+        "token. Off: they do not exist (404).",
+    )
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="Serve Prometheus metrics on this port (services only; unset: off)."
     )
@@ -244,6 +291,28 @@ class TurnlogSettings(BaseSettings):
         if not value or not set(value) <= allowed:
             raise ValueError("topic_prefix may use only letters, digits, '.', '_' and '-'")
         return value
+
+    @model_validator(mode="after")
+    def _api_settings_are_consistent(self) -> TurnlogSettings:
+        """Every API token names at least one fleet (a token that grants nothing is a configuration
+        error, not a harmless entry: it could still make the API work for it), and the per-token limits
+        fit inside the global ones. Errors name a token by its position, never the token itself."""
+        tokens = self.api_tokens
+        for position, (token, fleets) in enumerate(tokens.items(), start=1):
+            where = f"api_tokens: token #{position} of {len(tokens)}"
+            if not token.strip():
+                raise ValueError(f"{where} is empty")
+            if token != token.strip():
+                raise ValueError(f"{where} starts or ends with whitespace")
+            if not fleets:
+                raise ValueError(f"{where} has no fleets (give at least one fleet, or '*' for every fleet)")
+            if any(not fleet.strip() for fleet in fleets):
+                raise ValueError(f"{where} names an empty fleet")
+        if self.api_resume_per_token > self.api_resume_workers:
+            raise ValueError("api_resume_per_token is larger than api_resume_workers")
+        if self.api_max_streams_per_token > self.api_max_streams:
+            raise ValueError("api_max_streams_per_token is larger than api_max_streams")
+        return self
 
     @field_validator("api_url")
     @classmethod

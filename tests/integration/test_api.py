@@ -59,6 +59,17 @@ def get(pipeline: Pipeline, path: str, token: str | None = "tok-all", **params) 
     return httpx.get(base_url(pipeline) + path, headers=auth(token) if token else {}, params=params, timeout=10)
 
 
+def all_sessions(pipeline: Pipeline, token: str, **filters) -> list[dict]:
+    """Every session the token lists, page by page (the API's largest page is 100)."""
+    rows, cursor = [], None
+    while True:
+        body = get(pipeline, "/api/sessions", token, limit=100, **filters, **({"cursor": cursor} if cursor else {})).json()
+        rows += body["sessions"]
+        cursor = body["next_cursor"]
+        if cursor is None:
+            return rows
+
+
 def stored_events(pipeline: Pipeline, session_id: str) -> list[tuple[int, str]]:
     with pipeline.store.engine.connect() as conn:
         return [
@@ -124,7 +135,7 @@ def test_a_token_never_reads_another_fleets_session(api):
         assert get(api, f"/api/sessions/{theirs}{path}", "tok-a").status_code == 404, path
         assert get(api, f"/api/sessions/{mine}{path}", "tok-b").status_code == 404, path
     assert get(api, f"/api/sessions/{mine}/transcript", "tok-a").status_code == 200
-    listed = {s["id"] for s in get(api, "/api/sessions", "tok-a", limit=500).json()["sessions"]}
+    listed = {s["id"] for s in all_sessions(api, "tok-a")}
     assert mine in listed and theirs not in listed
     assert get(api, "/api/sessions", "tok-a", fleet="fleet-b").json()["sessions"] == []
     assert get(api, "/api/fleets/fleet-b/analytics", "tok-a").status_code == 404
@@ -266,6 +277,13 @@ async def test_stream_resumes_after_last_event_id_or_the_after_parameter(api):
         past_end = await client.get(f"/api/sessions/{session_id}/events", params={"after": 10**15})
     assert bad.status_code == 400
     assert at_end.status_code == 204 and past_end.status_code == 204
+    # Out of range: a 400 or 422 at the edge, never a 500 or a traceback in the API's log.
+    async with httpx.AsyncClient(base_url=base_url(api), headers=auth("tok-all")) as client:
+        huge = await client.get(f"/api/sessions/{session_id}/events",
+                                headers={"Last-Event-ID": "-99999999999999999999999999"})
+        too_far = await client.get(f"/api/sessions/{session_id}/events", params={"after": 2**64})
+    assert huge.status_code == 400 and too_far.status_code == 422
+    assert "Traceback" not in api.processes["api"].log_path.read_text(errors="replace")
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])
@@ -282,6 +300,33 @@ async def test_a_subscriber_reconnecting_at_random_points_gets_every_event_once_
     await writer
     assert connections > 3
     assert [(int(e.id), e.data) for e in received] == await stored_through(api, session_id, int(received[-1].id))
+
+
+# -- the API's own surface ------------------------------------------------------------
+def test_the_docs_are_off_and_every_answer_carries_the_security_headers(api):
+    for path in ("/docs", "/redoc", "/openapi.json"):
+        assert get(api, path, None).status_code == 404, path
+    page = get(api, "/live", None)
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert "script-src 'self';" in page.headers["content-security-policy"]
+    for answer in (page, get(api, "/live.js", None), get(api, "/api/sessions"), get(api, "/api/sessions", None)):
+        assert answer.headers["x-content-type-options"] == "nosniff"
+        assert answer.headers["x-frame-options"] == "DENY" and answer.headers["referrer-policy"] == "no-referrer"
+
+
+def test_the_session_list_and_the_transcript_are_paged_and_leave_metadata_out(api):
+    session_id = f"paged-{uuid.uuid4().hex[:6]}"
+    asyncio.run(record_session(api, session_id, "fleet-a", 5))
+    wait_until(lambda: visible(api, session_id, "finalized"), timeout=TIMEOUT, what="finalized")
+    assert "metadata" not in all_sessions(api, "tok-a")[0]
+    assert "metadata" in all_sessions(api, "tok-a", include="metadata")[0]
+    pages, after = [], -1
+    while after is not None:
+        body = get(api, f"/api/sessions/{session_id}/transcript", "tok-a", limit=2, after_turn=after).json()
+        pages.append([t["turn_index"] for t in body["turns"]])
+        after = body["next_after_turn"]
+    assert pages == [[0, 1], [2, 3], [4]]
+    assert get(api, "/api/sessions", limit=101).status_code == 422
 
 
 # -- tail ---------------------------------------------------------------------------

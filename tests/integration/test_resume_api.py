@@ -6,6 +6,7 @@ name an unreachable one, and SQLAlchemy is made to fail if it is ever used."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import uuid
 from collections.abc import Iterator
 
@@ -24,6 +25,7 @@ from turnlog.producers import (
     SessionRecorder,
 )
 from turnlog.producers.api_client import resume_via_api
+from turnlog.producers.partitioning import partition_for
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.tables import sessions
 
@@ -32,6 +34,8 @@ from tests.support import free_port, wait_until
 
 TIMEOUT = 90
 TOKENS = {"tok-a": ["fleet-a"], "tok-b": ["fleet-b"]}
+#: The smallest page the API allows (bytes of turn text): long turns then page.
+PAGE_BYTES = 64 * 1024
 #: Nothing listens on port 1: an agent that tried to use this would fail loudly.
 UNREACHABLE_DB = "postgresql+psycopg://agent:no-such-password@127.0.0.1:1/none"
 
@@ -45,6 +49,7 @@ def api(kafka_bootstrap, postgres_databases, tmp_path_factory) -> Iterator[Pipel
         ("sequencer", "sink", "finalizer", "api"),
         api_tokens=TOKENS,
         api_port=free_port(),
+        api_page_bytes=PAGE_BYTES,
     )
     try:
         running.wait_ready()
@@ -243,3 +248,57 @@ def test_a_recorder_with_api_url_resumes_continues_and_the_session_finalizes_wit
         (3, "the one from last week", "complete"),
     ]
     assert body["session"]["epoch"] == 1
+
+
+async def record_long(settings: TurnlogSettings, session_id: str, turns: int, chars: int) -> list[str]:
+    """``turns`` completed turns of ``chars`` characters each; the session stays open (a crashed agent)."""
+    texts = [f"{index:03d} " + "x" * (chars - 4) for index in range(turns)]
+    async with SessionRecorder(settings) as recorder:
+        session = await recorder.start_session(session_id, fleet="fleet-a", agent_id="agent-1")
+        for index, text in enumerate(texts):
+            await session.complete_turn(index, "user" if index % 2 == 0 else "agent", text)
+    return texts
+
+
+def test_a_resume_whose_turns_do_not_fit_one_answer_is_completed_page_by_page(api, no_database):
+    session_id = f"api-pages-{uuid.uuid4().hex[:8]}"
+    texts = asyncio.run(record_long(api.settings, session_id, 7, 30_000))  # two turns fit in 64 KiB
+    first = post_resume(api, session_id, "tok-a", timeout=TIMEOUT)
+    assert first.status_code == 200
+    body = first.json()
+    assert [t["turn_index"] for t in body["turns"]] == [0, 1] and body["next_after_turn"] == 1
+    assert body["max_turn_index"] == 6
+
+    agent = agent_settings(api, "tok-a")
+    grant = resume_via_api(agent.api_url, agent.api_token, session_id, timeout=TIMEOUT)
+    assert [t.text for t in grant.turns] == texts and [t.turn_index for t in grant.turns] == list(range(7))
+    assert grant.next_after_turn is None and grant.epoch == 2 and grant.next_turn_index == 7
+
+
+def same_partition_ids(session_id: str, partitions: int, count: int) -> list[str]:
+    """``count`` new session ids on ``session_id``'s partition (the barrier is per partition)."""
+    wanted, prefix = partition_for(session_id, partitions), uuid.uuid4().hex[:6]
+    candidates = (f"api-block-{prefix}-{n}" for n in range(100_000))
+    return list(itertools.islice((c for c in candidates if partition_for(c, partitions) == wanted), count))
+
+
+def test_scope_and_status_come_before_the_barrier_and_hidden_sessions_look_missing(api):
+    ended = f"api-scope-{uuid.uuid4().hex[:8]}"
+    asyncio.run(record(api.settings, ended, "fleet-a", end=True))
+    wait_until(lambda: (stored(api, ended) or {}).get("status") in ("ended", "finalized"), timeout=TIMEOUT,
+               what=f"{ended} ended in the store")
+    api.stop("sink")
+    try:
+        # With the sink down, a new event on the same partition holds that partition's barrier shut.
+        blocker, missing_id = same_partition_ids(ended, api.settings.partitions, 2)
+        asyncio.run(record(api.settings, blocker, "fleet-a", end=False))
+        # The owner's fleet sees the session ended in the store: 409 without waiting at the barrier.
+        assert post_resume(api, ended, "tok-a", timeout=3).status_code == 409
+        # Another fleet's token cannot see it, and gets what a missing session gets: the barrier's 503.
+        missing = post_resume(api, missing_id, "tok-b", timeout=3)
+        hidden = post_resume(api, ended, "tok-b", timeout=3)
+        assert missing.status_code == hidden.status_code == 503
+        assert missing.json()["detail"] == hidden.json()["detail"]
+    finally:
+        api.start("sink")
+    assert stored(api, ended)["claimed_epoch"] == 0

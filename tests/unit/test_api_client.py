@@ -2,8 +2,10 @@
 answer becomes the right exception, and the request carries what the API needs."""
 
 import asyncio
+import datetime as dt
 
 import httpx
+import msgspec
 import pytest
 from pydantic import SecretStr
 
@@ -15,7 +17,7 @@ from turnlog.producers import (
     SessionNotFoundError,
 )
 from turnlog.producers.api_client import resume_via_api, resume_via_api_async
-from turnlog.producers.grant import ResumeGrant, encode_grant
+from turnlog.producers.grant import ResumeGrant, StoredTurn, encode_grant
 
 API = "http://turnlog.test:8000/"
 GRANT = ResumeGrant("call/42", epoch=2, status="active", last_seq=5, max_turn_index=1)
@@ -111,3 +113,93 @@ def test_bad_arguments_are_refused_before_any_request(session_id, timeout):
     with pytest.raises(ValueError):
         resume_via_api(API, "tok-1", session_id, timeout, transport=answering(200, encode_grant(GRANT), seen=seen))
     assert seen == []
+
+
+# -- 429: the token's resume limit on the API ------------------------------------------------------
+def test_a_429_is_asked_again_after_its_retry_after_while_the_timeout_allows():
+    seen: list[httpx.Request] = []
+    answers = [httpx.Response(429, json={"detail": "busy"}, headers={"Retry-After": "0.1"}),
+               httpx.Response(200, content=encode_grant(GRANT))]
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return answers.pop(0)
+
+    assert resume_via_api(API, "tok-1", "call/42", 5, transport=httpx.MockTransport(handler)) == GRANT
+    assert len(seen) == 2
+    first, again = (float(r.url.params["timeout"]) for r in seen)
+    assert first == 5 and 0 < again < 5  # the second asks only for what is left of the timeout
+
+
+def test_a_429_that_outlasts_the_timeout_is_a_barrier_timeout():
+    busy = answering(429, b'{"detail": "busy"}', {"Retry-After": "5"})
+    with pytest.raises(ResumeBarrierTimeout, match="429"):
+        resume_via_api(API, "tok-1", "call/42", 2, transport=busy)
+
+    async def run():
+        await resume_via_api_async(API, "tok-1", "call/42", 2, transport=httpx.MockTransport(
+            lambda request: httpx.Response(429, json={"detail": "busy"}, headers={"Retry-After": "5"})))
+
+    with pytest.raises(ResumeBarrierTimeout, match="429"):
+        asyncio.run(run())
+
+
+# -- paging: a grant whose turns continue in the transcript ----------------------------------------
+def turn(index: int) -> StoredTurn:
+    started = dt.datetime(2026, 1, 1, tzinfo=dt.UTC) + dt.timedelta(seconds=index)
+    return StoredTurn(index, "user", f"turn {index}", "complete", started, started, 1, 2, None)
+
+
+def transcript_page(turns: list[StoredTurn], next_after_turn: int | None) -> bytes:
+    """A transcript page as the API answers it (FastAPI's JSON of the rows, and the session)."""
+    rows = [{**msgspec.to_builtins(t), "epoch": 0, "seq": t.turn_index + 1} for t in turns]
+    return msgspec.json.encode({"session": {"id": "call/42"}, "turns": rows, "next_after_turn": next_after_turn})
+
+
+def paged_api(pages: dict[str, bytes], seen: list[httpx.Request], first: ResumeGrant):
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        if request.method == "POST":
+            return httpx.Response(200, content=encode_grant(first))
+        return httpx.Response(200, content=pages[request.url.params["after_turn"]])
+
+    return httpx.MockTransport(handler)
+
+
+def test_the_client_follows_the_transcript_pages_up_to_the_grants_last_turn():
+    turns = [turn(i) for i in range(7)]
+    first = ResumeGrant("call/42", epoch=3, status="active", last_seq=9, max_turn_index=5, turns=tuple(turns[:2]),
+                        next_after_turn=1)
+    # Page two ends at turn 3; page three holds a turn the grant does not count (written after the claim).
+    pages = {"1": transcript_page(turns[2:4], 3), "3": transcript_page(turns[4:7], None)}
+    seen: list[httpx.Request] = []
+    grant = resume_via_api(API, "tok-1", "call/42", 5, transport=paged_api(pages, seen, first))
+    assert grant.turns == tuple(turns[:6]) and grant.next_after_turn is None
+    assert (grant.epoch, grant.max_turn_index, grant.next_turn_index) == (3, 5, 6)
+    reads = [r for r in seen if r.method == "GET"]
+    assert [r.url.raw_path for r in reads] == [
+        b"/api/sessions/call%2F42/transcript?after_turn=1&limit=1000",
+        b"/api/sessions/call%2F42/transcript?after_turn=3&limit=1000",
+    ]
+    assert all(r.headers["authorization"] == "Bearer tok-1" for r in reads)
+
+
+def test_a_transcript_page_that_does_not_continue_the_turns_is_refused():
+    first = ResumeGrant("call/42", epoch=1, status="active", last_seq=9, max_turn_index=5, turns=(turn(0), turn(1)),
+                        next_after_turn=1)
+    for page in (transcript_page([], None), transcript_page([turn(0), turn(1)], 1), b"<html>proxy</html>"):
+        with pytest.raises(ResumeApiError, match="transcript page"):
+            resume_via_api(API, "tok-1", "call/42", 5, transport=paged_api({"1": page}, [], first))
+
+
+def test_a_refused_transcript_page_is_the_same_error_as_a_refused_resume():
+    first = ResumeGrant("call/42", epoch=1, status="active", last_seq=9, max_turn_index=5, turns=(turn(0),),
+                        next_after_turn=0)
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.method == "POST":
+            return httpx.Response(200, content=encode_grant(first))
+        return httpx.Response(503, json={"detail": "the store is unavailable; try again"})
+
+    with pytest.raises(ResumeBarrierTimeout, match="503"):
+        resume_via_api(API, "tok-1", "call/42", 5, transport=httpx.MockTransport(handler))

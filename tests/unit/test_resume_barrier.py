@@ -1,9 +1,10 @@
-"""The resume barrier's store step (no broker: the barrier's Kafka lookups are not made)."""
+"""The resume barrier's store steps (no broker: the barrier's Kafka lookups are not made or are stubbed)."""
 
 from __future__ import annotations
 
 import time
 
+import msgspec
 import pytest
 from sqlalchemy import text
 
@@ -12,6 +13,9 @@ from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.resume import ResumeBarrier
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import StoreError, StoreUnavailableError, open_store
+from turnlog.sinks.migrate import upgrade_to_head
+
+from tests.support import EventFactory, messages
 
 
 def barrier(url: str) -> ResumeBarrier:
@@ -53,3 +57,43 @@ def test_other_store_errors_are_not_retried(tmp_path):
     with pytest.raises(StoreError, match="schema is older"):
         barrier(f"sqlite:///{tmp_path / 'store.db'}")._in_store(time.monotonic() + 10, work)
     assert calls == [1]
+
+
+# -- the scope and the status come before the barrier's work ----------------------------------
+def recorded_store(tmp_path):
+    """A store with an ended session and an active one of fleet-a (the barrier's Kafka steps are stubbed)."""
+    store = open_store(f"sqlite:///{tmp_path / 'scoped.db'}")
+    upgrade_to_head(store.engine)
+    ended, active = EventFactory("ended-a"), EventFactory("active-a")
+    events = [msgspec.structs.replace(ended.started(), fleet="fleet-a"), ended.completed(1, 0, "hello"), ended.ended(2),
+              msgspec.structs.replace(active.started(), fleet="fleet-a")]
+    events += [active.completed(seq, seq - 1, f"turn {seq - 1}") for seq in range(1, 6)]
+    with store.engine.begin() as conn:
+        store.apply_batch(conn, None, messages(events))
+    return store
+
+
+def test_a_session_the_token_sees_closed_is_answered_without_the_barrier_and_hidden_ones_look_missing(
+    tmp_path, monkeypatch
+):
+    store = recorded_store(tmp_path)
+    passed: list[str] = []
+    gate = ResumeBarrier(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), store)
+    monkeypatch.setattr(gate, "_catch_up", lambda session_id, deadline: passed.append(session_id))
+
+    closed = gate.grant("ended-a", 5, fleets={"fleet-a"})
+    assert closed is not None and closed.status in ("ended", "finalized") and not closed.resumable
+    assert passed == []  # its status can only move on: no barrier work for it
+
+    # Another fleet's session and a missing one: the same answer, both after the barrier.
+    assert gate.grant("ended-a", 5, fleets={"fleet-b"}) is None
+    assert gate.grant("no-such-session", 5, fleets={"fleet-b"}) is None
+    assert passed == ["ended-a", "no-such-session"]
+
+    granted = gate.grant("active-a", 5, fleets={"fleet-a"}, turn_limit=2)
+    assert granted.resumable and passed[-1] == "active-a"
+    assert [t.turn_index for t in granted.turns] == [0, 1] and granted.next_after_turn == 1
+    assert granted.max_turn_index == 4
+    whole = gate.grant("active-a", 5, fleets={"fleet-a"})  # the direct path: every turn
+    assert [t.turn_index for t in whole.turns] == [0, 1, 2, 3, 4] and whole.next_after_turn is None
+    store.engine.dispose()

@@ -4,26 +4,46 @@ Routes (all under ``/api`` need ``Authorization: Bearer <token>``, see ``auth.py
 
 - ``GET /api/sessions``: ``{"sessions": [...], "next_cursor": id | null}``;
   filters ``status``, ``fleet``, ``started_after``, ``started_before`` (ISO 8601,
-  UTC if no offset), paging by ``limit`` (1..500, default 50) and ``cursor``.
+  UTC if no offset), paging by ``limit`` (1..100, default 20) and ``cursor``.
+  Rows leave out ``metadata`` unless ``include=metadata`` (then a page also
+  stops at ``api_page_bytes`` of metadata).
 - ``GET /api/sessions/{id}``: the session row: status, durable position
-  (``last_seq``: every seq up to it is stored), aggregates once finalized.
-- ``GET /api/sessions/{id}/transcript``: ``{"session": ..., "turns": [...]}`` in turn order;
-  each turn has ``status`` (``partial``, ``complete``, ``interrupted``) and
-  ``barged_in`` (a complete turn the other speaker cut short).
+  (``last_seq``: every seq up to it is stored), aggregates once finalized, metadata.
+- ``GET /api/sessions/{id}/transcript?after_turn=&limit=``: one page of turns,
+  ``{"session": ..., "turns": [...], "next_after_turn": n | null}``, in turn
+  order from ``turn_index > after_turn`` (default -1), at most ``limit``
+  (1..1000, default 100) turns and ``api_page_bytes`` of text and tool calls;
+  ``next_after_turn`` (the last index given) is the next page's ``after_turn``,
+  null on the last page. Each turn has ``status`` (``partial``, ``complete``,
+  ``interrupted``) and ``barged_in`` (a complete turn the other speaker cut
+  short). ``session`` leaves out ``metadata`` unless ``include=metadata``.
 - ``GET /api/sessions/{id}/events``: Server-Sent Events, one per applied event:
   ``id`` = seq, ``event`` = type, ``data`` = the event's JSON as it crossed
   Kafka. Resumes after ``Last-Event-ID`` (which wins) or ``?after=<seq>``;
   backlog from the store, then the live tail (``turnlog.follow``). Ends after
-  ``session.ended``.
+  ``session.ended``, or with a ``stream.cutoff`` event (``data``:
+  ``{"reason": "slow_client", "last_event_id": "<seq>"}``, no ``id``) when the
+  client reads slower than the session writes; reconnecting with
+  ``Last-Event-ID`` resumes exactly.
 - ``GET /api/fleets/{fleet}/analytics``: the analytics projection's figures.
 - ``POST /api/sessions/{id}/resume?timeout=<seconds>``: passes the resume
   barrier, claims the session's next epoch and returns the grant with the
-  stored turns (``turnlog.producers.grant``): how agents resume without
-  database credentials (``turnlog.producers.api_client``). 409 if the session
-  has ended, 503 with ``Retry-After`` if the pipeline did not catch up in time.
+  first page of stored turns (``turnlog.producers.grant``): how agents resume
+  without database credentials (``turnlog.producers.api_client``). 409 if the
+  session has ended, 503 with ``Retry-After`` if the pipeline did not catch up
+  in time, 429 with ``Retry-After`` past the token's resume limit.
 
-Unauthenticated: ``GET /live`` (the live transcript page; static, it holds no
-data and sends the token itself) and ``GET /healthz``.
+Bounds (docs/design.md, "API bounds"): every numeric input is range-checked
+(422 for a query parameter, 400 for ``Last-Event-ID``; never 500); resumes are
+limited per token (``api_resume_per_token``) and answer by their timeout even
+while queued; live streams are capped globally and per token
+(``api_max_streams``, ``api_max_streams_per_token``; 429 past them); pages are
+bounded in rows and bytes (``api_page_bytes``).
+
+Unauthenticated: ``GET /live`` with ``/live.js`` and ``/live.css`` (the live
+transcript page; static, it holds no data and sends the token itself),
+``GET /healthz``, and, only with ``api_docs``, ``/docs``, ``/redoc`` and
+``/openapi.json``. Every response carries the headers of ``headers.py``.
 """
 
 # No ``from __future__ import annotations`` here: FastAPI reads the route
@@ -32,24 +52,32 @@ data and sends the token itself) and ``GET /healthz``.
 
 import asyncio
 import datetime as dt
+import json
 import logging
+import re
+import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Annotated, Any
+from typing import Annotated, Any, Protocol
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
-from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from fastapi.responses import JSONResponse, RedirectResponse, Response
 from sqlalchemy.exc import DBAPIError
 from sse_starlette import EventSourceResponse, ServerSentEvent
+from sse_starlette.sse import SendTimeoutError
+from starlette.types import Receive, Send
+from starlette.types import Scope as AsgiScope
 
 from turnlog.api.auth import Scope, TokenTable
-from turnlog.follow import TranscriptHub, follow_session, store_fetch
+from turnlog.api.headers import SecurityHeaders
+from turnlog.api.limits import SlotLimiter
+from turnlog.follow import FollowerFellBehind, TranscriptHub, follow_session, store_fetch
 from turnlog.kafka import BrokerUnavailableError
 from turnlog.producers.exceptions import ResumeBarrierTimeout
-from turnlog.producers.grant import MAX_RESUME_TIMEOUT_SECONDS, ResumeGrant, encode_grant
+from turnlog.producers.grant import MAX_RESUME_TIMEOUT_SECONDS, RESUME_TURN_PAGE, ResumeGrant, encode_grant
 from turnlog.producers.resume import ResumeBarrier
 from turnlog.readiness import mark_not_ready, mark_ready
 from turnlog.schemas import SessionStatus
@@ -58,26 +86,59 @@ from turnlog.sinks.analytics import AnalyticsProjection
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.exceptions import StoreUnavailableError
-from turnlog.sinks.reads import get_session, get_turns, list_sessions
+from turnlog.sinks.reads import MAX_TURN_INDEX, get_session, list_sessions, turn_page
 
-__all__ = ["create_app"]
+__all__ = ["create_app", "CUTOFF_EVENT", "MAX_SEQ"]
 
 SESSION_STATUSES = tuple(status.value for status in SessionStatus)
 SSE_PING_SECONDS = 15
-#: Resume barriers run at once (each holds a thread; they share two broker clients);
-#: more requests queue, and their time in the queue counts against their timeout.
-RESUME_WORKERS = 8
 #: ``Retry-After`` of a 503 from the resume endpoint (seconds).
 RESUME_RETRY_AFTER_SECONDS = 2
 #: ``Retry-After`` of a 503 when the store or the broker is away (seconds).
 UNAVAILABLE_RETRY_AFTER_SECONDS = 5
+#: ``Retry-After`` of a 429 past a resume limit (seconds): a resume of a caught-up pipeline takes milliseconds.
+RESUME_BUSY_RETRY_AFTER_SECONDS = 1
+#: How long past its deadline a running resume may take to give its own answer (seconds).
+RESUME_GRACE_SECONDS = 1.0
+#: ``Retry-After`` of a 429 past a live stream cap (seconds).
+STREAMS_BUSY_RETRY_AFTER_SECONDS = 5
+#: The SSE event that ends a stream whose client fell behind (it carries no ``id``).
+CUTOFF_EVENT = "stream.cutoff"
+#: Highest seq a request may name (the store's seq column is a signed 64-bit integer).
+MAX_SEQ = 2**63 - 1
+#: Longest id the store holds (session, fleet: 200 characters); a longer one names nothing.
+MAX_ID_LENGTH = 200
+SESSIONS_PAGE_DEFAULT, SESSIONS_PAGE_MAX = 20, 100
+TURNS_PAGE_DEFAULT, TURNS_PAGE_MAX = 100, RESUME_TURN_PAGE
+#: ``Last-Event-ID`` as the API sends it: a seq, in decimal (int() alone would take "1_0" and " 7").
+_SEQ_TEXT = re.compile(r"-?[0-9]{1,19}")
+_DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc")
 
 logger = logging.getLogger(__name__)
 
 
-def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True) -> FastAPI:
+class Barrier(Protocol):
+    """What the API needs of :class:`~turnlog.producers.resume.ResumeBarrier` (tests pass their own)."""
+
+    def grant(
+        self,
+        session_id: str,
+        timeout: float,
+        *,
+        fleets: Collection[str] | None = None,
+        turn_limit: int | None = None,
+        max_bytes: int | None = None,
+    ) -> ResumeGrant | None: ...
+
+    def close(self) -> None: ...
+
+
+def create_app(
+    settings: TurnlogSettings, store: SqlStore, *, live: bool = True, barrier: Barrier | None = None
+) -> FastAPI:
     """The API over ``store``. ``live=False`` runs without the transcript hub
     (followers then see new events from the store, ``api_poll_seconds`` late).
+    ``barrier`` replaces the resume barrier over ``settings`` and ``store`` (tests).
 
     With ``settings.ready_file`` set, the ready file (:mod:`turnlog.readiness`,
     component ``api``) is written once the hub follows the transcript topic
@@ -85,8 +146,15 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
     """
     tokens = TokenTable(settings.api_tokens)
     hub = TranscriptHub(settings, on_following=lambda: mark_ready(settings.ready_file, "api")) if live else None
-    barrier = ResumeBarrier(settings, store)
-    resume_workers = ThreadPoolExecutor(max_workers=RESUME_WORKERS, thread_name_prefix="turnlog-resume")
+    resume_barrier: Barrier = barrier if barrier is not None else ResumeBarrier(settings, store)
+    resume_workers = ThreadPoolExecutor(max_workers=settings.api_resume_workers, thread_name_prefix="turnlog-resume")
+    # Running or queued resumes; their number is bounded per token, so all of them by the token count.
+    resumes = SlotLimiter(settings.api_resume_per_token * max(1, len(tokens)), settings.api_resume_per_token)
+    streams = SlotLimiter(settings.api_max_streams, settings.api_max_streams_per_token)
+    static = {
+        name: resources.files("turnlog.api").joinpath(f"static/{name}").read_text("utf-8")
+        for name in ("live.html", "live.js", "live.css")
+    }
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -98,13 +166,21 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
             yield
         finally:
             resume_workers.shutdown(wait=False, cancel_futures=True)
-            barrier.close()
+            resume_barrier.close()
             if hub is not None:
                 await asyncio.to_thread(hub.stop)
             mark_not_ready(settings.ready_file)  # after the hub's thread, which may mark it ready
 
-    app = FastAPI(title="turnlog", summary="Sessions, transcripts and live events of turnlog's store.",
-                  lifespan=lifespan)
+    docs = settings.api_docs
+    app = FastAPI(
+        title="turnlog",
+        summary="Sessions, transcripts and live events of turnlog's store.",
+        lifespan=lifespan,
+        docs_url="/docs" if docs else None,
+        redoc_url="/redoc" if docs else None,
+        openapi_url="/openapi.json" if docs else None,
+    )
+    app.add_middleware(SecurityHeaders, docs_paths=_DOCS_PATHS)
 
     # One place for outages, whichever call site met them: a client gets 503 and
     # when to try again, never a raw 500 (decided by exception class and SQLSTATE).
@@ -142,12 +218,13 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
         return granted
 
     Scoped = Annotated[Scope, Depends(scope)]
+    Include = Annotated[str | None, Query(pattern="^metadata$", description="`metadata`: include each session's")]
 
-    def visible_session(session_id: str, granted: Scope) -> dict[str, Any]:
-        if "\x00" in session_id:  # no stored id holds one (and Postgres text cannot)
+    def visible_session(session_id: str, granted: Scope, *, include_metadata: bool = True) -> dict[str, Any]:
+        if not _may_exist(session_id):
             raise HTTPException(404, "no such session")
         with store.engine.connect() as conn:
-            session = get_session(conn, session_id, fleets=granted.fleets)
+            session = get_session(conn, session_id, fleets=granted.fleets, include_metadata=include_metadata)
         if session is None:  # also outside the token's fleets: never confirm it exists
             raise HTTPException(404, f"no session {session_id!r}")
         return session
@@ -160,23 +237,34 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
     def root() -> RedirectResponse:
         return RedirectResponse("/live")
 
-    @app.get("/live", response_class=HTMLResponse, include_in_schema=False)
-    def live_page() -> str:
-        return resources.files("turnlog.api").joinpath("static/live.html").read_text("utf-8")
+    @app.get("/live", include_in_schema=False)
+    def live_page() -> Response:
+        return Response(static["live.html"], media_type="text/html; charset=utf-8",
+                        headers={"Cache-Control": "no-cache"})
+
+    @app.get("/live.js", include_in_schema=False)
+    def live_script() -> Response:
+        return Response(static["live.js"], media_type="text/javascript; charset=utf-8",
+                        headers={"Cache-Control": "no-cache"})
+
+    @app.get("/live.css", include_in_schema=False)
+    def live_style() -> Response:
+        return Response(static["live.css"], media_type="text/css; charset=utf-8", headers={"Cache-Control": "no-cache"})
 
     @app.get("/api/sessions")
     def sessions_list(
         granted: Scoped,
         status: Annotated[str | None, Query(pattern="^(" + "|".join(SESSION_STATUSES) + ")$")] = None,
-        fleet: str | None = None,
+        fleet: Annotated[str | None, Query(max_length=MAX_ID_LENGTH)] = None,
         started_after: dt.datetime | None = None,
         started_before: dt.datetime | None = None,
-        limit: Annotated[int, Query(ge=1, le=500)] = 50,
-        cursor: str | None = None,
+        limit: Annotated[int, Query(ge=1, le=SESSIONS_PAGE_MAX)] = SESSIONS_PAGE_DEFAULT,
+        cursor: Annotated[str | None, Query(max_length=MAX_ID_LENGTH)] = None,
+        include: Include = None,
     ) -> dict[str, Any]:
         _no_nul(fleet=fleet, cursor=cursor)
         with store.engine.connect() as conn:
-            rows = list_sessions(
+            rows, more = list_sessions(
                 conn,
                 fleets=granted.fleets,
                 status=status,
@@ -184,10 +272,10 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
                 started_after=_as_utc("started_after", started_after),
                 started_before=_as_utc("started_before", started_before),
                 after_id=cursor,
-                limit=limit + 1,  # one more: is there a next page?
+                limit=limit,
+                include_metadata=include == "metadata",
+                max_bytes=settings.api_page_bytes,
             )
-        more = len(rows) > limit
-        rows = rows[:limit]
         return {"sessions": rows, "next_cursor": rows[-1]["id"] if more else None}
 
     @app.get("/api/sessions/{session_id}")
@@ -195,44 +283,75 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
         return visible_session(session_id, granted)
 
     @app.get("/api/sessions/{session_id}/transcript")
-    def session_transcript(session_id: str, granted: Scoped) -> dict[str, Any]:
-        session = visible_session(session_id, granted)
+    def session_transcript(
+        session_id: str,
+        granted: Scoped,
+        after_turn: Annotated[int, Query(ge=-1, le=MAX_TURN_INDEX)] = -1,
+        limit: Annotated[int, Query(ge=1, le=TURNS_PAGE_MAX)] = TURNS_PAGE_DEFAULT,
+        include: Include = None,
+    ) -> dict[str, Any]:
+        session = visible_session(session_id, granted, include_metadata=include == "metadata")
         with store.engine.connect() as conn:
-            turns = get_turns(conn, session_id)
-        return {"session": session, "turns": turns}
+            page = turn_page(conn, session_id, after_turn=after_turn, limit=limit, max_bytes=settings.api_page_bytes)
+        return {"session": session, "turns": page.turns, "next_after_turn": page.next_after_turn}
 
     @app.get("/api/sessions/{session_id}/events")
     async def session_stream(
         session_id: str,
-        request: Request,
         granted: Scoped,
-        after: Annotated[int | None, Query(ge=-1)] = None,
+        after: Annotated[int | None, Query(ge=-1, le=MAX_SEQ)] = None,
         last_event_id: Annotated[str | None, Header()] = None,
     ) -> Response:
-        await asyncio.to_thread(visible_session, session_id, granted)
-        resume_after = after if after is not None else -1
-        if last_event_id:
-            try:
-                resume_after = int(last_event_id)
-            except ValueError:
-                raise HTTPException(400, "Last-Event-ID must be a seq (an integer)") from None
-
-        fetch = store_fetch(store)
-        first = await fetch(session_id, resume_after)
+        resume_after = _resume_point(after, last_event_id)
+        key = granted.token_number
+        if not streams.try_acquire(key):
+            raise HTTPException(
+                429,
+                "too many live streams open (for this token, or in all); retry later",
+                headers={"Retry-After": str(STREAMS_BUSY_RETRY_AFTER_SECONDS)},
+            )
+        release = _once(lambda: streams.release(key))
+        try:
+            await asyncio.to_thread(visible_session, session_id, granted, include_metadata=False)
+            fetch = store_fetch(store, max_bytes=settings.api_page_bytes)
+            first = await fetch(session_id, resume_after)
+        except BaseException:
+            release()
+            raise
         if first.finished and not first.events:
             # Nothing can follow: 204 tells an EventSource to stop reconnecting.
+            release()
             return Response(status_code=204)
 
         async def stream() -> AsyncIterator[ServerSentEvent]:
-            async for event in follow_session(
-                fetch, hub, session_id, resume_after, poll_seconds=settings.api_poll_seconds
-            ):
-                yield ServerSentEvent(data=event.payload, id=str(event.seq), event=event.type)
-                # Let sse-starlette's disconnect watcher run between events, so a
-                # backlog is not written on into a closed connection.
-                await asyncio.sleep(0)
+            try:
+                async for event in follow_session(
+                    fetch,
+                    hub,
+                    session_id,
+                    resume_after,
+                    poll_seconds=settings.api_poll_seconds,
+                    queue_bytes=settings.api_stream_queue_bytes,
+                    cut_off_when_behind=True,
+                ):
+                    yield ServerSentEvent(data=event.payload, id=str(event.seq), event=event.type)
+                    # Let sse-starlette's disconnect watcher run between events, so a
+                    # backlog is not written on into a closed connection.
+                    await asyncio.sleep(0)
+            except FollowerFellBehind as behind:
+                logger.info("live stream of %s cut off after seq %d: its client reads slower than the session "
+                            "writes", session_id, behind.last_seq)
+                cutoff = {"reason": "slow_client", "last_event_id": str(behind.last_seq)}
+                yield ServerSentEvent(data=json.dumps(cutoff), event=CUTOFF_EVENT)
 
-        return EventSourceResponse(stream(), ping=SSE_PING_SECONDS, headers={"Cache-Control": "no-store"})
+        return _BoundedEventStream(
+            stream(),
+            session_id=session_id,
+            on_close=release,
+            ping=SSE_PING_SECONDS,
+            send_timeout=settings.api_stream_send_timeout_seconds,
+            headers={"Cache-Control": "no-store"},
+        )
 
     @app.post("/api/sessions/{session_id}/resume")
     async def session_resume(
@@ -242,34 +361,73 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
     ) -> Response:
         """Resume a session: pass the resume barrier, claim its next epoch, and
         return the :class:`~turnlog.producers.grant.ResumeGrant` (epoch, stored
-        position, stored turns in ``turn_index`` order) as JSON.
+        position, the first page of stored turns in ``turn_index`` order; when
+        more turns are stored, ``next_after_turn`` says where the transcript's
+        pages continue) as JSON.
 
         This claims an epoch: it is a POST, not idempotent. A retry (after a
         lost response, say) claims again, which is safe: the newer epoch fences
         the older one, and the unused one is never written in.
 
-        ``timeout``: longest wait at the barrier (seconds, at most
-        ``MAX_RESUME_TIMEOUT_SECONDS``; default ``resume_timeout_seconds``),
-        counted from the request's arrival, including any wait for one of the
-        ``RESUME_WORKERS`` barrier threads. 404: no such session, or one
-        outside the token's fleets (answered after the same barrier, so a token
-        learns nothing about other fleets); 409: the session has ended, was
-        finalized or abandoned (nothing claimed); 503 with ``Retry-After``: the
-        sequencer, the sink, the broker or the store did not catch up in time.
+        ``timeout``: longest wait (seconds, at most ``MAX_RESUME_TIMEOUT_SECONDS``;
+        default ``resume_timeout_seconds``), counted from the request's
+        arrival, including any wait for one of the ``api_resume_workers``
+        barrier threads: the answer comes by then (a request still queued is
+        cancelled and never runs; a running one has ``RESUME_GRACE_SECONDS``
+        more to give its own answer). 404: no such session, or one outside the
+        token's fleets (answered alike; see ``ResumeBarrier.grant``); 409: the
+        session has ended, was finalized or abandoned (nothing claimed); 429
+        with ``Retry-After``: the token already has ``api_resume_per_token``
+        resumes running or queued; 503 with ``Retry-After``: the sequencer, the
+        sink, the broker or the store did not catch up in time.
         """
-        if "\x00" in session_id:  # no stored id holds one (and Postgres text cannot)
+        if not _may_exist(session_id):
             raise HTTPException(404, "no such session")
         wait = timeout if timeout is not None else min(settings.resume_timeout_seconds, MAX_RESUME_TIMEOUT_SECONDS)
         deadline = time.monotonic() + wait
+        key = granted.token_number
+        if not resumes.try_acquire(key):
+            raise HTTPException(
+                429,
+                f"this token already has {settings.api_resume_per_token} resumes in progress; retry later",
+                headers={"Retry-After": str(RESUME_BUSY_RETRY_AFTER_SECONDS)},
+            )
 
         def claim() -> ResumeGrant | None:
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ResumeBarrierTimeout(f"resume of {session_id}: no free resume worker within {wait:g}s")
-            return barrier.grant(session_id, left, fleets=granted.fleets)
+            return resume_barrier.grant(
+                session_id, left, fleets=granted.fleets, turn_limit=RESUME_TURN_PAGE, max_bytes=settings.api_page_bytes
+            )
 
         try:
-            grant = await asyncio.get_running_loop().run_in_executor(resume_workers, claim)
+            work = resume_workers.submit(claim)
+        except RuntimeError:  # the executor is shut down: the API is stopping
+            resumes.release(key)
+            raise HTTPException(
+                503, "the API is stopping; retry", headers={"Retry-After": str(RESUME_RETRY_AFTER_SECONDS)}
+            ) from None
+        # The slot is the worker's until it finishes, or, while queued, until it is cancelled below.
+        work.add_done_callback(lambda _: resumes.release(key))
+        outcome = asyncio.wrap_future(work)
+        outcome.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, even once nobody waits
+        try:
+            done, _ = await asyncio.wait({outcome}, timeout=max(0.0, deadline - time.monotonic()))
+            if not done and not work.cancel():
+                # Running: the barrier keeps the same deadline, so its own answer (a grant, or its
+                # timeout naming what it waited for) is due now; it gets a moment to give it.
+                done, _ = await asyncio.wait({outcome}, timeout=RESUME_GRACE_SECONDS)
+        except asyncio.CancelledError:  # the client went away: a queued resume need not run
+            work.cancel()
+            raise
+        try:
+            if not done:
+                raise ResumeBarrierTimeout(
+                    f"resume of {session_id}: no resume worker was free within {wait:g}s"
+                    if work.cancelled() else f"resume of {session_id}: still at the barrier at its {wait:g}s deadline"
+                )
+            grant = outcome.result()
         except ResumeBarrierTimeout as e:
             logger.warning("resume of %s: %s", session_id, e)  # the detail (groups, offsets) stays in the log
             raise HTTPException(
@@ -281,14 +439,15 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
             raise HTTPException(404, f"no session {session_id!r}")
         if not grant.resumable:
             raise HTTPException(409, f"session {session_id!r} is {grant.status}; it cannot be resumed")
-        logger.info("resume of %s granted: epoch %d, %d stored turns", session_id, grant.epoch, len(grant.turns))
+        logger.info("resume of %s granted: epoch %d, %d stored turns in its first page%s", session_id, grant.epoch,
+                    len(grant.turns), "" if grant.next_after_turn is None else " (more follow)")
         return Response(encode_grant(grant), media_type="application/json", headers={"Cache-Control": "no-store"})
 
     @app.get("/api/fleets/{fleet}/analytics")
     def fleet_analytics(
         fleet: str, granted: Scoped, minutes: Annotated[int, Query(ge=1, le=1440)] = 60
     ) -> dict[str, Any]:
-        if not granted.allows(fleet) or "\x00" in fleet:
+        if not granted.allows(fleet) or not _may_exist(fleet):
             raise HTTPException(404, f"no fleet {fleet!r}")
         with store.engine.connect() as conn:
             figures = AnalyticsProjection(store).figures(conn, fleet, minutes=minutes)
@@ -302,6 +461,58 @@ def create_app(settings: TurnlogSettings, store: SqlStore, *, live: bool = True)
         }
 
     return app
+
+
+class _BoundedEventStream(EventSourceResponse):
+    """An SSE response that gives its live-stream slot back however it ends (``on_close``), and
+    treats a client that accepts nothing for ``send_timeout`` seconds as gone."""
+
+    def __init__(self, content: AsyncIterator[ServerSentEvent], *, session_id: str, on_close: Callable[[], None],
+                 **kwargs: Any) -> None:
+        super().__init__(content, **kwargs)
+        self._session_id = session_id
+        self._on_close = on_close
+
+    async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        except SendTimeoutError:
+            logger.warning("live stream of %s closed: its client accepted nothing for %gs", self._session_id,
+                           self.send_timeout)
+        finally:
+            self._on_close()
+
+
+def _once(action: Callable[[], None]) -> Callable[[], None]:
+    """``action``, run by the first call only (thread-safe)."""
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def run() -> None:
+        with lock:
+            if done.is_set():
+                return
+            done.set()
+        action()
+
+    return run
+
+
+def _may_exist(identifier: str) -> bool:
+    """Whether the store could hold this session or fleet id: none holds a NUL (Postgres text
+    cannot) or is longer than the column."""
+    return "\x00" not in identifier and len(identifier) <= MAX_ID_LENGTH
+
+
+def _resume_point(after: int | None, last_event_id: str | None) -> int:
+    """The seq a stream resumes after: ``Last-Event-ID`` (which wins) or ``after``, default -1.
+    Raises HTTPException(400) for a ``Last-Event-ID`` that is not a seq in -1..MAX_SEQ."""
+    if last_event_id:
+        text = last_event_id.strip()
+        if not _SEQ_TEXT.fullmatch(text) or not -1 <= int(text) <= MAX_SEQ:
+            raise HTTPException(400, f"Last-Event-ID must be a seq, an integer from -1 to {MAX_SEQ}")
+        return int(text)
+    return after if after is not None else -1
 
 
 def _as_utc(name: str, value: dt.datetime | None) -> dt.datetime | None:

@@ -26,9 +26,12 @@ ALL_FLEETS = "*"
 
 @dataclass(frozen=True, slots=True)
 class Scope:
-    """What one token may read: ``fleets`` (None: every fleet)."""
+    """What one token may read: ``fleets`` (None: every fleet). ``token_number`` is the
+    token's position in ``TURNLOG_API_TOKENS`` (from 1; 0: no table), the key of the
+    API's per-token limits: it names the token without holding it."""
 
     fleets: frozenset[str] | None
+    token_number: int = 0
 
     def allows(self, fleet: str | None) -> bool:
         return self.fleets is None or (fleet is not None and fleet in self.fleets)
@@ -41,9 +44,9 @@ class TokenTable:
         self._entries = [
             (
                 hashlib.sha256(token.encode("utf-8")).digest(),
-                Scope(None if ALL_FLEETS in fleets else frozenset(fleets)),
+                Scope(None if ALL_FLEETS in fleets else frozenset(fleets), number),
             )
-            for token, fleets in tokens.items()
+            for number, (token, fleets) in enumerate(tokens.items(), start=1)
             if token
         ]
 
