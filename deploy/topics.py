@@ -19,15 +19,22 @@ from turnlog.exceptions import ConfigurationError
 from turnlog.redact import redact
 from turnlog.settings import TurnlogSettings
 
-__all__ = ["topic_specs", "create_topics", "delete_topics_with_prefix"]
+__all__ = ["topic_specs", "create_topics", "delete_topics_with_prefix", "TOPIC_MAX_MESSAGE_BYTES"]
 
 logger = logging.getLogger(__name__)
+#: ``max.message.bytes`` of every topic (a record batch, after compression): Kafka's default,
+#: set explicitly so the topics do not follow a broker's other default. The recorder's events
+#: (``MAX_EVENT_BYTES``) and every record the sequencer sends (its producer's
+#: ``message.max.bytes``, before compression) fit with room for compression's framing.
+TOPIC_MAX_MESSAGE_BYTES = 1_048_588
 
 
 def topic_specs(settings: TurnlogSettings) -> list[NewTopic]:
     """The topics with their partitions and configs (retention in milliseconds)."""
     topics = settings.topics
-    common = {"cleanup.policy": "delete", "min.insync.replicas": "1"}
+    common = {
+        "cleanup.policy": "delete", "min.insync.replicas": "1", "max.message.bytes": str(TOPIC_MAX_MESSAGE_BYTES),
+    }
     return [
         NewTopic(topics.events, settings.partitions, settings.replication_factor,
                  config={**common, "retention.ms": str(settings.events_retention_ms)}),

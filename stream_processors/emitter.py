@@ -11,6 +11,14 @@ transcript.
 Delivery reports arrive on this module's poll thread; a batch's future is
 resolved on the event loop (``call_soon_threadsafe``) once, when its last
 record is acknowledged, not once per record.
+
+A record the client or the broker refuses for what it is (too large for
+``message.max.bytes`` or the topic's ``max.message.bytes``, an invalid record)
+is not a broker outage: a record sent with a ``token`` is then reported back by
+:meth:`EmissionBatch.delivered` (the caller decides what to do with it), and
+only the other errors fail the batch. The broker refuses a whole record batch
+for one record in it, so a refused record may be innocent: send it again alone
+to know.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from functools import partial
 from typing import Any
 
 from confluent_kafka import KafkaError, Message, Producer
@@ -28,7 +37,10 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_aft
 from turnlog import kafka
 from turnlog.stream_processors.exceptions import ServiceError
 
-__all__ = ["EmissionFailed", "EmissionBatch", "EmissionProducer"]
+__all__ = [
+    "EmissionFailed", "EmissionBatch", "EmissionProducer", "Refusal", "record_bytes", "MESSAGE_MAX_BYTES",
+    "MAX_RECORD_BYTES",
+]
 
 logger = logging.getLogger(__name__)
 POLL_SECONDS = 0.05
@@ -37,6 +49,28 @@ FLUSH_POLL_SECONDS = 0.005
 QUEUE_FULL_WAIT_SECONDS = 30.0
 #: How often a send that found the queue full is tried again meanwhile (seconds).
 QUEUE_FULL_RETRY_SECONDS = 0.005
+#: librdkafka's ``message.max.bytes`` for the emission producer: the largest record it sends
+#: (key, value and headers, before compression). librdkafka's default, set explicitly; the
+#: topics' ``max.message.bytes`` (``deploy/topics.py``) leave room above it for compression's
+#: framing (a test holds the two together).
+MESSAGE_MAX_BYTES = 1_000_000
+#: The largest record a caller should send, as :func:`record_bytes` counts it: ``MESSAGE_MAX_BYTES``
+#: less room for librdkafka's framing of a record and its headers (tens of bytes).
+MAX_RECORD_BYTES = MESSAGE_MAX_BYTES - 4096
+#: Error codes that refuse one record for what it is, not for the broker's state: too large
+#: for the client or the topic, a record list too large, an invalid record.
+REFUSED_RECORD_CODES = frozenset(
+    {KafkaError.MSG_SIZE_TOO_LARGE, KafkaError.RECORD_LIST_TOO_LARGE, KafkaError.INVALID_RECORD}
+)
+
+
+def record_bytes(key: bytes | None, value: bytes | None, headers: Sequence[tuple[str, bytes]] | None = None) -> int:
+    """A record's size as the producer's ``message.max.bytes`` counts it, near enough:
+    key, value, and each header's name and value (librdkafka adds a few bytes of framing)."""
+    size = len(key or b"") + len(value or b"")
+    for name, header in headers or ():
+        size += len(name.encode("utf-8")) + len(header or b"")
+    return size
 
 
 class EmissionFailed(ServiceError):
@@ -52,6 +86,10 @@ class EmissionFailed(ServiceError):
         self.cause = cause
 
 
+Refusal = tuple[Any, kafka.BrokerError]
+"""A record refused for what it is: ``(token, error)`` (the token given to :meth:`EmissionBatch.send`)."""
+
+
 def _queue_stayed_full(_: RetryCallState) -> None:
     raise EmissionFailed(kafka.to_broker_error(KafkaError(KafkaError._QUEUE_FULL), "sending"))
 
@@ -65,37 +103,52 @@ class EmissionBatch:
         self._pending = 0
         self._sealed = False
         self._error: KafkaError | None = None
-        self._done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._refused: list[Refusal] = []
+        self._done: asyncio.Future[list[Refusal]] = asyncio.get_running_loop().create_future()
 
     def send(
         self,
         topic: str,
         *,
         key: bytes | None,
-        value: bytes,
+        value: bytes | None,
         partition: int,
         headers: Sequence[tuple[str, bytes]] | None = None,
+        token: Any = None,
     ) -> None:
         """Queue one record for ``topic[partition]`` (no wait for the broker).
 
+        ``token`` (any value but None): if the client or the broker refuses this record for
+        what it is (``REFUSED_RECORD_CODES``), :meth:`delivered` reports ``(token, error)``
+        instead of failing the batch. Without a token such a refusal fails the batch.
+
         Raises:
             RuntimeError: after :meth:`delivered` was called.
-            EmissionFailed: librdkafka refused the record, or its queue stayed full for
-                ``QUEUE_FULL_WAIT_SECONDS``.
+            EmissionFailed: librdkafka refused the record (with a token: for another reason
+                than what it is), or its queue stayed full for ``QUEUE_FULL_WAIT_SECONDS``.
         """
         with self._lock:
             if self._sealed:
                 raise RuntimeError("send() after delivered()")
             self._pending += 1
+        on_delivery = self._on_delivery if token is None else partial(self._on_token_delivery, token)
         try:
-            self._producer.produce(topic, key, value, partition, headers, self._on_delivery)
+            self._producer.produce(topic, key, value, partition, headers, on_delivery)
+        except EmissionFailed as e:
+            with self._lock:
+                self._pending -= 1
+                if token is None or e.cause.code not in REFUSED_RECORD_CODES:
+                    raise
+                self._refused.append((token, e.cause))
         except BaseException:
             with self._lock:
                 self._pending -= 1
             raise
 
-    async def delivered(self) -> None:
-        """Wait until the broker acknowledged every record sent in this batch.
+    async def delivered(self) -> list[Refusal]:
+        """Wait until the broker acknowledged every record sent in this batch; returns the
+        records sent with a token that were refused for what they are (``(token, error)``,
+        in no particular order; usually none).
 
         Raises:
             EmissionFailed: a record was not delivered (the others may have been).
@@ -104,7 +157,7 @@ class EmissionBatch:
             self._sealed = True
             if self._pending == 0:
                 self._settle()
-        await self._done
+        return await self._done
 
     def _on_delivery(self, error: KafkaError | None, _message: Message) -> None:
         """Called on the poll thread."""
@@ -115,13 +168,24 @@ class EmissionBatch:
             if self._sealed and self._pending == 0:
                 self._producer.call_soon(self._settle)
 
+    def _on_token_delivery(self, token: Any, error: KafkaError | None, message: Message) -> None:
+        """Called on the poll thread, for a record sent with a token."""
+        if error is None or error.code() not in REFUSED_RECORD_CODES:
+            self._on_delivery(error, message)
+            return
+        with self._lock:
+            self._pending -= 1
+            self._refused.append((token, kafka.to_broker_error(error, "delivering an emission")))
+            if self._sealed and self._pending == 0:
+                self._producer.call_soon(self._settle)
+
     def _settle(self) -> None:
         if self._done.done():
             return
         if self._error is not None:
             self._done.set_exception(EmissionFailed(kafka.to_broker_error(self._error, "delivering an emission")))
-        else:
-            self._done.set_result(None)
+        else:  # every record is settled: no callback changes the list any more
+            self._done.set_result(list(self._refused))
 
 
 class EmissionProducer:
@@ -161,7 +225,7 @@ class EmissionProducer:
         return EmissionBatch(self)
 
     def produce(
-        self, topic: str, key: bytes | None, value: bytes, partition: int, headers: Any, on_delivery: Any
+        self, topic: str, key: bytes | None, value: bytes | None, partition: int, headers: Any, on_delivery: Any
     ) -> None:
         """Hand one record to librdkafka; while its queue is full, try again every
         ``QUEUE_FULL_RETRY_SECONDS`` (the poll thread drains it) for up to
@@ -183,7 +247,7 @@ class EmissionProducer:
             retrying(self._send, topic, key, value, partition, headers, on_delivery)
 
     def _send(
-        self, topic: str, key: bytes | None, value: bytes, partition: int, headers: Any, on_delivery: Any
+        self, topic: str, key: bytes | None, value: bytes | None, partition: int, headers: Any, on_delivery: Any
     ) -> None:
         assert self._producer is not None
         try:

@@ -6,6 +6,10 @@
   alarm, and the skipped range is read again;
 - session gaps: a missing seq, if it was ever written, sits between the offsets
   ``SessionSequence.missing_range`` names.
+
+It also reads back the events a session's reorder buffer holds by position only
+(``sequencing.Buffered``) when they are released or rejected: :func:`offset_runs`
+groups their offsets into ranges worth reading in one pass.
 """
 
 from __future__ import annotations
@@ -20,12 +24,26 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 from turnlog import kafka
 from turnlog.settings import TurnlogSettings
 
-__all__ = ["LogRangeReader", "LogRecord"]
+__all__ = ["LogRangeReader", "LogRecord", "offset_runs"]
 
 logger = logging.getLogger(__name__)
 READ_TIMEOUT_SECONDS = 30.0
 
 LogRecord = tuple[int, bytes | None, bytes, list[tuple[str, bytes]] | None]  # (offset, key, value, headers)
+
+
+
+def offset_runs(offsets: list[int], max_step: int) -> list[tuple[int, int]]:
+    """``(first, last)`` ranges (inclusive, ascending) that cover the sorted ``offsets``; two
+    offsets share a range when at most ``max_step`` apart, so a range never reads more than
+    ``max_step - 1`` unwanted records between two wanted ones (``[]`` for no offsets)."""
+    runs: list[tuple[int, int]] = []
+    for offset in offsets:
+        if runs and offset - runs[-1][1] <= max_step:
+            runs[-1] = (runs[-1][0], offset)
+        else:
+            runs.append((offset, offset))
+    return runs
 
 
 class LogRangeReader:

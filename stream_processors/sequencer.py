@@ -26,6 +26,16 @@ The changelog is written here rather than by Faust's ``Table.__setitem__``
 the ones Faust writes and restores (raw key, JSON value, the key's murmur2
 partition), at a fraction of the cost, and acknowledged before the ack.
 
+Bounded in bytes, whatever the events' sizes: a session's reorder buffer holds
+events by position (``sequencing.py``), so its state record stays a few bytes
+per buffered event and under ``max_state_bytes`` (buffered events past that go
+to the DLQ); a batch first decides everything into an :class:`Outbox`, then
+reads the released or rejected buffered events again from the log, then sends.
+A record larger than the producer may send (``max_record_bytes``) or refused by
+the client or the broker for what it is goes to the DLQ as a reference (its
+bytes left out, the reason and source offset kept): one record never stops the
+worker; only the broker's absence does (``EmissionFailed``, ``BrokerError``).
+
 The group's committed offset is what the resume barrier waits on
 (``producers/resume.py``): since Faust's recovery completion no longer drops
 fetched records (``recovery.py``), it never passes an unprocessed record.
@@ -39,6 +49,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -51,14 +62,22 @@ from turnlog.dlq import dlq_headers, reason_class
 from turnlog.exceptions import ConfigurationError
 from turnlog.faults import fault_point
 from turnlog.schemas import EventValidationError, decode_event
-from turnlog.schemas.headers import event_type, peek_event_type, type_headers
+from turnlog.schemas.headers import EventType, event_type, peek_event_type, type_headers
 from turnlog.settings import TopicNames, TurnlogSettings
 from turnlog.signing import RecordVerifier
 from turnlog.stream_processors.admission import admit
 from turnlog.stream_processors.app import make_app, raw_topic
-from turnlog.stream_processors.emitter import EmissionBatch, EmissionFailed, EmissionProducer
-from turnlog.stream_processors.gap_repair import LogRangeReader
-from turnlog.stream_processors.sequencing import SessionSequence, sequence
+from turnlog.stream_processors.emitter import (
+    MAX_RECORD_BYTES,
+    MESSAGE_MAX_BYTES,
+    EmissionBatch,
+    EmissionFailed,
+    EmissionProducer,
+    record_bytes,
+)
+from turnlog.stream_processors.gap_repair import LogRangeReader, LogRecord, offset_runs
+from turnlog.stream_processors.outbox import Outbox, Outgoing
+from turnlog.stream_processors.sequencing import DEFAULT_MAX_BUFFER_BYTES, Buffered, SessionSequence, sequence
 
 __all__ = ["build_sequencer", "Sequencer", "SourceRecord", "TABLE_NAME", "BATCH_SIZE", "BATCH_WAIT_SECONDS"]
 
@@ -77,7 +96,22 @@ EMISSION_DELIVERY_TIMEOUT_SECONDS = 600.0
 EMISSION_LINGER_MS = 1
 #: How often gaps whose re-read failed are read again (seconds).
 GAP_RETRY_SECONDS = 5.0
+#: Largest session state record (bytes of its JSON): far under the broker's record limit
+#: (``message.max.bytes``, ~1 MB). The worst state of the default settings (1,024 buffered
+#: positions, the longest ids) is about 80 KB; buffered events past this go to the DLQ.
+MAX_STATE_BYTES = 256 * 1024
+#: Longest DLQ reason (UTF-8 bytes): a reason may quote a record's field names or sizes.
+MAX_REASON_BYTES = 1024
+#: Longest key a DLQ reference keeps (bytes); a longer one (no valid session id is) is left out.
+MAX_REFERENCE_KEY_BYTES = 1024
+#: Buffered events read again from the log share one read when their offsets are this close.
+HELD_READ_STEP = 64
+#: How long reading buffered events again waits through a broker outage (seconds), as emissions do.
+HELD_READ_TIMEOUT_SECONDS = EMISSION_DELIVERY_TIMEOUT_SECONDS
+HELD_READ_RETRY_SECONDS = 5.0
 _JSON = msgspec.json.Encoder()
+#: Bytes the turnlog-type header adds to a transcript record (the longest type's).
+_TYPE_HEADER_BYTES = max(record_bytes(None, None, type_headers(kind)) for kind in EventType)
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +132,11 @@ class Sequencer:
     ``states`` maps a session key (bytes) to its :meth:`SessionSequence.to_json`
     (a Faust table's store: setting a key there sends nothing); ``changelog``
     is the table's changelog topic, where this class writes each new state.
+
+    Bounds (bytes): a session's reorder buffer holds at most ``max_buffer`` events and
+    ``max_buffer_bytes`` of them; a state record at most ``max_state_bytes``; a record sent
+    at most ``max_record_bytes`` (key, value and headers). ``held_read_timeout`` (seconds):
+    how long reading buffered events again waits through a broker outage.
     """
 
     def __init__(
@@ -110,7 +149,15 @@ class Sequencer:
         topics: TopicNames,
         max_buffer: int,
         verifier: RecordVerifier | None = None,
+        max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
+        max_state_bytes: int = MAX_STATE_BYTES,
+        max_record_bytes: int = MAX_RECORD_BYTES,
+        held_read_timeout: float = HELD_READ_TIMEOUT_SECONDS,
     ) -> None:
+        self._max_buffer_bytes = max_buffer_bytes
+        self._max_state_bytes = max_state_bytes
+        self._max_record_bytes = max_record_bytes
+        self._held_read_timeout = held_read_timeout
         self._states = states
         self._verifier = verifier
         self._changelog = changelog
@@ -141,34 +188,64 @@ class Sequencer:
         await self.process([], recheck=pending)
 
     async def process(self, records: list[SourceRecord], *, recheck: dict[bytes, int] | None = None) -> None:
-        """Sequence one batch: decide, send, await the acks, then store the states.
-        ``recheck`` (``{key: partition}``) adds sessions whose gap is read again.
+        """Sequence one batch: decide, read released buffered events again, send, await the
+        acks, then store the states. ``recheck`` (``{key: partition}``) adds sessions whose gap
+        is read again. A record that cannot be sequenced or sent goes to the DLQ; nothing
+        about one record raises.
 
         Raises:
-            EmissionFailed: the broker refused an emission; nothing of the batch was stored.
+            EmissionFailed: an emission was not delivered (the broker away past the delivery
+                timeout, a fatal producer error); nothing of the batch was stored.
+            BrokerError: the log could not be read again past ``held_read_timeout`` (buffered
+                events to release, an offset jump); nothing of the batch was sent or stored.
         """
-        batch = self._emissions.batch()
-        touched: dict[bytes, tuple[SessionSequence, SourceRecord]] = {
-            key: (SessionSequence.from_json(self._states.get(key)), SourceRecord(key, b"", partition, -1))
-            for key, partition in (recheck or {}).items()
-        }
+        outbox = Outbox()
+        touched: dict[bytes, tuple[SessionSequence, SourceRecord]] = {}
+        for key, partition in (recheck or {}).items():
+            try:
+                touched[key] = (SessionSequence.from_json(self._states.get(key)), SourceRecord(key, b"", partition, -1))
+            except Exception:  # an unreadable state: the session's next record meets it in _decide
+                logger.exception("state of %r unreadable; its gap is not read again now", key)
         for record in records:
             for skipped in await self._skipped_before(record):
-                self._decide(batch, touched, skipped)
-            self._decide(batch, touched, record)
+                self._decide_one(outbox, touched, skipped)
+            self._decide_one(outbox, touched, record)
         for skipped in await self._missing_seqs(touched):
-            self._decide(batch, touched, skipped)
-        await batch.delivered()  # acks=all: the emissions are durable before the state moves
+            self._decide_one(outbox, touched, skipped)
+        new_states = self._bounded_states(outbox, touched)
+        await self._read_held(outbox)
+        await self._deliver(outbox)  # acks=all: the emissions are durable before the state moves
         fault_point("sequencer.after_emit")
-        new_states = {key: state.to_json() for key, (state, _) in touched.items()}
         changelog = self._emissions.batch()
-        for key, value in new_states.items():
-            changelog.send(self._changelog, key=key, value=_JSON.encode(value), partition=touched[key][1].partition)
-        await changelog.delivered()
-        self._states.update(new_states)
+        for key, (_, encoded) in new_states.items():
+            if encoded is not None:
+                changelog.send(self._changelog, key=key, value=encoded, partition=touched[key][1].partition, token=key)
+        for key, error in await changelog.delivered():
+            # Kept in memory: after a restart the older stored state meets the session's next
+            # record as a gap, and the gap re-read applies the records since.
+            logger.error("state of %r not stored in %s: %s", key, self._changelog, error)
+        self._states.update({key: value for key, (value, _) in new_states.items()})
+
+    def _decide_one(
+        self, outbox: Outbox, touched: dict[bytes, tuple[SessionSequence, SourceRecord]], record: SourceRecord
+    ) -> None:
+        """:meth:`_decide`, with every failure of one record sent to the DLQ: a record too large
+        to be carried to the transcript is refused before it is decoded or buffered."""
+        try:
+            size = record_bytes(record.key, record.value) + _TYPE_HEADER_BYTES
+            if size > self._max_record_bytes:
+                self._reject(outbox, record, record.value, (
+                    f"too large: the event would be a {size}-byte transcript record, over the"
+                    f" {self._max_record_bytes} a record may have"
+                ))
+                return
+            self._decide(outbox, touched, record)
+        except Exception as e:  # a bug must not stop the pipeline; the record goes to the DLQ
+            logger.exception("deciding %s[%d]@%d failed", self._topics.events, record.partition, record.offset)
+            self._reject(outbox, record, record.value, f"internal: {type(e).__name__}")
 
     def _decide(
-        self, batch: EmissionBatch, touched: dict[bytes, tuple[SessionSequence, SourceRecord]], record: SourceRecord
+        self, batch: Outbox, touched: dict[bytes, tuple[SessionSequence, SourceRecord]], record: SourceRecord
     ) -> None:
         key, raw = record.key, record.value
         try:
@@ -177,7 +254,7 @@ class Sequencer:
             self._reject(batch, record, raw, f"invalid: {e.reason}")
             return
         if key != event.session_id.encode("utf-8"):
-            self._reject(batch, record, raw, f"invalid: record key {key!r} is not the session_id")
+            self._reject(batch, record, raw, "invalid: record key is not the session_id")
             return
         assert key is not None
         try:
@@ -187,7 +264,9 @@ class Sequencer:
                 if refused is not None:
                     self._reject(batch, record, raw, refused)
                     return
-            decision = sequence(state, event, raw, record.offset, max_buffer=self._max_buffer)
+            decision = sequence(
+                state, event, raw, record.offset, max_buffer=self._max_buffer, max_buffer_bytes=self._max_buffer_bytes
+            )
         except Exception as e:  # a bug here must not stop the pipeline; the bytes go to the DLQ
             logger.exception("sequencing %s seq %d failed", event.session_id, event.seq)
             self._reject(batch, record, raw, f"internal: {type(e).__name__}: {e}")
@@ -201,16 +280,168 @@ class Sequencer:
         touched[key] = (state, record)
         for out in decision.emit:
             # The turnlog-type header: this event's type; an event released from the gap buffer behind it is peeked.
-            headers = type_headers(event_type(event) if out is raw else peek_event_type(out))
-            batch.send(self._topics.transcript, key=key, value=out, partition=record.partition, headers=headers)
+            offset, kind = (out.offset, None) if isinstance(out, Buffered) else (record.offset, event_type(event))
+            batch.transcript(
+                self._topics.transcript, key=key, value=out, partition=record.partition, source_offset=offset, kind=kind
+            )
         for held, reason in decision.dlq:
             self._reject(batch, record, held, reason)
 
-    def _reject(self, batch: EmissionBatch, record: SourceRecord, raw: bytes, reason: str) -> None:
+    def _reject(self, batch: Outbox, record: SourceRecord, raw: bytes | Buffered | None, reason: str) -> None:
+        """Route ``raw`` (``record``'s value, or a buffered event of its session) to the DLQ."""
+        reason = _bounded(reason, MAX_REASON_BYTES)
+        offset = raw.offset if isinstance(raw, Buffered) else record.offset
         metrics.DLQ_ROUTED.labels("sequencer", reason_class(reason)).inc()
-        logger.warning("DLQ %s[%d]@%d: %s", self._topics.events, record.partition, record.offset, reason)
-        headers = dlq_headers(reason, self._topics.events, record.partition, record.offset)
-        batch.send(self._topics.dlq, key=record.key, value=raw, partition=record.partition, headers=headers)
+        logger.warning("DLQ %s[%d]@%d: %s", self._topics.events, record.partition, offset, reason)
+        batch.dlq(self._topics.dlq, key=record.key, value=raw, partition=record.partition, source_offset=offset,
+                  reason=reason)
+
+    def _bounded_states(
+        self, outbox: Outbox, touched: dict[bytes, tuple[SessionSequence, SourceRecord]]
+    ) -> dict[bytes, tuple[dict[str, Any], bytes | None]]:
+        """Each touched session's new state, as JSON and as its changelog record's value, at most
+        ``max_state_bytes``: the highest buffered seqs go to the DLQ until it fits. (None: it
+        does not fit even with nothing buffered; it is not written, see :meth:`process`.)"""
+        states: dict[bytes, tuple[dict[str, Any], bytes | None]] = {}
+        for key, (state, record) in touched.items():
+            value = state.to_json()
+            encoded = _JSON.encode(value)
+            while len(encoded) > self._max_state_bytes and state.buffer:
+                excess = len(encoded) - self._max_state_bytes
+                while excess > 0 and state.buffer:
+                    seq = max(state.buffer)
+                    held = state.buffer.pop(seq)
+                    excess -= len(_JSON.encode([seq, held.epoch, held.ends_session, held.offset, held.size]))
+                    self._reject(outbox, record, held, (
+                        f"overflow: the session's state would pass {self._max_state_bytes} bytes;"
+                        f" buffered seq {seq} is dropped while waiting for seq {state.next_seq}"
+                    ))
+                value = state.to_json()
+                encoded = _JSON.encode(value)
+            if len(encoded) > self._max_state_bytes:
+                logger.error("state of %r is %d bytes, over %d: not stored", key, len(encoded), self._max_state_bytes)
+                states[key] = (value, None)
+            else:
+                states[key] = (value, encoded)
+        return states
+
+    async def _read_held(self, outbox: Outbox) -> None:
+        """Read again from the log the bytes of the buffered events the batch releases or rejects
+        (those buffered in an earlier batch): each is kept only if it is that event (session,
+        seq, epoch, size); one not found stays without bytes and goes out as a reference.
+
+        Raises:
+            BrokerError: the log could not be read past ``held_read_timeout``.
+        """
+        wanted: dict[tuple[int, bytes | None], list[Buffered]] = {}
+        for item, unread in outbox.unread():
+            wanted.setdefault((item.partition, item.key), []).append(unread)
+        for (partition, key), held in wanted.items():
+            found: dict[int, bytes | None] = {}
+            for first, last in offset_runs(sorted({h.offset for h in held}), HELD_READ_STEP):
+                for offset, _, value, _ in await self._read_patiently(partition, first, last, key):
+                    found[offset] = value
+            for h in held:
+                again = found.get(h.offset)
+                if again is not None and _is_buffered_event(again, key, h):
+                    h.raw = again
+            lost = sorted(h.seq for h in held if h.raw is None)
+            if lost:
+                logger.error("buffered seqs %s of %r are not in %s[%d] any more", lost, key, self._topics.events,
+                             partition)
+
+    async def _read_patiently(self, partition: int, first: int, last: int, key: bytes | None) -> list[LogRecord]:
+        """``reader.read``, tried again while the broker is away, up to ``held_read_timeout``.
+
+        Raises:
+            BrokerError: not read within ``held_read_timeout``, or not retriable.
+        """
+        deadline = time.monotonic() + self._held_read_timeout
+        while True:
+            try:
+                return await asyncio.to_thread(self._reader.read, partition, first, last, key)
+            except kafka.BrokerError as e:
+                if not e.retriable or time.monotonic() + HELD_READ_RETRY_SECONDS > deadline:
+                    raise
+                logger.warning("reading buffered events of %r again failed (%s); trying again", key, e)
+                await asyncio.sleep(HELD_READ_RETRY_SECONDS)
+
+    async def _deliver(self, outbox: Outbox) -> None:
+        """Send the outbox in order and wait for the acks. A record refused for what it is is
+        sent again alone (the broker refuses a whole record batch for one of its records, so
+        the others land after later records of their partition: the sink orders by seq); one
+        refused alone goes to the DLQ as a reference.
+
+        Raises:
+            EmissionFailed: a record was not delivered for another reason, or even its
+                reference was refused (the DLQ topic takes no record of a few hundred bytes).
+        """
+        batch = self._emissions.batch()
+        for index in range(len(outbox.items)):
+            self._send(batch, outbox, index)
+        refused = sorted(await batch.delivered(), key=lambda refusal: refusal[0])
+        for index, _ in refused:
+            error = await self._send_alone(outbox, index)
+            if error is None:
+                continue
+            item = outbox.items[index]
+            if item.reference:
+                raise EmissionFailed(error)
+            logger.error("%s refused a record of %s[%d]@%d: %s", item.topic, self._topics.events, item.partition,
+                         item.source_offset, error)
+            outbox.items[index] = self._reference(item, "refused", f"the broker refused it ({error})")
+            error = await self._send_alone(outbox, index)
+            if error is not None:
+                raise EmissionFailed(error)
+
+    async def _send_alone(self, outbox: Outbox, index: int) -> kafka.BrokerError | None:
+        """Send ``outbox.items[index]`` in a batch of its own; the error if it is refused for what it is.
+
+        Raises:
+            EmissionFailed: it was not delivered for another reason.
+        """
+        alone = self._emissions.batch()
+        self._send(alone, outbox, index)
+        refused = await alone.delivered()
+        return refused[0][1] if refused else None
+
+    def _send(self, batch: EmissionBatch, outbox: Outbox, index: int) -> None:
+        """Send ``outbox.items[index]`` (token: ``index``); one that cannot be sent as it is
+        (its bytes gone from the log, or too large) is replaced by its DLQ reference first."""
+        item = outbox.items[index]
+        value = item.value
+        if isinstance(value, Buffered):
+            if value.raw is None:
+                where = f"{self._topics.events}[{item.partition}]@{value.offset}"
+                item = outbox.items[index] = self._reference(
+                    item, "lost", f"buffered seq {value.seq} is not in {where} any more"
+                )
+            value = value.raw or b""
+        if item.reason is None:
+            headers = type_headers(item.kind if item.kind is not None else peek_event_type(value))
+        else:
+            headers = dlq_headers(item.reason, self._topics.events, item.partition, item.source_offset)
+        size = record_bytes(item.key, value, headers)
+        if size > self._max_record_bytes:
+            what = f"the record would be {size} bytes, over the {self._max_record_bytes} a record may have"
+            item = outbox.items[index] = self._reference(item, "too large", what)
+            value = b""
+            headers = dlq_headers(item.reason or "", self._topics.events, item.partition, item.source_offset)
+        batch.send(item.topic, key=item.key, value=value, partition=item.partition, headers=headers, token=index)
+
+    def _reference(self, item: Outgoing, why: str, what: str) -> Outgoing:
+        """The DLQ record that stands for ``item`` when it cannot be sent: its bytes left out
+        (an empty value; the source offset names where they are). The reason: a DLQ record's
+        own, or for a transcript record ``why`` (its class), each with ``what`` happened."""
+        if item.reason is not None:
+            reason = f"{item.reason}; its bytes are left out: {what}"
+        else:
+            reason = f"{why}: {what}; the event is left out of the transcript"
+            metrics.DLQ_ROUTED.labels("sequencer", why).inc()  # a DLQ record's own was counted at its rejection
+        reason = _bounded(reason, MAX_REASON_BYTES)
+        logger.warning("DLQ %s[%d]@%d: %s", self._topics.events, item.partition, item.source_offset, reason)
+        key = item.key if item.key is None or len(item.key) <= MAX_REFERENCE_KEY_BYTES else None
+        return Outgoing(self._topics.dlq, key, b"", item.partition, item.source_offset, reason=reason, reference=True)
 
     async def _skipped_before(self, record: SourceRecord) -> list[SourceRecord]:
         """The tripwire: records of the partition between the expected offset and
@@ -258,6 +489,25 @@ class Sequencer:
         return found
 
 
+def _bounded(text: str, max_bytes: int) -> str:
+    """``text`` cut to at most ``max_bytes`` of UTF-8 (on a character boundary, marked with "…")."""
+    encoded = text.encode("utf-8")
+    if len(encoded) <= max_bytes:
+        return text
+    return encoded[: max_bytes - 3].decode("utf-8", "ignore") + "…"
+
+
+def _is_buffered_event(value: bytes, key: bytes | None, held: Buffered) -> bool:
+    """Whether ``value``, read again from the log at ``held.offset``, is the event buffered there."""
+    try:
+        event = decode_event(value)
+    except EventValidationError:
+        return False
+    return (len(value), event.seq, event.epoch, event.session_id.encode("utf-8")) == (
+        held.size, held.seq, held.epoch, key
+    )
+
+
 def record_verifier(settings: TurnlogSettings) -> RecordVerifier | None:
     """The write-side admission's verifier (``turnlog/signing.py``), or None in open mode (no fleet keys).
 
@@ -299,7 +549,8 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
     )
     # A batch's records are produced together and then awaited: waiting
     # longer for more only adds to each batch's two round trips.
-    linger: dict[str, Any] = {"linger.ms": EMISSION_LINGER_MS}
+    # message.max.bytes explicit: the record limit the sequencer checks its records against.
+    linger: dict[str, Any] = {"linger.ms": EMISSION_LINGER_MS, "message.max.bytes": MESSAGE_MAX_BYTES}
     emissions = EmissionProducer(
         lambda: kafka.producer(
             settings,
@@ -315,6 +566,7 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         reader=LogRangeReader(settings, topics.events, settings.sequencer_group),
         topics=topics,
         max_buffer=settings.reorder_buffer_size,
+        max_buffer_bytes=settings.reorder_buffer_bytes,
         verifier=record_verifier(settings),
     )
 
@@ -331,8 +583,8 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
             try:
                 async with batch_lock:
                     await sequencer.process(records)
-            except EmissionFailed as e:
-                # Nothing of the batch was stored or acked: a restart processes it again.
+            except (EmissionFailed, kafka.BrokerError) as e:
+                # The broker is away. Nothing of the batch was stored or acked: a restart processes it again.
                 logger.error("stopping: %s", e)
                 await app.crash(e)
                 return
@@ -344,7 +596,7 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         try:
             async with batch_lock:
                 await sequencer.retry_gaps()
-        except EmissionFailed as e:
+        except (EmissionFailed, kafka.BrokerError) as e:
             logger.error("stopping: %s", e)
             await app.crash(e)
 

@@ -146,6 +146,12 @@ class TurnlogSettings(BaseSettings):
     reorder_buffer_size: int = Field(
         1024, ge=1, description="Events the sequencer buffers per session while waiting for a missing seq."
     )
+    reorder_buffer_bytes: int = Field(
+        16 * 1024 * 1024,
+        ge=1,
+        description="Bytes of events (their sizes in the log) the sequencer buffers per session while waiting for "
+        "a missing seq; it keeps their positions, and reads them again from the log when the gap fills.",
+    )
     producer_linger_ms: int = Field(
         5,
         ge=0,

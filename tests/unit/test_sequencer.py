@@ -23,13 +23,16 @@ class _Batch:
         self._fail = fail
         self._pending: list[tuple[str, bytes, int, Any]] = []
 
-    def send(self, topic: str, *, key: bytes | None, value: bytes, partition: int, headers: Any = None) -> None:
+    def send(
+        self, topic: str, *, key: bytes | None, value: bytes, partition: int, headers: Any = None, token: Any = None
+    ) -> None:
         self._pending.append((topic, value, partition, headers))
 
-    async def delivered(self) -> None:
+    async def delivered(self) -> list[Any]:
         if self._fail:
             raise RuntimeError("broker refused")
         self._sent.extend(self._pending)
+        return []
 
 
 class _Emissions:

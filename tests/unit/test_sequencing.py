@@ -1,5 +1,5 @@
 from turnlog.schemas import encode_event
-from turnlog.stream_processors.sequencing import SessionSequence, sequence
+from turnlog.stream_processors.sequencing import SessionSequence, raw_of, sequence
 
 from tests.support import EventFactory
 
@@ -11,7 +11,7 @@ def feed(state, events, first_offset=0):
     emitted, dlq, decisions = [], [], []
     for i, event in enumerate(events):
         decision = sequence(state, event, encode_event(event), first_offset + i, max_buffer=MAX)
-        emitted += [raw for raw in decision.emit]
+        emitted += [raw_of(item) for item in decision.emit]
         dlq += [reason for _, reason in decision.dlq]
         decisions.append(decision)
     return [_seq(raw) for raw in emitted], dlq, decisions
@@ -77,7 +77,7 @@ def test_a_full_reorder_buffer_rejects_to_the_dlq():
     late = [f.completed(seq, seq - 1, "x") for seq in range(2, 2 + MAX + 1)]
     emitted, dlq, _ = feed(state, [f.started(), *late])
     assert emitted == [0]
-    assert len(dlq) == 1 and dlq[0].startswith("reorder buffer full")
+    assert len(dlq) == 1 and dlq[0].startswith("overflow: reorder buffer full (4 events)")
 
 
 def test_events_after_the_end_go_to_the_dlq():

@@ -42,7 +42,7 @@ from turnlog.sinks.batch import SourceMessage
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.exceptions import RecordRejectedError
 from turnlog.sinks.tables import session_events
-from turnlog.stream_processors.sequencing import SessionSequence, sequence
+from turnlog.stream_processors.sequencing import SessionSequence, raw_of, sequence
 
 __all__ = ["ReplayResult", "ReplayError", "replay_events"]
 
@@ -228,9 +228,9 @@ def _sequence_record(
     for _, reason in decision.dlq:
         kind = reason.split(":", 1)[0]
         result.rejected_reasons[kind] = result.rejected_reasons.get(kind, 0) + 1
-    for value in decision.emit:
+    for value in decision.emit:  # states stay in memory here: a buffered event has its bytes (raw_of)
         emitted.append(
-            SourceMessage(record.topic(), record.partition(), record.offset(), value, record.key())  # type: ignore[attr-defined]
+            SourceMessage(record.topic(), record.partition(), record.offset(), raw_of(value), record.key())  # type: ignore[attr-defined]
         )
 
 
