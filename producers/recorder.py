@@ -372,7 +372,7 @@ class SessionRecorder:
             max_bytes=self.settings.spool_max_bytes
         )
         self._store = store
-        self._signer = RecordSigner(self.settings.fleet_key_values())
+        self._signer = RecordSigner(self.settings.fleet_key_rings())
         self._barrier: Any | None = None  # ResumeBarrier, made at the first direct-store resume
         self._sessions: dict[str, RecordedSession] = {}
         self._timer: asyncio.Task[None] | None = None

@@ -1,18 +1,32 @@
 """The sequencer's write-side admission: which fleet may write a session, at which epoch (pure logic).
 
-Runs before :func:`~turnlog.stream_processors.sequencing.sequence` for every
-record of ``<prefix>.events`` once fleet keys are configured
+Runs for every record of ``<prefix>.events`` once fleet keys are configured
 (``turnlog/signing.py`` has the keys, the headers and the grant tokens;
-docs/design.md, "Write-side isolation", the rules):
+docs/design.md, "Write-side isolation", the rules), in two steps:
+
+:func:`authenticate`, before the record is decoded (an HMAC costs less than
+decoding, so junk is refused at the cheapest point):
 
 1. the record is signed by a fleet whose key the sequencer holds;
+
+:func:`admit`, once it is decoded, against the session's state:
+
 2. a ``session.started`` names the fleet that signed it;
-3. a session belongs to the fleet that signed its first admitted record; any
-   other fleet's record of the same session id is refused (never merged);
+3. a session belongs to one fleet, its *owner*: the signer of its admitted
+   ``session.started`` (seq 0, epoch 0). A session with no owner yet admits
+   nothing else, so no record can take an id by arriving first with a later
+   seq; any other fleet's record of an owned session is refused (never
+   merged). A session whose state predates fleet keys (no owner, but
+   sequenced) is taken over only through a resume, whose epoch grant names
+   the fleet the store holds for it;
 4. an epoch above 0 carries an epoch grant issued for exactly this fleet,
    session and epoch, and the event's seq is at or above the grant's first
    seq: no record can fence a session or rewrite a stored seq with an epoch
    nobody issued.
+
+In open mode (no keys) nothing is checked, but :func:`note_owner` still keeps
+the fleet of each session's applied ``session.started``, so sessions started
+then have their owner once keys are turned on.
 
 A refused record goes to the DLQ with the reason returned here; the reasons
 name sessions, seqs and epochs, never fleets' keys or content.
@@ -20,44 +34,98 @@ name sessions, seqs and epochs, never fleets' keys or content.
 
 from __future__ import annotations
 
+import logging
 from typing import Any
 
+from turnlog.exceptions import ConfigurationError
 from turnlog.schemas import Event, SessionStarted
-from turnlog.signing import ProvenanceError, RecordVerifier, provenance_headers
+from turnlog.settings import TurnlogSettings
+from turnlog.signing import RecordVerifier, VerifiedRecord, provenance_headers
 from turnlog.stream_processors.sequencing import SessionSequence
 
-__all__ = ["admit"]
+__all__ = ["authenticate", "admit", "note_owner", "record_verifier"]
+
+logger = logging.getLogger(__name__)
 
 
-def admit(
-    verifier: RecordVerifier, state: SessionSequence, event: Event, key: bytes, raw: bytes, headers: Any,
-) -> str | None:
-    """Check one decoded record against the session's owner and the issued epochs.
+def authenticate(verifier: RecordVerifier, key: bytes | None, raw: bytes, headers: Any) -> VerifiedRecord:
+    """The fleet that signed the record (and the epoch grant it carries), checked before decoding.
 
-    Returns the reason to refuse it (for the DLQ), or None when it is admitted;
-    an admitted record of a session without an owner makes its fleet the owner
-    (``state.fleet``). ``headers``: the record's headers as the Kafka client
-    gives them (a list of pairs, a mapping, or None).
+    ``headers``: the record's headers as the Kafka client gives them (a list of
+    pairs, a mapping, or None).
+
+    Raises:
+        ProvenanceError: unsigned, signed by a fleet without a key here, a
+            signature that does not verify, a repeated provenance header, or an
+            epoch grant not issued with the issuer's key.
     """
-    try:
-        verified = verifier.verify(provenance_headers(headers), key, raw)
-    except ProvenanceError as e:
-        return f"unauthenticated: {e.reason}"
+    return verifier.verify(provenance_headers(headers), key or b"", raw)
+
+
+def _fresh(state: SessionSequence) -> bool:
+    """Nothing of the session was ever sequenced (its state is the default one)."""
+    return state.next_seq == 0 and state.epoch == 0 and not state.buffer and not state.ended
+
+
+def admit(verified: VerifiedRecord, state: SessionSequence, event: Event) -> str | None:
+    """Check one authenticated, decoded record against the session's owner and the issued epochs.
+
+    Returns the reason to refuse it (for the DLQ), or None when it is admitted.
+    Admitting the ``session.started`` of a fresh session, or a granted epoch of
+    a session from before fleet keys, makes the signer the owner
+    (``state.fleet``).
+    """
+    session_id = event.session_id
     if isinstance(event, SessionStarted) and event.fleet != verified.fleet:
-        return f"forged fleet: session.started of {event.session_id} names a fleet other than its signer"
+        return f"forged fleet: session.started of {session_id} names a fleet other than its signer"
     if state.fleet is not None and state.fleet != verified.fleet:
-        return f"foreign fleet: session id {event.session_id} belongs to another fleet"
+        return f"foreign fleet: session id {session_id} belongs to another fleet"
     if event.epoch > 0:
         grant = verified.grant
         if grant is None:
-            return f"epoch not issued: epoch {event.epoch} of {event.session_id} carries no epoch grant"
-        if (grant.fleet, grant.session_id, grant.epoch) != (verified.fleet, event.session_id, event.epoch):
-            return f"epoch not issued: the epoch grant is not for epoch {event.epoch} of {event.session_id}"
+            return f"epoch not issued: epoch {event.epoch} of {session_id} carries no epoch grant"
+        if (grant.fleet, grant.session_id, grant.epoch) != (verified.fleet, session_id, event.epoch):
+            return f"epoch not issued: the epoch grant is not for epoch {event.epoch} of {session_id}"
         if event.seq < grant.from_seq:
             return (
                 f"epoch not issued: seq {event.seq} is below seq {grant.from_seq}, "
                 f"the first granted to epoch {event.epoch}"
             )
     if state.fleet is None:
+        if _fresh(state):
+            if not (isinstance(event, SessionStarted) and event.seq == 0 and event.epoch == 0):
+                return (
+                    f"no owner: {session_id} has no admitted session.started; seq {event.seq} "
+                    f"(epoch {event.epoch}) cannot open it"
+                )
+        elif verified.grant is None:
+            return f"no owner: {session_id} was started before fleet keys; it continues only through a resume"
         state.fleet = verified.fleet
     return None
+
+
+def note_owner(state: SessionSequence, event: Event) -> None:
+    """Open mode: keep the fleet of the session's ``session.started`` once it is applied (sequenced)."""
+    if state.fleet is None and isinstance(event, SessionStarted) and state.started_event_id == str(event.event_id):
+        state.fleet = event.fleet
+
+
+def record_verifier(settings: TurnlogSettings) -> RecordVerifier | None:
+    """The write-side admission's verifier (``turnlog/signing.py``), or None in open mode (no fleet keys).
+
+    Raises:
+        ConfigurationError: fleet keys without ``epoch_grant_key`` (no resumed epoch could be admitted).
+    """
+    if not settings.fleet_keys:
+        logger.warning(
+            "TURNLOG_FLEET_KEYS is empty: records are not authenticated, and any writer of %s can write, "
+            "fence or take over any session (open mode; see docs/design.md, 'Write-side isolation')",
+            settings.topics.events,
+        )
+        return None
+    if settings.epoch_grant_key is None:
+        raise ConfigurationError(
+            "TURNLOG_FLEET_KEYS is set but TURNLOG_EPOCH_GRANT_KEY is not: the sequencer could not admit any "
+            "resumed epoch"
+        )
+    return RecordVerifier(settings.fleet_key_rings(), settings.epoch_grant_key.get_secret_value())

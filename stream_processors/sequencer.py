@@ -59,13 +59,13 @@ import msgspec
 
 from turnlog import kafka, metrics
 from turnlog.dlq import dlq_headers, reason_class
-from turnlog.exceptions import ConfigurationError
 from turnlog.faults import fault_point
+from turnlog.kafka.partitioning import partition_for
 from turnlog.schemas import EventValidationError, decode_event
 from turnlog.schemas.headers import EventType, event_type, peek_event_type, type_headers
 from turnlog.settings import TopicNames, TurnlogSettings
-from turnlog.signing import RecordVerifier
-from turnlog.stream_processors.admission import admit
+from turnlog.signing import ProvenanceError, RecordVerifier
+from turnlog.stream_processors.admission import admit, authenticate, note_owner, record_verifier
 from turnlog.stream_processors.app import make_app, raw_topic
 from turnlog.stream_processors.emitter import (
     MAX_RECORD_BYTES,
@@ -149,6 +149,7 @@ class Sequencer:
         topics: TopicNames,
         max_buffer: int,
         verifier: RecordVerifier | None = None,
+        partitions: int | None = None,
         max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
         max_state_bytes: int = MAX_STATE_BYTES,
         max_record_bytes: int = MAX_RECORD_BYTES,
@@ -160,6 +161,8 @@ class Sequencer:
         self._held_read_timeout = held_read_timeout
         self._states = states
         self._verifier = verifier
+        #: the events topic's partition count: a record on another partition than its session's is refused
+        self._partitions = partitions
         self._changelog = changelog
         self._emissions = emissions
         self._reader = reader
@@ -248,6 +251,13 @@ class Sequencer:
         self, batch: Outbox, touched: dict[bytes, tuple[SessionSequence, SourceRecord]], record: SourceRecord
     ) -> None:
         key, raw = record.key, record.value
+        verified = None
+        if self._verifier is not None:  # before decoding: an HMAC costs less than a decode
+            try:
+                verified = authenticate(self._verifier, key, raw, record.headers)
+            except ProvenanceError as e:
+                self._reject(batch, record, raw, f"unauthenticated: {e.reason}")
+                return
         try:
             event = decode_event(raw)
         except EventValidationError as e:
@@ -256,17 +266,26 @@ class Sequencer:
         if key != event.session_id.encode("utf-8"):
             self._reject(batch, record, raw, "invalid: record key is not the session_id")
             return
+        if self._partitions is not None and record.partition != partition_for(event.session_id, self._partitions):
+            # Another partition's worker may hold this session: a record here would be sequenced apart from it.
+            self._reject(batch, record, raw, (
+                f"misrouted: {event.session_id} belongs on partition"
+                f" {partition_for(event.session_id, self._partitions)}, not {record.partition}"
+            ))
+            return
         assert key is not None
         try:
             state = touched[key][0] if key in touched else SessionSequence.from_json(self._states.get(key))
-            if self._verifier is not None:
-                refused = admit(self._verifier, state, event, key, raw, record.headers)
+            if verified is not None:
+                refused = admit(verified, state, event)
                 if refused is not None:
                     self._reject(batch, record, raw, refused)
                     return
             decision = sequence(
                 state, event, raw, record.offset, max_buffer=self._max_buffer, max_buffer_bytes=self._max_buffer_bytes
             )
+            if verified is None:
+                note_owner(state, event)
         except Exception as e:  # a bug here must not stop the pipeline; the bytes go to the DLQ
             logger.exception("sequencing %s seq %d failed", event.session_id, event.seq)
             self._reject(batch, record, raw, f"internal: {type(e).__name__}: {e}")
@@ -508,27 +527,6 @@ def _is_buffered_event(value: bytes, key: bytes | None, held: Buffered) -> bool:
     )
 
 
-def record_verifier(settings: TurnlogSettings) -> RecordVerifier | None:
-    """The write-side admission's verifier (``turnlog/signing.py``), or None in open mode (no fleet keys).
-
-    Raises:
-        ConfigurationError: fleet keys without ``epoch_grant_key`` (no resumed epoch could be admitted).
-    """
-    if not settings.fleet_keys:
-        logger.warning(
-            "TURNLOG_FLEET_KEYS is empty: records are not authenticated, and any writer of %s can write, "
-            "fence or take over any session (open mode; see docs/design.md, 'Write-side isolation')",
-            settings.topics.events,
-        )
-        return None
-    if settings.epoch_grant_key is None:
-        raise ConfigurationError(
-            "TURNLOG_FLEET_KEYS is set but TURNLOG_EPOCH_GRANT_KEY is not: the sequencer could not admit any "
-            "resumed epoch"
-        )
-    return RecordVerifier(settings.fleet_key_values(), settings.epoch_grant_key.get_secret_value())
-
-
 def build_sequencer(settings: TurnlogSettings) -> faust.App:
     """The sequencer app (consumer group ``settings.sequencer_group``)."""
     app = make_app(settings, settings.sequencer_group, commit_interval_seconds=COMMIT_INTERVAL_SECONDS)
@@ -568,6 +566,7 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         max_buffer=settings.reorder_buffer_size,
         max_buffer_bytes=settings.reorder_buffer_bytes,
         verifier=record_verifier(settings),
+        partitions=settings.partitions,
     )
 
     # The agent's batches and the gap retries never interleave: both read and write session states.

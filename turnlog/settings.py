@@ -199,11 +199,12 @@ class TurnlogSettings(BaseSettings):
         description="The recorder's bearer token for api_url: one of the API's TURNLOG_API_TOKENS whose "
         "fleets include the sessions it resumes.",
     )
-    fleet_keys: dict[str, SecretStr] = Field(
+    fleet_keys: dict[str, SecretStr | list[SecretStr]] = Field(
         default_factory=dict,
         repr=False,
         description="Write-side isolation: each fleet's record signing key, as JSON {fleet: key} (at least 32 "
-        "bytes each, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`). A recorder holds the "
+        "bytes each, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(32))'`), or {fleet: [new key, "
+        "old key, ...]} while rotating (the first signs, any verifies). Every key is distinct. A recorder holds the "
         "keys of the fleets it records and signs every event; the sequencer holds every fleet's key and sends "
         "unsigned, wrongly signed or other fleets' records to the DLQ (turnlog/signing.py). Empty: records are "
         "not signed and any writer of the events topic can write any session (open mode, a warning at start).",
@@ -387,17 +388,31 @@ class TurnlogSettings(BaseSettings):
         """Fail at load on a key too short to sign with (the error names the fleet, never the key)."""
         from turnlog.signing import MIN_KEY_BYTES
 
-        named = {f"fleet_keys[{fleet!r}]": key for fleet, key in self.fleet_keys.items()}
+        named: dict[str, SecretStr] = {}
+        for fleet, ring in self.fleet_keys.items():
+            keys = [ring] if isinstance(ring, SecretStr) else ring
+            if not keys:
+                raise ValueError(f"fleet_keys[{fleet!r}] has no key")
+            named.update({f"fleet_keys[{fleet!r}][{i}]": key for i, key in enumerate(keys)})
         if self.epoch_grant_key is not None:
             named["epoch_grant_key"] = self.epoch_grant_key
+        seen: dict[str, str] = {}
         for name, key in named.items():
-            if len(key.get_secret_value().encode("utf-8")) < MIN_KEY_BYTES:
+            value = key.get_secret_value()
+            if len(value.encode("utf-8")) < MIN_KEY_BYTES:
                 raise ValueError(f"{name} is shorter than {MIN_KEY_BYTES} bytes")
+            if value in seen:  # a shared key would let one fleet sign as another, or mint epochs
+                raise ValueError(f"{name} is the same key as {seen[value]}; every key must be distinct")
+            seen[value] = name
         return self
 
-    def fleet_key_values(self) -> dict[str, str]:
-        """``fleet_keys`` unwrapped, for :class:`turnlog.signing.RecordSigner` and ``RecordVerifier``."""
-        return {fleet: key.get_secret_value() for fleet, key in self.fleet_keys.items()}
+    def fleet_key_rings(self) -> dict[str, list[str]]:
+        """``fleet_keys`` unwrapped, each as a ring (the signing key first), for
+        :class:`turnlog.signing.RecordSigner` and ``RecordVerifier``."""
+        return {
+            fleet: [key.get_secret_value() for key in ([ring] if isinstance(ring, SecretStr) else ring)]
+            for fleet, ring in self.fleet_keys.items()
+        }
 
     @cached_property
     def topics(self) -> TopicNames:

@@ -2,7 +2,9 @@
 
 Who may write what (docs/design.md, "Write-side isolation"):
 
-* Each fleet has a signing key (``TURNLOG_FLEET_KEYS``: ``{fleet: key}``). The
+* Each fleet has a signing key (``TURNLOG_FLEET_KEYS``: ``{fleet: key}``, or
+  ``{fleet: [current key, older keys...]}`` while a key is rotated: records are
+  signed with the first and verified with any). The
   recorder signs every record it spools with its session's fleet key and sets
   two headers: ``turnlog-fleet`` (the fleet's name) and ``turnlog-signature``
   (the HMAC). The sequencer holds every fleet's key and admits a record only
@@ -48,6 +50,7 @@ __all__ = [
     "RecordSigner",
     "RecordVerifier",
     "VerifiedRecord",
+    "KeyRing",
     "issue_epoch_grant",
     "provenance_headers",
     "verify_epoch_grant",
@@ -85,6 +88,17 @@ def _mac(key: bytes, domain: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, _framed(domain, *parts), hashlib.sha256).digest()
 
 
+#: A fleet's keys: one key, or a ring whose first key signs and whose every key verifies (rotation).
+KeyRing = str | bytes | Sequence[str | bytes]
+
+
+def _ring(name: str, keys: KeyRing) -> tuple[bytes, ...]:
+    ring = (keys,) if isinstance(keys, (str, bytes)) else tuple(keys)
+    if not ring:
+        raise ValueError(f"{name} has no key")
+    return tuple(_key_bytes(name, key) for key in ring)
+
+
 def _key_bytes(name: str, key: str | bytes) -> bytes:
     raw = key.encode("utf-8") if isinstance(key, str) else bytes(key)
     if len(raw) < MIN_KEY_BYTES:
@@ -107,11 +121,14 @@ def provenance_headers(
     Other headers are left out; a header without a value counts as absent.
 
     Raises:
-        ProvenanceError: a provenance header appears more than once (which one counts would be ambiguous).
+        ProvenanceError: a provenance header appears more than once (which one counts would be
+            ambiguous), or a header name holds a NUL character.
     """
     pairs = headers.items() if isinstance(headers, Mapping) else (headers or ())
     found: dict[str, bytes] = {}
     for name, value in pairs:
+        if "\x00" in name:  # clients disagree on such a name (one truncates at the NUL): refuse it
+            raise ProvenanceError("a header name holds a NUL character")
         if name not in _PROVENANCE_HEADERS or value is None:
             continue
         if name in found:
@@ -178,11 +195,15 @@ def verify_epoch_grant(key: bytes, token: bytes | str) -> EpochGrant:
 class RecordSigner:
     """Signs the records of the fleets whose keys it holds (the recorder's side).
 
-    ``keys``: ``{fleet: key}``; an empty mapping signs nothing (open mode).
+    ``keys``: ``{fleet: key or key ring}`` (the ring's first key signs); an
+    empty mapping signs nothing (open mode).
+
+    Raises:
+        ValueError: a key shorter than :data:`MIN_KEY_BYTES`, or an empty ring.
     """
 
-    def __init__(self, keys: Mapping[str, str | bytes]) -> None:
-        self._keys = {fleet: _key_bytes(f"fleet {fleet!r}", key) for fleet, key in keys.items()}
+    def __init__(self, keys: Mapping[str, KeyRing]) -> None:
+        self._keys = {fleet: _ring(f"fleet {fleet!r}", ring)[0] for fleet, ring in keys.items()}
 
     @property
     def enabled(self) -> bool:
@@ -221,20 +242,21 @@ class VerifiedRecord:
 class RecordVerifier:
     """Checks the provenance of records read from ``<prefix>.events`` (the sequencer's side).
 
-    ``fleet_keys``: ``{fleet: key}``; ``grant_key``: the epoch grant issuer's key.
+    ``fleet_keys``: ``{fleet: key or key ring}`` (any key of a ring verifies);
+    ``grant_key``: the epoch grant issuer's key.
 
     Raises:
-        ValueError: a key shorter than :data:`MIN_KEY_BYTES`.
+        ValueError: a key shorter than :data:`MIN_KEY_BYTES`, or an empty ring.
     """
 
-    def __init__(self, fleet_keys: Mapping[str, str | bytes], grant_key: str | bytes) -> None:
-        self._keys = {fleet.encode("utf-8"): _key_bytes(f"fleet {fleet!r}", key) for fleet, key in fleet_keys.items()}
+    def __init__(self, fleet_keys: Mapping[str, KeyRing], grant_key: str | bytes) -> None:
+        self._keys = {fleet.encode("utf-8"): _ring(f"fleet {fleet!r}", ring) for fleet, ring in fleet_keys.items()}
         self._grant_key = _key_bytes("the epoch grant issuer", grant_key)
 
     def verify(self, headers: Mapping[str, bytes], key: bytes, value: bytes) -> VerifiedRecord:
         """The fleet that signed the record and its verified epoch grant.
 
-        ``headers``: the record's headers by name (the last value of a repeated name).
+        ``headers``: the record's provenance headers by name (:func:`provenance_headers`).
 
         Raises:
             ProvenanceError: unsigned, an unknown fleet, a signature that does not
@@ -246,14 +268,16 @@ class RecordVerifier:
             raise ProvenanceError("unsigned: no turnlog-fleet or turnlog-signature header")
         if len(fleet) > MAX_FLEET_BYTES:
             raise ProvenanceError(f"turnlog-fleet header is {len(fleet)} bytes; the limit is {MAX_FLEET_BYTES}")
-        fleet_key = self._keys.get(fleet)
-        if fleet_key is None:
+        ring = self._keys.get(fleet)
+        if ring is None:
             raise ProvenanceError("signed by a fleet that has no key here")
         grant_bytes = _header(headers, EPOCH_GRANT_HEADER) or b""
         if len(grant_bytes) > MAX_GRANT_BYTES:
             raise ProvenanceError(f"epoch grant is {len(grant_bytes)} bytes; the limit is {MAX_GRANT_BYTES}")
-        expected = _mac(fleet_key, _RECORD_DOMAIN, fleet, key, value, grant_bytes)
-        if len(signature) != _SIGNATURE_BYTES or not hmac.compare_digest(signature, expected):
-            raise ProvenanceError("signature does not verify with the fleet's key")
+        if len(signature) != _SIGNATURE_BYTES or not any(
+            hmac.compare_digest(signature, _mac(fleet_key, _RECORD_DOMAIN, fleet, key, value, grant_bytes))
+            for fleet_key in ring
+        ):
+            raise ProvenanceError("signature does not verify with the fleet's keys")
         grant = verify_epoch_grant(self._grant_key, grant_bytes) if grant_bytes else None
         return VerifiedRecord(fleet.decode("utf-8"), grant)

@@ -159,10 +159,11 @@ def test_our_partition_for_agrees_with_the_idempotent_producers_murmur2(pipeline
     assert delivered == {key: partition_for(key, pipeline.settings.partitions) for key in keys}
 
 
-def read_partition(pipeline, topic, session_id, *, with_headers=False):
-    """Every record of ``session_id`` in ``topic`` (its partition, from the start)."""
+def read_partition(pipeline, topic, session_id, *, with_headers=False, partition=None):
+    """Every record of ``session_id`` in ``topic`` (its partition, or ``partition``, from the start)."""
     consumer = Consumer({"bootstrap.servers": pipeline.settings.bootstrap_servers, "group.id": f"test-reader-{uuid.uuid4()}", "enable.auto.commit": False})
-    partition = partition_for(session_id, pipeline.settings.partitions)
+    if partition is None:
+        partition = partition_for(session_id, pipeline.settings.partitions)
     low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
     consumer.assign([TopicPartition(topic, partition, low)])
     found, position = [], low

@@ -14,12 +14,17 @@ import pytest
 from confluent_kafka import Producer
 from msgspec.structs import replace
 from pydantic import SecretStr
+from sqlalchemy import select
 
 from turnlog.deploy.processes import stop_all
 from turnlog.dlq import REASON_HEADER
+from turnlog.ops.replay import replay_events
 from turnlog.producers import SessionRecorder, partition_for
 from turnlog.schemas import encode_event
 from turnlog.signing import EpochGrant, RecordSigner, issue_epoch_grant
+from turnlog.sinks import open_store
+from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.sinks.tables import sessions, transcript_turns
 
 from tests.integration.conftest import drop_topics, make_pipeline
 from tests.integration.test_pipeline import finalized, read_partition, session_row, stored_turns
@@ -58,15 +63,17 @@ def same_partition_id(pipeline, other: str, prefix: str) -> str:
             return candidate
 
 
-def send(pipeline, events, *, fleet=None, grant=None, sign_as=None):
-    """Produce ``events`` raw, signed with ``fleet``'s key (as ``sign_as`` says it is, if given), or unsigned."""
+def send(pipeline, events, *, fleet=None, grant=None, sign_as=None, partition=None):
+    """Produce ``events`` raw, signed with ``fleet``'s key (as ``sign_as`` says it is, if given), or unsigned;
+    to ``partition`` if given, else to the session's."""
     producer = Producer({"bootstrap.servers": pipeline.settings.bootstrap_servers, "partitioner": "murmur2_random"})
     for event in events:
         key, value = event.session_id.encode(), encode_event(event)
         headers = None
         if fleet is not None:
             headers = RecordSigner({sign_as or fleet: KEYS[fleet]}).headers(sign_as or fleet, key, value, grant)
-        producer.produce(pipeline.settings.topics.events, key=key, value=value, headers=headers)
+        where = {} if partition is None else {"partition": partition}
+        producer.produce(pipeline.settings.topics.events, key=key, value=value, headers=headers, **where)
     assert producer.flush(10) == 0
 
 
@@ -101,6 +108,9 @@ async def test_no_other_fleet_unsigned_writer_or_invented_epoch_can_touch_a_sess
         send(pipeline, [EventFactory(unsigned_id).started()])
         # alpha's own buggy producer invents an epoch (would fence the session for good).
         send(pipeline, [squatter.partial(3, 1, "fenced?", epoch=2**31 - 1)], fleet="alpha")
+        # ... and writes the session on another partition, where another worker could sequence it apart.
+        wrong = (partition_for(session_id, pipeline.settings.partitions) + 1) % pipeline.settings.partitions
+        send(pipeline, [squatter.partial(3, 1, "elsewhere")], fleet="alpha", partition=wrong)
         await session.complete_turn(1, "agent", "alpha's reply")
         await session.end("done")
 
@@ -115,6 +125,11 @@ async def test_no_other_fleet_unsigned_writer_or_invented_epoch_can_touch_a_sess
     assert dlq_reasons(pipeline, forged_id, 1)[0].startswith("forged fleet")
     assert dlq_reasons(pipeline, unsigned_id, 1)[0].startswith("unauthenticated: unsigned")
     assert session_row(pipeline, forged_id) is None and session_row(pipeline, unsigned_id) is None
+    [(_, headers)] = wait_until(
+        lambda: read_partition(pipeline, pipeline.settings.topics.dlq, session_id, with_headers=True, partition=wrong),
+        timeout=TIMEOUT, what="the misrouted record in the DLQ",
+    )
+    assert dict(headers)[REASON_HEADER].decode().startswith(f"misrouted: {session_id} belongs on partition")
     assert_alive(pipeline)
 
 
@@ -174,3 +189,34 @@ async def test_a_resume_through_the_api_gets_a_grant_the_sequencer_admits(signed
     ]
     assert read_partition(pipeline, pipeline.settings.topics.dlq, session_id) == []
     assert_alive(pipeline)
+
+
+async def test_a_replay_admits_exactly_what_the_sequencer_admitted(signed_pipeline, tmp_path):
+    """A store rebuilt from the log with the same keys refuses the same records: another fleet's
+    turns, forged starts and unsigned sessions never reach it."""
+    pipeline = signed_pipeline
+    session_id = f"replayed-{uuid.uuid4().hex[:8]}"
+    forged_id = same_partition_id(pipeline, session_id, "forged")
+    async with SessionRecorder(fleet_settings(pipeline, "alpha")) as recorder:
+        session = await recorder.start_session(session_id, fleet="alpha", agent_id="a1")
+        await session.complete_turn(0, "user", "alpha's words")
+        send(pipeline, [EventFactory(session_id).completed(2, 1, "beta's words")], fleet="beta")
+        send(pipeline, [replace(EventFactory(forged_id).started(), fleet="alpha")], fleet="beta")
+        send(pipeline, [EventFactory(session_id).partial(3, 1, "fenced?", epoch=7)], fleet="alpha")
+        await session.end("done")
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+
+    rebuilt = open_store(SecretStr(f"sqlite:///{tmp_path / 'rebuilt.db'}"))
+    upgrade_to_head(rebuilt.engine)
+    result = replay_events(pipeline.settings, rebuilt, session_ids=[session_id, forged_id])
+    with rebuilt.engine.connect() as conn:
+        rows = conn.execute(select(sessions.c.id, sessions.c.fleet, sessions.c.status)).all()
+        turns = conn.execute(
+            select(transcript_turns.c.turn_index, transcript_turns.c.text).where(
+                transcript_turns.c.session_id == session_id
+            ).order_by(transcript_turns.c.turn_index)
+        ).all()
+    assert [tuple(r) for r in rows] == [(session_id, "alpha", "finalized")]
+    assert [tuple(t) for t in turns] == [(0, "alpha's words")]
+    assert result.rejected_reasons == {"foreign fleet": 1, "forged fleet": 1, "epoch not issued": 1}
+    rebuilt.engine.dispose()

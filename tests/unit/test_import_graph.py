@@ -167,6 +167,7 @@ LAYERS: dict[str, str] = {
     "turnlog.faults": "foundation",
     "turnlog.dlq": "foundation",
     "turnlog.readiness": "foundation",
+    "turnlog.signing": "foundation",
     "turnlog.redact": "foundation",
     "turnlog.schemas": "schemas",
     "turnlog.kafka": "kafka",

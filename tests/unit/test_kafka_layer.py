@@ -323,7 +323,7 @@ def test_a_past_deadline_stops_the_retries_at_once():
 
 def test_the_public_names_are_all_exported():
     exported = {name for name in dir(kafka) if not name.startswith("_")} - {
-        "clients", "cluster", "config", "errors", "exceptions", "offsets", "faust_auth"
+        "clients", "cluster", "config", "errors", "exceptions", "offsets", "faust_auth", "partitioning"
     }
     assert exported == set(kafka.__all__)
 

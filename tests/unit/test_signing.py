@@ -21,7 +21,7 @@ from turnlog.signing import (
     provenance_headers,
     verify_epoch_grant,
 )
-from turnlog.stream_processors.admission import admit
+from turnlog.stream_processors.admission import admit, authenticate, note_owner
 from turnlog.stream_processors.sequencing import SessionSequence
 
 KEY_A, KEY_B, ISSUER = "a" * 40, "b" * 40, "i" * 40
@@ -112,46 +112,88 @@ def test_short_keys_are_refused():
         RecordVerifier({"a": KEY_A}, "short")
 
 
-def test_the_first_admitted_record_makes_its_fleet_the_owner_and_another_fleet_is_refused(verifier):
+def _admit(verifier, state, fleet, key, event, grant=None):
+    record_key, raw, headers = _signed(fleet, key, event, grant)
+    return admit(authenticate(verifier, record_key, raw, headers), state, event)
+
+
+def test_the_admitted_start_makes_its_signer_the_owner_and_another_fleet_is_refused(verifier):
     state = SessionSequence()
-    record_key, raw, headers = _signed("a", KEY_A, _started("s1", "a"))
-    assert admit(verifier, state, _decode(raw), record_key, raw, headers) is None
+    assert _admit(verifier, state, "a", KEY_A, _started("s1", "a")) is None
     assert state.fleet == "a"
+    state.next_seq, state.started_event_id = 1, "started"  # as sequence() leaves it
     # fleet b reuses the id: refused, never merged, and the owner stays a
-    record_key, raw, headers = _signed("b", KEY_B, _started("s1", "b"))
-    reason = admit(verifier, state, _decode(raw), record_key, raw, headers)
-    assert reason is not None and reason.startswith("foreign fleet")
-    record_key, raw, headers = _signed("b", KEY_B, _partial("s1", 1))
-    assert admit(verifier, state, _decode(raw), record_key, raw, headers).startswith("foreign fleet")
+    assert _admit(verifier, state, "b", KEY_B, _started("s1", "b")).startswith("foreign fleet")
+    assert _admit(verifier, state, "b", KEY_B, _partial("s1", 1)).startswith("foreign fleet")
+    assert _admit(verifier, state, "a", KEY_A, _partial("s1", 1)) is None
+    assert state.fleet == "a"
+
+
+def test_no_record_but_the_start_can_open_a_session(verifier):
+    """A later seq arriving first (a squatter guessing the id, or a buggy producer) opens nothing."""
+    state = SessionSequence()
+    reason = _admit(verifier, state, "b", KEY_B, _partial("s1", 50))
+    assert reason.startswith("no owner") and state.fleet is None
+    grant = issue_epoch_grant(ISSUER, EpochGrant("b", "s1", 1, 0))
+    assert _admit(verifier, state, "b", KEY_B, _partial("s1", 0, epoch=1), grant).startswith("no owner")
+    assert _admit(verifier, state, "a", KEY_A, _started("s1", "a")) is None and state.fleet == "a"
+
+
+def test_a_session_from_before_the_keys_is_taken_over_only_through_a_granted_resume(verifier):
+    legacy = SessionSequence(next_seq=7, started_event_id="started")  # sequenced in open mode, before note_owner
+    assert _admit(verifier, legacy, "b", KEY_B, _partial("s1", 7)).startswith("no owner")
+    assert legacy.fleet is None
+    grant = issue_epoch_grant(ISSUER, EpochGrant("a", "s1", 1, 7))
+    assert _admit(verifier, legacy, "a", KEY_A, _partial("s1", 7, epoch=1), grant) is None
+    assert legacy.fleet == "a"
+
+
+def test_open_mode_keeps_the_owner_of_an_applied_start():
+    state = SessionSequence()
+    event = _started("s1", "a")
+    note_owner(state, event)
+    assert state.fleet is None  # not applied yet
+    state.started_event_id = str(event.event_id)
+    note_owner(state, event)
     assert state.fleet == "a"
 
 
 def test_a_session_started_naming_another_fleet_than_its_signer_is_refused(verifier):
     state = SessionSequence()
-    record_key, raw, headers = _signed("b", KEY_B, _started("s1", "a"))
-    assert admit(verifier, state, _decode(raw), record_key, raw, headers).startswith("forged fleet")
+    assert _admit(verifier, state, "b", KEY_B, _started("s1", "a")).startswith("forged fleet")
     assert state.fleet is None
 
 
 def test_an_epoch_is_admitted_only_with_its_grant_and_never_below_the_granted_seq(verifier):
     state = SessionSequence(fleet="a", next_seq=5)
     event = _partial("s1", 5, epoch=1)
-    record_key, raw, headers = _signed("a", KEY_A, event)
-    assert admit(verifier, state, event, record_key, raw, headers).startswith("epoch not issued")
+    assert _admit(verifier, state, "a", KEY_A, event).startswith("epoch not issued")
     invented = _partial("s1", 5, epoch=2**31 - 1)
-    record_key, raw, headers = _signed(
-        "a", KEY_A, invented, issue_epoch_grant(ISSUER, EpochGrant("a", "s1", 1, 5))
-    )
-    assert admit(verifier, state, invented, record_key, raw, headers).startswith("epoch not issued")
-    other_fleet_grant = issue_epoch_grant(ISSUER, EpochGrant("b", "s1", 1, 5))
-    record_key, raw, headers = _signed("a", KEY_A, event, other_fleet_grant)
-    assert admit(verifier, state, event, record_key, raw, headers).startswith("epoch not issued")
     grant = issue_epoch_grant(ISSUER, EpochGrant("a", "s1", 1, 5))
-    rewrite = _partial("s1", 2, epoch=1)
-    record_key, raw, headers = _signed("a", KEY_A, rewrite, grant)
-    assert "below seq 5" in admit(verifier, state, rewrite, record_key, raw, headers)
-    record_key, raw, headers = _signed("a", KEY_A, event, grant)
-    assert admit(verifier, state, event, record_key, raw, headers) is None
+    assert _admit(verifier, state, "a", KEY_A, invented, grant).startswith("epoch not issued")
+    other_fleet_grant = issue_epoch_grant(ISSUER, EpochGrant("b", "s1", 1, 5))
+    assert _admit(verifier, state, "a", KEY_A, event, other_fleet_grant).startswith("epoch not issued")
+    assert "below seq 5" in _admit(verifier, state, "a", KEY_A, _partial("s1", 2, epoch=1), grant)
+    assert _admit(verifier, state, "a", KEY_A, event, grant) is None
+
+
+def test_a_rotated_key_ring_signs_with_its_first_key_and_verifies_with_any(verifier):
+    new, old = "n" * 40, KEY_A
+    rotated = RecordVerifier({"a": [new, old]}, ISSUER)
+    for signing_key in (new, old):
+        record_key, raw, headers = _signed("a", signing_key, _started("s1", "a"))
+        assert rotated.verify(headers, record_key, raw).fleet == "a"
+    record_key, raw, headers = _signed("a", new, _started("s1", "a"))
+    with pytest.raises(ProvenanceError):
+        verifier.verify(headers, record_key, raw)  # a verifier without the new key
+    assert RecordSigner({"a": [new, old]}).headers("a", record_key, raw) == RecordSigner({"a": new}).headers(
+        "a", record_key, raw
+    )
+
+
+def test_a_header_name_with_a_nul_is_refused():
+    with pytest.raises(ProvenanceError, match="NUL"):
+        provenance_headers([("turnlog-fleet\x00zz", b"a")])
 
 
 def _decode(raw: bytes):

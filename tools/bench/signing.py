@@ -22,14 +22,13 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from turnlog.schemas import decode_event, encode_event
+from turnlog.schemas import SessionStarted, decode_event, encode_event
 from turnlog.settings import TopicNames
 from turnlog.signing import RecordSigner, RecordVerifier
 from turnlog.stream_processors.sequencer import Sequencer, SourceRecord
 
 __all__ = ["signing_cost"]
 
-_FLEET = "bench"
 
 
 class _Batch:
@@ -93,11 +92,14 @@ def signing_cost(payloads: Sequence[tuple[str, bytes]], *, rounds: int = 3, batc
 
     ``payloads``: ``[(session_id, event bytes)]`` in the order the recorder sends them.
     """
-    keys = {_FLEET: secrets.token_urlsafe(32)}
-    signer = RecordSigner(keys)
-    verifier = RecordVerifier(keys, secrets.token_urlsafe(32))
     keyed = [(session_id.encode("utf-8"), value) for session_id, value in payloads]
     events = [decode_event(value) for _, value in keyed]
+    # Each record is signed as its session's fleet (its session.started's), as the recorder does.
+    fleet_of = {event.session_id: event.fleet for event in events if isinstance(event, SessionStarted)}
+    fleets = [fleet_of[event.session_id] for event in events]
+    keys = {fleet: secrets.token_urlsafe(32) for fleet in set(fleets)}
+    signer = RecordSigner(keys)
+    verifier = RecordVerifier(keys, secrets.token_urlsafe(32))
     n = len(keyed)
 
     def validate() -> None:
@@ -105,13 +107,13 @@ def signing_cost(payloads: Sequence[tuple[str, bytes]], *, rounds: int = 3, batc
             decode_event(encode_event(event))
 
     def sign() -> None:
-        for key, value in keyed:
-            signer.headers(_FLEET, key, value)
+        for fleet, (key, value) in zip(fleets, keyed, strict=True):
+            signer.headers(fleet, key, value)
 
     unsigned = [SourceRecord(key, value, 0, offset) for offset, (key, value) in enumerate(keyed)]
     signed = [
-        SourceRecord(key, value, 0, offset, signer.headers(_FLEET, key, value))
-        for offset, (key, value) in enumerate(keyed)
+        SourceRecord(key, value, 0, offset, signer.headers(fleet, key, value))
+        for offset, (fleet, (key, value)) in enumerate(zip(fleets, keyed, strict=True))
     ]
     # Both runs must do the same work: every record emitted, none refused.
     off_counts, on_counts = _sequence_all(unsigned, None, batch), _sequence_all(signed, verifier, batch)

@@ -24,8 +24,10 @@ from turnlog.kafka.exceptions import (
     UnknownTopicError,
 )
 from turnlog.kafka.offsets import OffsetReader, Watermarks, lookup_retry
+from turnlog.kafka.partitioning import partition_for
 
 __all__ = [
+    "partition_for",
     "client_config",
     "consumer_config",
     "producer_config",

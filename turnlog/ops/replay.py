@@ -37,11 +37,13 @@ from turnlog.producers.partitioning import partition_for
 from turnlog.redact import redact
 from turnlog.schemas import SETTLED_SESSION_STATUSES, EventValidationError, SessionStatus, decode_event
 from turnlog.settings import TurnlogSettings
+from turnlog.signing import ProvenanceError, RecordVerifier
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.batch import SourceMessage
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.exceptions import RecordRejectedError
-from turnlog.sinks.tables import session_events
+from turnlog.sinks.tables import session_events, sessions
+from turnlog.stream_processors.admission import admit, authenticate, note_owner, record_verifier
 from turnlog.stream_processors.sequencing import SessionSequence, raw_of, sequence
 
 __all__ = ["ReplayResult", "ReplayError", "replay_events"]
@@ -111,6 +113,7 @@ def replay_events(
         **{"enable.auto.offset.store": False, "enable.partition.eof": True},
     )
     result = ReplayResult()
+    verifier = record_verifier(settings)
     try:
         total = sum(max(0, ends[p] - starts[p]) for p in ends)
         pending = {p for p in ends if ends[p] > starts[p]}
@@ -136,7 +139,8 @@ def replay_events(
                 if offset + 1 >= ends[partition]:
                     pending.discard(partition)
                 _sequence_record(store, record, states, wanted, emitted, result,
-                                 max_buffer=settings.reorder_buffer_size)
+                                 max_buffer=settings.reorder_buffer_size, verifier=verifier,
+                                 partitions=settings.partitions)
                 if len(emitted) >= WRITE_BATCH:
                     _write(store, emitted, result)
             if progress:
@@ -195,8 +199,11 @@ def _sequence_record(
     result: ReplayResult,
     *,
     max_buffer: int,
+    verifier: RecordVerifier | None = None,
+    partitions: int | None = None,
 ) -> None:
-    """Put one log record through the sequencer's state machine.
+    """Put one log record through the sequencer's admission (with ``verifier``: fleet keys
+    configured) and state machine.
 
     A record that fails to decode (``EventValidationError``: any failure) or to
     sequence (any exception from ``sequence``, as the live sequencer
@@ -213,13 +220,32 @@ def _sequence_record(
         return
     if wanted and event.session_id not in wanted:
         return
+    key: bytes | None = record.key()  # type: ignore[attr-defined]
+    if key != event.session_id.encode("utf-8"):
+        _skip(record, result, "invalid", "invalid: the record key is not the session_id")
+        return
     if event.session_id not in states:
         states[event.session_id] = _initial_state(store, event.session_id)
     state = states[event.session_id]
     if state is None:  # finalized or abandoned in the target store: leave it be
         return
+    if partitions is not None and record.partition() != partition_for(event.session_id, partitions):  # type: ignore[attr-defined]
+        _skip(record, result, "misrouted", f"misrouted: {event.session_id} is not on this partition")
+        return
+    if verifier is not None:  # the live sequencer's write-side admission, so a replay admits the same records
+        try:
+            verified = authenticate(verifier, key, raw, record.headers())  # type: ignore[attr-defined]
+        except ProvenanceError as e:
+            _skip(record, result, "unauthenticated", f"unauthenticated: {e.reason}")
+            return
+        refused = admit(verified, state, event)
+        if refused is not None:
+            _skip(record, result, refused.split(":", 1)[0], refused)
+            return
     try:
         decision = sequence(state, event, raw, record.offset(), max_buffer=max_buffer)  # type: ignore[attr-defined]
+        if verifier is None:
+            note_owner(state, event)
     except Exception as e:  # a bug in sequencing must not stop the replay: this record alone is skipped
         _skip(record, result, "internal", f"internal: cannot be sequenced ({type(e).__name__})")
         return
@@ -251,11 +277,13 @@ def _initial_state(store: SqlStore, session_id: str) -> SessionSequence | None:
             select(session_events.c.event_id).where(session_events.c.session_id == session_id,
                                                     session_events.c.seq == 0)
         ).scalar()
+        fleet = conn.execute(select(sessions.c.fleet).where(sessions.c.id == session_id)).scalar()
     if position is None:
         return SessionSequence()
     if position.status in SETTLED_SESSION_STATUSES:  # a replay never touches these
         return None
     return SessionSequence(
+        fleet=fleet,  # the stored session's owner: another fleet's records of the id are refused
         epoch=position.epoch,
         next_seq=position.last_seq + 1,
         ended=position.status == SessionStatus.ENDED,
