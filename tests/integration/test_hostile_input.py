@@ -1,15 +1,21 @@
-"""Write-side isolation on the real broker, Postgres and sequencer/sink processes: with fleet keys
-configured, a writer can affect only its own fleet's sessions, and no record can fence a session
-or rewrite a stored seq with an epoch nobody issued (docs/design.md, "Write-side isolation").
+"""Hostile input on the real broker, Postgres and sequencer/sink/API processes, with fleet keys
+configured (docs/design.md, "Write-side isolation"): a writer can affect only its own fleet's
+sessions, no record can fence a session or rewrite a stored seq with an epoch nobody issued,
+records nested or sized past the schema's bounds are refused, and no fleet reads another's words
+through the API.
 
 Each hostile record is interleaved with healthy sessions on the same partition; the healthy
 sessions must be stored intact and finalized, every service alive, and each hostile record in the
-DLQ with its reason."""
+DLQ with its reason (or refused at the recorder). The sequencer's byte bounds (a growing turn
+behind a gap, records too large to carry) are tried in test_sequencer_bounds.py, poison for the
+sink and analytics in test_poison_records.py, unreadable headers in test_unreadable_headers.py."""
 
 from __future__ import annotations
 
 import uuid
 
+import httpx
+import msgspec
 import pytest
 from confluent_kafka import Producer
 from msgspec.structs import replace
@@ -19,7 +25,7 @@ from sqlalchemy import select
 from turnlog.deploy.processes import stop_all
 from turnlog.dlq import REASON_HEADER
 from turnlog.ops.replay import replay_events
-from turnlog.producers import SessionRecorder, partition_for
+from turnlog.producers import InvalidTurnError, SessionRecorder, partition_for
 from turnlog.schemas import encode_event
 from turnlog.signing import EpochGrant, RecordSigner, issue_epoch_grant
 from turnlog.sinks import open_store
@@ -40,7 +46,7 @@ def signed_pipeline(kafka_bootstrap, postgres_databases, tmp_path_factory):
     running = make_pipeline(
         kafka_bootstrap, postgres_databases.create(), tmp_path_factory.mktemp("signed"),
         ("sequencer", "sink", "api"), fleet_keys=KEYS, epoch_grant_key=GRANT_KEY,
-        api_tokens={"alpha-token": ["alpha"]}, api_port=free_port(),
+        api_tokens={"alpha-token": ["alpha"], "beta-token": ["beta"]}, api_port=free_port(),
     )
     running.wait_ready()
     yield running
@@ -220,3 +226,101 @@ async def test_a_replay_admits_exactly_what_the_sequencer_admitted(signed_pipeli
     assert [tuple(t) for t in turns] == [(0, "alpha's words")]
     assert result.rejected_reasons == {"foreign fleet": 1, "forged fleet": 1, "epoch not issued": 1}
     rebuilt.engine.dispose()
+
+
+def nested(depth: int) -> str:
+    """A JSON object nested ``depth`` levels deep."""
+    return '{"a":' * depth + "1" + "}" * depth
+
+
+def with_field(event, path: tuple[str, ...], raw_json: str) -> bytes:
+    """``event`` encoded, with the value at ``path`` replaced by ``raw_json`` (written as is)."""
+    import msgspec
+
+    doc = msgspec.json.decode(encode_event(event))
+    target = doc
+    for name in path[:-1]:
+        target = target[name] if not isinstance(target, list) else target[int(name)]
+    target[path[-1]] = "__HOLE__"
+    return msgspec.json.encode(doc).replace(b'"__HOLE__"', raw_json.encode())
+
+
+async def test_values_nested_or_sized_past_the_schema_are_refused_at_the_recorder_and_in_the_pipeline(
+    signed_pipeline,
+):
+    pipeline = signed_pipeline
+    session_id = f"nested-{uuid.uuid4().hex[:8]}"
+    victims = {name: same_partition_id(pipeline, session_id, name) for name in ("meta", "args", "result", "big")}
+    alpha = fleet_settings(pipeline, "alpha")
+    producer = Producer({"bootstrap.servers": pipeline.settings.bootstrap_servers, "partitioner": "murmur2_random"})
+    signer = RecordSigner({"alpha": KEYS["alpha"]})
+
+    def send_raw(sid: str, value: bytes) -> None:
+        key = sid.encode()
+        producer.produce(pipeline.settings.topics.events, key=key, value=value,
+                         headers=signer.headers("alpha", key, value))
+
+    async with SessionRecorder(alpha) as recorder:
+        with pytest.raises(InvalidTurnError):
+            await recorder.start_session(victims["meta"], fleet="alpha", agent_id="a1",
+                                         metadata=msgspec.json.decode(nested(40)))
+        session = await recorder.start_session(session_id, fleet="alpha", agent_id="a1")
+        with pytest.raises(InvalidTurnError):
+            await session.complete_turn(0, "agent", "x", tool_calls=[{"name": "t", "arguments": {"a": "b" * 300_000}}])
+        await session.complete_turn(0, "user", "healthy words")
+        # A buggy producer holding alpha's key sends what the recorder refuses; a ~1,000-deep value
+        # used to raise RecursionError wherever it was decoded.
+        f = {name: EventFactory(sid) for name, sid in victims.items()}
+        send_raw(victims["meta"], with_field(f["meta"].started(), ("metadata",), nested(1000)))
+        for name, field in (("args", "arguments"), ("result", "result")):
+            send_raw(victims[name], encode_event(replace(f[name].started(), fleet="alpha")))
+            call = {"name": "t", "arguments": {}, "result": None}
+            event = f[name].completed(1, 0, "calls a tool")
+            raw = with_field(replace(event, tool_calls=[]), ("tool_calls",), msgspec.json.encode([call]).decode())
+            send_raw(victims[name], raw.replace(f'"{field}":'.encode() + (b"{}" if field == "arguments" else b"null"),
+                                                f'"{field}":{nested(1000)}'.encode(), 1))
+        send_raw(victims["big"], with_field(replace(f["big"].started(), fleet="alpha"), ("metadata",),
+                                            msgspec.json.encode({"blob": "x" * 70_000}).decode()))
+        assert producer.flush(10) == 0
+        await session.complete_turn(1, "agent", "still recorded")
+        await session.end("done")
+
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
+        (0, "user", "healthy words", "complete"),
+        (1, "agent", "still recorded", "complete"),
+    ]
+    assert dlq_reasons(pipeline, victims["meta"], 1)[0].startswith("invalid:")
+    for name in ("args", "result"):
+        assert dlq_reasons(pipeline, victims[name], 1)[0].startswith("invalid:")
+        assert not stored_turns(pipeline, victims[name])
+    assert dlq_reasons(pipeline, victims["big"], 1)[0].startswith("invalid:")
+    assert session_row(pipeline, victims["meta"]) is None and session_row(pipeline, victims["big"]) is None
+    assert_alive(pipeline)
+
+
+async def test_no_fleet_reads_another_fleets_words_through_the_api(signed_pipeline):
+    pipeline = signed_pipeline
+    session_id = f"private-{uuid.uuid4().hex[:8]}"
+    async with SessionRecorder(fleet_settings(pipeline, "alpha")) as recorder:
+        session = await recorder.start_session(session_id, fleet="alpha", agent_id="a1")
+        await session.complete_turn(0, "user", "alpha only")
+        # beta reuses the id: its words are refused, and beta's token sees no such session.
+        send(pipeline, [replace(EventFactory(session_id).started(), fleet="beta")], fleet="beta")
+        send(pipeline, [EventFactory(session_id).completed(2, 1, "beta's words")], fleet="beta")
+        await session.end("done")
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    dlq_reasons(pipeline, session_id, 2)
+
+    base = f"http://127.0.0.1:{pipeline.settings.api_port}/api/sessions"
+    with httpx.Client(timeout=10) as client:
+        def get(path: str, token: str) -> httpx.Response:
+            return client.get(f"{base}{path}", headers={"Authorization": f"Bearer {token}"})
+
+        own = get(f"/{session_id}/transcript", "alpha-token")
+        assert own.status_code == 200 and "alpha only" in own.text and "beta's words" not in own.text
+        for path in (f"/{session_id}", f"/{session_id}/transcript", f"/{session_id}/events"):
+            answer = get(path, "beta-token")
+            assert answer.status_code == 404 and "alpha only" not in answer.text
+        listed = get("?limit=100", "beta-token")
+        assert listed.status_code == 200 and session_id not in listed.text
