@@ -46,7 +46,7 @@ from tenacity import (
 )
 
 from turnlog import kafka, metrics
-from turnlog.dlq import dlq_headers, reason_class
+from turnlog.dlq import bounded_reason, dlq_headers, reason_class
 from turnlog.faults import fault_point
 from turnlog.readiness import mark_not_ready, mark_ready
 from turnlog.schemas import EventType
@@ -329,6 +329,7 @@ class SinkService:
 
     def _dead_letter(self, message: SourceMessage, reason: str) -> None:
         """Produce ``message`` to the DLQ and wait for the ack, before its offset is skipped."""
+        reason = bounded_reason(reason)  # it may quote a value of the record
         if self._dlq is None:
             self._dlq = kafka.producer(self.settings, client_id=f"{self.consumer_group}-dlq")
         logger.error("DLQ %s[%d]@%d: %s", message.topic, message.partition, message.offset, reason)

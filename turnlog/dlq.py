@@ -9,15 +9,28 @@ came from, ``turnlog-source-topic``, ``turnlog-source-partition``,
 
 from __future__ import annotations
 
-__all__ = ["REASON_HEADER", "dlq_headers", "reason_class"]
+__all__ = ["MAX_REASON_BYTES", "REASON_HEADER", "bounded_reason", "dlq_headers", "reason_class"]
 
 REASON_HEADER = "turnlog-reason"
 
 
+#: Longest reason a DLQ record carries, in bytes of UTF-8: a reason may quote a value of the
+#: record (a schema error names what it found), so it is cut here, whatever the stage.
+MAX_REASON_BYTES = 1024
+
+
+def bounded_reason(reason: str) -> str:
+    """``reason`` cut to at most :data:`MAX_REASON_BYTES` of UTF-8 (on a character boundary, marked "…")."""
+    encoded = reason.encode("utf-8")
+    if len(encoded) <= MAX_REASON_BYTES:
+        return reason
+    return encoded[: MAX_REASON_BYTES - 3].decode("utf-8", "ignore") + "…"
+
+
 def dlq_headers(reason: str, topic: str, partition: int, offset: int) -> list[tuple[str, bytes]]:
-    """Kafka headers for a rejected record."""
+    """Kafka headers for a rejected record (the reason bounded by :func:`bounded_reason`)."""
     return [
-        (REASON_HEADER, reason.encode("utf-8")),
+        (REASON_HEADER, bounded_reason(reason).encode("utf-8")),
         ("turnlog-source-topic", topic.encode("utf-8")),
         ("turnlog-source-partition", str(partition).encode()),
         ("turnlog-source-offset", str(offset).encode()),

@@ -214,3 +214,4 @@ def test_the_signing_bench_measures_both_modes_doing_the_same_work():
     cost = signing_cost(payloads, rounds=1, batch=4)
     assert cost["events"] == 15
     assert cost["recorder_sign_us"] > 0 and cost["sequencer_on_us"] > 0 and cost["sequencer_off_us"] > 0
+
