@@ -10,6 +10,7 @@ from turnlog.kafka.faust_auth import faust_credentials
 from turnlog.settings import TurnlogSettings
 from turnlog.stream_processors.fetching import SnapshotFetchApp
 from turnlog.stream_processors.recovery import OrderedTableManager
+from turnlog.stream_processors.unreadable_records import PartitionScanner
 
 __all__ = ["make_app", "raw_topic"]
 
@@ -24,8 +25,9 @@ def make_app(settings: TurnlogSettings, app_id: str, *, commit_interval_seconds:
     datadir = Path(settings.faust_data_dir) / app_id
     datadir.parent.mkdir(parents=True, exist_ok=True)
     brokers = [f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")]
-    # SnapshotFetchApp: Faust's fetch drops records of paused partitions (fetching.py).
-    return SnapshotFetchApp(
+    # SnapshotFetchApp: Faust's fetch drops records of paused partitions, and stops at a record
+    # aiokafka cannot unpack (fetching.py).
+    app = SnapshotFetchApp(
         app_id,
         broker=brokers,
         broker_credentials=faust_credentials(settings),  # None for PLAINTEXT: Faust's default
@@ -55,6 +57,8 @@ def make_app(settings: TurnlogSettings, app_id: str, *, commit_interval_seconds:
         # Faust's recovery completion drops fetched records (faust-streaming#596): see recovery.py.
         TableManager=OrderedTableManager,
     )
+    app.partition_scanner = PartitionScanner(settings)  # reads a partition where aiokafka cannot unpack it
+    return app
 
 
 def raw_topic(app: faust.App, name: str) -> faust.TopicT:

@@ -22,6 +22,7 @@ from typing import cast
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from turnlog import kafka
+from turnlog.kafka.record_headers import UnreadableHeaders, read_headers
 from turnlog.settings import TurnlogSettings
 
 __all__ = ["LogRangeReader", "LogRecord", "offset_runs"]
@@ -29,8 +30,8 @@ __all__ = ["LogRangeReader", "LogRecord", "offset_runs"]
 logger = logging.getLogger(__name__)
 READ_TIMEOUT_SECONDS = 30.0
 
-LogRecord = tuple[int, bytes | None, bytes, list[tuple[str, bytes]] | None]  # (offset, key, value, headers)
-
+#: (offset, key, value, headers); headers: UnreadableHeaders when they cannot be read (a name that is not UTF-8)
+LogRecord = tuple[int, bytes | None, bytes, list[tuple[str, bytes]] | UnreadableHeaders | None]
 
 
 def offset_runs(offsets: list[int], max_step: int) -> list[tuple[int, int]]:
@@ -70,6 +71,7 @@ class LogRangeReader:
 
     def read(self, partition: int, first: int, last: int, key: bytes | None = None) -> list[LogRecord]:
         """The records at offsets ``first..last`` (inclusive), only those with ``key`` if given.
+        A record whose headers cannot be read is returned with :class:`UnreadableHeaders`.
 
         Raises:
             BrokerUnavailableError: the range was not read to its end within ``READ_TIMEOUT_SECONDS``.
@@ -102,7 +104,7 @@ class LogRangeReader:
                     if offset > last:
                         break
                     if key is None or record.key() == key:
-                        found.append((offset, record.key(), cast(bytes, record.value()), record.headers()))
+                        found.append((offset, record.key(), cast(bytes, record.value()), read_headers(record)))
                     if offset >= last:
                         break
                 else:

@@ -61,6 +61,7 @@ from turnlog import kafka, metrics
 from turnlog.dlq import dlq_headers, reason_class
 from turnlog.faults import fault_point
 from turnlog.kafka.partitioning import partition_for
+from turnlog.kafka.record_headers import UnreadableHeaders
 from turnlog.schemas import EventValidationError, decode_event
 from turnlog.schemas.headers import EventType, event_type, peek_event_type, type_headers
 from turnlog.settings import TopicNames, TurnlogSettings
@@ -251,6 +252,9 @@ class Sequencer:
         self, batch: Outbox, touched: dict[bytes, tuple[SessionSequence, SourceRecord]], record: SourceRecord
     ) -> None:
         key, raw = record.key, record.value
+        if isinstance(record.headers, UnreadableHeaders):  # refused alone, whatever the mode (fetching.py)
+            self._reject(batch, record, raw, f"unreadable: {record.headers.reason}")
+            return
         verified = None
         if self._verifier is not None:  # before decoding: an HMAC costs less than a decode
             try:

@@ -10,6 +10,7 @@ __all__ = [
     "DLQ_ROUTED",
     "GAPS_OPENED",
     "OFFSET_JUMPS",
+    "UNREADABLE_RECORDS",
     "SESSIONS_FINALIZED",
     "SINK_RECORDS",
     "SINK_BATCH_SECONDS",
@@ -29,6 +30,12 @@ DLQ_ROUTED = Counter("turnlog_dlq_total", "Records routed to the DLQ, by stage a
 OFFSET_JUMPS = Counter(
     "turnlog_sequencer_offset_jumps_total",
     "Times the sequencer's consumer skipped offsets of a partition (a stream-processor bug: must stay 0).",
+)
+UNREADABLE_RECORDS = Counter(
+    "turnlog_unreadable_records_total",
+    "Records a Faust worker's consumer (aiokafka) could not unpack (a header name that is not UTF-8), by topic: "
+    "read with confluent-kafka instead and handed on as unreadable (the sequencer dead-letters them).",
+    ["topic"],
 )
 GAPS_OPENED = Counter("turnlog_sequencer_gaps_total", "Times a session started waiting for a missing seq.")
 SESSIONS_FINALIZED = Counter(

@@ -33,6 +33,7 @@ from sqlalchemy import select
 
 from turnlog import kafka
 from turnlog.exceptions import TurnlogError
+from turnlog.kafka.record_headers import UnreadableHeaders, read_headers
 from turnlog.producers.partitioning import partition_for
 from turnlog.redact import redact
 from turnlog.schemas import SETTLED_SESSION_STATUSES, EventValidationError, SessionStatus, decode_event
@@ -209,8 +210,10 @@ def _sequence_record(
     sequence (any exception from ``sequence``, as the live sequencer
     dead-letters with ``internal: ...``) is skipped: counted in
     ``result.rejected`` and ``rejected_reasons``, and logged with its topic,
-    partition and offset, never its content. Store errors (reading the
-    session's stored position) are not the record's and propagate.
+    partition and offset, never its content; so is a record whose headers
+    cannot be read (``unreadable``: a header name that is not UTF-8). Store
+    errors (reading the session's stored position) are not the record's and
+    propagate.
     """
     raw: bytes = record.value()  # type: ignore[attr-defined]
     try:
@@ -219,6 +222,10 @@ def _sequence_record(
         _skip(record, result, e.reason, e.reason)
         return
     if wanted and event.session_id not in wanted:
+        return
+    headers = read_headers(record)
+    if isinstance(headers, UnreadableHeaders):  # in any mode, as the live sequencer dead-letters it
+        _skip(record, result, "unreadable", f"unreadable: {headers.reason}")
         return
     key: bytes | None = record.key()  # type: ignore[attr-defined]
     if key != event.session_id.encode("utf-8"):
@@ -234,7 +241,7 @@ def _sequence_record(
         return
     if verifier is not None:  # the live sequencer's write-side admission, so a replay admits the same records
         try:
-            verified = authenticate(verifier, key, raw, record.headers())  # type: ignore[attr-defined]
+            verified = authenticate(verifier, key, raw, headers)
         except ProvenanceError as e:
             _skip(record, result, "unauthenticated", f"unauthenticated: {e.reason}")
             return
