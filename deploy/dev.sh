@@ -37,7 +37,7 @@ setup() {
 # pyproject.toml) through the editable install's import hook, so the folders are linked into
 # build/mypy/turnlog as the package they are installed as, and each error is printed at its real path.
 lint() {
-  install "test,adapters,lint"   # what `test` installs: mypy checks the adapters against the frameworks
+  install "test,adapters,lint,bench"   # what `test` installs (mypy checks the adapters against the frameworks), and the bench's plotting
   cd "$root"
   local status=0 tree="build/mypy"
   echo "dev.sh: ruff check"
