@@ -11,6 +11,7 @@ from typing import Annotated
 
 import typer
 from pydantic import ValidationError
+from pydantic_settings import SettingsError
 
 from turnlog.settings import SECRET_SETTINGS, TurnlogSettings, load_settings
 
@@ -47,6 +48,9 @@ def _settings(**overrides: object) -> TurnlogSettings:
             field = ".".join(str(part) for part in error["loc"])
             typer.echo(f"turnlog: bad setting TURNLOG_{field.upper()}: {error['msg']} (got {error.get('input')!r})",
                        err=True)
+        raise typer.Exit(2) from None
+    except SettingsError as e:  # a JSON setting that is not JSON; its message names the field, not the value
+        typer.echo(f"turnlog: bad settings: {e} (a JSON value is expected; value not shown)", err=True)
         raise typer.Exit(2) from None
     logging.basicConfig(
         level=settings.log_level.upper(),

@@ -390,6 +390,8 @@ class TurnlogSettings(BaseSettings):
 
         named: dict[str, SecretStr] = {}
         for fleet, ring in self.fleet_keys.items():
+            if not 1 <= len(fleet) <= 200 or "\x00" in fleet or fleet == "*":  # the schema's fleet names; '*' is
+                raise ValueError(f"fleet_keys names an invalid fleet {fleet[:40]!r}")  # every fleet in api_tokens
             keys = [ring] if isinstance(ring, SecretStr) else ring
             if not keys:
                 raise ValueError(f"fleet_keys[{fleet!r}] has no key")

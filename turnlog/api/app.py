@@ -145,6 +145,11 @@ def create_app(
     (without a hub: at start-up), and removed at shutdown.
     """
     tokens = TokenTable(settings.api_tokens)
+    if settings.epoch_grant_key is None:
+        logger.warning(
+            "TURNLOG_EPOCH_GRANT_KEY is not set: resumes are granted without a signed epoch grant, which a "
+            "sequencer with TURNLOG_FLEET_KEYS refuses (fine in open mode; docs/design.md, 'Write-side isolation')"
+        )
     hub = TranscriptHub(settings, on_following=lambda: mark_ready(settings.ready_file, "api")) if live else None
     resume_barrier: Barrier = barrier if barrier is not None else ResumeBarrier(settings, store)
     resume_workers = ThreadPoolExecutor(max_workers=settings.api_resume_workers, thread_name_prefix="turnlog-resume")
