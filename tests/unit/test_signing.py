@@ -215,3 +215,24 @@ def test_the_signing_bench_measures_both_modes_doing_the_same_work():
     assert cost["events"] == 15
     assert cost["recorder_sign_us"] > 0 and cost["sequencer_on_us"] > 0 and cost["sequencer_off_us"] > 0
 
+
+
+@pytest.mark.parametrize(
+    ("value", "said"),
+    [
+        ('{a:1}', "a JSON value is expected"),
+        ('{"a": "short"}', "shorter than 32 bytes"),
+        ('{"*": "' + "k" * 40 + '"}', "invalid fleet"),
+        ('{"a": "' + "k" * 40 + '", "b": "' + "k" * 40 + '"}', "every key must be distinct"),
+    ],
+)
+def test_a_bad_fleet_key_setting_is_one_clear_line_that_shows_no_key(value, said, tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "TURNLOG_FLEET_KEYS": value, "TURNLOG_DATABASE_URL": f"sqlite:///{tmp_path / 'x.db'}"}
+    done = subprocess.run([sys.executable, "-m", "turnlog.cli", "migrate"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 2
+    assert said in done.stderr and "Traceback" not in done.stderr and "k" * 40 not in done.stderr
