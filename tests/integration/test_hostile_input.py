@@ -139,33 +139,46 @@ async def test_no_other_fleet_unsigned_writer_or_invented_epoch_can_touch_a_sess
     assert_alive(pipeline)
 
 
-async def test_a_resumed_epoch_is_admitted_by_its_grant_and_an_old_seq_cannot_rewrite_history(signed_pipeline):
-    pipeline = signed_pipeline
-    session_id = f"resumed-{uuid.uuid4().hex[:8]}"
-    alpha = fleet_settings(pipeline, "alpha")
-    async with SessionRecorder(alpha) as first:
+async def record_crash_and_resume(pipeline, settings, session_id, *, while_resumed=None):
+    """A first recorder says turn 0 and stops without ending the session; a second resumes it,
+    calls ``while_resumed(resumed session)`` if given, says turn 1 and ends it. Returns the
+    resumed session's ``(fleet, epoch, next_seq)`` and asserts what the store then holds."""
+    async with SessionRecorder(settings) as first:
         session = await first.start_session(session_id, fleet="alpha", agent_id="a1")
         await session.complete_turn(0, "user", "before the crash")
         assert await session.wait_acknowledged(30)
-    async with SessionRecorder(alpha) as second:
+    async with SessionRecorder(settings) as second:
         resumed = await second.resume(session_id, timeout=60)
-        assert resumed.epoch == 1 and resumed.next_seq == 2
-        # A buggy producer holding this epoch's grant re-sends an old seq with other words.
-        grant = issue_epoch_grant(GRANT_KEY, EpochGrant("alpha", session_id, 1, 2))
-        send(pipeline, [EventFactory(session_id).completed(1, 0, "rewritten history", epoch=1)],
-             fleet="alpha", grant=grant)
+        position = (resumed.fleet, resumed.epoch, resumed.next_seq)
+        if while_resumed is not None:
+            while_resumed(resumed)
         await resumed.complete_turn(1, "agent", "after the resume")
         await resumed.end("done")
-
     wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
     assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
         (0, "user", "before the crash", "complete"),
         (1, "agent", "after the resume", "complete"),
     ]
+    return position
+
+
+async def test_a_resumed_epoch_is_admitted_by_its_grant_and_an_old_seq_cannot_rewrite_history(signed_pipeline):
+    pipeline = signed_pipeline
+    session_id = f"resumed-{uuid.uuid4().hex[:8]}"
+
+    def rewrite_history(resumed):
+        # A buggy producer holding this epoch's grant re-sends an old seq with other words.
+        grant = issue_epoch_grant(GRANT_KEY, EpochGrant("alpha", session_id, resumed.epoch, resumed.next_seq))
+        send(pipeline, [EventFactory(session_id).completed(1, 0, "rewritten history", epoch=resumed.epoch)],
+             fleet="alpha", grant=grant)
+
+    position = await record_crash_and_resume(
+        pipeline, fleet_settings(pipeline, "alpha"), session_id, while_resumed=rewrite_history
+    )
+    assert position == ("alpha", 1, 2)
     [reason] = dlq_reasons(pipeline, session_id, 1)
     assert reason.startswith("epoch not issued: seq 1 is below seq 2")
     assert_alive(pipeline)
-
 
 
 async def test_a_resume_through_the_api_gets_a_grant_the_sequencer_admits(signed_pipeline):
@@ -178,21 +191,7 @@ async def test_a_resume_through_the_api_gets_a_grant_the_sequencer_admits(signed
         "database_url": SecretStr("postgresql+psycopg://agent:none@127.0.0.1:1/none"),
         "epoch_grant_key": None,
     })
-    async with SessionRecorder(agent) as first:
-        session = await first.start_session(session_id, fleet="alpha", agent_id="a1")
-        await session.complete_turn(0, "user", "said before the crash")
-        assert await session.wait_acknowledged(30)
-    async with SessionRecorder(agent) as second:
-        resumed = await second.resume(session_id, timeout=60)
-        assert (resumed.fleet, resumed.epoch, resumed.next_seq) == ("alpha", 1, 2)
-        await resumed.complete_turn(1, "agent", "said after the resume")
-        await resumed.end("done")
-
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
-        (0, "user", "said before the crash", "complete"),
-        (1, "agent", "said after the resume", "complete"),
-    ]
+    assert await record_crash_and_resume(pipeline, agent, session_id) == ("alpha", 1, 2)
     assert read_partition(pipeline, pipeline.settings.topics.dlq, session_id) == []
     assert_alive(pipeline)
 
