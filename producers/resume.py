@@ -163,7 +163,9 @@ class ResumeBarrier:
         """Pass the barrier for ``session_id``, claim its next epoch, and return
         ``(new epoch, stored position)``; None if the store does not know the session.
 
-        :meth:`grant` does the same and also returns the stored turns.
+        :meth:`grant` does the same and also returns the stored turns and the signed
+        epoch grant; this issues none, so with fleet keys the sequencer refuses the new
+        epoch's events: use :meth:`grant` there.
 
         Raises:
             ResumeBarrierTimeout: the sequencer or the sink did not catch up, or
