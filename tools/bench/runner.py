@@ -77,7 +77,7 @@ from turnlog.tools.bench.profile import start_profiles, summarize
 from turnlog.tools.bench.resume_probe import resume_summary, run_probe_process
 from turnlog.tools.bench.signing import signing_cost
 from turnlog.tools.bench.stages import turn_stage_latencies
-from turnlog.tools.bench.workload import BENCH_FLEET, encoded_events, plan_sessions
+from turnlog.tools.bench.workload import BENCH_FLEET, encoded_events, events_per_second, plan_sessions
 
 __all__ = ["BenchOptions", "run_bench", "quick_options"]
 
@@ -586,6 +586,10 @@ def _sustained(
     settings, plans, sampler: Sampler, capacity: float, options: BenchOptions, *, tag: str
 ) -> tuple[float, Phase]:
     rate = 0.9 * capacity
+    offered = events_per_second(plans, speed=options.speed, flush_interval=options.flush_interval)
+    if rate > offered:  # a short run's few sessions (--quick) cannot offer more than this
+        print(f"sustained: the workload offers at most {offered:,.0f} events/s, below 0.9 x capacity; starting there")
+        rate = offered
     attempts = []
     totals = {"turns": 0, "events": 0}  # over every attempt: the Postgres and sink counters span them all
     for attempt in range(4):
