@@ -74,7 +74,7 @@ def claim_resume(
     (:func:`~turnlog.sinks.reads.turn_page`); when more are stored, the grant's
     ``next_after_turn`` says where the rest starts (``producers/grant.py``).
     """
-    session = get_session(conn, session_id, fleets=fleets)
+    session = get_session(conn, session_id, fleets=fleets, include_metadata=False)  # its fleet; no metadata
     if session is None:
         return None
     claimed = store.claim_epoch(conn, session_id)  # locks the session row to the end of the transaction

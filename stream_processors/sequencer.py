@@ -270,11 +270,11 @@ class Sequencer:
         if key != event.session_id.encode("utf-8"):
             self._reject(batch, record, raw, "invalid: record key is not the session_id")
             return
-        if self._partitions is not None and record.partition != partition_for(event.session_id, self._partitions):
+        home = partition_for(event.session_id, self._partitions) if self._partitions is not None else record.partition
+        if record.partition != home:
             # Another partition's worker may hold this session: a record here would be sequenced apart from it.
             self._reject(batch, record, raw, (
-                f"misrouted: {event.session_id} belongs on partition"
-                f" {partition_for(event.session_id, self._partitions)}, not {record.partition}"
+                f"misrouted: {event.session_id} belongs on partition {home}, not {record.partition}"
             ))
             return
         assert key is not None

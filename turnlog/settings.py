@@ -389,10 +389,9 @@ class TurnlogSettings(BaseSettings):
         from turnlog.signing import MIN_KEY_BYTES
 
         named: dict[str, SecretStr] = {}
-        for fleet, ring in self.fleet_keys.items():
+        for fleet, keys in self._fleet_key_lists().items():
             if not 1 <= len(fleet) <= 200 or "\x00" in fleet or fleet == "*":  # the schema's fleet names; '*' is
                 raise ValueError(f"fleet_keys names an invalid fleet {fleet[:40]!r}")  # every fleet in api_tokens
-            keys = [ring] if isinstance(ring, SecretStr) else ring
             if not keys:
                 raise ValueError(f"fleet_keys[{fleet!r}] has no key")
             named.update({f"fleet_keys[{fleet!r}][{i}]": key for i, key in enumerate(keys)})
@@ -411,10 +410,11 @@ class TurnlogSettings(BaseSettings):
     def fleet_key_rings(self) -> dict[str, list[str]]:
         """``fleet_keys`` unwrapped, each as a ring (the signing key first), for
         :class:`turnlog.signing.RecordSigner` and ``RecordVerifier``."""
-        return {
-            fleet: [key.get_secret_value() for key in ([ring] if isinstance(ring, SecretStr) else ring)]
-            for fleet, ring in self.fleet_keys.items()
-        }
+        return {fleet: [key.get_secret_value() for key in keys] for fleet, keys in self._fleet_key_lists().items()}
+
+    def _fleet_key_lists(self) -> dict[str, list[SecretStr]]:
+        """``fleet_keys`` with each fleet's key or ring as a list (the signing key first)."""
+        return {fleet: [ring] if isinstance(ring, SecretStr) else ring for fleet, ring in self.fleet_keys.items()}
 
     @cached_property
     def topics(self) -> TopicNames:

@@ -106,10 +106,6 @@ def _key_bytes(name: str, key: str | bytes) -> bytes:
     return raw
 
 
-def _header(headers: Mapping[str, bytes], name: str) -> bytes | None:
-    return headers.get(name)
-
-
 _PROVENANCE_HEADERS: Final = frozenset({"turnlog-fleet", "turnlog-signature", "turnlog-epoch-grant"})
 
 
@@ -262,8 +258,8 @@ class RecordVerifier:
             ProvenanceError: unsigned, an unknown fleet, a signature that does not
                 verify, or an epoch grant not issued with the issuer's key.
         """
-        fleet = _header(headers, FLEET_HEADER)
-        signature = _header(headers, SIGNATURE_HEADER)
+        fleet = headers.get(FLEET_HEADER)
+        signature = headers.get(SIGNATURE_HEADER)
         if fleet is None or signature is None:
             raise ProvenanceError("unsigned: no turnlog-fleet or turnlog-signature header")
         if len(fleet) > MAX_FLEET_BYTES:
@@ -271,7 +267,7 @@ class RecordVerifier:
         ring = self._keys.get(fleet)
         if ring is None:
             raise ProvenanceError("signed by a fleet that has no key here")
-        grant_bytes = _header(headers, EPOCH_GRANT_HEADER) or b""
+        grant_bytes = headers.get(EPOCH_GRANT_HEADER) or b""
         if len(grant_bytes) > MAX_GRANT_BYTES:
             raise ProvenanceError(f"epoch grant is {len(grant_bytes)} bytes; the limit is {MAX_GRANT_BYTES}")
         if len(signature) != _SIGNATURE_BYTES or not any(
