@@ -155,3 +155,31 @@ def require_extra(module: str, extra: str) -> None:
         if os.environ.get(REQUIRE_EXTRAS_ENV) == "1":
             raise ImportError(f"{module} is not importable ({e}); install it: pip install -e '.[{extra}]'") from e
         pytest.skip(f"{module} is not importable: the optional extra turnlog[{extra}]", allow_module_level=True)
+
+
+def partition_records(
+    bootstrap_servers: str, topic: str, partition: int
+) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]:
+    """``(key, value, headers)`` of every record of ``topic``'s ``partition``, from its low watermark
+    to the high watermark taken at the call."""
+    from confluent_kafka import Consumer, TopicPartition
+
+    consumer = Consumer(
+        {"bootstrap.servers": bootstrap_servers, "group.id": f"test-reader-{uuid.uuid4()}", "enable.auto.commit": False}
+    )
+    found: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
+    try:
+        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        consumer.assign([TopicPartition(topic, partition, low)])
+        position = low
+        while position < high:
+            record = consumer.poll(5)
+            if record is None:
+                break
+            if record.error():
+                continue
+            position = record.offset() + 1
+            found.append((record.key(), record.value(), record.headers() or []))
+    finally:
+        consumer.close()
+    return found

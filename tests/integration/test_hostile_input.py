@@ -92,6 +92,14 @@ def dlq_reasons(pipeline, session_id, count):
     return sorted(dict(headers)[REASON_HEADER].decode() for _, headers in records)
 
 
+def finalized_with_turns(pipeline, session_id, turns):
+    """Wait until ``session_id`` is finalized; assert its stored turns are ``turns``
+    (``(turn_index, speaker, text, status)``, in order); return its row."""
+    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [tuple(t) for t in stored_turns(pipeline, session_id)] == turns
+    return row
+
+
 def assert_alive(pipeline):
     dead = {name: p.popen.returncode for name, p in pipeline.processes.items() if p.popen.poll() is not None}
     assert not dead, f"services exited: {dead}\n{pipeline.logs()}"
@@ -120,12 +128,11 @@ async def test_no_other_fleet_unsigned_writer_or_invented_epoch_can_touch_a_sess
         await session.complete_turn(1, "agent", "alpha's reply")
         await session.end("done")
 
-    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert row["fleet"] == "alpha"
-    assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
+    row = finalized_with_turns(pipeline, session_id, [
         (0, "user", "alpha's first words", "complete"),
         (1, "agent", "alpha's reply", "complete"),
-    ]
+    ])
+    assert row["fleet"] == "alpha"
     reasons = dlq_reasons(pipeline, session_id, 3)
     assert [r.split(":", 1)[0] for r in reasons] == ["epoch not issued", "foreign fleet", "foreign fleet"]
     assert dlq_reasons(pipeline, forged_id, 1)[0].startswith("forged fleet")
@@ -154,11 +161,10 @@ async def record_crash_and_resume(pipeline, settings, session_id, *, while_resum
             while_resumed(resumed)
         await resumed.complete_turn(1, "agent", "after the resume")
         await resumed.end("done")
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
+    finalized_with_turns(pipeline, session_id, [
         (0, "user", "before the crash", "complete"),
         (1, "agent", "after the resume", "complete"),
-    ]
+    ])
     return position
 
 
@@ -284,11 +290,10 @@ async def test_values_nested_or_sized_past_the_schema_are_refused_at_the_recorde
         await session.complete_turn(1, "agent", "still recorded")
         await session.end("done")
 
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
+    finalized_with_turns(pipeline, session_id, [
         (0, "user", "healthy words", "complete"),
         (1, "agent", "still recorded", "complete"),
-    ]
+    ])
     assert dlq_reasons(pipeline, victims["meta"], 1)[0].startswith("invalid:")
     for name in ("args", "result"):
         assert dlq_reasons(pipeline, victims[name], 1)[0].startswith("invalid:")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import threading
 import uuid
 
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from sqlalchemy import select
 
 from turnlog import kafka
@@ -15,7 +15,7 @@ from turnlog.producers import SessionRecorder, partition_for
 from turnlog.schemas import decode_event, encode_event
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
-from tests.support import EventFactory, wait_until
+from tests.support import EventFactory, partition_records, wait_until
 
 TIMEOUT = 90
 
@@ -161,25 +161,11 @@ def test_our_partition_for_agrees_with_the_idempotent_producers_murmur2(pipeline
 
 def read_partition(pipeline, topic, session_id, *, with_headers=False, partition=None):
     """Every record of ``session_id`` in ``topic`` (its partition, or ``partition``, from the start)."""
-    consumer = Consumer({"bootstrap.servers": pipeline.settings.bootstrap_servers, "group.id": f"test-reader-{uuid.uuid4()}", "enable.auto.commit": False})
     if partition is None:
         partition = partition_for(session_id, pipeline.settings.partitions)
-    low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
-    consumer.assign([TopicPartition(topic, partition, low)])
-    found, position = [], low
-    try:
-        while position < high:
-            record = consumer.poll(5)
-            if record is None:
-                break
-            if record.error():
-                continue
-            position = record.offset() + 1
-            if record.key() == session_id.encode():
-                found.append((record.value(), record.headers() or []) if with_headers else record.value())
-    finally:
-        consumer.close()
-    return found
+    records = partition_records(pipeline.settings.bootstrap_servers, topic, partition)
+    return [(value, headers) if with_headers else value
+            for key, value, headers in records if key == session_id.encode()]
 
 
 def test_a_record_the_sink_cannot_decode_goes_to_the_dlq_and_other_sessions_are_stored(pipeline):

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Producer
 from sqlalchemy import select
 
 from turnlog.deploy.topics import create_topics
@@ -28,7 +28,7 @@ from turnlog.sinks.service import SinkService
 from turnlog.sinks.tables import sessions, transcript_turns
 
 from tests.integration.conftest import drop_topics, isolated_settings
-from tests.support import EventFactory, wait_until
+from tests.support import EventFactory, partition_records, wait_until
 
 TIMEOUT = 60
 PLANNING_BUG = "the text whose planning raises"
@@ -96,23 +96,8 @@ def produce_transcript(settings: TurnlogSettings) -> tuple[list[str], dict[bytes
 
 def dead_letters(settings: TurnlogSettings, partition: int) -> list[tuple[bytes, dict[str, bytes]]]:
     """Every DLQ record of ``partition``, with its headers."""
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"test-dlq-{uuid.uuid4()}",
-                         "enable.auto.commit": False})
-    try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(settings.topics.dlq, partition), timeout=10)
-        consumer.assign([TopicPartition(settings.topics.dlq, partition, low)])
-        found, position = [], low
-        while position < high:
-            record = consumer.poll(5)
-            if record is None:
-                break
-            if record.error():
-                continue
-            position = record.offset() + 1
-            found.append((record.value(), dict(record.headers() or [])))
-        return found
-    finally:
-        consumer.close()
+    return [(value, dict(headers))
+            for _, value, headers in partition_records(settings.bootstrap_servers, settings.topics.dlq, partition)]
 
 
 class RunningService:
