@@ -49,7 +49,7 @@ from turnlog.metrics import (
     SPOOL_QUARANTINED,
 )
 from turnlog.producers.exceptions import RecorderError, SpoolError, SpoolFullError
-from turnlog.producers.spool import SpooledEvent, SpoolFile, SpoolRow
+from turnlog.producers.spool import SpooledEvent, SpoolFile, SpoolRow, held_by_other_spools
 
 __all__ = ["SpoolDrainer", "Ticket", "MAX_IN_FLIGHT"]
 
@@ -218,6 +218,11 @@ class SpoolDrainer:
         """Events held and not yet acknowledged (of ``session_id``, or all)."""
         with self._lock:
             return self._backlog.events if session_id is None else self._backlog.per_session.get(session_id, 0)
+
+    def held_elsewhere(self, session_id: str) -> dict[Path, int]:
+        """Events of ``session_id`` in the other spools of this folder (another live recorder's, or an
+        orphan's not adopted yet): ``{spool path: events}`` (``spool.held_by_other_spools``). Blocking file I/O."""
+        return held_by_other_spools(self.folder, session_id, own=self.path)
 
     @property
     def degraded(self) -> bool:

@@ -35,7 +35,16 @@ class SessionNotFoundError(RecorderError):
 
 class ResumeBarrierTimeout(RecorderError, TimeoutError):
     """resume() waited longer than its timeout for the pipeline to catch up, or
-    the store or turnlog's API did not answer in time (retry later)."""
+    the store or turnlog's API did not answer in time (retry later).
+
+    ``undelivered_events``: events of the session still held in this host's
+    spools (this recorder's or another live recorder's) when resume() gave up;
+    0 when the wait was for the pipeline, the store or the API.
+    """
+
+    def __init__(self, message: str, undelivered_events: int = 0) -> None:
+        super().__init__(message)
+        self.undelivered_events = undelivered_events
 
 
 class ResumeApiError(RecorderError):

@@ -73,6 +73,7 @@ MAX_TURN_INDEX = 2**31 - 1  # the schema's (and the store's integer column's) bo
 #: limit (1,000,000 bytes), so no spooled event can be refused by Kafka for its size.
 MAX_EVENT_BYTES = 900_000
 _SPOOL_POLL_SECONDS = 0.05
+_OTHER_SPOOLS_POLL_SECONDS = 0.25  # each poll opens every spool file of the folder
 
 
 def _utcnow() -> dt.datetime:
@@ -264,10 +265,10 @@ class RecordedSession:
 
     async def wait_acknowledged(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (None: no limit) until the broker acknowledged
-        every event of this session spooled on this host (this recorder's, and any a
-        dead recorder left); True if it did."""
+        every event of this session spooled on this host (this recorder's, any a dead
+        recorder left, any another live recorder here adopted); True if it did."""
         deadline = None if timeout is None else time.monotonic() + timeout
-        return await self._recorder._delivered(self.session_id, deadline)
+        return not await self._recorder._delivered(self.session_id, deadline)
 
     # -- internals -----------------------------------------------------------
     def _emit_partials(self) -> list[Ticket]:
@@ -448,7 +449,9 @@ class SessionRecorder:
         """Continue a session another process was recording, in a new epoch.
 
         First delivers what this host's spools hold of the session (a recorder
-        that died here left it behind), so the resume position counts it. Then
+        that died here left it behind; this recorder adopts it), and waits for
+        another live recorder here that adopted it first to deliver it, so the
+        resume position counts it. Then
         waits at the resume barrier (``producers/resume.py``) until the pipeline
         has applied everything the predecessor got acknowledged, claims the next
         epoch, and continues after the stored ``last_seq`` and the highest
@@ -457,7 +460,8 @@ class SessionRecorder:
         once this epoch's first event is applied); new turns start after them.
 
         Raises:
-            ResumeBarrierTimeout: the spool did not drain, or the pipeline did not
+            ResumeBarrierTimeout: this host's spools did not deliver the session's events
+                (``undelivered_events`` says how many were left), or the pipeline did not
                 catch up, within ``timeout`` seconds (default ``settings.resume_timeout_seconds``).
             SessionNotFoundError: the store has no such session (or the API token
                 does not cover its fleet).
@@ -473,10 +477,13 @@ class SessionRecorder:
         except TimeoutError as e:
             raise ResumeBarrierTimeout(f"resume of {session_id}: adopting this host's orphaned spools took over"
                                        f" {wait:.0f} s") from e
-        if not await self._delivered(session_id, deadline):
+        held = await self._delivered(session_id, deadline)
+        if held:
+            where = ", ".join(f"{count} in {path}" for path, count in held.items())
             raise ResumeBarrierTimeout(
-                f"resume of {session_id}: {self._drainer.pending(session_id)} of its events in the spool "
-                f"{self.spool_path} were not delivered within {wait:.0f} s (is the broker reachable?)"
+                f"resume of {session_id}: {sum(held.values())} of its events in this host's spools ({where}) "
+                f"were not delivered within {wait:.0f} s (is the broker reachable?)",
+                undelivered_events=sum(held.values()),
             )
         grant = await self._grant(session_id, max(0.1, deadline - time.monotonic()))
         if grant is None:
@@ -593,14 +600,32 @@ class SessionRecorder:
         else:
             self._drainer.note_slow_ack(wait)
 
-    async def _delivered(self, session_id: str, deadline: float | None) -> bool:
-        """Until the broker acknowledged every spooled event of ``session_id`` (True),
-        or ``deadline`` (monotonic; None: no limit) passed (False)."""
-        while self._drainer.pending(session_id) > 0:
+    async def _delivered(self, session_id: str, deadline: float | None) -> dict[Path, int]:
+        """Wait until the broker acknowledged every event of ``session_id`` held in this host's
+        spools, or ``deadline`` (monotonic; None: no limit) passed; returns what is still held
+        then, ``{spool path: events}`` (empty: all delivered).
+
+        Not only this recorder's spool: another live recorder here may have adopted the dead
+        predecessor's spool and not delivered it yet (the broker was away). Claiming the next
+        epoch before it has would let the old epoch's events land after the resume position,
+        where the sequencer applies them ahead of the new epoch's (a turn said twice). While
+        waiting, a spool whose recorder died meanwhile is adopted and delivered here.
+        """
+        while True:
+            own = self._drainer.pending(session_id)
+            if own:
+                held = {self._drainer.path or Path(self.settings.spool_dir): own}
+            else:
+                held = await asyncio.to_thread(self._drainer.held_elsewhere, session_id)
+                if not held:
+                    return held
             if deadline is not None and time.monotonic() >= deadline:
-                return False
-            await asyncio.sleep(_SPOOL_POLL_SECONDS)
-        return True
+                return held
+            if own:
+                await asyncio.sleep(_SPOOL_POLL_SECONDS)
+            else:  # another recorder's spool: adopt it if that recorder died meanwhile
+                await asyncio.sleep(_OTHER_SPOOLS_POLL_SECONDS)
+                await asyncio.wrap_future(self._drainer.adopt_orphans())
 
     async def _grant(self, session_id: str, timeout: float) -> ResumeGrant | None:
         if self.settings.api_url:

@@ -47,7 +47,7 @@ import msgspec
 
 from turnlog.producers.exceptions import SpoolError
 
-__all__ = ["SpoolFile", "SpoolRow", "SpooledEvent", "SPOOL_GLOB"]
+__all__ = ["SpoolFile", "SpoolRow", "SpooledEvent", "SPOOL_GLOB", "held_by_other_spools"]
 
 logger = logging.getLogger(__name__)
 SPOOL_GLOB = "spool-*.db"
@@ -255,6 +255,39 @@ class SpoolFile:
             yield
         except sqlite3.Error as e:
             raise SpoolError(f"cannot {verb} the spool {self.path}: {e}") from e
+
+
+def held_by_other_spools(folder: Path, session_id: str, *, own: Path | None) -> dict[Path, int]:
+    """Events of ``session_id`` still to be delivered from the spools in ``folder`` other than
+    ``own``: ``{spool path: events}``, only spools that hold some.
+
+    Another live recorder on the host may have adopted a dead recorder's spool
+    and still be delivering it (the broker was away): until it has, a resume of
+    the session must not claim a new epoch (``SessionRecorder.resume``). Each
+    file is opened read-only; a file removed meanwhile (adopted, or closed
+    empty) holds nothing. Quarantined rows are never delivered, so they do not
+    count. A file that cannot be read is logged and skipped: waiting cannot
+    deliver it either (``turnlog spool-drain`` reports it).
+    """
+    held: dict[Path, int] = {}
+    for path in sorted(folder.glob(SPOOL_GLOB)):
+        if path == own:
+            continue
+        try:
+            db = sqlite3.connect(f"{path.absolute().as_uri()}?mode=ro", uri=True)
+            try:
+                count = 0
+                if db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = 'spooled'").fetchone():
+                    count = db.execute("SELECT count(*) FROM spooled WHERE session_id = ?", (session_id,)).fetchone()[0]
+            finally:
+                db.close()
+        except sqlite3.Error as e:
+            if path.exists():
+                logger.warning("spool %s cannot be read (%s); not waiting for it", path, e)
+            continue
+        if count:
+            held[path] = count
+    return held
 
 
 def _private_folder(folder: Path) -> None:

@@ -8,6 +8,8 @@ JSON lines, flushed, so a test can SIGKILL the process at a known point.
   user barges in, so turn 1 is completed ``barged_in`` with the words spoken;
   agent turn 3 opens while turn 2 is still open; both partials are spooled and
   acknowledged; then it waits to be killed with turns 2 and 3 open.
+- ``hold``: records nothing; its recorder adopts the orphaned spools of the
+  folder at start and holds them (delivering when it can) until it is killed.
 """
 
 from __future__ import annotations
@@ -51,9 +53,14 @@ async def overlap(recorder: SessionRecorder, session_id: str) -> None:
     await asyncio.Event().wait()  # until SIGKILL
 
 
+async def hold(recorder: SessionRecorder, session_id: str) -> None:
+    say(holding=recorder.spooled_events(session_id), spool=str(recorder.spool_path))
+    await asyncio.Event().wait()  # until SIGKILL
+
+
 async def main(scenario: str, session_id: str) -> None:
     async with SessionRecorder(TurnlogSettings()) as recorder:
-        await {"talk": talk, "overlap": overlap}[scenario](recorder, session_id)
+        await {"talk": talk, "overlap": overlap, "hold": hold}[scenario](recorder, session_id)
 
 
 if __name__ == "__main__":

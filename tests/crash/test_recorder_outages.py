@@ -22,7 +22,7 @@ from sqlalchemy import select
 
 from turnlog.deploy.local import SCRIPTS
 from turnlog.ops.audit import fold_events
-from turnlog.producers import SessionRecorder
+from turnlog.producers import ResumeBarrierTimeout, SessionRecorder
 from turnlog.sinks.tables import session_events, transcript_turns
 
 from tests.integration.test_pipeline import finalized
@@ -194,3 +194,44 @@ def test_spool_drain_delivers_what_an_agent_that_never_reached_the_broker_left(n
 
     wait_until(lambda: len(stored_complete()) > last_completed, timeout=TIMEOUT, what="the drained turns stored")
     assert stored_complete()[: last_completed + 1] == [(i, f"turn {i} said in full") for i in range(last_completed + 1)]
+
+
+def test_a_resume_waits_for_another_live_recorder_that_adopted_the_dead_agents_spool(new_pipeline, tmp_path):
+    # An agent dies with undelivered events; another agent's recorder on the host adopts its spool
+    # (it holds them while the broker is away for it); the session's resume must not claim the next
+    # epoch before they are delivered, else the old epoch's events land after the resume position.
+    pipeline = new_pipeline(("sequencer", "sink", "finalizer"))
+    session_id = f"heldelsewhere-{uuid.uuid4().hex[:6]}"
+    unreachable = pipeline.settings.model_copy(update={"bootstrap_servers": "127.0.0.1:1", "ack_wait_seconds": 0.2})
+    agent = ScriptedAgent(unreachable, "talk", session_id, tmp_path / "agent.log")
+    agent.wait_for(lambda lines: lines and lines[-1].get("completed", -1) >= 4 and lines[-1]["degraded"], "five turns, degraded", TIMEOUT)
+    agent.process.kill()
+    last_completed = agent.completed()
+    holder = ScriptedAgent(unreachable, "hold", session_id, tmp_path / "holder.log")
+    held = holder.first_with("holding", TIMEOUT)["holding"]
+    assert held > last_completed, "the holder adopted the dead agent's spool"
+
+    async def resume_and_end():
+        async with SessionRecorder(pipeline.settings) as recorder:
+            with pytest.raises(ResumeBarrierTimeout) as waited:
+                await recorder.resume(session_id, timeout=3)
+            assert waited.value.undelivered_events == held
+            assert recorder.spooled_events(session_id) == 0, "a live recorder's spool is not adopted"
+            resuming = asyncio.create_task(recorder.resume(session_id, timeout=TIMEOUT))
+            holder.process.kill()  # its spool is an orphan now: the waiting resume adopts and delivers it
+            session = await resuming
+            assert session.epoch == 1 and session.next_turn_index in (last_completed + 1, last_completed + 2)
+            index = session.next_turn_index
+            await session.complete_turn(index, "A", "after the resume", input_tokens=2)
+            await session.end("completed")
+            return index
+
+    resumed_turn = asyncio.run(resume_and_end())
+    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="finalized after the resume")
+    turns, payloads = store_rows(pipeline, session_id)
+    completed = [(t["turn_index"], t["speaker"], t["text"]) for t in turns if t["status"] == "complete"]
+    assert completed[: last_completed + 1] == [(i, "AB"[i % 2], f"turn {i} said in full") for i in range(last_completed + 1)]
+    assert completed[-1] == (resumed_turn, "A", "after the resume")
+    assert row["epoch"] == 1
+    assert_aggregates_match_the_log(row, payloads)
+    assert not list(Path(pipeline.settings.spool_dir).glob("spool-*.db")), "a spool was left undelivered"

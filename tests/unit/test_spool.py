@@ -11,7 +11,7 @@ import pytest
 from turnlog.kafka import producer_config
 from turnlog.producers.drainer import SpoolDrainer
 from turnlog.producers.exceptions import SpoolError, SpoolFullError
-from turnlog.producers.spool import SpooledEvent, SpoolFile
+from turnlog.producers.spool import SpooledEvent, SpoolFile, held_by_other_spools
 from turnlog.settings import TurnlogSettings
 
 
@@ -48,6 +48,19 @@ def test_a_live_spool_is_never_adopted_and_an_orphan_is_adopted_in_order(tmp_pat
     assert newcomer.adopt_orphans(adopted.extend) == 0
     live.close(remove_if_empty=True)
     newcomer.close(remove_if_empty=True)
+
+
+def test_what_other_spools_hold_of_a_session_is_counted_without_their_quarantine_or_our_own(tmp_path):
+    mine = SpoolFile(tmp_path)
+    mine.append([event("s", 0)])
+    other = SpoolFile(tmp_path)
+    [set_aside, *_] = other.append([event("s", 1), event("s", 2), event("s", 3), event("t", 0)])
+    other.quarantine(set_aside)
+    SpoolFile(tmp_path)  # a spool with nothing of the session
+    (tmp_path / "spool-0-notadatabase.db").write_bytes(b"not sqlite")
+    assert held_by_other_spools(tmp_path, "s", own=mine.path) == {other.path: 2}
+    assert held_by_other_spools(tmp_path, "s", own=other.path) == {mine.path: 1}
+    assert held_by_other_spools(tmp_path, "nobody", own=mine.path) == {}
 
 
 def test_an_empty_spool_is_removed_at_close(tmp_path):
