@@ -1,18 +1,27 @@
 #!/usr/bin/env bash
-# Local single-node Apache Kafka 4.1.1 broker (KRaft, combined broker+controller,
-# node.id=1) built from Apache Kafka's own jars on Maven Central. No Docker needed.
+# Local Apache Kafka 4.1.1 (KRaft) built from Apache Kafka's own jars on Maven Central. No Docker needed.
+# One node by default (combined broker+controller, node.id=1, the demo's broker); with
+# TURNLOG_KAFKA_NODES=3 a replicated cluster of three combined nodes on their own ports and data dirs.
 #
-#   deploy/kafka.sh start | stop | restart | status | logs [-f]
+#   deploy/kafka.sh start [NODE] | stop [NODE] | restart [NODE] | status | logs [NODE] [-f] | bootstrap
+#
+# NODE (1..TURNLOG_KAFKA_NODES) acts on one node of the cluster only (a chaos run's or an operator's
+# rolling restart); without it, every node. `start` launches every node that is down before it waits
+# for any: a KRaft node answers only once a majority of the controllers run. `bootstrap` prints the
+# bootstrap servers (host:port,...).
 #
 # Environment:
 #   TURNLOG_STATE_DIR              state root       (default: $HOME/.cache/turnlog)
-#   TURNLOG_KAFKA_PORT             client listener (default: 9092)
-#   TURNLOG_KAFKA_CONTROLLER_PORT  KRaft controller (default: 9093)
-#   TURNLOG_KAFKA_HEAP             JVM -Xmx         (default: 1g)
+#   TURNLOG_KAFKA_NODES            nodes            (default: 1; 3 for the local cluster)
+#   TURNLOG_KAFKA_PORT             client listener of the single node (default: 9092)
+#   TURNLOG_KAFKA_CONTROLLER_PORT  KRaft controller of the single node (default: 9093)
+#   TURNLOG_KAFKA_CLUSTER_PORT     client listener of cluster node 1; node N listens on this + N - 1 (default: 9192)
+#   TURNLOG_KAFKA_CLUSTER_CONTROLLER_PORT  controller of cluster node 1, likewise (default: 9292)
+#   TURNLOG_KAFKA_HEAP             JVM -Xmx per node (default: 1g single, 768m per cluster node)
 #   TURNLOG_KAFKA_START_TIMEOUT    seconds to wait for the broker to answer (default: 90)
 #   TURNLOG_KAFKA_STOP_TIMEOUT     seconds to wait after SIGTERM before SIGKILL (default: 60)
 #
-# Layout:
+# Layout (single node; a cluster node's files are the same under $STATE/kafka-cluster/node-N/):
 #   $STATE/kafka-4.1.1/libs/       jars resolved by Maven from deploy/kafka/pom.xml
 #   $STATE/kafka/server.properties broker config (rewritten on every start)
 #   $STATE/kafka/data/             log.dirs (topics, KRaft metadata)
@@ -26,30 +35,75 @@ readonly SCRIPT_DIR
 readonly POM=$SCRIPT_DIR/kafka/pom.xml
 
 STATE=${TURNLOG_STATE_DIR:-$HOME/.cache/turnlog}
-PORT=${TURNLOG_KAFKA_PORT:-9092}
-CONTROLLER_PORT=${TURNLOG_KAFKA_CONTROLLER_PORT:-9093}
-HEAP=${TURNLOG_KAFKA_HEAP:-1g}
+NODES=${TURNLOG_KAFKA_NODES:-1}
+[[ $NODES =~ ^[1-9][0-9]*$ ]] || { echo "kafka: ERROR: TURNLOG_KAFKA_NODES must be a positive integer, not '$NODES'" >&2; exit 2; }
 START_TIMEOUT=${TURNLOG_KAFKA_START_TIMEOUT:-90}
 STOP_TIMEOUT=${TURNLOG_KAFKA_STOP_TIMEOUT:-60}
 readonly HOST=127.0.0.1
 
 LIBS=$STATE/kafka-$KAFKA_VERSION/libs
 LIBS_MARKER=$STATE/kafka-$KAFKA_VERSION/libs.complete
-KDIR=$STATE/kafka
-DATA_DIR=$KDIR/data
-PROPS=$KDIR/server.properties
-LOG4J_SERVER=$KDIR/log4j2.properties
-LOG4J_TOOLS=$KDIR/log4j2-tools.properties
-LOG_FILE=$KDIR/kafka.log
-PID_FILE=$KDIR/kafka.pid
-CLUSTER_ID_FILE=$KDIR/cluster.id
+if ((NODES == 1)); then
+    BASE_DIR=$STATE/kafka
+    CLUSTER_ID_FILE=$BASE_DIR/cluster.id
+else
+    BASE_DIR=$STATE/kafka-cluster
+    CLUSTER_ID_FILE=$BASE_DIR/cluster.id
+fi
+# Replication of the broker's own topics (consumer offsets, transactions): min(3, nodes), min ISR one less.
+INTERNAL_RF=$((NODES < 3 ? NODES : 3))
+INTERNAL_MIN_ISR=$((INTERNAL_RF > 1 ? INTERNAL_RF - 1 : 1))
 
-SERVICE=kafka
+# The ports, folders and files of node $1 (1-based), as globals the functions below use.
+select_node() {
+    NODE=$1
+    if ((NODES == 1)); then
+        PORT=${TURNLOG_KAFKA_PORT:-9092}
+        CONTROLLER_PORT=${TURNLOG_KAFKA_CONTROLLER_PORT:-9093}
+        HEAP=${TURNLOG_KAFKA_HEAP:-1g}
+        KDIR=$BASE_DIR
+    else
+        PORT=$((${TURNLOG_KAFKA_CLUSTER_PORT:-9192} + NODE - 1))
+        CONTROLLER_PORT=$((${TURNLOG_KAFKA_CLUSTER_CONTROLLER_PORT:-9292} + NODE - 1))
+        HEAP=${TURNLOG_KAFKA_HEAP:-768m}
+        KDIR=$BASE_DIR/node-$NODE
+    fi
+    DATA_DIR=$KDIR/data
+    PROPS=$KDIR/server.properties
+    LOG4J_SERVER=$KDIR/log4j2.properties
+    LOG4J_TOOLS=$KDIR/log4j2-tools.properties
+    LOG_FILE=$KDIR/kafka.log
+    PID_FILE=$KDIR/kafka.pid
+    SERVICE=kafka
+    ((NODES == 1)) || SERVICE="kafka node $NODE"
+}
+
+# host:port of every node's client listener, comma-separated.
+bootstrap_servers() {
+    local i out=""
+    for ((i = 1; i <= NODES; i++)); do
+        select_node "$i"
+        out+="${out:+,}$HOST:$PORT"
+    done
+    echo "$out"
+}
+
+# The KRaft voters: id@host:controller_port of every node.
+quorum_voters() {
+    local i out=""
+    for ((i = 1; i <= NODES; i++)); do
+        select_node "$i"
+        out+="${out:+,}$i@$HOST:$CONTROLLER_PORT"
+    done
+    echo "$out"
+}
+
+select_node 1
 # shellcheck source=deploy/lib.sh
 source "$(dirname "${BASH_SOURCE[0]}")/lib.sh"
 
 usage() {
-    echo "usage: $0 {start|stop|restart|status|logs [-f]}" >&2
+    echo "usage: $0 {start [NODE]|stop [NODE]|restart [NODE]|status|logs [NODE] [-f]|bootstrap}" >&2
     exit 2
 }
 
@@ -128,13 +182,16 @@ ensure_jars() {
     echo "$want" >"$LIBS_MARKER"
 }
 
+# The voters, computed in a subshell so the selected node's globals stay as they are.
+quorum_voters_of_this_cluster() { (quorum_voters); }
+
 write_configs() {
     mkdir -p "$KDIR" "$DATA_DIR"
     cat >"$PROPS" <<EOF
 # Generated by deploy/kafka.sh on every start; edit the script, not this file.
 process.roles=broker,controller
-node.id=1
-controller.quorum.voters=1@$HOST:$CONTROLLER_PORT
+node.id=$NODE
+controller.quorum.voters=$(quorum_voters_of_this_cluster)
 listeners=PLAINTEXT://$HOST:$PORT,CONTROLLER://$HOST:$CONTROLLER_PORT
 advertised.listeners=PLAINTEXT://$HOST:$PORT
 inter.broker.listener.name=PLAINTEXT
@@ -142,14 +199,15 @@ controller.listener.names=CONTROLLER
 listener.security.protocol.map=CONTROLLER:PLAINTEXT,PLAINTEXT:PLAINTEXT
 log.dirs=$DATA_DIR
 num.partitions=1
-default.replication.factor=1
-min.insync.replicas=1
+default.replication.factor=$INTERNAL_RF
+min.insync.replicas=$INTERNAL_MIN_ISR
+unclean.leader.election.enable=false
 auto.create.topics.enable=false
-offsets.topic.replication.factor=1
-transaction.state.log.replication.factor=1
-transaction.state.log.min.isr=1
-share.coordinator.state.topic.replication.factor=1
-share.coordinator.state.topic.min.isr=1
+offsets.topic.replication.factor=$INTERNAL_RF
+transaction.state.log.replication.factor=$INTERNAL_RF
+transaction.state.log.min.isr=$INTERNAL_MIN_ISR
+share.coordinator.state.topic.replication.factor=$INTERNAL_RF
+share.coordinator.state.topic.min.isr=$INTERNAL_MIN_ISR
 group.initial.rebalance.delay.ms=0
 log.retention.hours=168
 EOF
@@ -269,28 +327,25 @@ wait_ready() {
 
 # ---------------------------------------------------------------- commands
 
-cmd_start() {
-    local pid t0=$SECONDS
+# Launch the selected node unless it runs; prints its pid. Does not wait for it to answer.
+launch_node() {
+    local pid p
     mkdir -p "$KDIR"
     if pid=$(broker_pid); then
-        wait_ready "$pid"
-        log "already running (pid $pid) on $HOST:$PORT"
+        echo "$pid"
         return 0
     fi
-    need_java
-    local p
     for p in "$PORT" "$CONTROLLER_PORT"; do
         if port_open "$p"; then
-            die "port $HOST:$p is already in use by another process (not this broker); stop it or set TURNLOG_KAFKA_PORT / TURNLOG_KAFKA_CONTROLLER_PORT.
+            die "port $HOST:$p is already in use by another process (not this broker); stop it or set TURNLOG_KAFKA_PORT / TURNLOG_KAFKA_CONTROLLER_PORT (a cluster: TURNLOG_KAFKA_CLUSTER_PORT / TURNLOG_KAFKA_CLUSTER_CONTROLLER_PORT).
 $(port_owner "$p")"
         fi
     done
-    ensure_jars
     write_configs
-    ensure_formatted
+    ensure_formatted >&2  # stdout carries only the pid
 
     [[ -s $LOG_FILE ]] && mv -f "$LOG_FILE" "$LOG_FILE.1"
-    log "starting broker (logs: $LOG_FILE)"
+    log "starting broker (logs: $LOG_FILE)" >&2
     # setsid: own session, so the broker survives the calling shell/terminal.
     # 9>&-: do not leak the lock descriptor into the long-running broker.
     local launcher=()
@@ -305,11 +360,31 @@ $(port_owner "$p")"
     ) >"$LOG_FILE" 2>&1 </dev/null 9>&- &
     pid=$!
     echo "$pid" >"$PID_FILE"
-    wait_ready "$pid"
-    log "started (pid $pid) in $((SECONDS - t0))s; bootstrap.servers=$HOST:$PORT"
+    echo "$pid"
 }
 
-cmd_stop() {
+# Start node $1, or every node when $1 is empty: launch all that are down, then wait for each.
+cmd_start() {
+    local t0=$SECONDS i pid nodes=()
+    if [[ -n ${1:-} ]]; then nodes=("$1"); else for ((i = 1; i <= NODES; i++)); do nodes+=("$i"); done; fi
+    need_java
+    ensure_jars
+    local -A pids=()
+    for i in "${nodes[@]}"; do
+        select_node "$i"
+        pids[$i]=$(launch_node) || exit 1
+    done
+    for i in "${nodes[@]}"; do
+        select_node "$i"
+        wait_ready "${pids[$i]}"
+        log "running (pid $(broker_pid)) on $HOST:$PORT"
+    done
+    SERVICE=kafka
+    log "started in $((SECONDS - t0))s; bootstrap.servers=$(bootstrap_servers)"
+}
+
+# Stop the selected node (SIGTERM, then SIGKILL after the stop timeout).
+stop_node() {
     local pid deadline
     if ! pid=$(broker_pid); then
         rm -f "$PID_FILE"
@@ -335,21 +410,45 @@ cmd_stop() {
     log "stopped"
 }
 
-cmd_status() {
-    local pid
-    if pid=$(broker_pid); then
-        if port_open "$PORT"; then
-            log "running (pid $pid) on $HOST:$PORT, data in $DATA_DIR"
-        else
-            log "process running (pid $pid) but $HOST:$PORT is not accepting connections (starting?)"
-        fi
+# Stop node $1, or every node (the highest first: a cluster's last voters go last).
+cmd_stop() {
+    local i
+    if [[ -n ${1:-} ]]; then
+        select_node "$1"
+        stop_node
         return 0
     fi
-    log "not running"
-    return 3
+    for ((i = NODES; i >= 1; i--)); do
+        select_node "$i"
+        stop_node
+    done
+}
+
+cmd_status() {
+    local pid i rc=0
+    for ((i = 1; i <= NODES; i++)); do
+        select_node "$i"
+        if pid=$(broker_pid); then
+            if [[ $(ps -o stat= -p "$pid" 2>/dev/null) == T* ]]; then
+                log "stopped by a signal (pid $pid, SIGSTOP): it holds $HOST:$PORT but answers nothing"
+            elif port_open "$PORT"; then
+                log "running (pid $pid) on $HOST:$PORT, data in $DATA_DIR"
+            else
+                log "process running (pid $pid) but $HOST:$PORT is not accepting connections (starting?)"
+            fi
+        else
+            log "not running"
+            rc=3
+        fi
+    done
+    return "$rc"
 }
 
 cmd_logs() {
+    if [[ ${1:-} =~ ^[0-9]+$ ]]; then
+        node_arg "$1"
+        shift
+    fi
     [[ -f $LOG_FILE ]] || die "no log file yet at $LOG_FILE"
     if [[ ${1:-} == -f ]]; then
         exec tail -n 100 -F "$LOG_FILE"
@@ -357,16 +456,26 @@ cmd_logs() {
     tail -n 200 "$LOG_FILE"
 }
 
-# Serialize concurrent start/stop calls on the same state dir.
+# Check that $1 names a node of this cluster, and select it.
+node_arg() {
+    [[ $1 =~ ^[0-9]+$ ]] && (($1 >= 1 && $1 <= NODES)) ||
+        die "no node '$1': nodes are 1..$NODES (TURNLOG_KAFKA_NODES=$NODES)"
+    select_node "$1"
+}
+
+# Serialize concurrent start/stop calls on the same state dir (the whole cluster: one lock).
 
 main() {
     [[ $# -ge 1 ]] || usage
-    case $1 in
-        start) take_lock "$KDIR" "$KDIR/.lock"; cmd_start ;;
-        stop) take_lock "$KDIR" "$KDIR/.lock"; cmd_stop ;;
-        restart) take_lock "$KDIR" "$KDIR/.lock"; cmd_stop; cmd_start ;;
+    local command=$1 node=${2:-}
+    [[ -n $node && $command != logs ]] && node_arg "$node"
+    case $command in
+        start) take_lock "$BASE_DIR" "$BASE_DIR/.lock"; cmd_start "$node" ;;
+        stop) take_lock "$BASE_DIR" "$BASE_DIR/.lock"; cmd_stop "$node" ;;
+        restart) take_lock "$BASE_DIR" "$BASE_DIR/.lock"; cmd_stop "$node"; cmd_start "$node" ;;
         status) cmd_status ;;
         logs) shift; cmd_logs "$@" ;;
+        bootstrap) bootstrap_servers ;;
         *) usage ;;
     esac
 }

@@ -4,6 +4,7 @@
 #   deploy/services.sh start | stop | restart | status
 #
 # start   kafka.sh start, then postgres.sh start (stops at the first failure)
+#         TURNLOG_KAFKA_NODES=3: the local 3-node Kafka cluster instead of the single broker
 # stop    stops both; succeeds when they are already stopped
 # status  status of both; exit 0 only when both are running
 # See deploy/README.md for environment variables.

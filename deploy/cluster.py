@@ -1,0 +1,192 @@
+"""Control the local KRaft cluster that ``deploy/kafka.sh`` runs with ``TURNLOG_KAFKA_NODES=3``.
+
+For the cluster tests and ``turnlog chaos --cluster``: start it, find each node's
+process, SIGKILL, SIGSTOP/SIGCONT or restart one node, roll through all of them
+as an operator's rollout does, and read who leads a partition and which
+replicas are in its ISR. Starting and stopping go through the script (one
+implementation of the node layout); signals go straight to the node's pid.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from confluent_kafka.admin import AdminClient
+
+from turnlog.exceptions import ConfigurationError
+
+__all__ = ["LocalCluster", "PartitionReplicas", "CLUSTER_NODES"]
+
+SCRIPT = Path(__file__).parent / "kafka.sh"
+CLUSTER_NODES = 3
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionReplicas:
+    """One partition's leader (node id; -1: none), its replicas and its in-sync replicas (node ids)."""
+
+    topic: str
+    partition: int
+    leader: int
+    replicas: tuple[int, ...]
+    isr: tuple[int, ...]
+
+
+class LocalCluster:
+    """The local cluster of ``nodes`` combined broker+controller nodes (ids 1..nodes).
+
+    ``state_dir``: the scripts' state root (``TURNLOG_STATE_DIR``; default ``~/.cache/turnlog``).
+    Methods that wait take ``timeout`` in seconds and raise :class:`TimeoutError` past it;
+    a failed script raises :class:`ConfigurationError` with its output.
+    """
+
+    def __init__(self, state_dir: Path | None = None, nodes: int = CLUSTER_NODES) -> None:
+        self.state_dir = state_dir or Path(os.environ.get("TURNLOG_STATE_DIR", Path.home() / ".cache" / "turnlog"))
+        self.nodes = nodes
+        self.bootstrap_servers = self._script("bootstrap").strip()
+
+    @property
+    def node_ids(self) -> range:
+        return range(1, self.nodes + 1)
+
+    # -- processes -------------------------------------------------------------
+    def start(self, node: int | None = None, *, timeout: float = 180) -> None:
+        """Start ``node`` (or every node that is down) and wait until it answers."""
+        self._script("start", *([str(node)] if node else []), timeout=timeout)
+
+    def stop(self, node: int | None = None, *, timeout: float = 180) -> None:
+        """Stop ``node`` (or every node) cleanly: SIGTERM, as a rolling restart does."""
+        self._script("stop", *([str(node)] if node else []), timeout=timeout)
+
+    def running(self) -> bool:
+        """True when every node's process runs (stopped by SIGSTOP counts as running)."""
+        return all(self.pid(node) is not None for node in self.node_ids)
+
+    def pid(self, node: int) -> int | None:
+        """The node's broker process, or None when it does not run."""
+        pid_file = self.state_dir / "kafka-cluster" / f"node-{node}" / "kafka.pid"
+        try:
+            pid = int(pid_file.read_text().split()[0])
+        except (FileNotFoundError, ValueError, IndexError):
+            return None
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except FileNotFoundError:
+            return None
+        return pid if b"kafka.Kafka" in cmdline else None
+
+    def kill(self, node: int, *, timeout: float = 30) -> None:
+        """SIGKILL the node and wait until its process is gone."""
+        pid = self._require_pid(node)
+        os.kill(pid, signal.SIGKILL)
+        _wait(lambda: not Path(f"/proc/{pid}").exists(), timeout, f"node {node} (pid {pid}) to exit")
+
+    def pause(self, node: int) -> None:
+        """SIGSTOP the node: it holds its ports and answers nothing (a GC pause, a frozen VM)."""
+        os.kill(self._require_pid(node), signal.SIGSTOP)
+
+    def resume(self, node: int) -> None:
+        """SIGCONT a paused node."""
+        os.kill(self._require_pid(node), signal.SIGCONT)
+
+    def resume_all(self) -> None:
+        """SIGCONT every node that runs (harmless on one that is not stopped)."""
+        for node in self.node_ids:
+            pid = self.pid(node)
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGCONT)
+
+    def rolling_restart(self, topics: Iterable[str], *, timeout: float = 180) -> None:
+        """Restart the nodes one by one, each after every partition of ``topics`` has its
+        full ISR again (an operator's rollout: never take a node while another is catching up)."""
+        topics = list(topics)
+        for node in self.node_ids:
+            self.wait_isr_full(topics, timeout=timeout)
+            self.stop(node, timeout=timeout)
+            self.start(node, timeout=timeout)
+        self.wait_isr_full(topics, timeout=timeout)
+
+    # -- metadata --------------------------------------------------------------
+    def partitions(self, topics: Iterable[str], *, timeout: float = 10) -> list[PartitionReplicas]:
+        """The replicas of every partition of ``topics``, from the cluster's metadata.
+
+        Raises:
+            TimeoutError: no node answered a metadata request within ``timeout``.
+        """
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        try:
+            metadata = admin.list_topics(timeout=timeout)
+        except Exception as e:  # KafkaException: no broker answered in time
+            raise TimeoutError(f"no node of {self.bootstrap_servers} answered a metadata request: {e}") from e
+        found = []
+        for topic in topics:
+            described = metadata.topics.get(topic)
+            if described is None:
+                continue
+            for partition in sorted(described.partitions.values(), key=lambda p: p.id):
+                found.append(PartitionReplicas(
+                    topic, partition.id, partition.leader, tuple(partition.replicas), tuple(partition.isrs)
+                ))
+        return found
+
+    def leader_of(self, topic: str, partition: int) -> int:
+        """The node leading ``topic``/``partition`` now (-1: none)."""
+        for replicas in self.partitions([topic]):
+            if replicas.partition == partition:
+                return replicas.leader
+        raise ConfigurationError(f"no partition {topic}/{partition} in the cluster's metadata")
+
+    def busiest_leader(self, topics: Iterable[str]) -> int:
+        """The node leading the most partitions of ``topics`` (the one whose loss moves the most)."""
+        leaders = [p.leader for p in self.partitions(topics) if p.leader > 0]
+        if not leaders:
+            raise ConfigurationError("no partition of the topics has a leader")
+        return max(set(leaders), key=leaders.count)
+
+    def wait_isr_full(self, topics: Iterable[str], *, timeout: float = 180) -> None:
+        """Until every partition of ``topics`` has a leader and all its replicas in sync."""
+        topics = list(topics)
+
+        def full() -> bool:
+            try:
+                described = self.partitions(topics)
+            except TimeoutError:
+                return False
+            return bool(described) and all(p.leader > 0 and set(p.isr) == set(p.replicas) for p in described)
+
+        _wait(full, timeout, f"a full ISR on every partition of {', '.join(topics)}")
+
+    # -- internals -------------------------------------------------------------
+    def _require_pid(self, node: int) -> int:
+        pid = self.pid(node)
+        if pid is None:
+            raise ConfigurationError(f"node {node} of the local cluster does not run")
+        return pid
+
+    def _script(self, *args: str, timeout: float = 60) -> str:
+        env = {**os.environ, "TURNLOG_KAFKA_NODES": str(self.nodes), "TURNLOG_STATE_DIR": str(self.state_dir)}
+        result = subprocess.run(
+            ["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if result.returncode != 0:
+            raise ConfigurationError(
+                f"`TURNLOG_KAFKA_NODES={self.nodes} bash {SCRIPT} {' '.join(args)}` failed (exit "
+                f"{result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
+            )
+        return result.stdout
+
+
+def _wait(done: Callable[[], bool], timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"waited {timeout:g} s for {what}")
+        time.sleep(0.2)
