@@ -87,7 +87,20 @@ class TurnlogSettings(BaseSettings):
     partitions: int = Field(
         6, ge=1, description="Partition count shared by the co-partitioned topics (set once)."
     )
-    replication_factor: int = Field(1, ge=1, description="Replication factor of created topics.")
+    replication_factor: int | None = Field(
+        None,
+        ge=1,
+        description="Replication factor of every topic turnlog or Faust creates (turnlog's and Faust's changelog "
+        "and assignor topics). Unset: min(3, live brokers), from the cluster's metadata when the topics are created "
+        "or checked and when a Faust worker starts (turnlog/kafka/replication.py).",
+    )
+    min_insync_replicas: int | None = Field(
+        None,
+        ge=1,
+        description="min.insync.replicas set on every topic turnlog or Faust creates: a write (acks=all) needs this "
+        "many replicas in sync. Unset: the replication factor less one, at least 1. Never above the replication "
+        "factor, and below it when the factor is above 1 (turnlog topics create refuses otherwise).",
+    )
     events_retention_ms: int = Field(
         30 * 24 * 3600 * 1000,
         ge=-1,
@@ -110,10 +123,12 @@ class TurnlogSettings(BaseSettings):
         65_536, ge=1, le=262_144, description="Largest turn text the recorder accepts (UTF-8 bytes)."
     )
     delivery_timeout_seconds: float = Field(
-        30.0,
+        120.0,
         gt=0,
         description="How long a producer retries one record before reporting it failed (seconds). The recorder "
-        "then sends it again from its spool; the services' producers fail the batch.",
+        "then sends it again from its spool; the services' producers fail the batch. Longer than a failover "
+        "on a replicated cluster (a leader election or a controller move took ~50 s on the local 3-node "
+        "cluster), so none gives up inside one.",
     )
     spool_dir: str = Field(
         ".turnlog-spool",
@@ -134,10 +149,11 @@ class TurnlogSettings(BaseSettings):
         "spool's fsync alone and the recorder runs degraded (seconds).",
     )
     spool_close_timeout_seconds: float = Field(
-        30.0,
+        90.0,
         ge=0,
-        description="Longest SessionRecorder.close() waits for the spool to drain (seconds). What is left "
-        "stays in the spool for the next recorder started with the same spool_dir.",
+        description="Longest SessionRecorder.close() waits for the spool to drain (seconds): longer than a "
+        "cluster's failover. What is left stays in the spool for the next recorder started with the same "
+        "spool_dir (or `turnlog spool-drain`).",
     )
     sequencer_group: str = Field("turnlog-sequencer", description="Consumer group (Faust app id) of the sequencer.")
     sink_group: str = Field("turnlog-sink", description="Consumer group of the SQL sink.")

@@ -32,7 +32,7 @@ the transcript); a broker answering; after an outage, the sink storing again
 (or caught up).
 
 Chaos settings: the run's own topics, groups, Faust data and spool folder;
-``delivery_timeout_seconds`` is 20 s (30 s by default) so that each outage is
+``delivery_timeout_seconds`` is 20 s (120 s by default) so that each outage is
 at least three delivery timeouts long: every event spooled during it outlives
 its producer's delivery attempts and has to be driven again from the spool,
 which is what a recorder that "never gives a session up" must survive.
