@@ -1,0 +1,104 @@
+"""Broker failures on a replicated cluster under load: a partition leader SIGKILLed, a leader
+SIGSTOPped past the producers' request timeout, two of three nodes down (below min ISR). The
+recorder rides each out on its spool, the services keep running, and the store ends with every
+turn once, in order."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+from turnlog.producers import SessionRecorder
+
+from tests.cluster.conversations import Conversations, assert_stored_as_said
+from tests.support import wait_until
+
+TIMEOUT = 240
+SERVICES = ("sequencer", "sink", "finalizer")
+
+
+def test_a_leader_killed_under_load_loses_and_duplicates_nothing(cluster_pipeline, kafka_cluster):
+    pipeline = cluster_pipeline(SERVICES)
+    pipeline.wait_ready()
+    events = pipeline.settings.topics.events
+
+    async def talk_through_the_kill():
+        async with SessionRecorder(pipeline.settings) as recorder:
+            talk = Conversations(recorder, 6, f"{pipeline.settings.topic_prefix}-leaderkill")
+            await talk.open()
+            await talk.talk(turns=3)
+            leader = kafka_cluster.busiest_leader([events])
+            killing = asyncio.create_task(asyncio.to_thread(kafka_cluster.kill, leader))
+            await talk.talk(turns=25)
+            await killing
+            await talk.end(delivered_within=TIMEOUT)
+            return talk, leader
+
+    talk, leader = asyncio.run(talk_through_the_kill())
+    assert leader not in {p.leader for p in kafka_cluster.partitions([events])}, "leadership moved off the dead node"
+    kafka_cluster.start(leader)
+    assert_stored_as_said(pipeline, talk, timeout=TIMEOUT)
+    assert all(p.alive() for p in pipeline.processes.values()), pipeline.logs()
+
+
+def test_a_leader_paused_past_the_request_timeout_loses_and_duplicates_nothing(cluster_pipeline, kafka_cluster):
+    pipeline = cluster_pipeline(SERVICES)
+    pipeline.wait_ready()
+    events = pipeline.settings.topics.events
+    request_timeout = 5.0
+
+    async def talk_through_the_pause():
+        # The recorder's requests to the frozen leader time out (5 s here) and are sent again, to the
+        # new leader once the controller has moved leadership off the node that stopped heartbeating.
+        async with SessionRecorder(
+            pipeline.settings, producer_config={"request.timeout.ms": int(request_timeout * 1000)}
+        ) as recorder:
+            talk = Conversations(recorder, 6, f"{pipeline.settings.topic_prefix}-pause")
+            await talk.open()
+            await talk.talk(turns=3)
+            paused = kafka_cluster.busiest_leader([events])
+            kafka_cluster.pause(paused)
+            try:
+                wake_at = time.monotonic() + 3 * request_timeout
+                await talk.talk(until=lambda: time.monotonic() >= wake_at)
+            finally:
+                kafka_cluster.resume(paused)
+            await talk.talk(turns=5)
+            await talk.end(delivered_within=TIMEOUT)
+            return talk
+
+    talk = asyncio.run(talk_through_the_pause())
+    assert_stored_as_said(pipeline, talk, timeout=TIMEOUT)
+    assert all(p.alive() for p in pipeline.processes.values()), pipeline.logs()
+
+
+def test_below_min_isr_the_recorder_degrades_to_its_spool_and_recovers_by_itself(cluster_pipeline, kafka_cluster):
+    pipeline = cluster_pipeline(SERVICES, ack_wait_seconds=0.5)
+    pipeline.wait_ready()
+    events = pipeline.settings.topics.events
+
+    async def talk_through_the_loss():
+        async with SessionRecorder(pipeline.settings) as recorder:
+            talk = Conversations(recorder, 4, f"{pipeline.settings.topic_prefix}-minisr")
+            await talk.open()
+            await talk.talk(turns=3)
+            survivor = kafka_cluster.busiest_leader([events])
+            down = [node for node in kafka_cluster.node_ids if node != survivor]
+            for node in down:
+                kafka_cluster.kill(node)
+            said_before = sum(map(len, talk.said.values()))
+            await talk.talk(until=lambda: recorder.degraded and sum(map(len, talk.said.values())) >= said_before + 20)
+            assert recorder.spooled_events() > 0, "acks=all with one of three replicas: nothing acknowledged"
+            await asyncio.to_thread(kafka_cluster.start)
+            # No operator action: the spool drains once the ISR is back, and the recorder leaves degraded mode.
+            await asyncio.to_thread(
+                wait_until, lambda: recorder.spooled_events() == 0 and not recorder.degraded,
+                timeout=TIMEOUT, what="the spool delivered after the nodes came back",
+            )
+            await talk.talk(turns=3)
+            await talk.end(delivered_within=TIMEOUT)
+            return talk
+
+    talk = asyncio.run(talk_through_the_loss())
+    assert_stored_as_said(pipeline, talk, timeout=TIMEOUT)
+    assert all(p.alive() for p in pipeline.processes.values()), pipeline.logs()
