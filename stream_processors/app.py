@@ -1,4 +1,13 @@
-"""Faust app factory shared by the sequencer and the finalizer."""
+"""Faust app factory shared by the sequencer and the finalizer.
+
+Every topic a Faust app declares gets turnlog's replication: the app is resolved
+its :class:`~turnlog.kafka.replication.Replication` at worker start
+(:func:`configure_replication`, from ``run_worker``), and its topic class
+(:class:`ReplicatedTopic`) declares each topic with that replication factor and
+``min.insync.replicas``, never the broker's defaults. ``turnlog topics create``
+creates the same topics first (``turnlog.kafka.topic_specs``), so
+Faust finds them there; this covers a topic it would create itself.
+"""
 
 from __future__ import annotations
 
@@ -6,35 +15,81 @@ from pathlib import Path
 
 import faust
 
+from turnlog.exceptions import ConfigurationError
 from turnlog.kafka.faust_auth import faust_credentials
+from turnlog.kafka.replication import Replication
+from turnlog.kafka.topic_specs import explicit_topic_config
 from turnlog.settings import TurnlogSettings
 from turnlog.stream_processors.fetching import SnapshotFetchApp
 from turnlog.stream_processors.recovery import OrderedTableManager
 from turnlog.stream_processors.unreadable_records import PartitionScanner
 
-__all__ = ["make_app", "raw_topic"]
+__all__ = ["make_app", "raw_topic", "TurnlogApp", "ReplicatedTopic", "configure_replication"]
 
 #: Records an agent's input queue holds (Faust's default: 4096).
 STREAM_BUFFER_MAXSIZE = 16384
 
 
-def make_app(settings: TurnlogSettings, app_id: str, *, commit_interval_seconds: float = 1.0) -> faust.App:
+class TurnlogApp(SnapshotFetchApp):
+    """turnlog's Faust app: :class:`SnapshotFetchApp` holding the replication its topics
+    are declared with (``topic_replication``, set by :func:`configure_replication`)."""
+
+    topic_replication: Replication | None = None
+
+
+class ReplicatedTopic(faust.Topic):
+    """Faust's topic, declared with its app's ``topic_replication``: that replication
+    factor, and ``min.insync.replicas`` and ``max.message.bytes`` added to the configs
+    Faust gives it (a table's ``extra_topic_configs``, its cleanup policy)."""
+
+    async def declare(self) -> None:
+        """Declare the topic on the broker if it does not exist (Faust's ``declare``).
+
+        Raises:
+            ConfigurationError: the app's replication was not resolved (an app run
+                other than through ``run_worker``): the topic would get the broker's defaults.
+        """
+        replication = self.app.topic_replication if isinstance(self.app, TurnlogApp) else None
+        if replication is None:
+            raise ConfigurationError(
+                f"Faust would declare topic {self.get_topic_name()} before the app's replication was resolved "
+                "(configure_replication, done by run_worker)"
+            )
+        self.replicas = replication.replication_factor
+        self.config = {**(self.config or {}), **explicit_topic_config(replication)}
+        await super().declare()
+
+
+def configure_replication(app: faust.App, replication: Replication) -> None:
+    """Give ``app`` (from :func:`make_app`) the replication of every topic it declares.
+
+    Raises:
+        TypeError: ``app`` was not made by :func:`make_app`.
+    """
+    if not isinstance(app, TurnlogApp):
+        raise TypeError(f"{type(app).__name__} is not a TurnlogApp (make it with make_app)")
+    app.topic_replication = replication
+    app.conf.topic_replication_factor = replication.replication_factor
+
+
+def make_app(settings: TurnlogSettings, app_id: str, *, commit_interval_seconds: float = 1.0) -> TurnlogApp:
     """A Faust app whose id is the consumer group ``app_id``; at-least-once,
     producer ``acks=all``, offsets committed only after the producer flushed.
-    It connects like every other turnlog client (``TURNLOG_KAFKA_*``: TLS, SASL)."""
+    It connects like every other turnlog client (``TURNLOG_KAFKA_*``: TLS, SASL).
+    Its topics' replication is resolved at worker start (:func:`configure_replication`)."""
     datadir = Path(settings.faust_data_dir) / app_id
     datadir.parent.mkdir(parents=True, exist_ok=True)
     brokers = [f"kafka://{server.strip()}" for server in settings.bootstrap_servers.split(",")]
     # SnapshotFetchApp: Faust's fetch drops records of paused partitions, and stops at a record
     # aiokafka cannot unpack (fetching.py).
-    app = SnapshotFetchApp(
+    app = TurnlogApp(
         app_id,
         broker=brokers,
         broker_credentials=faust_credentials(settings),  # None for PLAINTEXT: Faust's default
         store="memory://",
         datadir=str(datadir),
         topic_partitions=settings.partitions,
-        topic_replication_factor=settings.replication_factor,
+        Topic=ReplicatedTopic,  # declared with the replication configure_replication gives the app
         topic_allow_declare=True,
         producer_acks=-1,
         # Faust's own producer now carries only the table changelog (the

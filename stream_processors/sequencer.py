@@ -62,6 +62,7 @@ from turnlog.dlq import dlq_headers, reason_class
 from turnlog.faults import fault_point
 from turnlog.kafka.partitioning import partition_for
 from turnlog.kafka.record_headers import UnreadableHeaders
+from turnlog.kafka.topic_specs import SEQUENCER_CHANGELOG_CONFIGS, SEQUENCER_TABLE
 from turnlog.schemas import EventValidationError, decode_event
 from turnlog.schemas.headers import EventType, event_type, peek_event_type, type_headers
 from turnlog.settings import TopicNames, TurnlogSettings
@@ -83,10 +84,9 @@ from turnlog.stream_processors.sequencing import DEFAULT_MAX_BUFFER_BYTES, Buffe
 __all__ = ["build_sequencer", "Sequencer", "SourceRecord", "TABLE_NAME", "BATCH_SIZE", "BATCH_WAIT_SECONDS"]
 
 logger = logging.getLogger(__name__)
-TABLE_NAME = "sequencer-state"
+TABLE_NAME = SEQUENCER_TABLE
 BATCH_SIZE = 1000
 BATCH_WAIT_SECONDS = 0.005
-CHANGELOG_SEGMENT_MS = 10 * 60 * 1000
 #: Faust commits the acked offsets this often (seconds); the resume barrier waits on them.
 COMMIT_INTERVAL_SECONDS = 0.1
 #: How long an emission waits for the broker before the worker stops (seconds). A broker may be
@@ -544,9 +544,8 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         # States are written after a batch, outside one record's context: the
         # key's own partition (murmur2, as the topics) picks the changelog partition.
         use_partitioner=True,
-        # Roll segments often so compaction keeps the changelog (and so the
-        # restore at start-up) near one record per session.
-        extra_topic_configs={"segment.ms": str(CHANGELOG_SEGMENT_MS), "min.cleanable.dirty.ratio": "0.1"},
+        # As turnlog topics create makes it (turnlog.kafka.topic_specs); Faust adds the replication when it declares it.
+        extra_topic_configs=dict(SEQUENCER_CHANGELOG_CONFIGS),
         help="SessionSequence per session id (JSON).",
     )
     # A batch's records are produced together and then awaited: waiting

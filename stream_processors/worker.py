@@ -10,8 +10,10 @@ import faust
 from faust.types import AppT
 
 from turnlog.kafka import wait_for_broker
+from turnlog.kafka.replication import resolve_replication
 from turnlog.readiness import mark_not_ready, mark_ready
 from turnlog.settings import TurnlogSettings
+from turnlog.stream_processors.app import configure_replication
 
 __all__ = ["ReadinessSensor", "run_worker"]
 
@@ -52,11 +54,20 @@ def run_worker(faust_app: faust.App, settings: TurnlogSettings, component: str |
 
     With ``settings.ready_file`` set, the worker keeps that file as
     ``component`` (default: the app's id) while it is ready
-    (:class:`ReadinessSensor`), and removes it when it stops.
+    (:class:`ReadinessSensor`), and removes it when it stops. ``faust_app``
+    comes from :func:`~turnlog.stream_processors.app.make_app`: the replication
+    of the topics it may declare is resolved here, once a broker answers.
+
+    Raises:
+        ConfigurationError: the replication settings are inconsistent
+            (``turnlog.kafka.replication.replication_for``).
+        BrokerError: the cluster's metadata could not be read once a broker answered.
     """
     # A Faust worker exits if it cannot bootstrap; wait for the broker first
     # (a broker outage after start-up is retried by the client itself).
     wait_for_broker(settings)
+    # Any topic Faust declares gets turnlog's replication, resolved against the cluster as it is now.
+    configure_replication(faust_app, resolve_replication(settings))
 
     faust_app.sensors.add(ReadinessSensor(settings.ready_file, component or faust_app.conf.id))
 

@@ -76,13 +76,47 @@ def _service_settings(**overrides: object) -> TurnlogSettings:
 
 @topics_app.command("create")
 def topics_create(bootstrap_servers: Bootstrap = None) -> None:
-    """Create <prefix>.events, <prefix>.transcript and <prefix>.dlq with explicit partitions and retention."""
+    """Create <prefix>.events, .transcript, .dlq and the Faust apps' topics, with explicit partitions, replication
+    and retention; report existing topics whose settings differ (`turnlog topics check` fixes them)."""
     from turnlog.deploy.topics import create_topics
 
     settings = _settings(bootstrap_servers=bootstrap_servers)
-    created = create_topics(settings)
-    for name in settings.topics.all():
-        typer.echo(f"{name}: {'created' if name in created else 'exists'} ({settings.partitions} partitions)")
+    result = create_topics(settings)
+    typer.echo(f"topics with {result.replication}:")
+    for spec in result.specs:
+        typer.echo(f"{spec.topic}: {'created' if spec.topic in result.created else 'exists'} "
+                   f"({spec.partitions} partitions)")
+    for difference in result.differences:
+        typer.echo(str(difference))
+    if result.differences:
+        typer.echo(f"{len(result.differences)} setting(s) of existing topics differ: run `turnlog topics check`")
+
+
+@topics_app.command("check")
+def topics_check(
+    bootstrap_servers: Bootstrap = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Only report; change nothing.")] = False,
+) -> None:
+    """Report every topic whose partitions, replication factor, min.insync.replicas, retention.ms, cleanup.policy or
+    max.message.bytes differ from the settings, and fix what a config change can. Exit 0 when every topic is as the
+    settings ask (after the fixes), 1 when something remains."""
+    from turnlog.deploy.topics import check_topics
+
+    settings = _settings(bootstrap_servers=bootstrap_servers)
+    result = check_topics(settings, fix=not dry_run)
+    typer.echo(f"{len(result.topics)} topics checked against {result.replication}")
+    if result.offline_brokers:
+        typer.echo(f"broker(s) {', '.join(map(str, sorted(result.offline_brokers)))} hold replicas of these topics "
+                   "but do not answer: nothing was changed")
+    for difference in result.differences:
+        typer.echo(str(difference))
+    remaining = sum(not difference.resolved for difference in result.differences)
+    fixed = len(result.differences) - remaining
+    if not result.differences:
+        typer.echo("every topic is as the settings ask")
+    else:
+        typer.echo(f"{len(result.differences)} difference(s): {fixed} fixed, {remaining} remaining")
+    raise typer.Exit(0 if result.ok else 1)
 
 
 @app.command()

@@ -24,7 +24,9 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def settings(kafka_bootstrap: str) -> Iterator[TurnlogSettings]:
-    settings = TurnlogSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=f"test-{uuid.uuid4().hex[:10]}", partitions=3)
+    run = f"test-{uuid.uuid4().hex[:10]}"
+    settings = TurnlogSettings(bootstrap_servers=kafka_bootstrap, topic_prefix=run, partitions=3,
+                               sequencer_group=f"{run}-sequencer", finalizer_group=f"{run}-finalizer")
     create_topics(settings)
     yield settings
     drop_topics(settings)

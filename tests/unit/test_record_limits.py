@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from turnlog.deploy.topics import TOPIC_MAX_MESSAGE_BYTES, topic_specs
 from turnlog.dlq import dlq_headers
+from turnlog.kafka.replication import Replication
 from turnlog.producers.recorder import MAX_EVENT_BYTES
 from turnlog.schemas.headers import EventType, type_headers
 from turnlog.settings import TurnlogSettings
@@ -34,7 +35,7 @@ def test_an_event_the_recorder_writes_fits_a_dlq_record_with_the_longest_reason(
 def test_a_record_the_sequencer_may_send_fits_every_topic_after_compression() -> None:
     assert MAX_RECORD_BYTES < MESSAGE_MAX_BYTES
     assert MESSAGE_MAX_BYTES + _LZ4_OVERHEAD + _BATCH_OVERHEAD <= TOPIC_MAX_MESSAGE_BYTES
-    for spec in topic_specs(TurnlogSettings()):
+    for spec in topic_specs(TurnlogSettings(), Replication(replication_factor=3, min_insync_replicas=2, live_brokers=3)):
         assert spec.config["max.message.bytes"] == str(TOPIC_MAX_MESSAGE_BYTES), spec.topic
 
 

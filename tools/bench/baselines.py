@@ -38,6 +38,7 @@ from confluent_kafka.admin import AdminClient, NewTopic
 from tenacity import Retrying, retry_if_exception_type, wait_fixed
 
 from turnlog import kafka
+from turnlog.kafka.replication import resolve_replication
 from turnlog.producers.partitioning import partition_for
 from turnlog.schemas import SessionStatus, TurnStatus
 from turnlog.settings import TurnlogSettings
@@ -105,7 +106,11 @@ def _admin(settings: TurnlogSettings) -> AdminClient:
 
 def create_bench_topics(settings: TurnlogSettings, *names: str) -> None:
     admin = _admin(settings)  # held until the futures resolve: a collected client cancels them
-    futures = admin.create_topics([NewTopic(n, settings.partitions, settings.replication_factor) for n in names])
+    replication = resolve_replication(settings)  # as every topic turnlog creates
+    futures = admin.create_topics([
+        NewTopic(n, settings.partitions, replication.replication_factor, config=replication.topic_config())
+        for n in names
+    ])
     for future in futures.values():
         future.result(30)
 
