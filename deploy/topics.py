@@ -36,8 +36,8 @@ from turnlog.redact import redact
 from turnlog.settings import TurnlogSettings
 
 __all__ = [
-    "create_topics", "CreatedTopics", "check_topics", "TopicCheck", "TopicDifference", "Outcome",
-    "delete_topics_with_prefix", "TopicSpec", "topic_specs", "TOPIC_MAX_MESSAGE_BYTES",
+    "create_topics", "CreatedTopics", "check_topics", "TopicCheck", "TopicDifference", "Outcome", "DescribedTopic",
+    "topic_differences", "delete_topics_with_prefix", "TopicSpec", "topic_specs", "TOPIC_MAX_MESSAGE_BYTES",
 ]
 
 logger = logging.getLogger(__name__)
@@ -49,10 +49,10 @@ class Outcome(enum.Enum):
     """What became of a difference; ``value`` is how a report says it."""
 
     FIXED = "fixed"
-    WOULD_FIX = "a config change fixes it (not applied)"
+    WOULD_FIX = "a config change fixes it (dry run: not changed)"
     FIX_FAILED = "not fixed: the broker refused the change"
     HELD = "not fixed while brokers holding replicas are down"
-    AFTER_REASSIGNMENT = "not fixed before the replication factor is: too few replicas for it"
+    AFTER_REASSIGNMENT = "not fixed until the replication factor is"
     NEEDS_REASSIGNMENT = "needs a partition reassignment (kafka-reassign-partitions.sh)"
     CANNOT_FIX = "cannot be fixed"
     MISSING = "missing: run `turnlog topics create`"
@@ -113,9 +113,10 @@ class TopicCheck:
 
 
 @dataclass(frozen=True, slots=True)
-class _Found:
-    """An existing topic as the broker describes it: partition count, each partition's replica count,
-    the brokers its replicas are on, and its configs (name to value)."""
+class DescribedTopic:
+    """An existing topic as the broker describes it: its partition count, the replica counts of
+    its partitions (one value when they agree), the brokers its replicas are on (node ids), and
+    its configs (name to value, defaults included)."""
 
     partitions: int
     replica_counts: frozenset[int]
@@ -150,7 +151,7 @@ def create_topics(settings: TurnlogSettings, *, timeout: float = 30.0) -> Create
     differences = [
         difference
         for spec in existing
-        for difference in _differences(spec, found.get(spec.topic), replication, fix=False)
+        for difference in topic_differences(spec, found.get(spec.topic), fix=False)
     ]
     for difference in differences:
         if difference.setting == "partitions" and difference.outcome is Outcome.CANNOT_FIX and _co_partitioned(
@@ -209,7 +210,7 @@ def check_topics(settings: TurnlogSettings, *, fix: bool = True, timeout: float 
     offline = frozenset[int]().union(*(topic.replica_brokers for topic in found.values())) - live
     differences: list[TopicDifference] = []
     for spec in specs:
-        planned = _differences(spec, found.get(spec.topic), replication, fix=fix)
+        planned = topic_differences(spec, found.get(spec.topic), fix=fix)
         if offline:
             planned = [_held(difference) for difference in planned]
         elif fix:
@@ -256,11 +257,15 @@ def _admin_answering(settings: TurnlogSettings, timeout: float) -> AdminClient:
     return kafka.admin(settings)
 
 
-def _differences(
-    spec: TopicSpec, found: _Found | None, replication: Replication, *, fix: bool
+def topic_differences(
+    spec: TopicSpec, found: DescribedTopic | None, *, fix: bool
 ) -> list[TopicDifference]:
     """How ``found`` (None: the topic does not exist) differs from ``spec``, each with the
-    outcome a fix would have (``fix`` False: a dry run's outcomes)."""
+    outcome a fix would have (``fix`` False: a dry run's outcomes): a config becomes
+    :attr:`Outcome.FIXED`, except a ``min.insync.replicas`` above the topic's fewest replicas
+    less one (:attr:`Outcome.AFTER_REASSIGNMENT`: it would stop writes, or stop them with one
+    replica down); the replication factor needs a reassignment; a partition count cannot be
+    fixed here. Nothing is sent to the broker."""
     if found is None:
         return [TopicDifference(spec.topic, "topic", "missing", "present", Outcome.MISSING)]
     differences = []
@@ -326,7 +331,7 @@ def _apply(admin: AdminClient, topic: str, differences: list[TopicDifference], t
 
 def _describe(
     admin: AdminClient, metadata: Mapping[str, TopicMetadata], topics: Sequence[str], timeout: float
-) -> dict[str, _Found]:
+) -> dict[str, DescribedTopic]:
     """The existing ``topics`` as the broker describes them: their partitions from ``metadata``
     (the cluster's, from ``list_topics``), their configs asked now (a topic deleted meanwhile
     is left out).
@@ -353,7 +358,7 @@ def _describe(
         if described is None or name not in configs:
             continue
         partitions = described.partitions.values()
-        found[name] = _Found(
+        found[name] = DescribedTopic(
             partitions=len(partitions),
             replica_counts=frozenset(len(partition.replicas) for partition in partitions),
             replica_brokers=frozenset(broker for partition in partitions for broker in partition.replicas),
