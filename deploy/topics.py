@@ -49,7 +49,7 @@ class Outcome(enum.Enum):
     """What became of a difference; ``value`` is how a report says it."""
 
     FIXED = "fixed"
-    WOULD_FIX = "a config change fixes it (dry run: not changed)"
+    WOULD_FIX = "fixable by a config change (not changed)"
     FIX_FAILED = "not fixed: the broker refused the change"
     HELD = "not fixed while brokers holding replicas are down"
     AFTER_REASSIGNMENT = "not fixed until the replication factor is"
@@ -124,11 +124,11 @@ class DescribedTopic:
     config: Mapping[str, str | None]
 
 
-def create_topics(settings: TurnlogSettings, *, timeout: float = 30.0) -> CreatedTopics:
+def create_topics(settings: TurnlogSettings, *, timeout: float = 30.0, log_differences: bool = True) -> CreatedTopics:
     """Create the missing topics (turnlog's and its Faust apps'), each with the replication
     resolved from the live brokers (``turnlog.kafka.replication``); report how the existing
-    ones differ from the settings (each difference is also logged as a warning; nothing is
-    changed: :func:`check_topics` does that). Everything is checked before anything is
+    ones differ from the settings (with ``log_differences``, each also as a warning; nothing
+    is changed: :func:`check_topics` does that). Everything is checked before anything is
     created. When every topic exists, a replication factor above the live brokers is not
     refused (a worker restarting during a broker's outage creates nothing), only reported.
 
@@ -172,7 +172,7 @@ def create_topics(settings: TurnlogSettings, *, timeout: float = 30.0) -> Create
         except kafka.BrokerError as e:  # its message names the topic
             raise ConfigurationError(f"cannot create the topics: {e}") from e
         _wait_until_listed(admin, created, timeout)
-    for difference in differences:
+    for difference in differences if log_differences else ():
         logger.warning("topic settings differ: %s (`turnlog topics check` fixes what a config change can)",
                        difference)
     return CreatedTopics(

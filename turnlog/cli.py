@@ -81,11 +81,11 @@ def topics_create(bootstrap_servers: Bootstrap = None) -> None:
     from turnlog.deploy.topics import create_topics
 
     settings = _settings(bootstrap_servers=bootstrap_servers)
-    result = create_topics(settings)
+    result = create_topics(settings, log_differences=False)  # printed here instead
     typer.echo(f"topics with {result.replication}:")
     for spec in result.specs:
         typer.echo(f"{spec.topic}: {'created' if spec.topic in result.created else 'exists'} "
-                   f"({spec.partitions} partitions)")
+                   f"({spec.partitions} partition{'' if spec.partitions == 1 else 's'})")
     for difference in result.differences:
         typer.echo(str(difference))
     if result.differences:
