@@ -57,7 +57,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import datetime as dt
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -144,14 +144,18 @@ class SqlStore(abc.ABC):
         write: BatchWriter,
         *,
         on_rejected: OnRejected | None = None,
+        fences: Mapping[tuple[str, int], int] | None = None,
     ) -> BatchResult:
         """The offset-in-transaction frame every projection of the transcript shares
         (:meth:`SqlOffsets.apply_tracked <turnlog.sinks.offsets.SqlOffsets.apply_tracked>`).
 
         Sessions in ``BatchResult.finalized`` are finalized once the caller
         commits; :func:`report_finalized` counts them after that.
+
+        Raises:
+            SinkFencedError: another sink claimed a partition of the batch since ``fences`` were claimed.
         """
-        return self.offsets.apply_tracked(conn, consumer_group, messages, write, on_rejected=on_rejected)
+        return self.offsets.apply_tracked(conn, consumer_group, messages, write, on_rejected=on_rejected, fences=fences)
 
     def write_transcript(self, conn: Connection, messages: Sequence[SourceMessage]) -> WriteResult:
         """The transcript sink's :data:`BatchWriter`: the rows of ``messages`` (no
@@ -159,10 +163,24 @@ class SqlStore(abc.ABC):
         (:meth:`TranscriptWriter.write <turnlog.sinks.transcript.TranscriptWriter.write>`)."""
         return self.transcript.write(conn, messages)
 
-    def skip_records(self, conn: Connection, consumer_group: str, messages: Sequence[SourceMessage]) -> None:
+    def skip_records(
+        self, conn: Connection, consumer_group: str, messages: Sequence[SourceMessage], *,
+        fences: Mapping[tuple[str, int], int] | None = None,
+    ) -> None:
         """Move the group's offsets past ``messages`` without writing their rows
-        (for records dead-lettered by the sink)."""
-        self.offsets.skip_records(conn, consumer_group, messages)
+        (for records dead-lettered by the sink).
+
+        Raises:
+            SinkFencedError: as :meth:`apply_tracked`.
+        """
+        self.offsets.skip_records(conn, consumer_group, messages, fences=fences)
+
+    def claim_partitions(
+        self, conn: Connection, consumer_group: str, partitions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        """Claim a sink's newly assigned partitions: their fencing tokens
+        (:meth:`SqlOffsets.claim_partitions <turnlog.sinks.offsets.SqlOffsets.claim_partitions>`)."""
+        return self.offsets.claim_partitions(conn, consumer_group, partitions)
 
     # -- reads ---------------------------------------------------------------
     def stored_offsets(

@@ -6,6 +6,7 @@ from turnlog.exceptions import TurnlogError
 
 __all__ = [
     "StoreError", "StoreUnavailableError", "RecordRejectedError", "UnsupportedDatabaseError", "StoreAheadOfLogError",
+    "SinkFencedError",
 ]
 
 
@@ -49,3 +50,21 @@ class StoreAheadOfLogError(StoreError):
             f" DELETE FROM sink_offsets WHERE consumer_group = '{consumer_group}'; or use a new topic prefix."
         )
         self.ahead = ahead
+
+
+class SinkFencedError(StoreError):
+    """Another sink of the consumer group claimed a partition of the batch after this one did
+    (``sink_offsets.owner_generation``): this sink was frozen or cut off past its session
+    timeout and its partitions moved. Nothing of the batch was written.
+
+    Attributes:
+        fenced: ``{(topic, partition): (generation this sink holds, generation in the store)}``;
+            the first is None for a partition this sink never claimed.
+    """
+
+    def __init__(self, consumer_group: str, fenced: dict[tuple[str, int], tuple[int | None, int | None]]) -> None:
+        where = ", ".join(
+            f"{t}[{p}] held {mine}, stored {theirs}" for (t, p), (mine, theirs) in sorted(fenced.items())
+        )
+        super().__init__(f"consumer group {consumer_group!r}: partitions claimed by a newer assignment ({where})")
+        self.fenced = fenced

@@ -22,7 +22,7 @@ database it runs on.
 from __future__ import annotations
 
 import datetime as dt
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -115,12 +115,23 @@ class OffsetTracking(Protocol):
         write: BatchWriter,
         *,
         on_rejected: OnRejected | None = None,
+        fences: Mapping[tuple[str, int], int] | None = None,
     ) -> BatchResult:
-        """Lock the offsets, drop records below them, ``write`` the rest, move the offsets past the batch."""
+        """Lock the offsets (checking ``fences``), drop records below them, ``write`` the rest,
+        move the offsets past the batch."""
         ...
 
-    def skip_records(self, conn: Connection, consumer_group: str, messages: Sequence[SourceMessage]) -> None:
+    def skip_records(
+        self, conn: Connection, consumer_group: str, messages: Sequence[SourceMessage], *,
+        fences: Mapping[tuple[str, int], int] | None = None,
+    ) -> None:
         """Move the offsets past ``messages`` without writing their rows."""
+        ...
+
+    def claim_partitions(
+        self, conn: Connection, consumer_group: str, partitions: Iterable[tuple[str, int]]
+    ) -> dict[tuple[str, int], int]:
+        """Raise the partitions' fencing tokens for a sink just assigned them; the tokens now held."""
         ...
 
 

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 from typing import Any
 
 import psycopg
-from sqlalchemy import Engine, create_engine
+from sqlalchemy import Engine, create_engine, event
 from sqlalchemy.dialects.postgresql import insert as pg_insert
 from sqlalchemy.engine import Connection
 from sqlalchemy.exc import DBAPIError
@@ -15,7 +15,15 @@ from sqlalchemy.sql import Select
 
 from turnlog.sinks.base import SqlStore
 
-__all__ = ["PostgresStore"]
+__all__ = ["PostgresStore", "IDLE_IN_TRANSACTION_TIMEOUT_MS"]
+
+#: The server ends a transaction whose client has sent nothing for this long (milliseconds). No
+#: turnlog transaction waits on its client between statements for more than milliseconds, so only
+#: a frozen or cut-off process hits it: its row locks are released (a sink's claim of the partitions
+#: waits no longer for them, sinks/offsets.py) and, when it wakes, its commit fails and writes nothing.
+#: Equal to the sink's consumer session timeout (sinks/service.py): by the time the group has moved
+#: a frozen sink's partitions, the server has dropped that sink's open transaction.
+IDLE_IN_TRANSACTION_TIMEOUT_MS = 10_000
 
 
 class PostgresStore(SqlStore):
@@ -25,6 +33,13 @@ class PostgresStore(SqlStore):
     @classmethod
     def from_url(cls, url: str, **engine_options: Any) -> PostgresStore:
         engine: Engine = create_engine(url, **{"pool_pre_ping": True, **engine_options})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_connection: Any, _record: Any) -> None:
+            with dbapi_connection.cursor() as cursor:
+                cursor.execute(f"SET idle_in_transaction_session_timeout = {IDLE_IN_TRANSACTION_TIMEOUT_MS}")
+            dbapi_connection.commit()  # psycopg opened a transaction for the SET: end it
+
         return cls(engine)
 
     def insert(self, table: Any) -> Any:

@@ -55,7 +55,13 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import BatchResult, BatchWriter, SqlStore, report_finalized
 from turnlog.sinks.batch import SourceMessage
 from turnlog.sinks.errors import store_errors
-from turnlog.sinks.exceptions import RecordRejectedError, StoreAheadOfLogError, StoreError, StoreUnavailableError
+from turnlog.sinks.exceptions import (
+    RecordRejectedError,
+    SinkFencedError,
+    StoreAheadOfLogError,
+    StoreError,
+    StoreUnavailableError,
+)
 from turnlog.sinks.offsets import offsets_past_end
 
 __all__ = ["SinkService"]
@@ -145,6 +151,8 @@ class SinkService:
         self._dlq: Producer | None = None
         self.stopping = threading.Event()
         self._consumer: Consumer | None = None
+        # The fencing tokens claimed for the assigned partitions (sinks/offsets.py); None outside run().
+        self._fences: dict[tuple[str, int], int] | None = None
         self._paused = False  # partitions paused while waiting out a store outage
         # The batch's retries wait inside the group (see _wait_in_group).
         self._in_group = Retrying(
@@ -160,6 +168,7 @@ class SinkService:
         """Consume and apply until :attr:`stopping` is set."""
         consumer = kafka.consumer(self.settings, group_id=self.consumer_group, **self._config)
         self._consumer = consumer
+        self._fences = {}
         consumer.subscribe([self.settings.topics.transcript], on_assign=self._seek_to_stored,
                            on_revoke=self._revoked)
         batch: list[SourceMessage] = []
@@ -190,7 +199,17 @@ class SinkService:
                 full = len(batch) >= self.settings.sink_batch_size
                 if full or boundary or time.monotonic() - first_at >= self.settings.sink_partial_wait_seconds:
                     fault_point("sink.after_poll")
-                    result = self.apply(batch)
+                    try:
+                        result = self.apply(batch)
+                    except SinkFencedError as e:
+                        # A zombie: the group moved partitions while this sink was frozen or cut off.
+                        # Nothing was written; the other partitions of the batch are read again from
+                        # the store's offsets, the fenced ones are revoked at the next rebalance.
+                        logger.warning("fenced, dropped a batch of %d records: %s", len(batch), e)
+                        metrics.SINK_FENCED_BATCHES.inc()
+                        batch, boundary = [], False
+                        self._seek_back(consumer)
+                        continue
                     batch, boundary = [], False
                     if self._paused:
                         self._seek_back(consumer)
@@ -198,6 +217,7 @@ class SinkService:
                         self._on_batch(result)
         finally:
             self._consumer = None
+            self._fences = None
             consumer.close()
             mark_not_ready(self.settings.ready_file)
             if self._dlq is not None:
@@ -231,12 +251,13 @@ class SinkService:
         return BatchResult(applied=applied, stale=stale, rejected=rejected)
 
     def _seek_to_stored(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
-        """Start each assigned partition at the store's offset.
+        """Claim the assigned partitions (their fencing tokens: a sink that had them before
+        writes nothing more) and start each at the store's offset.
 
         Raises:
             StoreAheadOfLogError: a stored offset is past the partition's end (the topic was recreated).
         """
-        stored = self._stored_offsets([(tp.topic, tp.partition) for tp in partitions])
+        stored, self._fences = self._claim([(tp.topic, tp.partition) for tp in partitions])
         # Asked again before giving up: a broker that has just restarted may not have its end offsets yet.
         for attempt in Retrying(
             retry=retry_if_exception_type(StoreAheadOfLogError),
@@ -272,12 +293,24 @@ class SinkService:
 
     def _revoked(self, consumer: Consumer, partitions: list[TopicPartition]) -> None:
         """The assignment is revoked (a rebalance, or leaving the group): not ready until the next one."""
+        if self._fences is not None:
+            for tp in partitions:
+                self._fences.pop((tp.topic, tp.partition), None)
         mark_not_ready(self.settings.ready_file)
 
     @_while_store_unavailable
     def _stored_offsets(self, partitions: list[tuple[str, int]]) -> dict[tuple[str, int], int]:
         with store_errors(), self.store.engine.connect() as conn:
             return self.store.stored_offsets(conn, self.consumer_group, partitions)
+
+    @_while_store_unavailable
+    def _claim(
+        self, partitions: list[tuple[str, int]]
+    ) -> tuple[dict[tuple[str, int], int], dict[tuple[str, int], int]]:
+        """Claim ``partitions`` and read their offsets, in one transaction: ``(offsets, fences)``."""
+        with store_errors(), self.store.engine.begin() as conn:
+            fences = self.store.claim_partitions(conn, self.consumer_group, partitions)
+            return self.store.stored_offsets(conn, self.consumer_group, partitions), fences
 
     def _wait_in_group(self, seconds: float) -> None:
         """Wait ``seconds`` between store retries without leaving the consumer group:
@@ -313,7 +346,7 @@ class SinkService:
     def _apply_batch_once(self, batch: list[SourceMessage]) -> BatchResult:
         with store_errors(), self.store.engine.begin() as conn:
             result = self.store.apply_tracked(
-                conn, self.consumer_group, batch, self._write, on_rejected=self._dead_letter
+                conn, self.consumer_group, batch, self._write, on_rejected=self._dead_letter, fences=self._fences
             )
             fault_point("sink.after_write")
         fault_point("sink.after_commit")
@@ -325,7 +358,7 @@ class SinkService:
 
     def _skip_once(self, message: SourceMessage) -> None:
         with store_errors(), self.store.engine.begin() as conn:
-            self.store.skip_records(conn, self.consumer_group, [message])
+            self.store.skip_records(conn, self.consumer_group, [message], fences=self._fences)
 
     def _dead_letter(self, message: SourceMessage, reason: str) -> None:
         """Produce ``message`` to the DLQ and wait for the ack, before its offset is skipped."""

@@ -187,6 +187,9 @@ sink_offsets = Table(
     Column("partition", Integer, primary_key=True),
     # The next offset to consume; only ever moves forward.
     Column("next_offset", BigInteger, nullable=False),
+    # The fencing token: each sink assigned the partition raises it (sinks/offsets.py, claim_partitions),
+    # and a batch commits only under the generation its sink claimed, so a zombie sink writes nothing.
+    Column("owner_generation", BigInteger, nullable=False, server_default="0"),
 )
 
 # -- the analytics projection (sinks/analytics.py; its own consumer group) -----

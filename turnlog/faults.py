@@ -7,6 +7,9 @@ check is one dict lookup on an empty dict::
     TURNLOG_FAULTS="sink.after_write=kill"            # SIGKILL this process at the first hit
     TURNLOG_FAULTS="sink.after_commit=kill@3"         # ... at the third hit
     TURNLOG_FAULTS="producer.after_produce=stall:500" # sleep 500 ms at every hit
+    TURNLOG_FAULTS="sink.after_poll=stall:30000@1"    # sleep 30 s at the first hit only
+    TURNLOG_FAULTS="sink.after_poll=stop@2"           # SIGSTOP this process at the second hit (a zombie,
+                                                      # once its group has moved on; SIGCONT wakes it)
 
 Points (see ``POINTS``): where each one sits is in its docstring line there.
 ``TURNLOG_FAULTS`` is read on first use (:func:`armed_faults`), never at import, so a
@@ -50,16 +53,17 @@ POINTS = {
 
 @dataclass(slots=True)
 class FaultAction:
-    """What an armed point does: ``kill`` (SIGKILL self) or ``stall`` (sleep ``stall_ms``)."""
+    """What an armed point does: ``kill`` (SIGKILL self), ``stop`` (SIGSTOP self) or ``stall``
+    (sleep ``stall_ms``)."""
 
     kind: str
-    on_hit: int = 1  # kill at this hit (1 = first)
+    on_hit: int = 1  # kill or stop at this hit (1 = first); a stall: only at this hit, 0: at every hit
     stall_ms: int = 0
     hits: int = field(default=0, compare=False)
 
 
 def parse_faults(spec: str) -> dict[str, FaultAction]:
-    """Parse ``name=kill[@N]`` / ``name=stall:MS``, comma separated.
+    """Parse ``name=kill[@N]`` / ``name=stop[@N]`` / ``name=stall:MS[@N]``, comma separated.
 
     Raises:
         ConfigurationError: an unknown point or action.
@@ -72,12 +76,17 @@ def parse_faults(spec: str) -> dict[str, FaultAction]:
         try:
             if action == "kill" or action.startswith("kill@"):
                 armed[name] = FaultAction("kill", on_hit=int(action[5:] or 1))
+            elif action == "stop" or action.startswith("stop@"):
+                armed[name] = FaultAction("stop", on_hit=int(action[5:] or 1))
             elif action.startswith("stall:"):
-                armed[name] = FaultAction("stall", stall_ms=int(action[6:]))
+                stall_ms, _, at = action[6:].partition("@")
+                armed[name] = FaultAction("stall", stall_ms=int(stall_ms), on_hit=int(at or 0))
             else:
                 raise ValueError(action)
         except ValueError as e:
-            raise ConfigurationError(f"{ENV_VAR}: bad action {action!r} for {name} (kill, kill@N or stall:MS)") from e
+            raise ConfigurationError(
+                f"{ENV_VAR}: bad action {action!r} for {name} (kill[@N], stop[@N] or stall:MS[@N])"
+            ) from e
     return armed
 
 
@@ -110,7 +119,12 @@ def fault_point(name: str) -> None:
         return
     action.hits += 1
     if action.kind == "stall":
-        time.sleep(action.stall_ms / 1000)
+        if action.on_hit in (0, action.hits):
+            time.sleep(action.stall_ms / 1000)
+    elif action.kind == "stop":
+        if action.hits == action.on_hit:
+            logger.warning("fault point %s: SIGSTOP (hit %d)", name, action.hits)
+            os.kill(os.getpid(), signal.SIGSTOP)  # returns once SIGCONT wakes the process
     elif action.hits >= action.on_hit:
         logger.warning("fault point %s: SIGKILL (hit %d)", name, action.hits)
         logging.shutdown()

@@ -44,6 +44,10 @@ SESSIONS_FINALIZED = Counter(
 )
 SINK_RECORDS = Counter("turnlog_sink_records_total", "Transcript records handled by the sink, by outcome.", ["outcome"])
 SINK_BATCH_SECONDS = Histogram("turnlog_sink_batch_seconds", "Time to write one batch and its offsets (seconds).")
+SINK_FENCED_BATCHES = Counter(
+    "turnlog_sink_fenced_batches_total",
+    "Batches a sink dropped unwritten because another sink had claimed their partitions (a zombie sink woke up).",
+)
 
 # The recorder's spool (producers/drainer.py); one set per agent process.
 SPOOL_EVENTS = Gauge("turnlog_spool_events", "Events in the recorder's spool not yet acknowledged by the broker.")

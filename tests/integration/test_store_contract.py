@@ -3,12 +3,14 @@
 import datetime as dt
 import threading
 
+import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.runtime.migration import MigrationContext
 from sqlalchemy import func, select, text
 
 from turnlog.ops.audit import fold_events
 from turnlog.schemas import encode_event
+from turnlog.sinks.exceptions import SinkFencedError
 from turnlog.sinks.tables import metadata, session_events, sessions, sink_offsets, transcript_turns
 
 from tests.support import EventFactory, dump_store, messages, unfinalize
@@ -193,6 +195,33 @@ def test_sink_offsets_never_move_backward(store):
     with store.engine.connect() as conn:
         offset = conn.execute(select(sink_offsets.c.next_offset)).scalar_one()
     assert result.stale == 1 and offset == 12
+
+
+def test_a_sink_whose_partition_another_sink_claimed_since_writes_no_row_and_no_offset(store):
+    f = EventFactory()
+    partition = [("t.transcript", 0)]
+    with store.engine.begin() as conn:
+        zombie = store.claim_partitions(conn, GROUP, partition)
+
+    def apply_as(conn, fences, batch):
+        return store.apply_tracked(conn, GROUP, batch, store.write_transcript, fences=fences)
+
+    with store.engine.begin() as conn:
+        assert apply_as(conn, zombie, messages([f.started()])).applied == 1
+    with store.engine.begin() as conn:
+        owner = store.claim_partitions(conn, GROUP, partition)  # the group moved the partition
+    assert owner[partition[0]] == zombie[partition[0]] + 1
+    before = dump_store(store, skip_columns=())
+    with pytest.raises(SinkFencedError) as fenced, store.engine.begin() as conn:
+        apply_as(conn, zombie, messages([f.completed(1, 0, "after waking up")], first_offset=1))
+    assert fenced.value.fenced == {partition[0]: (zombie[partition[0]], owner[partition[0]])}
+    with pytest.raises(SinkFencedError), store.engine.begin() as conn:
+        store.skip_records(conn, GROUP, messages([f.completed(1, 0, "x")], first_offset=1), fences=zombie)
+    with pytest.raises(SinkFencedError), store.engine.begin() as conn:
+        apply_as(conn, {}, messages([f.completed(1, 0, "never claimed")], first_offset=1))
+    assert dump_store(store, skip_columns=()) == before
+    with store.engine.begin() as conn:
+        assert apply_as(conn, owner, messages([f.completed(1, 0, "the owner's")], first_offset=1)).applied == 1
 
 
 def test_a_new_epoch_marks_the_old_writers_partial_interrupted_and_keeps_its_completed_turns(store):

@@ -5,16 +5,25 @@ from turnlog.faults import POINTS, FaultAction, parse_faults
 
 
 def test_fault_specs_parse():
-    armed = parse_faults("sink.after_write=kill, sink.after_commit=kill@3,producer.after_produce=stall:250")
+    armed = parse_faults(
+        "sink.after_write=kill, sink.after_commit=kill@3,producer.after_produce=stall:250,"
+        "sink.after_poll=stop@2,sequencer.after_emit=stall:900@4,finalizer.after_update=stop"
+    )
     assert armed == {
         "sink.after_write": FaultAction("kill", on_hit=1),
         "sink.after_commit": FaultAction("kill", on_hit=3),
-        "producer.after_produce": FaultAction("stall", stall_ms=250),
+        "producer.after_produce": FaultAction("stall", stall_ms=250, on_hit=0),
+        "sink.after_poll": FaultAction("stop", on_hit=2),
+        "sequencer.after_emit": FaultAction("stall", stall_ms=900, on_hit=4),
+        "finalizer.after_update": FaultAction("stop", on_hit=1),
     }
     assert parse_faults("") == {}
 
 
-@pytest.mark.parametrize("spec", ["sink.nowhere=kill", "sink.after_write=explode", "sink.after_write=kill@x", "sink.after_write=stall:"])
+@pytest.mark.parametrize("spec", [
+    "sink.nowhere=kill", "sink.after_write=explode", "sink.after_write=kill@x", "sink.after_write=stall:",
+    "sink.after_write=stop@x", "sink.after_write=stall:10@x",
+])
 def test_bad_fault_specs_fail_naming_the_problem(spec):
     with pytest.raises(ConfigurationError, match="TURNLOG_FAULTS"):
         parse_faults(spec)
