@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import json
 import logging
@@ -33,6 +34,7 @@ from turnlog.sinks import SqlStore, open_store, safe_url
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import session_events, sessions
 from turnlog.tools.demo.keys import with_run_keys
+from turnlog.tools.demo.spools import drain_orphaned_spools
 from turnlog.tools.demo.transcripts import InputTurn, check_replayable, find_transcripts, load_transcript
 from turnlog.tools.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session
 
@@ -42,6 +44,8 @@ logger = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
 #: Longest the services may take to write their ready files (a Faust worker is slow to start on 2 cores).
 PIPELINE_READY_TIMEOUT_SECONDS = 180.0
+#: How long the spools finished agents left are given to reach the broker (seconds): a failover's length and more.
+SPOOL_DRAIN_TIMEOUT_SECONDS = 180.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -170,6 +174,8 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
             spawn(session_id)
         _wait_for_agents(agents, lock, len(transcripts) + len(kills), started + options.timeout + 600)
         replay_seconds = time.monotonic() - replay_started
+        # An agent that exited while the broker was away left its events in the spool: deliver them.
+        spools = asyncio.run(drain_orphaned_spools(settings, SPOOL_DRAIN_TIMEOUT_SECONDS))
         finalized_in = wait_for_finalized(store, list(transcripts), time.monotonic() + options.timeout)
     finally:
         stop_all(services)
@@ -189,8 +195,10 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
                                                                     "the planned SIGKILL did not happen"))
     events = count_events(store, list(transcripts))
     failed_agents = [a.process.name for a in agents if a.process.popen.returncode not in (0, -9)]
-    ok = all(v.ok for v in verdicts) and not failed_agents and len(killed) == len(kills)
+    ok = all(v.ok for v in verdicts) and not failed_agents and len(killed) == len(kills) and not spools.undelivered
     print_table(verdicts)
+    if spools.found:
+        print(f"\nspools left by finished agents: {spools.found} events, {spools.undelivered} left undelivered")
     rate = events / wall if wall else 0.0
     print(
         f"\n{events} events in {wall:.1f}s wall ({rate:.0f} events/s end to end; replay {replay_seconds:.1f}s, "
@@ -218,6 +226,8 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
             "speed": options.speed,
             "kills": killed,
             "failed_agents": failed_agents,
+            "orphaned_spool_events_at_end": spools.found,
+            "undelivered_spool_events": spools.undelivered,
             "database": safe_url(store.engine.url),
             "sessions": [v.as_json() for v in verdicts],
         }
