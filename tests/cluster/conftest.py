@@ -15,10 +15,9 @@ from pathlib import Path
 import pytest
 
 from turnlog.deploy.cluster import LocalCluster
-from turnlog.deploy.processes import stop_all
 from turnlog.settings import TurnlogSettings
 
-from tests.integration.conftest import Pipeline, drop_topics, isolated_settings, make_pipeline
+from tests.integration.conftest import isolated_settings, pipelines
 
 
 class ClusterUnderTest(LocalCluster):
@@ -58,18 +57,4 @@ def every_node_back(kafka_cluster: ClusterUnderTest) -> Iterator[None]:
 @pytest.fixture
 def cluster_pipeline(kafka_cluster: ClusterUnderTest, postgres_databases, tmp_path: Path) -> Iterator[object]:
     """``cluster_pipeline(services, **settings)``: a pipeline of its own on the cluster (RF 3), stopped at the end."""
-    started: list[Pipeline] = []
-
-    def make(services: tuple[str, ...], **overrides: object) -> Pipeline:
-        made = make_pipeline(
-            kafka_cluster.bootstrap_servers, postgres_databases.create(), tmp_path / uuid.uuid4().hex[:6], services,
-            **{"replication_factor": 3, **overrides},
-        )
-        started.append(made)
-        return made
-
-    yield make
-    for made in started:
-        stop_all(made.processes)
-        made.store.engine.dispose()
-        drop_topics(made.settings)
+    yield from pipelines(kafka_cluster.bootstrap_servers, postgres_databases, tmp_path, replication_factor=3)

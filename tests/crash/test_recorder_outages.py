@@ -63,6 +63,16 @@ def store_rows(pipeline, session_id):
     return turns, payloads
 
 
+def agent_killed_without_a_broker(pipeline, session_id, tmp_path):
+    """An agent whose broker never answers talks, degraded, for five turns and is SIGKILLed: its
+    events are all in its spool. Returns its settings (the unreachable broker) and its last completed turn."""
+    unreachable = pipeline.settings.model_copy(update={"bootstrap_servers": "127.0.0.1:1", "ack_wait_seconds": 0.2})
+    agent = ScriptedAgent(unreachable, "talk", session_id, tmp_path / "agent.log")
+    agent.wait_for(lambda lines: lines and lines[-1].get("completed", -1) >= 4 and lines[-1]["degraded"], "five turns, degraded", TIMEOUT)
+    agent.process.kill()
+    return unreachable, agent.completed()
+
+
 def assert_aggregates_match_the_log(row, payloads):
     folded = fold_events(payloads)
     assert folded.seqs == list(range(len(payloads))), "the event log has a gap or a duplicate seq"
@@ -174,11 +184,7 @@ def test_overlapping_open_turns_and_a_barge_in_survive_a_sigkill(new_pipeline, t
 def test_spool_drain_delivers_what_an_agent_that_never_reached_the_broker_left(new_pipeline, tmp_path):
     pipeline = new_pipeline(("sequencer", "sink", "finalizer"))
     session_id = f"nobroker-{uuid.uuid4().hex[:6]}"
-    unreachable = pipeline.settings.model_copy(update={"bootstrap_servers": "127.0.0.1:1", "ack_wait_seconds": 0.2})
-    agent = ScriptedAgent(unreachable, "talk", session_id, tmp_path / "agent.log")
-    agent.wait_for(lambda lines: lines and lines[-1].get("completed", -1) >= 4 and lines[-1]["degraded"], "five turns, degraded", TIMEOUT)
-    agent.process.kill()
-    last_completed = agent.completed()
+    _, last_completed = agent_killed_without_a_broker(pipeline, session_id, tmp_path)
 
     env = {**os.environ, **pipeline.settings.as_environment()}
     drained = subprocess.run(
@@ -202,11 +208,7 @@ def test_a_resume_waits_for_another_live_recorder_that_adopted_the_dead_agents_s
     # epoch before they are delivered, else the old epoch's events land after the resume position.
     pipeline = new_pipeline(("sequencer", "sink", "finalizer"))
     session_id = f"heldelsewhere-{uuid.uuid4().hex[:6]}"
-    unreachable = pipeline.settings.model_copy(update={"bootstrap_servers": "127.0.0.1:1", "ack_wait_seconds": 0.2})
-    agent = ScriptedAgent(unreachable, "talk", session_id, tmp_path / "agent.log")
-    agent.wait_for(lambda lines: lines and lines[-1].get("completed", -1) >= 4 and lines[-1]["degraded"], "five turns, degraded", TIMEOUT)
-    agent.process.kill()
-    last_completed = agent.completed()
+    unreachable, last_completed = agent_killed_without_a_broker(pipeline, session_id, tmp_path)
     holder = ScriptedAgent(unreachable, "hold", session_id, tmp_path / "holder.log")
     held = holder.first_with("holding", TIMEOUT)["holding"]
     assert held > last_completed, "the holder adopted the dead agent's spool"

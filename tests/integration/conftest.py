@@ -88,13 +88,16 @@ def make_pipeline(
     return pipeline
 
 
-@pytest.fixture
-def new_pipeline(kafka_bootstrap: str, postgres_databases, tmp_path: Path) -> Iterator[object]:
-    """``new_pipeline(services, **settings)``: a pipeline of its own (topics, groups, database), stopped at the end."""
+def pipelines(kafka_bootstrap: str, postgres_databases, tmp_path: Path, **defaults: object) -> Iterator[object]:
+    """The body of a pipeline-factory fixture: yields ``make(services, **settings)`` (settings over
+    ``defaults``), each pipeline with its own topics, groups and database; stops them all at the end."""
     started: list[Pipeline] = []
 
     def make(services: tuple[str, ...], **overrides: object) -> Pipeline:
-        made = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp_path / uuid.uuid4().hex[:6], services, **overrides)
+        made = make_pipeline(
+            kafka_bootstrap, postgres_databases.create(), tmp_path / uuid.uuid4().hex[:6], services,
+            **{**defaults, **overrides},
+        )
         started.append(made)
         return made
 
@@ -103,6 +106,12 @@ def new_pipeline(kafka_bootstrap: str, postgres_databases, tmp_path: Path) -> It
         stop_all(made.processes)
         made.store.engine.dispose()
         drop_topics(made.settings)
+
+
+@pytest.fixture
+def new_pipeline(kafka_bootstrap: str, postgres_databases, tmp_path: Path) -> Iterator[object]:
+    """``new_pipeline(services, **settings)``: a pipeline of its own (topics, groups, database), stopped at the end."""
+    yield from pipelines(kafka_bootstrap, postgres_databases, tmp_path)
 
 
 @pytest.fixture(scope="module")
