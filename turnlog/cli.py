@@ -456,6 +456,9 @@ def replay_agent(
     base_time: Annotated[
         str, typer.Option(help="ISO timestamp of second 0 of the recording.")
     ] = "2026-01-01T00:00:00+00:00",
+    latency_log: Annotated[
+        Path | None, typer.Option(help="Append each complete_turn's start and duration here (JSON lines).")
+    ] = None,
 ) -> None:
     """A simulated agent for the demo: replays one transcript through SessionRecorder."""
     import asyncio
@@ -467,7 +470,8 @@ def replay_agent(
     base = dt.datetime.fromisoformat(base_time)
     asyncio.run(
         replay_transcript(
-            settings, transcript, session_id, speed=speed, base_time=base, resume=resume, fleet=fleet
+            settings, transcript, session_id, speed=speed, base_time=base, resume=resume, fleet=fleet,
+            latency_log=latency_log,
         )
     )
 

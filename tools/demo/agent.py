@@ -18,7 +18,10 @@ counted on from the recorder's ``next_turn_index``
 
 Progress goes to stdout as JSON lines (``started``/``resumed``, ``turn`` when
 a turn opens, ``said`` when its completion returned, ``done``) so the demo can
-SIGKILL the process in the middle of a chosen turn.
+SIGKILL the process in the middle of a chosen turn. With a latency log
+(``turnlog chaos``), each ``complete_turn`` that returned is also appended
+there: when it began and how long it took
+(``turnlog.tools.demo.latency.LatencyLog``).
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ import datetime as dt
 import os
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -36,6 +40,7 @@ import msgspec
 from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
 from turnlog.tools.demo.keys import DEMO_FLEET
+from turnlog.tools.demo.latency import CompletedTurn, LatencyLog
 from turnlog.tools.demo.transcripts import InputTurn, load_transcript, recording_time, token_counts, unfinished_turns
 
 __all__ = ["replay_transcript", "recording_time", "SpokenTurn", "replay_plan"]
@@ -70,6 +75,7 @@ async def replay_transcript(
     base_time: dt.datetime,
     resume: bool = False,
     fleet: str = DEMO_FLEET,
+    latency_log: Path | None = None,
 ) -> None:
     """Record ``path`` as ``session_id``; with ``resume``, continue it in a new epoch.
 
@@ -77,8 +83,32 @@ async def replay_transcript(
     turns ``resume()`` returns, as a real agent would: after the resume barrier
     they include every turn its predecessor got recorded, so it says again
     each input turn not stored complete, and goes on from there.
+
+    ``latency_log``: a file to append each returned ``complete_turn``'s start and
+    duration to (:class:`~turnlog.tools.demo.latency.LatencyLog`); None: none kept.
     """
     turns = load_transcript(path)
+    log = LatencyLog(latency_log) if latency_log is not None else None
+    try:
+        await _replay(settings, path, session_id, turns, speed=speed, base_time=base_time, resume=resume,
+                      fleet=fleet, on_completed=log.write if log is not None else None)
+    finally:
+        if log is not None:
+            log.close()
+
+
+async def _replay(
+    settings: TurnlogSettings,
+    path: Path,
+    session_id: str,
+    turns: list[InputTurn],
+    *,
+    speed: float,
+    base_time: dt.datetime,
+    resume: bool,
+    fleet: str,
+    on_completed: Callable[[CompletedTurn], None] | None,
+) -> None:
     async with SessionRecorder(settings, producer_id=f"demo-agent-{os.getpid()}") as recorder:
         recorder.install_sigterm_drain()
         if resume:
@@ -99,7 +129,8 @@ async def replay_transcript(
             )
             plan = replay_plan(turns)
             _say(type="started")
-        if not await _play(session, plan, speed=speed, base_time=base_time, terminating=recorder.terminating):
+        if not await _play(session, plan, speed=speed, base_time=base_time, terminating=recorder.terminating,
+                           on_completed=on_completed):
             _say(type="terminated")
             return
         last_end = max(t.end_s for t in turns)
@@ -108,11 +139,18 @@ async def replay_transcript(
 
 
 async def _play(
-    session, plan: list[SpokenTurn], *, speed: float, base_time: dt.datetime, terminating: asyncio.Event  # noqa: ANN001
+    session,  # noqa: ANN001
+    plan: list[SpokenTurn],
+    *,
+    speed: float,
+    base_time: dt.datetime,
+    terminating: asyncio.Event,
+    on_completed: Callable[[CompletedTurn], None] | None = None,
 ) -> bool:
     """Say every turn of ``plan`` at its recorded time, several at once where
     they overlap; True when all were said, False when SIGTERM stopped it (the
-    turns still open then are left to the recorder's drain).
+    turns still open then are left to the recorder's drain). ``on_completed``
+    gets each ``complete_turn`` call that returned.
 
     Raises:
         the first error of a turn (e.g. ``SpoolFullError``); the other open turns are cancelled.
@@ -142,7 +180,7 @@ async def _play(
                 break
             _say(type="turn", input_turn=turn.turn_index, stored_turn=spoken.turn_index, real_seconds=round(length, 3),
                  open=len(open_turns) + 1)
-            task = asyncio.create_task(_speak(session, spoken, base_time, begin, length),
+            task = asyncio.create_task(_speak(session, spoken, base_time, begin, length, on_completed),
                                        name=f"turn-{spoken.turn_index}")
             open_turns.add(task)
             task.add_done_callback(finished)
@@ -171,7 +209,14 @@ async def _wait(stop: asyncio.Event, deadline: float) -> bool:
     return True
 
 
-async def _speak(session, spoken: SpokenTurn, base_time: dt.datetime, start: float, length: float) -> None:  # noqa: ANN001
+async def _speak(
+    session,  # noqa: ANN001
+    spoken: SpokenTurn,
+    base_time: dt.datetime,
+    start: float,
+    length: float,
+    on_completed: Callable[[CompletedTurn], None] | None = None,
+) -> None:
     turn = spoken.turn
     words = turn.text.split(" ")
     started_at = recording_time(base_time, turn.start_s)
@@ -180,6 +225,7 @@ async def _speak(session, spoken: SpokenTurn, base_time: dt.datetime, start: flo
         await _sleep_until(start + length * count / len(words))
     await _sleep_until(start + length)
     input_tokens, output_tokens = token_counts(turn)
+    called = time.monotonic()
     await session.complete_turn(
         spoken.turn_index,
         turn.speaker,
@@ -189,6 +235,8 @@ async def _speak(session, spoken: SpokenTurn, base_time: dt.datetime, start: flo
         input_tokens=input_tokens,
         output_tokens=output_tokens,
     )
+    if on_completed is not None:
+        on_completed(CompletedTurn(session.session_id, spoken.turn_index, called, time.monotonic() - called))
     _say(type="said", input_turn=turn.turn_index, stored_turn=spoken.turn_index)
 
 
