@@ -45,7 +45,6 @@ import contextlib
 import datetime as dt
 import itertools
 import logging
-import math
 import os
 import random
 import signal
@@ -80,6 +79,14 @@ from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import sink_offsets
 from turnlog.tools.demo.keys import with_run_keys
 from turnlog.tools.demo.runner import AgentProcess, count_events, load_sessions, print_table, wait_for_finalized
+from turnlog.tools.demo.schedule import (
+    COMPONENTS,
+    OUTAGE_WINDOW,
+    PlannedKill,
+    PlannedOutage,
+    Schedule,
+    build_schedule,
+)
 from turnlog.tools.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session, problem_totals
 
 __all__ = [
@@ -96,7 +103,6 @@ __all__ = [
 ]
 
 logger = logging.getLogger(__name__)
-COMPONENTS = ("agent", "sequencer", "sink", "finalizer", "broker")
 SERVICES = ("sequencer", "sink", "finalizer")
 RECOVERY_TIMEOUT_SECONDS = 120.0
 RESUME_ATTEMPTS = 4
@@ -104,17 +110,8 @@ RESUME_ATTEMPTS = 4
 RESUME_RETRY_SECONDS = 2.0
 #: The chaos run's producer delivery timeout (see the module docstring).
 CHAOS_DELIVERY_TIMEOUT_SECONDS = 20.0
-#: Outages happen in this part of the run (fractions of ``duration``): while the agents talk.
-OUTAGE_WINDOW = (0.05, 0.85)
-#: Service kills happen in this part, outside outages: the pipeline may still drain a backlog at the end.
-SERVICE_KILL_WINDOW = (0.05, 1.0)
-SERVICE_KILL_SPACING_SECONDS = 6.0
 LATEST_SERVICE_KILL = 1.5  # a service kill held up past this (fraction of ``duration``) is skipped
 PIPELINE_READY_TIMEOUT_SECONDS = 180.0
-AFTER_OUTAGE_SECONDS = 5.0  # left free after an outage for the restarted service to settle
-BROKER_OUTAGE_SECONDS = (60.0, 120.0)
-POSTGRES_OUTAGE_SECONDS = (20.0, 60.0)
-OUTAGE_AGENT_KILL_WINDOW = (0.15, 0.75)  # fractions of a broker outage's length
 
 
 @dataclass(frozen=True, slots=True)
@@ -130,122 +127,6 @@ class ChaosOptions:
     delivery_timeout_seconds: float = CHAOS_DELIVERY_TIMEOUT_SECONDS
     log_dir: Path = Path(".turnlog-chaos")
     state_dir: Path = Path(os.environ.get("TURNLOG_STATE_DIR", Path.home() / ".cache" / "turnlog"))
-
-
-# -- the schedule (pure) -----------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedKill:
-    at: float  # seconds after the start of the run
-    component: str  # one of COMPONENTS
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedOutage:
-    at: float  # seconds after the start of the run
-    service: str  # "broker" or "postgres"
-    down_seconds: float
-    method: str  # "sigkill" or "stop"
-    agent_kills: tuple[float, ...] = ()  # seconds after ``at``: agents SIGKILLed while it is down
-
-
-@dataclass(frozen=True, slots=True)
-class Schedule:
-    kills: tuple[PlannedKill, ...]
-    outages: tuple[PlannedOutage, ...]
-    #: components of requested kills left out: no room outside the outages
-    dropped: tuple[str, ...] = ()
-
-    def as_json(self) -> dict[str, Any]:
-        return msgspec.to_builtins(
-            {"kills": list(self.kills), "outages": list(self.outages), "dropped": list(self.dropped)}
-        )
-
-
-def broker_outage_range(duration: float, delivery_timeout: float) -> tuple[float, float]:
-    """Shortest and longest broker outage (seconds): 60 to 120 s scaled to the
-    run, and never shorter than the delivery timeout + 30 s."""
-    low = max(BROKER_OUTAGE_SECONDS[0], delivery_timeout + 30.0)
-    return low, max(low, min(BROKER_OUTAGE_SECONDS[1], 0.5 * duration))
-
-
-def postgres_outage_range(duration: float) -> tuple[float, float]:
-    """Shortest and longest Postgres outage (seconds): 20 to 60 s scaled to the run."""
-    low = POSTGRES_OUTAGE_SECONDS[0]
-    return low, max(low, min(POSTGRES_OUTAGE_SECONDS[1], 0.2 * duration))
-
-
-def build_schedule(
-    seed: int, duration: float, kills: int, delivery_timeout: float, *, outage_agent_kills: int = 2
-) -> Schedule:
-    """The seeded plan of a chaos run of ``duration`` seconds.
-
-    - Outages: one broker outage and one Postgres outage per full 400 s (at
-      least one of each), in a seeded order with seeded gaps inside
-      ``OUTAGE_WINDOW``, never overlapping each other, each followed by
-      ``AFTER_OUTAGE_SECONDS`` free. Each broker outage SIGKILLs
-      ``outage_agent_kills`` agents while it is down.
-    - ``kills`` instant SIGKILLs, in seeded rounds over ``COMPONENTS``. Agent
-      kills are spread over ``OUTAGE_WINDOW`` (an agent may be killed during a
-      Postgres outage too). Service and broker kills go to slots
-      ``SERVICE_KILL_SPACING_SECONDS`` apart in ``SERVICE_KILL_WINDOW`` outside
-      the outages, in round order; those with no slot left are dropped (named
-      in ``dropped``).
-    """
-    rng = random.Random(seed)
-    start, end = (f * duration for f in OUTAGE_WINDOW)
-    rounds = max(1, int(duration // 400))
-    outages: list[tuple[str, float, str]] = []
-    for _ in range(rounds):
-        outages.append(("broker", rng.uniform(*broker_outage_range(duration, delivery_timeout)), "sigkill"))
-        outages.append(("postgres", rng.uniform(*postgres_outage_range(duration)), rng.choice(("stop", "sigkill"))))
-    rng.shuffle(outages)
-    busy = sum(down + AFTER_OUTAGE_SECONDS for _, down, _ in outages)
-    slack = max(0.0, end - start - busy)
-    cuts = sorted(rng.uniform(0, slack) for _ in outages)
-    gaps = [b - a for a, b in itertools.pairwise([0.0, *cuts])]
-    planned: list[PlannedOutage] = []
-    at = start
-    for (service, down, method), gap in zip(outages, gaps, strict=True):
-        at += gap
-        agent_kills: tuple[float, ...] = ()
-        if service == "broker":
-            agent_kills = tuple(
-                sorted(round(rng.uniform(*OUTAGE_AGENT_KILL_WINDOW) * down, 1) for _ in range(outage_agent_kills))
-            )
-        planned.append(PlannedOutage(round(at, 1), service, round(down, 1), method, agent_kills))
-        at += down + AFTER_OUTAGE_SECONDS
-
-    order = [c for _ in range(kills // len(COMPONENTS) + 1) for c in rng.sample(COMPONENTS, len(COMPONENTS))][:kills]
-    agent_count = order.count("agent")
-    span = end - start
-    planned_kills = [
-        PlannedKill(round(start + (n + rng.uniform(0.2, 0.8)) * span / agent_count, 1), "agent")
-        for n in range(agent_count)
-    ]
-    slots = _free_slots(planned, *(f * duration for f in SERVICE_KILL_WINDOW))
-    services = [c for c in order if c != "agent"]
-    placed, dropped = services[: len(slots)], services[len(slots) :]
-    for n, component in enumerate(placed):
-        slot = slots[n * len(slots) // len(placed)]
-        planned_kills.append(PlannedKill(math.ceil(slot * 10) / 10, component))  # never before the slot
-    return Schedule(tuple(sorted(planned_kills, key=lambda k: k.at)), tuple(planned), tuple(dropped))
-
-
-def _free_slots(outages: list[PlannedOutage], start: float, end: float) -> list[float]:
-    """Times ``SERVICE_KILL_SPACING_SECONDS`` apart in ``[start, end)`` outside every outage (and its settling time)."""
-    slots, t = [], start
-    for outage in sorted(outages, key=lambda o: o.at):
-        busy_until = outage.at + outage.down_seconds + AFTER_OUTAGE_SECONDS
-        while t + SERVICE_KILL_SPACING_SECONDS <= min(outage.at, end):
-            slots.append(t)
-            t += SERVICE_KILL_SPACING_SECONDS
-        t = max(t, busy_until)
-    while t < end:
-        slots.append(t)
-        t += SERVICE_KILL_SPACING_SECONDS
-    return slots
 
 
 # -- the run -------------------------------------------------------------------------
