@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import time
 
+from turnlog.kafka.partitioning import partition_for
 from turnlog.producers import SessionRecorder
 
 from tests.cluster.conversations import Conversations, assert_stored_as_said
@@ -36,8 +37,9 @@ def test_a_leader_killed_under_load_loses_and_duplicates_nothing(cluster_pipelin
 
     talk, leader = asyncio.run(talk_through_the_kill())
     assert leader not in {p.leader for p in kafka_cluster.partitions([events])}, "leadership moved off the dead node"
-    kafka_cluster.start(leader)
+    pipeline.wait_ready(TIMEOUT)  # every service ready with one broker down
     assert_stored_as_said(pipeline, talk, timeout=TIMEOUT)
+    kafka_cluster.start(leader)
     assert all(p.alive() for p in pipeline.processes.values()), pipeline.logs()
 
 
@@ -102,3 +104,38 @@ def test_below_min_isr_the_recorder_degrades_to_its_spool_and_recovers_by_itself
     talk = asyncio.run(talk_through_the_loss())
     assert_stored_as_said(pipeline, talk, timeout=TIMEOUT)
     assert all(p.alive() for p in pipeline.processes.values()), pipeline.logs()
+
+
+def test_a_resume_passes_the_barrier_while_its_partition_leader_fails_over(cluster_pipeline, kafka_cluster):
+    pipeline = cluster_pipeline(SERVICES)
+    pipeline.wait_ready()
+    settings = pipeline.settings
+    talk_prefix = f"{settings.topic_prefix}-resume-failover"
+    session_id = f"{talk_prefix}-0"  # Conversations names its sessions <prefix>-<i>
+    partition = partition_for(session_id, settings.partitions)
+
+    async def talk_then_leave():
+        async with SessionRecorder(settings) as recorder:
+            talk = Conversations(recorder, 1, talk_prefix)
+            await talk.open()
+            await talk.talk(turns=5)
+            assert await talk.sessions[0].wait_acknowledged(TIMEOUT)
+            return talk
+
+    talk = asyncio.run(talk_then_leave())
+    leader = kafka_cluster.leader_of(settings.topics.events, partition)
+
+    async def resume_during_the_failover():
+        async with SessionRecorder(settings) as recorder:
+            # The barrier reads the end offset of the session's events partition while its leader fails.
+            killing = asyncio.create_task(asyncio.to_thread(kafka_cluster.kill, leader))
+            session = await recorder.resume(session_id, timeout=TIMEOUT)
+            await killing
+            assert (session.epoch, session.next_turn_index) == (1, 5)
+            assert [(t.turn_index, t.text) for t in session.turns] == [(i, text) for i, _, text in talk.said[session_id]]
+            talk.sessions[:] = [session]
+            await talk.talk(turns=2)
+            await talk.end(delivered_within=TIMEOUT)
+
+    asyncio.run(resume_during_the_failover())
+    assert_stored_as_said(pipeline, talk, timeout=TIMEOUT)

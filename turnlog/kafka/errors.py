@@ -39,6 +39,14 @@ UNAVAILABLE_CODES = frozenset(
         KafkaError.NOT_COORDINATOR,
         KafkaError.COORDINATOR_LOAD_IN_PROGRESS,
         KafkaError.COORDINATOR_NOT_AVAILABLE,
+        # A replicated cluster's passing states: a leader moved (the client drops the handle of a
+        # broker that left the metadata, or asked with an old leader epoch), or fewer replicas in
+        # sync than min.insync.replicas for a while.
+        KafkaError._DESTROY_BROKER,
+        KafkaError.FENCED_LEADER_EPOCH,
+        KafkaError.UNKNOWN_LEADER_EPOCH,
+        KafkaError.NOT_ENOUGH_REPLICAS,
+        KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
     }
 )
 # Bad client settings, TLS or SASL failures, and access the broker denies.

@@ -10,15 +10,16 @@ of its own passes it and the lookup stops there instead.
 from __future__ import annotations
 
 import concurrent.futures
+import contextlib
 import logging
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, TopicPartition
+from confluent_kafka import Consumer, KafkaException, TopicPartition
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 from turnlog.kafka.clients import consumer as consumer_for
@@ -164,7 +165,7 @@ class OffsetReader:
         wanted = self.partitions(topic, deadline=deadline) if partitions is None else sorted(set(partitions))
 
         def lookup(timeout: float) -> dict[int, Watermarks]:
-            with self._lock:
+            with self._lock, self._refreshing_leaders(topic, timeout):
                 consumer = self._consumer(self._watermarks_group)
                 found = {}
                 for p in wanted:
@@ -181,7 +182,7 @@ class OffsetReader:
         wanted = sorted(set(partitions))
 
         def lookup(timeout: float) -> dict[int, int | None]:
-            with self._lock:
+            with self._lock, self._refreshing_leaders(topic, timeout):
                 answer = self._consumer(self._watermarks_group).offsets_for_times(
                     [TopicPartition(topic, p, timestamp_ms) for p in wanted], timeout=timeout
                 )
@@ -193,6 +194,22 @@ class OffsetReader:
             return found
 
         return lookup_retry(lookup, f"offsets by time of {topic}", deadline=deadline) if wanted else {}
+
+    @contextlib.contextmanager
+    def _refreshing_leaders(self, topic: str, timeout: float) -> Iterator[None]:
+        """On a failed request to a partition leader, refresh the topic's metadata before the
+        error goes on (to be retried). These consumers subscribe to nothing, so librdkafka
+        refreshes their metadata only every ``topic.metadata.refresh.interval.ms`` (5 min): a
+        dead leader stayed their leader that long, and every lookup timed out. Call it holding
+        ``_lock``."""
+        try:
+            yield
+        except KafkaException:
+            try:
+                self._consumer(self._watermarks_group).list_topics(topic=topic, timeout=timeout)
+            except KafkaException as refresh_error:
+                logger.info("Kafka lookup: metadata of %s not refreshed: %s", topic, refresh_error)
+            raise
 
     def close(self) -> None:
         """Close the lookup consumers (a later lookup makes new ones)."""
