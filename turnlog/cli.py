@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import signal
 import sys
 import time
@@ -506,21 +507,46 @@ def demo(
 def chaos(
     duration: Annotated[float, typer.Option(help="Seconds of workload under kills.")] = 300.0,
     seed: Annotated[int, typer.Option(help="Seed of the kill schedule.")] = 1,
-    kills: Annotated[int, typer.Option(help="Kills, spread over agents, sequencer, sink, finalizer and broker.")] = 25,
+    kills: Annotated[
+        int, typer.Option(help="Kills over agents, sequencer, sink, finalizer (and the broker without --cluster).")
+    ] = 25,
     sessions: Annotated[
         Path, typer.Option("--sessions", help="Folder of <session>.jsonl transcripts.")
     ] = Path("data/sessions"),
     database_url: DatabaseUrl = None,
     bootstrap_servers: Bootstrap = None,
     report: Annotated[Path | None, typer.Option("--report", help="Write the report as JSON here.")] = None,
+    cluster: Annotated[
+        bool,
+        typer.Option(
+            "--cluster",
+            help="Run on the local 3-node cluster (started if down; RF 3, min ISR 2; 2 sequencer and 2 sink workers)"
+            " with its faults: the busiest leader SIGKILLed, a rolling restart, a node SIGSTOPped, two nodes down,"
+            " a worker SIGSTOPped past its session timeout.",
+        ),
+    ] = False,
+    cluster_state_dir: Annotated[
+        Path | None,
+        typer.Option(
+            help="With --cluster: the state root of a cluster of the run's own (TURNLOG_STATE_DIR of its"
+            " deploy/kafka.sh; its ports from TURNLOG_KAFKA_CLUSTER_PORT and TURNLOG_KAFKA_CLUSTER_CONTROLLER_PORT)."
+            " Default: TURNLOG_STATE_DIR, the cluster the tests use.",
+        ),
+    ] = None,
 ) -> None:
     """SIGKILL every component at random under the demo workload; report losses, duplicates, order, aggregates,
-    recovery."""
+    recovery, and complete_turn latency per fault kind."""
+    from turnlog.exceptions import ConfigurationError
     from turnlog.tools.demo.chaos import ChaosOptions, run_chaos
 
+    # TURNLOG_BOOTSTRAP_SERVERS gives way to the cluster's servers; an explicit --bootstrap-servers is refused.
+    if cluster and bootstrap_servers is not None and bootstrap_servers != os.environ.get("TURNLOG_BOOTSTRAP_SERVERS"):
+        raise ConfigurationError("--cluster runs on the local cluster's servers; leave --bootstrap-servers out")
+    if cluster_state_dir is not None and not cluster:
+        raise ConfigurationError("--cluster-state-dir goes with --cluster")
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
-    ok = run_chaos(settings,
-                   ChaosOptions(sessions_dir=sessions, duration=duration, seed=seed, kills=kills, report_path=report))
+    ok = run_chaos(settings, ChaosOptions(sessions_dir=sessions, duration=duration, seed=seed, kills=kills,
+                                          report_path=report, cluster=cluster, cluster_state_dir=cluster_state_dir))
     raise typer.Exit(0 if ok else 1)
 
 

@@ -78,9 +78,9 @@ def test_the_table_has_a_row_per_kind_and_one_for_the_calls_outside_every_fault(
     calls = [call(n, float(n), 0.01) for n in range(100)]  # one call a second
     calls.append(call(100, 20.5, 4.0))  # slow: inside a pause
     windows = [
-        FaultWindow("broker pause", start=20.0, lifted=50.0, end=55.0, held=30.0),
+        FaultWindow("broker pause", start=20.0, lifted=50.0, end=55.0, held=30.0, caught_up=5.0),
         FaultWindow("broker pause", start=70.0, lifted=80.0, end=None, held=10.0, recovered=False),
-        FaultWindow("sink", start=60.0, lifted=60.0, end=62.0),
+        FaultWindow("sink", start=60.0, lifted=60.0, end=62.0, caught_up=2.0),
     ]
     pause, sink, calm = figures_by_kind(windows, calls, run_end=90.0)
     assert (pause.kind, pause.count, pause.recovered, pause.held_median_seconds) == ("broker pause", 2, 1, 20.0)

@@ -1,5 +1,6 @@
 """The chaos report's logic (pure, or with a stand-in run): grouping the verdicts' typed
-problems, and retrying a failed resume."""
+problems, retrying a failed resume, the latency windows of kills, outages and faults, and
+continuing every worker a run stopped."""
 
 from __future__ import annotations
 
@@ -115,3 +116,61 @@ def test_a_schedule_step_that_raises_is_recorded_and_voids_the_run(tmp_path) -> 
     for thread in run.threads:
         thread.join(10)
     assert run.step_failures == ["service-kills: RuntimeError: kafka.sh start failed"]
+
+
+def test_each_kill_outage_and_fault_is_a_latency_window_until_it_recovered_and_the_store_caught_up():
+    from turnlog.tools.demo.latency import CompletedTurn, StoredTurns
+
+    started = 1000.0
+    completed = [CompletedTurn("s", 0, 1010.0, 0.1), CompletedTurn("s", 1, 1030.0, 2.0), CompletedTurn("s", 2, 1050.0, 0.1)]
+    stored = StoredTurns()
+    stored.observe([("s", 0)], queried_at=1011.0)
+    stored.observe([("s", 1)], queried_at=1045.0)  # turn 1 (returned at 1032) stored 13 s after the pause ended
+    records = [
+        {"at_seconds": 20.0, "action": "fault", "component": "broker pause", "down_seconds": 12.0,
+         "lifted_at_seconds": 32.0, "recovery_seconds": 13.0},
+        {"at_seconds": 5.0, "action": "SIGKILL", "component": "agent", "during": "two brokers down",
+         "recovery_seconds": 40.0},
+        {"at_seconds": 48.0, "action": "SIGKILL", "component": "sink", "recovery_seconds": None},  # turn 2 never stored
+    ]
+    run = SimpleNamespace(started=started, records=records, completed=completed, stored_turns=stored)
+
+    pause, agent, sink = chaos._fault_windows(run)
+
+    assert (pause.kind, pause.start, pause.lifted, pause.end, pause.held) == ("broker pause", 1020.0, 1032.0, 1045.0, 12.0)
+    assert pause.caught_up == 13.0 and records[0]["caught_up_seconds"] == 13.0
+    assert agent.kind == "agent (two brokers down)" and agent.end == 1045.0  # its resume (40 s) outlasted the catch-up
+    assert (sink.end, sink.recovered, sink.caught_up) == (None, False, 0.0)  # nothing returned by 1048 was missing
+    assert records[2]["caught_up_seconds"] == 0.0
+
+
+def test_a_cluster_fault_is_named_by_its_kind_and_a_worker_pause_by_its_service():
+    from turnlog.tools.demo.schedule import PlannedFault
+
+    assert chaos._fault_label(PlannedFault(1.0, "two_brokers_down", 30.0, 75.0)) == "two brokers down"
+    assert chaos._fault_label(PlannedFault(1.0, "worker_pause", 20.0, 40.0, target="sink")) == "sink pause"
+
+
+def test_the_end_of_a_run_continues_every_worker_it_stopped(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from tests.support import wait_until
+
+    worker = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        worker.send_signal(signal.SIGSTOP)
+
+        def state() -> str:
+            return open(f"/proc/{worker.pid}/stat").read().rsplit(")", 1)[1].split()[0]
+
+        wait_until(lambda: state() == "T", timeout=10, what="the worker stopped")
+        run = SimpleNamespace(lock=threading.Condition(), paused_pids={worker.pid, 2**22 + 17}, cluster=None)  # one gone
+        chaos._Run.release_paused(run)
+        wait_until(lambda: state() in ("S", "R"), timeout=10, what="the worker continued")
+        assert run.paused_pids == set()
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait()

@@ -19,10 +19,37 @@ seeded schedule (:func:`build_schedule`) does, in one run:
 - **Postgres outages**: stopped (``deploy/postgres.sh stop``) or its
   postmaster SIGKILLed, kept down 20 to 60 s (scaled to the run), then started.
 
+With ``cluster`` (``turnlog chaos --cluster``) the run goes to the local 3-node
+KRaft cluster (``turnlog.deploy.cluster.LocalCluster``, started if down) with
+topics of 3 replicas and min ISR 2, two sequencer and two sink workers and one
+finalizer, and its schedule (:func:`build_cluster_schedule`) replaces the
+broker's kill and outage with the cluster's faults, one broker fault at a time,
+each once every node is back, the ISR full and the pipeline caught up:
+
+- the node leading the most ``events`` partitions SIGKILLed under load, started
+  again after 15 to 45 s;
+- a rolling restart: each node stopped and started in turn, each step once
+  every partition of the run's topics has its full ISR again;
+- one node SIGSTOPped for 30 to 90 s, then SIGCONTed;
+- two nodes SIGKILLed for 30 to 60 s (below min ISR, and the controller quorum
+  lost), agents SIGKILLed meanwhile, then started;
+- and, beside them, a sequencer or sink worker SIGSTOPped for 20 to 40 s, past
+  its group's 10 s session timeout, then SIGCONTed (holds are scaled down in
+  runs shorter than 600 s). Nothing is left stopped at the end, and every node
+  runs again. The producers keep the settings' delivery timeout (120 s), which
+  outlasts a failover.
+
 Afterwards every session is judged as in the demo (``turnlog.tools.demo.verdict``)
 and the report gives events sent and stored, turns lost, duplicated, altered
 and out of order, wrong aggregates (sums of the verdict's typed problems by
 kind), each kill and outage with its recovery time, and agents that failed.
+Each agent writes every ``complete_turn`` that returned to a latency log
+(``<run>/latency/``, :mod:`turnlog.tools.demo.latency`); the run watches the
+store for those turns, and the report has, per kind of kill, outage or fault,
+the calls' latency p50/p99/max from its start until it recovered, and its
+catch-up: from its end until the store held every turn completed by then. A
+turn whose ``complete_turn`` returned and that the store never held is a
+violation (``acknowledged_not_stored``).
 
 Recovery time, from the SIGKILL (for an outage: from the restart) until the
 component works again: a resumed agent's ``resumed`` line; a replacement
@@ -32,7 +59,7 @@ the transcript); a broker answering; after an outage, the sink storing again
 (or caught up).
 
 Chaos settings: the run's own topics, groups, Faust data and spool folder;
-``delivery_timeout_seconds`` is 20 s (120 s by default) so that each outage is
+on the single broker ``delivery_timeout_seconds`` is 20 s (120 s by default) so that each outage is
 at least three delivery timeouts long: every event spooled during it outlives
 its producer's delivery attempts and has to be driven again from the spool,
 which is what a recorder that "never gives a session up" must survive.
@@ -45,6 +72,7 @@ import contextlib
 import datetime as dt
 import itertools
 import logging
+import math
 import os
 import random
 import signal
@@ -54,7 +82,7 @@ import threading
 import time
 import uuid
 from collections import defaultdict
-from collections.abc import Collection, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,26 +93,43 @@ from sqlalchemy import func, select, text
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_fixed
 
 from turnlog import kafka
-from turnlog.deploy.local import SCRIPTS, ensure_local_services
-from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command, wait_all_ready
+from turnlog.deploy.cluster import LocalCluster
+from turnlog.deploy.local import LOCAL_HOSTS, SCRIPTS, ensure_local_services
+from turnlog.deploy.processes import ServiceProcess, stop_all, turnlog_command, wait_all_ready
 from turnlog.deploy.topics import create_topics
 from turnlog.exceptions import ConfigurationError
 from turnlog.producers import SessionRecorder
 from turnlog.readiness import NotReadyError
-from turnlog.schemas import SessionStatus
+from turnlog.schemas import SessionStatus, TurnStatus
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import SqlStore, StoreUnavailableError, open_store
+from turnlog.sinks import SqlStore, StoreUnavailableError, open_store, parse_database_url, safe_url
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.migrate import upgrade_to_head
-from turnlog.sinks.tables import sink_offsets
+from turnlog.sinks.tables import sink_offsets, transcript_turns
 from turnlog.tools.demo.keys import with_run_keys
+from turnlog.tools.demo.latency import (
+    CompletedTurn,
+    FaultWindow,
+    LatencyReader,
+    StoredTurns,
+    figures_by_kind,
+    format_table,
+)
 from turnlog.tools.demo.runner import AgentProcess, count_events, load_sessions, print_table, wait_for_finalized
 from turnlog.tools.demo.schedule import (
+    AFTER_OUTAGE_SECONDS,
+    BROKER_FAULTS,
+    CLUSTER_COMPONENTS,
+    CLUSTER_FAULTS,
     COMPONENTS,
+    EXPECTED_RECOVERY_SECONDS,
     OUTAGE_WINDOW,
+    WORKER_PAUSE,
+    PlannedFault,
     PlannedKill,
     PlannedOutage,
     Schedule,
+    build_cluster_schedule,
     build_schedule,
 )
 from turnlog.tools.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session, problem_totals
@@ -93,10 +138,14 @@ __all__ = [
     "ChaosOptions",
     "run_chaos",
     "build_schedule",
+    "build_cluster_schedule",
     "Schedule",
     "PlannedKill",
     "PlannedOutage",
+    "PlannedFault",
     "COMPONENTS",
+    "CLUSTER_COMPONENTS",
+    "CLUSTER_FAULTS",
     "SessionProblem",
     "ProblemTally",
     "tally_problems",
@@ -110,6 +159,13 @@ RESUME_ATTEMPTS = 4
 RESUME_RETRY_SECONDS = 2.0
 #: The chaos run's producer delivery timeout (see the module docstring).
 CHAOS_DELIVERY_TIMEOUT_SECONDS = 20.0
+#: The cluster mode's workers (name -> service): two of the sequencer and of the sink, one finalizer.
+CLUSTER_WORKERS = {"sequencer": "sequencer", "sequencer-2": "sequencer", "sink": "sink", "sink-2": "sink",
+                   "finalizer": "finalizer"}
+#: The cluster mode's topics: this many replicas, min ISR one less.
+CLUSTER_REPLICATION_FACTOR = 3
+#: How often the run looks for the agents' completed turns in the store (seconds).
+STORE_POLL_SECONDS = 0.5
 LATEST_SERVICE_KILL = 1.5  # a service kill held up past this (fraction of ``duration``) is skipped
 PIPELINE_READY_TIMEOUT_SECONDS = 180.0
 
@@ -120,13 +176,19 @@ class ChaosOptions:
     duration: float = 300.0
     seed: int = 1
     kills: int = 25
-    #: agents SIGKILLed (and resumed) during each broker outage
+    #: agents SIGKILLed (and resumed) during each broker outage (with ``cluster``: while two brokers are down)
     outage_agent_kills: int = 2
     report_path: Path | None = None
     flush_interval_seconds: float = 0.2
-    delivery_timeout_seconds: float = CHAOS_DELIVERY_TIMEOUT_SECONDS
+    #: None: ``CHAOS_DELIVERY_TIMEOUT_SECONDS`` on the single broker, the settings' own on the cluster
+    delivery_timeout_seconds: float | None = None
     log_dir: Path = Path(".turnlog-chaos")
     state_dir: Path = Path(os.environ.get("TURNLOG_STATE_DIR", Path.home() / ".cache" / "turnlog"))
+    #: run on the local 3-node cluster (``deploy/cluster.py``) with its faults instead of the single broker's
+    cluster: bool = False
+    #: the cluster's state root (``TURNLOG_STATE_DIR`` of its ``deploy/kafka.sh``); None: ``state_dir``. Its
+    #: ports are the script's (``TURNLOG_KAFKA_CLUSTER_PORT``, ``TURNLOG_KAFKA_CLUSTER_CONTROLLER_PORT``).
+    cluster_state_dir: Path | None = None
 
 
 # -- the run -------------------------------------------------------------------------
@@ -147,11 +209,32 @@ class _Agent:
 class _Run:
     """One chaos run: the processes, the schedule's execution, and what happened."""
 
-    def __init__(self, settings: TurnlogSettings, options: ChaosOptions, run_id: str, store: SqlStore) -> None:
+    def __init__(
+        self,
+        settings: TurnlogSettings,
+        options: ChaosOptions,
+        run_id: str,
+        store: SqlStore,
+        cluster: LocalCluster | None = None,
+    ) -> None:
         self.settings = settings
         self.options = options
         self.store = store
+        self.cluster = cluster
         self.log_dir = options.log_dir / run_id
+        self.latency = LatencyReader(self.log_dir / "latency")  # the agents' complete_turn calls
+        self.stored_turns = StoredTurns()  # when each turn was first seen stored complete
+        self.completed: list[CompletedTurn] = []  # the calls read so far (watch_store)
+        self.tracked_at = -math.inf  # when watch_store last read the latency logs (monotonic)
+        # the run's topics (their ISR is waited for after a broker fault)
+        self.topics: list[str] = [settings.topics.events, settings.topics.transcript]
+        self.fault_rng = random.Random(options.seed + 2)  # which node or worker a fault or a service kill hits
+        #: service worker name (e.g. "sink-2") -> its service ("sink")
+        self.components: dict[str, str] = {}
+        self.paused_pids: set[int] = set()  # service workers this run SIGSTOPped and has not SIGCONTed yet
+        #: cleared while two brokers are down: service kills and pipeline faults wait for it
+        self.brokers_whole = threading.Event()
+        self.brokers_whole.set()
         self.env = settings.as_environment()
         self.transcripts, self.paths = load_sessions(options.sessions_dir, run_id)
         longest = max(max(t.end_s for t in turns) - turns[0].start_s for turns in self.transcripts.values())
@@ -223,11 +306,13 @@ class _Run:
             agent.state = "resuming" if extra else "starting"
             generation = agent.generation
             name = f"agent{generation}:{session_id}"
+        file_name = name.replace(":", "-")
         argv = turnlog_command(
             "replay-agent", str(self.paths[session_id]), "--session-id", session_id, "--speed", f"{self.speed:.4f}",
-            "--base-time", self.base_time.isoformat(), *extra,
+            "--base-time", self.base_time.isoformat(),
+            "--latency-log", str(self.latency.folder / f"{file_name}.jsonl"), *extra,
         )
-        process = ServiceProcess(name, argv, self.env, self.log_dir / f"{name.replace(':', '-')}.log", stdout_pipe=True)
+        process = ServiceProcess(name, argv, self.env, self.log_dir / f"{file_name}.log", stdout_pipe=True)
         started = AgentProcess(process, self.on_line)
         with self.lock:
             agent.process = started
@@ -337,6 +422,7 @@ class _Run:
 
     # -- services --
     def kill_service(self, planned: PlannedKill) -> None:
+        self.brokers_whole.wait()  # a replacement cannot join a group while two brokers are down
         with self.service_lock:
             at = self.now()
             if at > LATEST_SERVICE_KILL * self.options.duration:
@@ -362,10 +448,14 @@ class _Run:
                     members = _group_members(admin, group)[1]
                 before = _sink_progress(self.store, self.settings) if component == "sink" else 0
                 with self.services_lock:
-                    killed = self.services[component].pid
-                    self.services[component].kill()
-                    self.services[component] = self.start_service(component, f"{component}-{int(at)}")
-                    target = f"pid {killed} (replaced by pid {self.services[component].pid})"
+                    workers = self.workers_of(component)
+                    worker = workers[0] if len(workers) == 1 else self.fault_rng.choice(workers)
+                    killed = self.services[worker].pid
+                    self.services[worker].kill()
+                    self.services[worker] = self.start_service(component, f"{worker}-{int(at)}")
+                    target = f"pid {killed} (replaced by pid {self.services[worker].pid})"
+                    if len(workers) > 1:
+                        target = f"{worker} {target}"
                 if group is not None:
                     recovered = _wait_until(lambda: _group_rejoined(admin, group, members), RECOVERY_TIMEOUT_SECONDS,
                                             every=0.5)
@@ -379,6 +469,10 @@ class _Run:
                 **({"error": error} if error else {}),
             })
 
+    def workers_of(self, component: str) -> list[str]:
+        """The names of ``component``'s workers ("sink", "sink-2", ...)."""
+        return sorted(worker for worker, service in self.components.items() if service == component)
+
     def sink_moved(self, before: int) -> bool:
         """The sink stored something after ``before`` (its summed offsets), or has nothing left to store."""
         pending = _watermarks(self.settings, self.settings.topics.transcript)
@@ -386,6 +480,7 @@ class _Run:
         return pending >= 0 and progress >= 0 and progress > min(before, pending - 1)
 
     def run_outage(self, planned: PlannedOutage) -> None:
+        self.brokers_whole.wait()
         with self.service_lock:
             at = self.now()
             before = _sink_progress(self.store, self.settings)
@@ -420,6 +515,7 @@ class _Run:
             entry = {
                 "at_seconds": round(at, 1), "action": "outage", "component": f"{planned.service} outage",
                 "target": f"{target} ({planned.method})", "down_seconds": round(down, 1),
+                "lifted_at_seconds": round(restart - self.started, 1),
                 "restart_seconds": round(answered_at - restart, 2),
                 "recovery_seconds": round(time.monotonic() - restart, 2) if flowing else None,
                 "agents_killed_meanwhile": len(planned.agent_kills),
@@ -439,17 +535,31 @@ class _Run:
             with self.lock:
                 self.ours.discard(service)
 
+    def watched_services(self) -> dict[str, tuple[Callable[[], int | None], str]]:
+        """The shared services this run acts on: name -> (its pid now or None, the key this run
+        marks in ``ours`` while it acts on it). Postgres, and the single broker or each cluster node."""
+        state = self.options.state_dir
+        watched: dict[str, tuple[Callable[[], int | None], str]] = {
+            "postgres": (lambda: _running_pid(state / "postgres" / "postmaster.pid"), "postgres"),
+        }
+        cluster = self.cluster
+        if cluster is None:
+            watched["broker"] = (lambda: _running_pid(state / "kafka" / "kafka.pid"), "broker")
+        else:
+            for node in cluster.node_ids:
+                watched[f"node {node}"] = (lambda node=node: cluster.pid(node), "cluster")  # type: ignore[misc]
+        return watched
+
     def watch_shared_services(self) -> None:
-        """Record every stop or restart of the shared broker and Postgres this run did
-        not make (other people's tests use them too): such a run's figures are not its own."""
-        pids = {"broker": self.options.state_dir / "kafka" / "kafka.pid",
-                "postgres": self.options.state_dir / "postgres" / "postmaster.pid"}
-        known = {service: _running_pid(path) for service, path in pids.items()}
+        """Record every stop or restart of the shared broker (or cluster nodes) and Postgres this
+        run did not make (other people's tests use them too): such a run's figures are not its own."""
+        watched = self.watched_services()
+        known = {service: pid() for service, (pid, _) in watched.items()}
         while not self.finished.wait(0.5):
-            for service, path in pids.items():
+            for service, (running_pid, key) in watched.items():
                 with self.lock:
-                    ours, down = service in self.ours, service in self.down_by_us
-                pid = _running_pid(path)
+                    ours, down = key in self.ours, key in self.down_by_us
+                pid = running_pid()
                 if ours:
                     known[service] = None  # read again once this run's own stop or start is done
                     continue
@@ -477,18 +587,18 @@ class _Run:
         restarted: dict[str, float] = {}
         while not self.finished.wait(1.0):
             with self.services_lock:
-                for component, process in list(self.services.items()):
+                for worker, process in list(self.services.items()):
                     at = self.now()
-                    if process.alive() or at - restarted.get(component, -60.0) < 5.0:  # back off a crash loop
+                    if process.alive() or at - restarted.get(worker, -60.0) < 5.0:  # back off a crash loop
                         continue
-                    restarted[component] = at
+                    restarted[worker] = at
                     exit_code = process.popen.returncode
-                    self.services[component] = self.start_service(component, f"{component}-restarted-{int(at)}")
+                    self.services[worker] = self.start_service(self.components[worker], f"{worker}-restarted-{int(at)}")
                     self.service_exits.append(
-                        {"at_seconds": round(at, 1), "component": component, "exit": exit_code,
+                        {"at_seconds": round(at, 1), "component": worker, "exit": exit_code,
                          "log": str(process.log_path)}
                     )
-                    print(f"  {at:6.1f}s {component} exited by itself (exit {exit_code}, {process.log_path}); "
+                    print(f"  {at:6.1f}s {worker} exited by itself (exit {exit_code}, {process.log_path}); "
                           "restarted", flush=True)
 
     def run_service_kills(self, kills: list[PlannedKill]) -> None:
@@ -496,19 +606,195 @@ class _Run:
             self.sleep_until(planned.at)
             self.kill_service(planned)
 
+    # -- latency and catch-up --
+    def watch_store(self) -> None:
+        """Read the agents' latency logs and note when each call's turn is first seen stored
+        complete (``STORE_POLL_SECONDS`` apart; a store that does not answer is asked again)."""
+        while not self.finished.wait(STORE_POLL_SECONDS):
+            self.track_store()
+
+    def track_store(self) -> None:
+        read_at = time.monotonic()
+        completed = self.latency.read()
+        with self.lock:
+            self.completed = completed
+        pending = self.stored_turns.pending(completed)
+        if pending:
+            queried_at = time.monotonic()
+            try:
+                found = _complete_turns(self.store, sorted({t.session_id for t in pending}))
+            except StoreUnavailableError:
+                return
+            self.stored_turns.observe(found, queried_at)
+        with self.lock:
+            self.tracked_at = read_at
+
+    def caught_up_at(self, before: float) -> float | None:
+        """When the store held every turn whose ``complete_turn`` had returned by ``before``
+        (monotonic), as far as the latest look tells; None if not yet (or not looked since)."""
+        with self.lock:
+            if self.tracked_at < before:
+                return None
+            completed = self.completed
+        return self.stored_turns.caught_up_at(completed, before)
+
+    def wait_caught_up(self, before: float, timeout: float) -> float | None:
+        """Seconds from ``before`` until the pipeline caught up with it (:meth:`caught_up_at`); None after
+        ``timeout`` seconds."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            at = self.caught_up_at(before)
+            if at is not None:
+                return max(0.0, at - before)
+            time.sleep(STORE_POLL_SECONDS / 2)
+        return None
+
+    # -- the cluster's faults --
+    def run_broker_faults(self, faults: list[PlannedFault]) -> None:
+        """The broker faults one after the other, each once the one before has recovered
+        (every node back, the ISR full, the pipeline caught up) and ``AFTER_OUTAGE_SECONDS`` later."""
+        for planned in faults:
+            self.sleep_until(planned.at)
+            self.run_broker_fault(planned)
+            time.sleep(AFTER_OUTAGE_SECONDS)
+
+    def run_broker_fault(self, planned: PlannedFault) -> None:
+        cluster = self.cluster
+        assert cluster is not None
+        events = self.settings.topics.events
+        at = self.now()
+        with self.our("cluster"):
+            try:
+                if planned.kind == "leader_kill":
+                    node = cluster.busiest_leader([events])
+                    led = sum(1 for p in cluster.partitions([events]) if p.leader == node)
+                    cluster.kill(node)
+                    target = f"node {node} (led {led} of {self.settings.partitions} events partitions)"
+                    self.sleep_until(at + planned.hold_seconds)
+                    lifted = time.monotonic()
+                    cluster.start(node)
+                elif planned.kind == "broker_pause":
+                    node = self.fault_rng.choice(list(cluster.node_ids))
+                    led = sum(1 for p in cluster.partitions([events]) if p.leader == node)
+                    cluster.pause(node)
+                    target = f"node {node} (led {led} of {self.settings.partitions} events partitions)"
+                    self.sleep_until(at + planned.hold_seconds)
+                    lifted = time.monotonic()
+                    cluster.resume(node)
+                elif planned.kind == "two_brokers_down":
+                    nodes = sorted(self.fault_rng.sample(list(cluster.node_ids), 2))
+                    self.brokers_whole.clear()
+                    with self.lock:
+                        self.outage = "two brokers"  # agents killed from now on are killed during it
+                    for node in nodes:
+                        cluster.kill(node)
+                    target = f"nodes {nodes[0]} and {nodes[1]}"
+                    for offset in planned.agent_kills:
+                        self.sleep_until(at + offset)
+                        self.kill_agent(during="two brokers down")
+                    self.sleep_until(at + planned.hold_seconds)
+                    lifted = time.monotonic()
+                    cluster.start()
+                elif planned.kind == "rolling_restart":
+                    cluster.rolling_restart(self.topics, timeout=RECOVERY_TIMEOUT_SECONDS)
+                    lifted = time.monotonic()
+                    target = f"nodes {', '.join(map(str, cluster.node_ids))}, one by one"
+                else:
+                    raise ConfigurationError(f"unknown broker fault {planned.kind!r}")
+                held = lifted - (self.started + at)  # a rolling restart: from its first stop to its last step's start
+                cluster.wait_isr_full(self.topics, timeout=RECOVERY_TIMEOUT_SECONDS)
+                isr_full = time.monotonic()
+            except BaseException:
+                cluster.resume_all()  # whatever failed, leave no node stopped or down
+                cluster.start()
+                raise
+            finally:
+                with self.lock:
+                    self.outage = None
+                self.brokers_whole.set()
+        caught_up = self.wait_caught_up(lifted, RECOVERY_TIMEOUT_SECONDS)
+        entry: dict[str, Any] = {
+            "at_seconds": round(at, 1), "action": "fault", "component": _fault_label(planned), "target": target,
+            "down_seconds": round(held, 1),
+            "lifted_at_seconds": round(lifted - self.started, 1),
+            "isr_full_seconds": round(isr_full - lifted, 2),
+            "recovery_seconds": round(caught_up, 2) if caught_up is not None else None,
+            "agents_killed_meanwhile": len(planned.agent_kills),
+        }
+        if caught_up is None:
+            entry["error"] = f"the pipeline did not catch up within {RECOVERY_TIMEOUT_SECONDS:.0f}s"
+        self.record(entry)
+
+    def run_worker_pause(self, planned: PlannedFault) -> None:
+        """SIGSTOP one worker of ``planned.target`` for its hold, past its group's session timeout, then SIGCONT."""
+        self.brokers_whole.wait()
+        with self.service_lock:
+            at = self.now()
+            with self.services_lock:
+                worker = self.fault_rng.choice(self.workers_of(planned.target))
+                process = self.services[worker]
+                with self.lock:
+                    self.paused_pids.add(process.pid)
+                process.popen.send_signal(signal.SIGSTOP)
+            try:
+                self.sleep_until(at + planned.hold_seconds)
+            finally:
+                lifted = time.monotonic()
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(process.pid, signal.SIGCONT)
+                with self.lock:
+                    self.paused_pids.discard(process.pid)
+            caught_up = self.wait_caught_up(lifted, RECOVERY_TIMEOUT_SECONDS)
+            entry: dict[str, Any] = {
+                "at_seconds": round(at, 1), "action": "SIGSTOP", "component": _fault_label(planned),
+                "target": f"{worker} pid {process.pid}", "down_seconds": round(lifted - self.started - at, 1),
+                "lifted_at_seconds": round(lifted - self.started, 1),
+                "recovery_seconds": round(caught_up, 2) if caught_up is not None else None,
+                "alive_after": process.alive(),
+            }
+            if caught_up is None:
+                entry["error"] = f"the pipeline did not catch up within {RECOVERY_TIMEOUT_SECONDS:.0f}s"
+            self.record(entry)
+
+    def release_paused(self) -> None:
+        """SIGCONT every worker and node this run SIGSTOPped and has not continued (at the end, whatever happened)."""
+        with self.lock:
+            pids, self.paused_pids = set(self.paused_pids), set()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGCONT)
+        if self.cluster is not None:
+            self.cluster.resume_all()
+
 
 def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
-    """Run the chaos schedule; print and optionally write the report; True when nothing was violated."""
+    """Run the chaos schedule; print and optionally write the report; True when nothing was violated.
+
+    Raises:
+        ConfigurationError: the local cluster (``options.cluster``), the broker or Postgres
+            could not be started, or the pipeline did not get ready.
+    """
     run_id = uuid.uuid4().hex[:8]
-    schedule = build_schedule(
-        options.seed, options.duration, options.kills, options.delivery_timeout_seconds,
-        outage_agent_kills=options.outage_agent_kills,
+    cluster: LocalCluster | None = None
+    if options.cluster:
+        delivery_timeout = options.delivery_timeout_seconds or base.delivery_timeout_seconds
+        schedule = build_cluster_schedule(
+            options.seed, options.duration, options.kills, outage_agent_kills=options.outage_agent_kills
+        )
+    else:
+        delivery_timeout = options.delivery_timeout_seconds or CHAOS_DELIVERY_TIMEOUT_SECONDS
+        schedule = build_schedule(
+            options.seed, options.duration, options.kills, delivery_timeout,
+            outage_agent_kills=options.outage_agent_kills,
+        )
+    longest_outage = max(
+        [o.down_seconds for o in schedule.outages]
+        + [f.hold_seconds + EXPECTED_RECOVERY_SECONDS[f.kind] for f in schedule.faults]
     )
-    longest_outage = max(o.down_seconds for o in schedule.outages)
     # Its own topics, groups and spool, so the run starts clean and never touches other runs' data.
     overrides: dict[str, Any] = {
         "flush_interval_seconds": options.flush_interval_seconds,
-        "delivery_timeout_seconds": options.delivery_timeout_seconds,
+        "delivery_timeout_seconds": delivery_timeout,
         "resume_timeout_seconds": longest_outage + RECOVERY_TIMEOUT_SECONDS,
         "topic_prefix": f"chaos-{run_id}",
         "sequencer_group": f"chaos-{run_id}-sequencer",
@@ -517,39 +803,55 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
         "faust_data_dir": str(options.log_dir / run_id / "faust"),
         "spool_dir": str(options.log_dir / run_id / "spool"),
     }
+    if options.cluster:
+        cluster = LocalCluster(options.cluster_state_dir or options.state_dir)
+        if not cluster.running():
+            print(f"starting the local {cluster.nodes}-node cluster ({cluster.bootstrap_servers})", flush=True)
+        cluster.start()  # every node that is down
+        overrides |= {
+            "bootstrap_servers": cluster.bootstrap_servers,
+            "replication_factor": CLUSTER_REPLICATION_FACTOR,
+            "min_insync_replicas": CLUSTER_REPLICATION_FACTOR - 1,
+        }
     settings = with_run_keys(base.model_copy(update=overrides))
+    database = parse_database_url(settings.database_url)
+    if database.get_backend_name() != "postgresql" or database.host not in LOCAL_HOSTS:
+        raise ConfigurationError(
+            f"turnlog chaos takes the local Postgres down, so its store must be that Postgres, not"
+            f" {safe_url(database)}: set TURNLOG_DATABASE_URL or --database-url"
+            " (postgresql+psycopg://USER:PASSWORD@127.0.0.1:5433/DATABASE, deploy/README.md)"
+        )
     ensure_local_services(settings)
     store = open_store(settings.database_url)
     upgrade_to_head(store.engine)
-    create_topics(settings)
-    run = _Run(settings, options, run_id, store)
+    created = create_topics(settings)
+    run = _Run(settings, options, run_id, store, cluster)
+    run.topics = [spec.topic for spec in created.specs]
+    mode = (f"cluster {settings.bootstrap_servers} (RF {created.replication.replication_factor}, min ISR"
+            f" {created.replication.min_insync_replicas})" if cluster else f"broker {settings.bootstrap_servers}")
     print(
         f"turnlog chaos {run_id}: {len(run.transcripts)} sessions, speed x{run.speed:.1f}, {options.duration:.0f}s, "
-        f"seed {options.seed}, delivery timeout {settings.delivery_timeout_seconds:.0f}s, logs in {run.log_dir}"
+        f"seed {options.seed}, {mode}, delivery timeout {settings.delivery_timeout_seconds:.0f}s, logs in {run.log_dir}"
     )
-    for outage in schedule.outages:
-        kills = f", {len(outage.agent_kills)} agent kills meanwhile" if outage.agent_kills else ""
-        print(f"  plan: {outage.service} outage at {outage.at:.0f}s for {outage.down_seconds:.0f}s"
-              f" ({outage.method}{kills})")
-    dropped = f"; no room for {len(schedule.dropped)} more ({', '.join(schedule.dropped)})" if schedule.dropped else ""
-    print(f"  plan: {len(schedule.kills)} SIGKILLs" + dropped)
+    _print_plan(schedule)
 
-    run.services = start_pipeline(settings, run.log_dir)
-    # The schedule hits a running pipeline, not one starting up (a Faust worker takes a while on 2 cores).
-    began = time.monotonic()
-    try:  # each service's ready file (turnlog/readiness.py): a Faust worker's rebalance done, the sink assigned
-        wait_all_ready(run.services, PIPELINE_READY_TIMEOUT_SECONDS)
-    except NotReadyError as e:
-        stop_all(run.services)
-        raise ConfigurationError(
-            f"the pipeline did not start within {PIPELINE_READY_TIMEOUT_SECONDS:.0f} s: {e}"
-        ) from e
-    print(f"  pipeline ready in {time.monotonic() - began:.1f}s; the schedule starts now", flush=True)
-    run.started = time.monotonic()
-    for session_id in run.transcripts:
-        run.spawn(session_id)
+    workers = CLUSTER_WORKERS if cluster else {service: service for service in SERVICES}
+    run.components = dict(workers)
+    run.services = {worker: run.start_service(service, worker) for worker, service in workers.items()}
     try:
-        for watch in (run.supervise_services, run.watch_shared_services):
+        # The schedule hits a running pipeline, not one starting up (a Faust worker takes a while on 2 cores).
+        began = time.monotonic()
+        try:  # each service's ready file (turnlog/readiness.py): a Faust worker's rebalance done, the sink assigned
+            wait_all_ready(run.services, PIPELINE_READY_TIMEOUT_SECONDS)
+        except NotReadyError as e:
+            raise ConfigurationError(
+                f"the pipeline did not start within {PIPELINE_READY_TIMEOUT_SECONDS:.0f} s: {e}"
+            ) from e
+        print(f"  pipeline ready in {time.monotonic() - began:.1f}s; the schedule starts now", flush=True)
+        run.started = time.monotonic()
+        for session_id in run.transcripts:
+            run.spawn(session_id)
+        for watch in (run.supervise_services, run.watch_shared_services, run.watch_store):
             threading.Thread(target=watch, name=watch.__name__, daemon=True).start()
         run.background("service-kills", run.run_service_kills, [k for k in schedule.kills if k.component != "agent"])
 
@@ -557,12 +859,24 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
             run.sleep_until(scheduled.at)
             run.run_outage(scheduled)
 
+        def worker_pause_at(scheduled: PlannedFault) -> None:
+            run.sleep_until(scheduled.at)
+            run.run_worker_pause(scheduled)
+
         for outage in schedule.outages:
             run.background(f"outage-{outage.service}", outage_at, outage)
+        broker_faults = [f for f in schedule.faults if f.kind in BROKER_FAULTS]
+        if broker_faults:
+            run.background("broker-faults", run.run_broker_faults, broker_faults)
+        for fault in schedule.faults:
+            if fault.kind == WORKER_PAUSE:
+                run.background(f"pause-{fault.target}", worker_pause_at, fault)
         for planned in (k for k in schedule.kills if k.component == "agent"):
             run.sleep_until(planned.at)
             run.kill_agent(during=run.outage and f"{run.outage} down")
-        deadline = time.monotonic() + options.duration * 3 + sum(o.down_seconds for o in schedule.outages)
+        deadline = time.monotonic() + options.duration * 3 + sum(
+            [o.down_seconds for o in schedule.outages] + [f.planned_seconds for f in schedule.faults]
+        )
         _join(run, deadline)
         # The host's agents are not coming back: deliver what the last ones left in the spool
         # folder (as `turnlog spool-drain` does), so no session waits on an orphaned spool.
@@ -570,14 +884,48 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
         wait_for_finalized(store, list(run.transcripts), time.monotonic() + RECOVERY_TIMEOUT_SECONDS * 2)
     finally:
         run.finished.set()
+        run.release_paused()  # a stopped process would not even see the SIGTERM below
         with run.services_lock:
             stop_all(run.services)
         for agent in run.agents.values():
             if agent.process is not None:
                 agent.process.process.stop(5)
-        _ensure_services_up(options.state_dir, settings, store)
+        if cluster is not None:
+            _ensure_cluster_up(cluster)
+        _ensure_services_up(options.state_dir, settings, store, broker=cluster is None)
     wall = time.monotonic() - run.started
+    run.track_store()  # the calls' turns as the store holds them at the end
     return _report(run, schedule, run_id, wall)
+
+
+def _print_plan(schedule: Schedule) -> None:
+    for outage in schedule.outages:
+        kills = f", {len(outage.agent_kills)} agent kills meanwhile" if outage.agent_kills else ""
+        print(f"  plan: {outage.service} outage at {outage.at:.0f}s for {outage.down_seconds:.0f}s"
+              f" ({outage.method}{kills})")
+    for fault in schedule.faults:
+        hold = f" for {fault.hold_seconds:.0f}s" if fault.hold_seconds else ""
+        kills = f", {len(fault.agent_kills)} agent kills meanwhile" if fault.agent_kills else ""
+        print(f"  plan: {_fault_label(fault)} at {fault.at:.0f}s{hold}{kills}")
+    dropped = f"; no room for {len(schedule.dropped)} more ({', '.join(schedule.dropped)})" if schedule.dropped else ""
+    print(f"  plan: {len(schedule.kills)} SIGKILLs" + dropped)
+
+
+def _fault_label(fault: PlannedFault) -> str:
+    """How the report names a fault's kind: "leader kill", "sink pause", ..."""
+    if fault.kind == WORKER_PAUSE:
+        return f"{fault.target} pause"
+    return fault.kind.replace("_", " ")
+
+
+def _ensure_cluster_up(cluster: LocalCluster) -> None:
+    """Leave every node of the cluster running and none stopped (other tests use it too)."""
+    cluster.resume_all()
+    try:
+        cluster.start()
+    except (ConfigurationError, subprocess.TimeoutExpired):
+        logger.exception("chaos: the local cluster did not start again; start it: TURNLOG_KAFKA_NODES=3"
+                         " bash deploy/kafka.sh start")
 
 
 def _join(run: _Run, deadline: float) -> None:
@@ -693,7 +1041,7 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
     }
     recovery: dict[str, dict[str, Any]] = {}
     for entry in run.records:
-        label = entry["component"] + (f" ({entry['during']})" if entry.get("during") else "")
+        label = _label(entry)
         recovery.setdefault(label, {"count": 0, "times": []})
         recovery[label]["count"] += 1
         if entry.get("recovery_seconds") is not None:
@@ -713,6 +1061,20 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
         if e["component"] == "broker outage" and e["down_seconds"] >= settings.delivery_timeout_seconds + 30
     ]
     postgres_outages = [e for e in run.records if e["component"] == "postgres outage"]
+    windows = _fault_windows(run)
+    run_end = time.monotonic()
+    fault_rows = figures_by_kind(windows, run.completed, run_end=run_end)
+    # Turns an agent's complete_turn returned for (acked, or fsynced in its spool) that the store never held.
+    not_stored = sorted(run.stored_turns.pending(run.completed), key=lambda t: (t.session_id, t.turn_index))
+    figures["acknowledged_turns"] = len(run.completed)
+    figures["acknowledged_not_stored"] = len(not_stored)
+    if run.cluster is not None:
+        happened = {e["component"] for e in run.records}
+        missing_kinds = sorted(({_fault_label(f) for f in schedule.faults} | {"postgres outage"}) - happened)
+        outages_happened = not missing_kinds
+    else:
+        missing_kinds = []
+        outages_happened = bool(long_broker_outages) and bool(postgres_outages)
     ok = (
         not problems
         and not unfinished
@@ -722,11 +1084,11 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
         and not unrecovered
         and run.spool_drain is not None
         and run.spool_drain[1] == 0
-        and bool(long_broker_outages)
-        and bool(postgres_outages)
+        and outages_happened
+        and not not_stored
     )
     killed = {e["component"] for e in run.records if e["action"] == "SIGKILL"}
-    covered = set(COMPONENTS) <= killed
+    covered = set(CLUSTER_COMPONENTS if run.cluster is not None else COMPONENTS) <= killed
     print(f"\n{len(run.records)} kills and outages in {wall:.0f}s; events sent {events_sent}, stored {stored}")
     for key in ("lost_beyond_bound", "duplicated", "altered", "out_of_order", "wrong_aggregates"):
         print(f"  {key}: {figures[key]}")
@@ -753,8 +1115,18 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
         longest = "-" if figure["max_seconds"] is None else f"{figure['max_seconds']:.2f}s"
         print(f"  recovery {label:<22} {figure['recovered']:>2}/{figure['count']:<2} median {median:>8}  max"
               f" {longest:>8}")
-    if not long_broker_outages:
+    for turn in not_stored[:20]:
+        print(f"  ACKNOWLEDGED, NOT STORED: {turn.session_id} turn {turn.turn_index} (complete_turn returned at"
+              f" {turn.returned - run.started:.1f}s)")
+    if len(not_stored) > 20:
+        print(f"  ... {len(not_stored)} acknowledged turns not stored in all")
+    if run.cluster is None and not long_broker_outages:
         print(f"  no broker outage of at least {settings.delivery_timeout_seconds + 30:.0f}s happened")
+    for kind in missing_kinds:
+        print(f"  no {kind} happened")
+    print(f"\ncomplete_turn latency per fault kind ({len(run.completed)} calls; from each fault's start until it"
+          " recovered) and catch-up (from the fault's end until the store held every turn completed by then):")
+    print(format_table(fault_rows))
     if not covered:
         print(f"  note: SIGKILLs hit {sorted(killed)}, not every component ({len(run.skipped)} skipped,"
               f" {len(schedule.dropped)} dropped for room)")
@@ -765,18 +1137,58 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
     if options.report_path is not None:
         report = {
             "run_id": run_id, "ok": ok, "kills_cover_every_component": covered, "seed": options.seed,
+            "mode": "cluster" if run.cluster is not None else "single broker",
             "duration_seconds": options.duration, "wall_seconds": round(wall, 1), "speed": round(run.speed, 2),
             "settings": {
+                "bootstrap_servers": settings.bootstrap_servers,
+                "replication_factor": settings.replication_factor,
+                "min_insync_replicas": settings.min_insync_replicas,
                 "delivery_timeout_seconds": settings.delivery_timeout_seconds,
                 "resume_timeout_seconds": settings.resume_timeout_seconds,
                 "flush_interval_seconds": settings.flush_interval_seconds,
             },
             **figures, "recovery": recovery_figures, "schedule": schedule.as_json(),
+            "faults_by_kind": [row.as_json() for row in fault_rows],
+            "fault_kinds_missing": missing_kinds,
+            "acknowledged_not_stored_turns": [
+                {"session_id": t.session_id, "turn_index": t.turn_index,
+                 "returned_at_seconds": round(t.returned - run.started, 2)}
+                for t in not_stored
+            ],
+            "service_workers": run.components,
             "kills": sorted(run.records, key=lambda e: e["at_seconds"]), "skipped": run.skipped,
             "sessions": [v.as_json() for v in verdicts], "schedule_step_failures": run.step_failures,
         }
         options.report_path.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n")
     return ok
+
+
+def _label(entry: dict[str, Any]) -> str:
+    """A kill's, outage's or fault's kind in the report: its component, and the outage it happened in."""
+    return entry["component"] + (f" ({entry['during']})" if entry.get("during") else "")
+
+
+def _fault_windows(run: _Run) -> list[FaultWindow]:
+    """Every kill, outage and fault of the run as a window for the latency table; each record
+    gets its ``caught_up_seconds`` (from when it was lifted until the store held every turn
+    completed by then; None: never)."""
+    windows = []
+    for entry in run.records:
+        start = run.started + entry["at_seconds"]
+        lifted = run.started + entry.get("lifted_at_seconds", entry["at_seconds"])
+        caught_up_at = run.stored_turns.caught_up_at(run.completed, lifted)
+        caught_up = None if caught_up_at is None else max(0.0, caught_up_at - lifted)
+        entry["caught_up_seconds"] = None if caught_up is None else round(caught_up, 2)
+        recovered = entry.get("recovery_seconds")
+        # Recovered: its own probe said so ("recovered in"), and the pipeline caught up.
+        ends = [lifted + caught_up if caught_up is not None else None,
+                start + recovered if recovered is not None else None]
+        end = None if None in ends else max(e for e in ends if e is not None)
+        windows.append(FaultWindow(
+            kind=_label(entry), start=start, lifted=lifted, end=end, held=entry.get("down_seconds"),
+            recovered=recovered is not None, caught_up=caught_up,
+        ))
+    return windows
 
 
 # -- helpers ------------------------------------------------------------------------
@@ -870,9 +1282,9 @@ def _database_answers(store: SqlStore) -> bool:
         return False
 
 
-def _ensure_services_up(state_dir: Path, settings: TurnlogSettings, store: SqlStore) -> None:
-    """Whatever happened, leave the shared broker and Postgres running (other people use them)."""
-    if not _broker_answers(settings):
+def _ensure_services_up(state_dir: Path, settings: TurnlogSettings, store: SqlStore, *, broker: bool = True) -> None:
+    """Whatever happened, leave the shared broker (with ``broker``) and Postgres running (other people use them)."""
+    if broker and not _broker_answers(settings):
         subprocess.run(["bash", str(SCRIPTS / "kafka.sh"), "start"], check=False, capture_output=True, timeout=180)
     if not _database_answers(store):
         subprocess.run(["bash", str(SCRIPTS / "postgres.sh"), "start"], check=False, capture_output=True, timeout=180)
@@ -914,6 +1326,20 @@ def _watermarks(settings: TurnlogSettings, topic: str) -> int:
     except kafka.BrokerError:  # the broker may be restarting: "no progress yet"
         return -1
     return sum(ends.values())
+
+
+def _complete_turns(store: SqlStore, session_ids: list[str]) -> list[tuple[str, int]]:
+    """(session id, turn index) of every turn of ``session_ids`` stored complete.
+
+    Raises:
+        StoreUnavailableError: the store did not answer.
+    """
+    with store_errors(), store.engine.connect() as conn:
+        rows = conn.execute(
+            select(transcript_turns.c.session_id, transcript_turns.c.turn_index)
+            .where(transcript_turns.c.session_id.in_(session_ids), transcript_turns.c.status == TurnStatus.COMPLETE)
+        ).all()
+    return [(session_id, turn_index) for session_id, turn_index in rows]
 
 
 def _sink_progress(store: SqlStore, settings: TurnlogSettings) -> int:

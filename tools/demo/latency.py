@@ -171,8 +171,10 @@ def percentile(values: Sequence[float], q: float) -> float:
 @dataclass(frozen=True, slots=True)
 class FaultWindow:
     """One fault of a run, in monotonic seconds: it began at ``start``, was lifted at ``lifted``
-    (the node restarted, the process continued; ``start`` for an instant kill), and the
-    pipeline had caught up at ``end`` (None: never). ``held``: seconds it was held (None: instant)."""
+    (the node restarted, the process continued; ``start`` for an instant kill), and had
+    recovered at ``end`` (None: never), which is where its latency window ends.
+    ``held``: seconds it was held (None: instant); ``caught_up``: seconds from ``lifted`` until
+    the store held every turn whose call had returned by then (None: never)."""
 
     kind: str
     start: float
@@ -180,6 +182,7 @@ class FaultWindow:
     end: float | None
     held: float | None = None
     recovered: bool = True
+    caught_up: float | None = None
 
 
 def latencies_in(turns: Iterable[CompletedTurn], start: float, end: float) -> list[float]:
@@ -221,7 +224,7 @@ def figures_by_kind(
         of_kind = [w for w in windows if w.kind == kind]
         seconds = [t.seconds for t in turns if during(t, of_kind)]
         held = [w.held for w in of_kind if w.held is not None]
-        caught_up = [w.end - w.lifted for w in of_kind if w.end is not None]
+        caught_up = [w.caught_up for w in of_kind if w.caught_up is not None]
         rows.append(_row(kind, len(of_kind), sum(w.recovered for w in of_kind), held, seconds, caught_up))
     calm = [t.seconds for t in turns if not during(t, windows)]
     rows.append(_row("no fault", 0, 0, [], calm, []))
