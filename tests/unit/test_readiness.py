@@ -134,7 +134,7 @@ def test_the_sink_is_ready_once_assigned_and_not_once_revoked(tmp_path):
     path = tmp_path / "analytics.ready"
     service = SinkService(TurnlogSettings(ready_file=path), store=None, write=lambda *a: None,  # type: ignore[arg-type]
                           component="analytics")
-    service._stored_offsets = lambda partitions: {("t", 0): 7}  # type: ignore[method-assign]
+    service._claim = lambda partitions: ({("t", 0): 7}, {("t", 0): 1})  # type: ignore[method-assign]
     consumer = Consumer()
     service._seek_to_stored(consumer, [TopicPartition("t", 0)])
     assert [(tp.partition, tp.offset) for tp in consumer.assigned] == [(0, 7)]  # seeked before it is ready

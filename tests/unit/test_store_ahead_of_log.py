@@ -47,7 +47,7 @@ def _sink(stored: dict[tuple[str, int], int]) -> Any:
     sink.consumer_group = "g"
     sink.component = "sink"
     sink.settings = SimpleNamespace(ready_file=None)
-    sink._stored_offsets = lambda partitions: {tp: o for tp, o in stored.items() if tp in partitions}
+    sink._claim = lambda partitions: ({tp: o for tp, o in stored.items() if tp in partitions}, {tp: 1 for tp in partitions})
     return sink
 
 
