@@ -38,6 +38,9 @@ LOOKUP_ATTEMPTS = 4
 LOOKUP_BUDGET_SECONDS = 10.0
 #: Longest one request to the broker waits (seconds).
 REQUEST_TIMEOUT_SECONDS = 5.0
+#: Longest a lookup waits for the metadata refresh it asks for after a failed request (seconds):
+#: the answer updates the client's metadata when it comes, whether or not it was waited for.
+METADATA_REFRESH_WAIT_SECONDS = 0.2
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,7 +168,7 @@ class OffsetReader:
         wanted = self.partitions(topic, deadline=deadline) if partitions is None else sorted(set(partitions))
 
         def lookup(timeout: float) -> dict[int, Watermarks]:
-            with self._lock, self._refreshing_leaders(topic, timeout):
+            with self._lock, self._refreshing_leaders(topic):
                 consumer = self._consumer(self._watermarks_group)
                 found = {}
                 for p in wanted:
@@ -182,7 +185,7 @@ class OffsetReader:
         wanted = sorted(set(partitions))
 
         def lookup(timeout: float) -> dict[int, int | None]:
-            with self._lock, self._refreshing_leaders(topic, timeout):
+            with self._lock, self._refreshing_leaders(topic):
                 answer = self._consumer(self._watermarks_group).offsets_for_times(
                     [TopicPartition(topic, p, timestamp_ms) for p in wanted], timeout=timeout
                 )
@@ -196,7 +199,7 @@ class OffsetReader:
         return lookup_retry(lookup, f"offsets by time of {topic}", deadline=deadline) if wanted else {}
 
     @contextlib.contextmanager
-    def _refreshing_leaders(self, topic: str, timeout: float) -> Iterator[None]:
+    def _refreshing_leaders(self, topic: str) -> Iterator[None]:
         """On a failed request to a partition leader, refresh the topic's metadata before the
         error goes on (to be retried). These consumers subscribe to nothing, so librdkafka
         refreshes their metadata only every ``topic.metadata.refresh.interval.ms`` (5 min): a
@@ -205,8 +208,8 @@ class OffsetReader:
         try:
             yield
         except KafkaException:
-            try:
-                self._consumer(self._watermarks_group).list_topics(topic=topic, timeout=timeout)
+            try:  # asked, not waited out: a broker that does not answer must not stretch the lookup's budget
+                self._consumer(self._watermarks_group).list_topics(topic=topic, timeout=METADATA_REFRESH_WAIT_SECONDS)
             except KafkaException as refresh_error:
                 logger.info("Kafka lookup: metadata of %s not refreshed: %s", topic, refresh_error)
             raise
