@@ -88,7 +88,6 @@ from pathlib import Path
 from typing import Any
 
 import msgspec
-from confluent_kafka.admin import AdminClient
 from sqlalchemy import func, select, text
 from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_fixed
 
@@ -106,6 +105,7 @@ from turnlog.sinks import SqlStore, StoreUnavailableError, open_store, parse_dat
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import sink_offsets, transcript_turns
+from turnlog.tools.demo.group_probe import GroupProbe
 from turnlog.tools.demo.keys import with_run_keys
 from turnlog.tools.demo.latency import (
     CompletedTurn,
@@ -235,6 +235,8 @@ class _Run:
         #: cleared while two brokers are down: service kills and pipeline faults wait for it
         self.brokers_whole = threading.Event()
         self.brokers_whole.set()
+        #: the consumer groups' members, asked from a child process (an admin request can abort this one)
+        self.group_probe = GroupProbe(settings.as_environment(), self.log_dir / "group-probe.log")
         self.env = settings.as_environment()
         self.transcripts, self.paths = load_sessions(options.sessions_dir, run_id)
         longest = max(max(t.end_s for t in turns) - turns[0].start_s for turns in self.transcripts.values())
@@ -441,11 +443,11 @@ class _Run:
                 component = planned.component
                 groups = {"sequencer": self.settings.sequencer_group, "finalizer": self.settings.finalizer_group}
                 group = groups.get(component)
-                admin = _admin(self.settings)
+                probe = self.group_probe
                 members: frozenset[str] = frozenset()
                 if group is not None:  # who is in the group before the kill (the broker may still be settling)
-                    _wait_until(lambda: bool(_group_members(admin, group)[1]), 30.0, every=0.5)
-                    members = _group_members(admin, group)[1]
+                    _wait_until(lambda: bool(probe.members(group)[1]), 30.0, every=0.5)
+                    members = probe.members(group)[1]
                 before = _sink_progress(self.store, self.settings) if component == "sink" else 0
                 with self.services_lock:
                     workers = self.workers_of(component)
@@ -457,7 +459,7 @@ class _Run:
                     if len(workers) > 1:
                         target = f"{worker} {target}"
                 if group is not None:
-                    recovered = _wait_until(lambda: _group_rejoined(admin, group, members), RECOVERY_TIMEOUT_SECONDS,
+                    recovered = _wait_until(lambda: _group_rejoined(probe, group, members), RECOVERY_TIMEOUT_SECONDS,
                                             every=0.5)
                 else:
                     recovered = _wait_until(lambda: self.sink_moved(before), RECOVERY_TIMEOUT_SECONDS, every=0.5)
@@ -884,6 +886,7 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
         wait_for_finalized(store, list(run.transcripts), time.monotonic() + RECOVERY_TIMEOUT_SECONDS * 2)
     finally:
         run.finished.set()
+        run.group_probe.close()
         run.release_paused()  # a stopped process would not even see the SIGTERM below
         with run.services_lock:
             stop_all(run.services)
@@ -1036,6 +1039,7 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
         "service_exits": run.service_exits,  # restarted; not a violation by itself
         "interference": run.interference,  # the shared broker or Postgres stopped by someone else meanwhile
         "failed_resume_attempts": [f for a in run.agents.values() for f in a.failed_resumes],  # retried
+        "group_probe_restarts": run.group_probe.restarts,  # librdkafka aborted an admin request (group_probe.py)
         "orphaned_spool_events_at_end": run.spool_drain[0] if run.spool_drain else None,
         "undelivered_spool_events": run.spool_drain[1] if run.spool_drain else None,
     }
@@ -1105,6 +1109,9 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
         print(f"  resume failed: {session_id}")
     for event in run.interference:
         print(f"  NOTE: at {event['at_seconds']}s the shared {event['service']} was {event['what']} by someone else")
+    if run.group_probe.restarts:
+        print(f"  the group probe's child was replaced {run.group_probe.restarts} times (librdkafka aborted it,"
+              " or it did not answer)")
     for exit in run.service_exits:
         print(f"  {exit['component']} exited by itself at {exit['at_seconds']}s (exit {exit['exit']}) "
               "and was restarted")
@@ -1294,27 +1301,13 @@ def _ensure_services_up(state_dir: Path, settings: TurnlogSettings, store: SqlSt
 _QUIET = {"log_level": 0}
 
 
-def _admin(settings: TurnlogSettings) -> AdminClient:
-    return kafka.admin(settings, **_QUIET)
-
-
 def _broker_answers(settings: TurnlogSettings) -> bool:
     return kafka.broker_answers(settings, 2.0, quiet=True)
 
 
-def _group_members(admin: AdminClient, group: str) -> tuple[bool, frozenset[str]]:
-    """Whether consumer group ``group`` is stable, and its members' ids, as the broker describes
-    them ((False, {}) on a broker error)."""
-    try:
-        found = kafka.group_members(admin, group)
-    except kafka.BrokerError:
-        return False, frozenset()
-    return found.stable, found.member_ids
-
-
-def _group_rejoined(admin: AdminClient, group: str, before: frozenset[str]) -> bool:
+def _group_rejoined(probe: GroupProbe, group: str, before: frozenset[str]) -> bool:
     """A member the group did not have before the kill has joined, and the group is stable."""
-    stable, members = _group_members(admin, group)
+    stable, members = probe.members(group)
     return stable and bool(members - before)
 
 
