@@ -5,8 +5,7 @@ broker's description of the group (``turnlog.kafka.group_members``: an admin
 ``DescribeConsumerGroups``). librdkafka's admin requests can abort the whole process
 when a broker goes away while one is in flight (``rd_kafka_enq_once_del_source_return:
 Assertion `eonce->refcnt > 0' failed``, confluentinc/librdkafka#4605, still open), and
-taking brokers away is what the run does: the first ``turnlog chaos --cluster`` run
-aborted that way 45 s in, while a node was down. So the run asks a child process
+taking brokers away is what the run does. So the run asks a child process
 (:class:`GroupProbe`); when librdkafka aborts it, only that answer is lost (no
 answer: the group is not stable) and the next question starts a new child.
 
