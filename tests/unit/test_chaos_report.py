@@ -132,16 +132,21 @@ def test_each_kill_outage_and_fault_is_a_latency_window_until_it_recovered_and_t
         {"at_seconds": 5.0, "action": "SIGKILL", "component": "agent", "during": "two brokers down",
          "recovery_seconds": 40.0},
         {"at_seconds": 48.0, "action": "SIGKILL", "component": "sink", "recovery_seconds": None},  # turn 2 never stored
+        {"at_seconds": 30.0, "action": "outage", "component": "postgres outage", "down_seconds": 5.0,
+         "lifted_at_seconds": 35.0, "recovery_seconds": 1.0},
     ]
     run = SimpleNamespace(started=started, records=records, completed=completed, stored_turns=stored)
 
-    pause, agent, sink = chaos._fault_windows(run)
+    pause, agent, sink, outage = chaos._fault_windows(run)
 
     assert (pause.kind, pause.start, pause.lifted, pause.end, pause.held) == ("broker pause", 1020.0, 1032.0, 1045.0, 12.0)
     assert pause.caught_up == 13.0 and records[0]["caught_up_seconds"] == 13.0
     assert agent.kind == "agent (two brokers down)" and agent.end == 1045.0  # its resume (40 s) outlasted the catch-up
     assert (sink.end, sink.recovered, sink.caught_up) == (None, False, 0.0)  # nothing returned by 1048 was missing
     assert records[2]["caught_up_seconds"] == 0.0
+    assert (outage.start, outage.end, outage.caught_up) == (1030.0, 1045.0, 10.0)  # turn 1 stored at 1045
+    assert records[0]["overlapped"] == ["postgres outage at 30s"] and records[3]["overlapped"] == ["broker pause at 20s"]
+    assert "overlapped" not in records[1]  # an instant kill is not a held fault
 
 
 def test_a_cluster_fault_is_named_by_its_kind_and_a_worker_pause_by_its_service():

@@ -1131,6 +1131,9 @@ def _report(run: _Run, schedule: Schedule, run_id: str, wall: float) -> bool:
         print(f"  no broker outage of at least {settings.delivery_timeout_seconds + 30:.0f}s happened")
     for kind in missing_kinds:
         print(f"  no {kind} happened")
+    for entry in sorted(run.records, key=lambda e: e["at_seconds"]):
+        if entry.get("overlapped"):
+            print(f"  {_label(entry)} at {entry['at_seconds']:.0f}s overlapped: {', '.join(entry['overlapped'])}")
     print(f"\ncomplete_turn latency per fault kind ({len(run.completed)} calls; from each fault's start until it"
           " recovered) and catch-up (from the fault's end until the store held every turn completed by then):")
     print(format_table(fault_rows))
@@ -1176,9 +1179,11 @@ def _label(entry: dict[str, Any]) -> str:
 
 
 def _fault_windows(run: _Run) -> list[FaultWindow]:
-    """Every kill, outage and fault of the run as a window for the latency table; each record
-    gets its ``caught_up_seconds`` (from when it was lifted until the store held every turn
-    completed by then; None: never)."""
+    """Every kill, outage and fault of the run as a window for the latency table, from its start
+    until it recovered: its own probe said so (``recovery_seconds`` after it was lifted) and the
+    store held every turn completed by the time it was lifted. Each record gets that catch-up
+    (``caught_up_seconds``; None: never) and, for an outage or fault held for a while, the others
+    its window overlapped (``overlapped``: their kinds and starts), whose effects its figures share."""
     windows = []
     for entry in run.records:
         start = run.started + entry["at_seconds"]
@@ -1187,14 +1192,20 @@ def _fault_windows(run: _Run) -> list[FaultWindow]:
         caught_up = None if caught_up_at is None else max(0.0, caught_up_at - lifted)
         entry["caught_up_seconds"] = None if caught_up is None else round(caught_up, 2)
         recovered = entry.get("recovery_seconds")
-        # Recovered: its own probe said so ("recovered in"), and the pipeline caught up.
-        ends = [lifted + caught_up if caught_up is not None else None,
-                start + recovered if recovered is not None else None]
-        end = None if None in ends else max(e for e in ends if e is not None)
+        end = None if caught_up is None or recovered is None else lifted + max(caught_up, recovered)
         windows.append(FaultWindow(
             kind=_label(entry), start=start, lifted=lifted, end=end, held=entry.get("down_seconds"),
             recovered=recovered is not None, caught_up=caught_up,
         ))
+    run_end = time.monotonic()
+    held = [(entry, window) for entry, window in zip(run.records, windows, strict=True) if window.held is not None]
+    for entry, window in held:
+        entry["overlapped"] = [
+            f"{other.kind} at {other_entry['at_seconds']:.0f}s"
+            for other_entry, other in held
+            if other is not window
+            and other.start <= (window.end or run_end) and (other.end or run_end) >= window.start
+        ]
     return windows
 
 
