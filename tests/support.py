@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import time
+import urllib.request
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -76,6 +77,27 @@ def dump_store(store: SqlStore, *, skip_columns: tuple[str, ...] = ("finalized_a
             rows = conn.execute(select(*columns).order_by(*table.primary_key.columns)).all()
             dump[table.name] = [tuple(row) for row in rows]
     return dump
+
+
+def store_content(store: SqlStore) -> dict[str, list[tuple[Any, ...]]]:
+    """:func:`dump_store` without the sink's bookkeeping, for comparing stores written by
+    different sink runs: no ``finalized_at``, no fencing token (``owner_generation``), and no
+    ``sink_offsets`` row that has consumed nothing (a claim of a partition that had no record)."""
+    dump = dump_store(store, skip_columns=("finalized_at", "owner_generation"))
+    dump["sink_offsets"] = [row for row in dump["sink_offsets"] if row[-1] != 0]  # (group, topic, partition, next_offset)
+    return dump
+
+
+def fenced_batches(metrics_port: int) -> float:
+    """``turnlog_sink_fenced_batches_total`` scraped from a sink's metrics endpoint (``TURNLOG_METRICS_PORT``)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=5) as response:  # noqa: S310 (local)
+        text = response.read().decode()
+    for family in text_string_to_metric_families(text):
+        if family.name == "turnlog_sink_fenced_batches":
+            return sum(sample.value for sample in family.samples if sample.name.endswith("_total"))
+    return 0.0
 
 
 def unfinalize(store: SqlStore, session_id: str) -> None:

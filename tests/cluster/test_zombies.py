@@ -10,17 +10,15 @@ from __future__ import annotations
 
 import asyncio
 import signal
-import urllib.request
 from pathlib import Path
 
 import pytest
-from prometheus_client.parser import text_string_to_metric_families
 
 from turnlog.deploy.processes import ServiceProcess, turnlog_command
 from turnlog.producers import SessionRecorder
 
 from tests.cluster.conversations import Conversations, assert_stored_as_said
-from tests.support import dump_store, free_port, wait_until
+from tests.support import dump_store, fenced_batches, free_port, wait_until
 
 TIMEOUT = 240
 #: The sink that takes over holds its first batch this long before writing it (ms): the window in
@@ -32,16 +30,6 @@ def process_state(pid: int) -> str:
     """The kernel's one-letter state of ``pid`` (``T``: stopped by a signal)."""
     stat = Path(f"/proc/{pid}/stat").read_text()
     return stat[stat.rindex(")") + 2]
-
-
-def fenced_batches(port: int) -> float:
-    """``turnlog_sink_fenced_batches_total`` scraped from a sink's metrics endpoint."""
-    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5) as response:  # noqa: S310 (local)
-        text = response.read().decode()
-    for family in text_string_to_metric_families(text):
-        if family.name == "turnlog_sink_fenced_batches":
-            return sum(sample.value for sample in family.samples if sample.name.endswith("_total"))
-    return 0.0
 
 
 def sink_process(pipeline, name: str, **env: str) -> ServiceProcess:

@@ -22,7 +22,7 @@ from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import session_events, sink_offsets
 
 from tests.integration.test_pipeline import finalized, logged_payloads, session_row, stored_turns
-from tests.support import EventFactory, dump_store, unfinalize, wait_until
+from tests.support import EventFactory, dump_store, fenced_batches, free_port, store_content, unfinalize, wait_until
 
 TIMEOUT = 120
 
@@ -107,7 +107,7 @@ def test_a_sink_killed_at_a_fault_point_leaves_no_partial_batch_and_recovers_to_
         assert [tuple(t) for t in stored_turns(pipeline, sid)] == expected_turns(events[sid])
 
     # The same transcript applied in one go by an uninterrupted sink: the same store, aggregates included.
-    assert dump_store(pipeline.store) == reference_store(settings, tmp_path, events)
+    assert store_content(pipeline.store) == reference_store(settings, tmp_path, events)
 
 
 def reference_store(settings, tmp_path, events):
@@ -118,7 +118,7 @@ def reference_store(settings, tmp_path, events):
         result = reference.apply_batch(conn, settings.sink_group, read_topic(settings, settings.topics.transcript))
     assert sorted(result.finalized) == sorted(events)
     try:
-        return dump_store(reference)
+        return store_content(reference)
     finally:
         reference.engine.dispose()
 
@@ -145,7 +145,7 @@ def test_a_sink_killed_after_finalizing_in_its_batch_commits_neither_and_finaliz
 
     pipeline.start("sink")  # re-applies the batch: rows, aggregates and offsets in one transaction again
     wait_until(lambda: finalized(pipeline, sid), timeout=TIMEOUT, what=f"{sid} finalized after the restart")
-    assert dump_store(pipeline.store) == reference_store(settings, tmp_path, events)
+    assert store_content(pipeline.store) == reference_store(settings, tmp_path, events)
     log = pipeline.processes["sink"].log_path.read_text(errors="replace")
     assert log.count(f"finalized {sid}") == 1
 
@@ -246,7 +246,8 @@ def test_a_paused_sink_that_wakes_after_another_took_over_cannot_undo_its_work(n
     sid = f"paused-{uuid.uuid4().hex[:6]}"
     f = EventFactory(sid)
     # Sink A consumes a batch holding a partial turn, then stalls before writing it ...
-    pipeline.start("sink", faults="sink.after_poll=stall:4000")
+    metrics_a = free_port()
+    pipeline.start("sink", faults="sink.after_poll=stall:4000", env={"TURNLOG_METRICS_PORT": str(metrics_a)})
     pipeline.wait_ready()
     produce(settings, {sid: [f.started(), f.partial(1, 0, "half of the")]})
     sink_a = pipeline.processes.pop("sink")
@@ -261,9 +262,8 @@ def test_a_paused_sink_that_wakes_after_another_took_over_cannot_undo_its_work(n
         with pipeline.store.engine.connect() as conn:
             offsets_before = dict(conn.execute(select(sink_offsets.c.partition, sink_offsets.c.next_offset)).all())
     finally:
-        sink_a.popen.send_signal(signal.SIGCONT)  # A wakes and writes its old batch
-    wait_until(lambda: "below the stored offsets" in sink_a.log_path.read_text(errors="replace"), timeout=TIMEOUT,
-               what="the woken sink A to find its batch stale")
+        sink_a.popen.send_signal(signal.SIGCONT)  # A wakes with its old batch: B's claim fences it
+    wait_until(lambda: fenced_batches(metrics_a) >= 1, timeout=TIMEOUT, what="the woken sink A's batch fenced")
     sink_a.stop()
     assert [tuple(t) for t in stored_turns(pipeline, sid)] == [(0, "A", "half of the sentence, completed", "complete")]
     with pipeline.store.engine.connect() as conn:

@@ -56,9 +56,10 @@ class Pipeline:
     processes: dict[str, ServiceProcess]
     log_dir: Path
 
-    def start(self, *services: str, faults: str | None = None) -> None:
-        """Start services; ``faults`` arms fault points in them (``TURNLOG_FAULTS``)."""
-        extra_env = {"TURNLOG_FAULTS": faults} if faults else None
+    def start(self, *services: str, faults: str | None = None, env: dict[str, str] | None = None) -> None:
+        """Start services; ``faults`` arms fault points in them (``TURNLOG_FAULTS``); ``env`` adds
+        to their environment."""
+        extra_env = {**({"TURNLOG_FAULTS": faults} if faults else {}), **(env or {})}
         self.processes.update(start_pipeline(self.settings, self.log_dir, services=services, extra_env=extra_env))
 
     def stop(self, *services: str) -> None:
