@@ -9,7 +9,7 @@ from typing import Any
 import faust
 from faust.types import AppT
 
-from turnlog.kafka import wait_for_broker
+from turnlog.kafka import wait_for_broker, while_unavailable
 from turnlog.kafka.replication import resolve_replication
 from turnlog.readiness import mark_not_ready, mark_ready
 from turnlog.settings import TurnlogSettings
@@ -61,13 +61,14 @@ def run_worker(faust_app: faust.App, settings: TurnlogSettings, component: str |
     Raises:
         ConfigurationError: the replication settings are inconsistent
             (``turnlog.kafka.replication.replication_for``).
-        BrokerError: the cluster's metadata could not be read once a broker answered.
+        BrokerError: reading the cluster's metadata failed for a reason waiting does not fix
+            (a retriable failure, such as a failover, is waited out).
     """
     # A Faust worker exits if it cannot bootstrap; wait for the broker first
     # (a broker outage after start-up is retried by the client itself).
     wait_for_broker(settings)
     # Any topic Faust declares gets turnlog's replication, resolved against the cluster as it is now.
-    configure_replication(faust_app, resolve_replication(settings))
+    configure_replication(faust_app, while_unavailable(lambda: resolve_replication(settings), "reading the cluster"))
 
     faust_app.sensors.add(ReadinessSensor(settings.ready_file, component or faust_app.conf.id))
 

@@ -134,7 +134,7 @@ def migrate(database_url: DatabaseUrl = None) -> None:
 def sequencer(bootstrap_servers: Bootstrap = None) -> None:
     """Run a sequencer worker (order, dedupe, fence, DLQ). Scale by starting more."""
     from turnlog.deploy.topics import create_topics
-    from turnlog.kafka import wait_for_broker
+    from turnlog.kafka import wait_for_broker, while_unavailable
     from turnlog.stream_processors.sequencer import build_sequencer
     from turnlog.stream_processors.worker import run_worker
 
@@ -142,7 +142,7 @@ def sequencer(bootstrap_servers: Bootstrap = None) -> None:
     # The sequencer produces to the transcript and the DLQ through its own producer,
     # so Faust would never declare them: make sure they exist (idempotent).
     wait_for_broker(settings)
-    create_topics(settings)
+    while_unavailable(lambda: create_topics(settings), "creating the topics")
     run_worker(build_sequencer(settings), settings, "sequencer")
 
 

@@ -44,3 +44,27 @@ def test_an_answering_broker_is_not_waited_for(monkeypatch):
     began = time.monotonic()
     cluster.wait_for_broker(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), timeout=0)
     assert len(calls) == 1 and time.monotonic() - began < 0.4
+
+
+def test_work_is_tried_again_while_the_cluster_is_unavailable_and_other_errors_pass():
+    from turnlog.kafka.exceptions import BrokerError, BrokerUnavailableError
+
+    attempts: list[int] = []
+
+    def creating() -> str:
+        attempts.append(1)
+        if len(attempts) < 3:
+            raise BrokerUnavailableError("describing the configs: Timed out waiting for controller", retriable=True)
+        return "created"
+
+    assert cluster.while_unavailable(creating, "creating the topics") == "created"
+    assert len(attempts) == 3
+
+    def refused() -> None:
+        attempts.append(1)
+        raise BrokerError("creating topic t: policy violation", retriable=False)
+
+    attempts.clear()
+    with pytest.raises(BrokerError) as raised:
+        cluster.while_unavailable(refused, "creating the topics")
+    assert not raised.value.retriable and len(attempts) == 1

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from confluent_kafka import ConsumerGroupState
 from confluent_kafka.admin import AdminClient
-from tenacity import RetryCallState, Retrying, retry_if_result, wait_exponential
+from tenacity import RetryCallState, Retrying, retry_if_exception, retry_if_result, wait_exponential
 
 from turnlog.exceptions import ConfigurationError
 from turnlog.kafka.clients import admin
@@ -17,9 +19,10 @@ from turnlog.kafka.exceptions import BrokerError
 from turnlog.redact import redact
 from turnlog.settings import TurnlogSettings
 
-__all__ = ["broker_answers", "wait_for_broker", "GroupMembers", "group_members"]
+__all__ = ["broker_answers", "wait_for_broker", "while_unavailable", "GroupMembers", "group_members"]
 
 logger = logging.getLogger(__name__)
+_T = TypeVar("_T")
 
 
 def broker_answers(settings: TurnlogSettings, timeout: float = 5.0, *, quiet: bool = False) -> bool:
@@ -58,6 +61,25 @@ def wait_for_broker(settings: TurnlogSettings, *, timeout: float | None = None) 
         retry_error_callback=gave_up,
     )
     retrying(broker_answers, settings)
+
+
+def while_unavailable(work: Callable[[], _T], what: str) -> _T:
+    """``work()``, tried again with capped backoff, for as long as it raises a retriable
+    :class:`BrokerError` (a failover, a controller quorum lost to nodes down): a service
+    starting meanwhile waits it out rather than exit. Other errors pass through."""
+
+    def warn(state: RetryCallState) -> None:
+        error = state.outcome.exception() if state.outcome else None
+        if state.attempt_number == 1 or state.attempt_number % 10 == 0:
+            logger.warning("%s: the cluster is not answering (%s); trying again", what, error)
+
+    retrying = Retrying(
+        retry=retry_if_exception(lambda e: isinstance(e, BrokerError) and e.retriable),
+        wait=wait_exponential(multiplier=0.5, max=5.0),
+        before_sleep=warn,
+        reraise=True,
+    )
+    return retrying(work)
 
 
 @dataclass(frozen=True, slots=True)
