@@ -146,13 +146,17 @@ def test_pipeline_faults_and_service_kills_keep_out_of_each_other_and_of_two_bro
                 assert not any(a <= kill.at < b - 0.2 for a, b in pipeline + two_down), (seed, kill)
 
 
-def test_the_leader_kill_comes_first_while_every_agent_talks_and_agents_die_while_two_brokers_are_down():
+def test_the_leader_kill_then_two_brokers_down_come_first_while_agents_talk_and_agents_die_during_the_second():
+    orders = set()
     for seed in SEEDS:
         schedule = build_cluster_schedule(seed, 300.0, 25)
         broker = [f for f in schedule.faults if f.kind in BROKER_FAULTS]
-        assert broker[0].kind == "leader_kill" and broker[0].at < 0.1 * 300
+        assert [f.kind for f in broker[:2]] == ["leader_kill", "two_brokers_down"]
+        assert broker[0].at < 0.1 * 300 and broker[1].at < 0.5 * 300  # the agents talk until 0.85 x 300
+        orders.add(tuple(f.kind for f in broker[2:]))
         [two_down] = [f for f in broker if f.kind == "two_brokers_down"]
         assert len(two_down.agent_kills) == 2 and all(0 < t < two_down.hold_seconds for t in two_down.agent_kills)
+    assert orders == {("broker_pause", "rolling_restart"), ("rolling_restart", "broker_pause")}  # seeded
 
 
 def test_the_cluster_schedule_is_a_function_of_the_seed_and_names_its_faults_in_json():

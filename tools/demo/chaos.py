@@ -24,7 +24,8 @@ KRaft cluster (``turnlog.deploy.cluster.LocalCluster``, started if down) with
 topics of 3 replicas and min ISR 2, two sequencer and two sink workers and one
 finalizer, and its schedule (:func:`build_cluster_schedule`) replaces the
 broker's kill and outage with the cluster's faults, one broker fault at a time,
-each once every node is back, the ISR full and the pipeline caught up:
+each once every node is back, the ISR full and the pipeline caught up (the
+first two under the heaviest load, the other two in a seeded order):
 
 - the node leading the most ``events`` partitions SIGKILLed under load, started
   again after 15 to 45 s;
@@ -465,6 +466,8 @@ class _Run:
                     recovered = _wait_until(lambda: self.sink_moved(before), RECOVERY_TIMEOUT_SECONDS, every=0.5)
             if not recovered:
                 error = f"not recovered within {RECOVERY_TIMEOUT_SECONDS:.0f}s"
+                if planned.component in ("sequencer", "finalizer"):
+                    error += f" (the group's last description: {self.group_probe.last_answer})"
             self.record({
                 "at_seconds": round(at, 1), "action": "SIGKILL", "component": planned.component, "target": target,
                 "recovery_seconds": round(time.monotonic() - began, 2) if recovered else None,

@@ -9,6 +9,10 @@ taking brokers away is what the run does. So the run asks a child process
 (:class:`GroupProbe`); when librdkafka aborts it, only that answer is lost (no
 answer: the group is not stable) and the next question starts a new child.
 
+The child asks each question through an admin client of its own: one kept across a
+node's SIGSTOP kept timing out on every question (for minutes after the SIGCONT too)
+while the group was stable on another coordinator.
+
 The child (``python -m turnlog.tools.demo.group_probe``, settings from the
 environment) reads one group id per line on stdin and answers one JSON line per
 question: ``{"stable": bool, "members": [member id, ...]}``, or ``{"error": "..."}``
@@ -59,11 +63,14 @@ class GroupProbe:
         self._log: IO[bytes] | None = None
         self._lock = threading.Lock()
         self.restarts = 0
+        self.last_answer: GroupAnswer | None = None
 
     def members(self, group: str) -> tuple[bool, frozenset[str]]:
         """Whether ``group`` is stable, and its members' ids; (False, {}) when the broker did not
-        answer, refused, or the child died or did not answer within ``ANSWER_TIMEOUT_SECONDS``."""
+        answer, refused, or the child died or did not answer within ``ANSWER_TIMEOUT_SECONDS``.
+        :attr:`last_answer` keeps the newest answer (None: the child gave none)."""
         with self._lock:
+            self.last_answer = None
             child = self._running_child()
             assert child.stdin is not None and child.stdout is not None
             try:
@@ -75,7 +82,7 @@ class GroupProbe:
             if not line:
                 self._replace()
                 return False, frozenset()
-            answer = msgspec.json.decode(line, type=GroupAnswer)
+            answer = self.last_answer = msgspec.json.decode(line, type=GroupAnswer)
             return answer.stable and answer.error is None, frozenset(answer.members)
 
     def close(self) -> None:
@@ -133,11 +140,11 @@ def main() -> None:
     from turnlog import kafka
     from turnlog.settings import load_settings
 
-    admin = kafka.admin(load_settings(), log_level=0)
+    settings = load_settings()
     for raw in sys.stdin.buffer:
         group = raw.decode().strip()
         try:
-            found = kafka.group_members(admin, group)
+            found = kafka.group_members(kafka.admin(settings, log_level=0), group)
             answer = GroupAnswer(stable=found.stable, members=tuple(sorted(found.member_ids)))
         except kafka.BrokerError as e:
             answer = GroupAnswer(error=type(e).__name__)
