@@ -6,7 +6,9 @@ session, every event its predecessor got acknowledged must be applied.
    commits a record's offset only after the record's batch is acked, which
    is after everything it emitted is acknowledged in ``<prefix>.transcript``;
    see ``stream_processors/sequencer.py``);
-3. read the end offset T of the same partition of ``<prefix>.transcript``;
+3. read the end T of the same partition of ``<prefix>.transcript``: the offset after
+   its last committed record (the sequencer writes in transactions, each ending in a
+   marker no consumer is given: the high watermark may lie past every record);
 4. wait until the sink's stored offset (``sink_offsets``, same transaction as
    the rows) is >= T;
 5. in one transaction: claim the next epoch and read the session's position
@@ -192,7 +194,7 @@ class ResumeBarrier:
                 f"up to offset {events_end}",
             )
             transcript_end = self._retrying(
-                deadline, lambda: self._end_offset(topics.transcript, partition, deadline), "the transcript end offset"
+                deadline, lambda: self._record_end(topics.transcript, partition, deadline), "the transcript end offset"
             )
         except BrokerError as e:
             raise ResumeBarrierTimeout(f"resume barrier for {session_id}: broker error: {e}") from e
@@ -207,6 +209,18 @@ class ResumeBarrier:
         """The partition's end offset, or -1 while the broker is unavailable (the barrier polls on)."""
         try:
             return self._offsets.end_offsets(topic, [partition], deadline=deadline)[partition]
+        except BrokerError as e:
+            if not e.retriable:
+                raise
+            logger.info("resume barrier: broker not ready (%s); polling on", e)
+            return -1
+
+    def _record_end(self, topic: str, partition: int, deadline: float) -> int:
+        """The offset after the partition's last committed record (the sink's offset when it
+        stored everything: the sequencer's transactions end in markers, past the last record),
+        or -1 while the broker is unavailable (the barrier polls on)."""
+        try:
+            return self._offsets.record_ends(topic, [partition], deadline=deadline)[partition]
         except BrokerError as e:
             if not e.retriable:
                 raise

@@ -11,12 +11,15 @@ Faust finds them there; this covers a topic it would create itself.
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable, Mapping, Set
 from pathlib import Path
 
 import faust
+from faust.types import TP
 
 from turnlog.exceptions import ConfigurationError
 from turnlog.kafka.faust_auth import faust_credentials
+from turnlog.kafka.offsets import OffsetReader
 from turnlog.kafka.replication import Replication
 from turnlog.kafka.topic_specs import explicit_topic_config
 from turnlog.settings import TurnlogSettings
@@ -35,6 +38,11 @@ class TurnlogApp(SnapshotFetchApp):
     are declared with (``topic_replication``, set by :func:`configure_replication`)."""
 
     topic_replication: Replication | None = None
+    #: Awaited with the assigned partitions before their tables are restored (``recovery.py``).
+    before_restore: Callable[[Set[TP]], Awaitable[None]] | None = None
+    #: ``record_ends(topic, partitions)``: the offset after each partition's last committed record
+    #: (``OffsetReader.record_ends``), the end of a changelog restore (``recovery.py``).
+    record_ends: Callable[[str, Set[int]], Mapping[int, int]] | None = None
 
 
 class ReplicatedTopic(faust.Topic):
@@ -113,6 +121,7 @@ def make_app(settings: TurnlogSettings, app_id: str, *, commit_interval_seconds:
         TableManager=OrderedTableManager,
     )
     app.partition_scanner = PartitionScanner(settings)  # reads a partition where aiokafka cannot unpack it
+    app.record_ends = OffsetReader(settings).record_ends  # a changelog written in transactions ends in markers
     return app
 
 

@@ -195,6 +195,9 @@ class EmissionProducer:
     :meth:`start`, so nothing connects before the service runs.
     """
 
+    #: Each record is acknowledged on its own: a batch's records may land in part.
+    atomic = False
+
     def __init__(self, make_producer: Callable[[], Producer]) -> None:
         self._make_producer = make_producer
         self._producer: Producer | None = None

@@ -99,7 +99,15 @@ def records_to_hand_back(records: Mapping[TP, list[Any]], active: Set[TP]) -> di
 
 
 class UnreadableSafeConsumerThread(AIOKafkaConsumerThread):
-    """Faust's aiokafka consumer thread, whose fetch goes on past a record aiokafka cannot unpack."""
+    """Faust's aiokafka consumer thread, whose fetch goes on past a record aiokafka cannot unpack,
+    and whose consumer reads only committed records (``read_committed``: the sequencer writes
+    the transcript and its changelog in transactions; upstream reads them so only in its own
+    exactly-once mode)."""
+
+    def _create_worker_consumer(self, transport: Any) -> Any:
+        consumer = super()._create_worker_consumer(transport)
+        consumer._isolation_level = "read_committed"  # handed to the fetcher aiokafka makes at start
+        return consumer
 
     @property
     def scanner(self) -> PartitionScanner | None:

@@ -25,6 +25,17 @@ resume partitions, resume flow, with no ``await`` between the last three, so
 the fetcher cannot run in between. ``_resume_streams`` (apps without tables,
 such as the finalizer) has the same order and gets the same fix.
 
+Two more changes, for a changelog written in Kafka transactions (the sequencer's,
+``transactions.py``):
+
+- its highwater (the offset of the last record to restore) is the offset of the last
+  *committed record*, not the high watermark less one: a transaction ends in a marker,
+  which no consumer is given, so upstream's restore would wait for it for good
+  (``OffsetReader.record_ends``; the app's ``record_ends``);
+- the app's ``before_restore`` (the sequencer's fence: ``init_transactions`` of each
+  events partition assigned) is awaited before the restore starts, so a fenced previous
+  owner can commit nothing past the end the restore reads to.
+
 The override is written against exactly one faust-streaming version,
 :data:`FAUST_VERSION`, which ``pyproject.toml`` pins;
 ``tests/unit/test_faust_recovery.py`` fails when the installed version or the
@@ -35,10 +46,13 @@ upstream are in ``docs/faust-recovery.md``.
 from __future__ import annotations
 
 import asyncio
+from collections import Counter
+from collections.abc import Awaitable, Callable, Mapping, Set
 from typing import Any, cast
 
 from faust.tables import TableManager
 from faust.tables.recovery import Recovery
+from faust.types import TP
 
 __all__ = ["FAUST_VERSION", "OrderedRecovery", "OrderedTableManager"]
 
@@ -49,6 +63,36 @@ FAUST_VERSION = "0.15.3"
 class OrderedRecovery(Recovery):
     """Faust's ``Recovery`` with the stream partitions seeked and the agents'
     queues cleared before the partitions are resumed."""
+
+    async def on_rebalance(
+        self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP], generation_id: int = 0
+    ) -> None:
+        """Upstream's, after the app's ``before_restore`` (if set) was awaited with ``assigned``."""
+        before_restore: Callable[[Set[TP]], Awaitable[None]] | None = getattr(self.app, "before_restore", None)
+        if before_restore is not None:
+            await before_restore(assigned)
+        await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
+
+    async def _build_highwaters(
+        self, consumer: Any, tps: set[TP], destination: Counter[TP], title: str
+    ) -> None:
+        """Each changelog partition's last committed record's offset (-1: none), where the
+        app has ``record_ends``; upstream's (the high watermark less one) otherwise."""
+        record_ends: Callable[[str, Set[int]], Mapping[int, int]] | None = getattr(self.app, "record_ends", None)
+        if record_ends is None:
+            await super()._build_highwaters(consumer, tps, destination, title)
+            return
+        highwaters: dict[TP, int] = {}
+        for topic in {tp.topic for tp in tps}:
+            wanted = {tp.partition for tp in tps if tp.topic == topic}
+            ends = await asyncio.to_thread(record_ends, topic, wanted)
+            for partition in wanted:
+                end = ends.get(partition, 0)
+                highwaters[TP(topic, partition)] = end - 1 if end > 0 else -1
+        self.log.info("Highwater for %s changelog partitions (last committed records):\n%s",
+                      title, self._highwater_logtable(highwaters, title=title))
+        destination.clear()
+        destination.update(highwaters)
 
     def _stream_partitions(self) -> set[Any]:
         return {tp for tp in self.app.consumer.assignment() if not self._is_changelog_tp(tp)}

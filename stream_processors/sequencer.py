@@ -80,6 +80,7 @@ from turnlog.stream_processors.emitter import (
 from turnlog.stream_processors.gap_repair import LogRangeReader, LogRecord, offset_runs
 from turnlog.stream_processors.outbox import Outbox, Outgoing
 from turnlog.stream_processors.sequencing import DEFAULT_MAX_BUFFER_BYTES, Buffered, SessionSequence, sequence
+from turnlog.stream_processors.transactions import PartitionTransactions, TransactionBatch, transactional_id
 
 __all__ = ["build_sequencer", "Sequencer", "SourceRecord", "TABLE_NAME", "BATCH_SIZE", "BATCH_WAIT_SECONDS"]
 
@@ -95,6 +96,9 @@ COMMIT_INTERVAL_SECONDS = 0.1
 #: in CI, while the restarted broker was still starting).
 EMISSION_DELIVERY_TIMEOUT_SECONDS = 600.0
 EMISSION_LINGER_MS = 1
+#: A transaction the broker aborts if it is not committed by then (seconds): above the emissions'
+#: delivery timeout (librdkafka requires it), under the broker's ``transaction.max.timeout.ms`` (900 s).
+TRANSACTION_TIMEOUT_SECONDS = EMISSION_DELIVERY_TIMEOUT_SECONDS + 60.0
 #: How often gaps whose re-read failed are read again (seconds).
 GAP_RETRY_SECONDS = 5.0
 #: Largest session state record (bytes of its JSON): far under the broker's record limit
@@ -145,7 +149,7 @@ class Sequencer:
         *,
         states: MutableMapping[bytes, Any],
         changelog: str,
-        emissions: EmissionProducer,
+        emissions: EmissionProducer | PartitionTransactions,
         reader: LogRangeReader,
         topics: TopicNames,
         max_buffer: int,
@@ -218,16 +222,22 @@ class Sequencer:
             self._decide_one(outbox, touched, skipped)
         new_states = self._bounded_states(outbox, touched)
         await self._read_held(outbox)
-        await self._deliver(outbox)  # acks=all: the emissions are durable before the state moves
+        stored = {key: (encoded, touched[key][1].partition) for key, (_, encoded) in new_states.items()
+                  if encoded is not None}
+        if self._emissions.atomic:  # one transaction per partition: the states land with the emissions or not at all
+            unstored = await self._deliver(outbox, stored)
+        else:  # acks=all: the emissions are durable before the state moves
+            await self._deliver(outbox)
+            unstored = stored
         fault_point("sequencer.after_emit")
-        changelog = self._emissions.batch()
-        for key, (_, encoded) in new_states.items():
-            if encoded is not None:
-                changelog.send(self._changelog, key=key, value=encoded, partition=touched[key][1].partition, token=key)
-        for key, error in await changelog.delivered():
-            # Kept in memory: after a restart the older stored state meets the session's next
-            # record as a gap, and the gap re-read applies the records since.
-            logger.error("state of %r not stored in %s: %s", key, self._changelog, error)
+        if unstored:
+            changelog = self._emissions.batch()
+            for key, (encoded, partition) in unstored.items():
+                changelog.send(self._changelog, key=key, value=encoded, partition=partition, token=key)
+            for key, error in await changelog.delivered():
+                # Kept in memory: after a restart the older stored state meets the session's next
+                # record as a gap, and the gap re-read applies the records since.
+                logger.error("state of %r not stored in %s: %s", key, self._changelog, error)
         self._states.update({key: value for key, (value, _) in new_states.items()})
 
     def _decide_one(
@@ -389,11 +399,16 @@ class Sequencer:
                 logger.warning("reading buffered events of %r again failed (%s); trying again", key, e)
                 await asyncio.sleep(HELD_READ_RETRY_SECONDS)
 
-    async def _deliver(self, outbox: Outbox) -> None:
-        """Send the outbox in order and wait for the acks. A record refused for what it is is
-        sent again alone (the broker refuses a whole record batch for one of its records, so
-        the others land after later records of their partition: the sink orders by seq); one
-        refused alone goes to the DLQ as a reference.
+    async def _deliver(
+        self, outbox: Outbox, states: dict[bytes, tuple[bytes, int]] | None = None
+    ) -> dict[bytes, tuple[bytes, int]]:
+        """Send the outbox in order, and after it ``states`` (``{key: (state JSON, partition)}``,
+        to the changelog), and wait for the acks. A record refused for what it is is sent
+        again alone (the broker refuses a whole record batch, or the whole transaction, for one
+        of its records, so the others land after later records of their partition: the sink
+        orders by seq); one refused alone goes to the DLQ as a reference. Returns the states
+        not stored with the batch (their transaction was refused for a record), to be sent
+        after it.
 
         Raises:
             EmissionFailed: a record was not delivered for another reason, or even its
@@ -402,7 +417,11 @@ class Sequencer:
         batch = self._emissions.batch()
         for index in range(len(outbox.items)):
             self._send(batch, outbox, index)
-        refused = sorted(await batch.delivered(), key=lambda refusal: refusal[0])
+        for key, (encoded, partition) in (states or {}).items():
+            batch.send(self._changelog, key=key, value=encoded, partition=partition, token=key)
+        refusals = await batch.delivered()
+        unstored = {token: states[token] for token, _ in refusals if isinstance(token, bytes) and states}
+        refused = sorted(((token, error) for token, error in refusals if isinstance(token, int)), key=lambda r: r[0])
         for index, _ in refused:
             error = await self._send_alone(outbox, index)
             if error is None:
@@ -416,6 +435,7 @@ class Sequencer:
             error = await self._send_alone(outbox, index)
             if error is not None:
                 raise EmissionFailed(error)
+        return unstored
 
     async def _send_alone(self, outbox: Outbox, index: int) -> kafka.BrokerError | None:
         """Send ``outbox.items[index]`` in a batch of its own; the error if it is refused for what it is.
@@ -428,7 +448,7 @@ class Sequencer:
         refused = await alone.delivered()
         return refused[0][1] if refused else None
 
-    def _send(self, batch: EmissionBatch, outbox: Outbox, index: int) -> None:
+    def _send(self, batch: EmissionBatch | TransactionBatch, outbox: Outbox, index: int) -> None:
         """Send ``outbox.items[index]`` (token: ``index``); one that cannot be sent as it is
         (its bytes gone from the log, or too large) is replaced by its DLQ reference first."""
         item = outbox.items[index]
@@ -552,14 +572,31 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
     # longer for more only adds to each batch's two round trips.
     # message.max.bytes explicit: the record limit the sequencer checks its records against.
     linger: dict[str, Any] = {"linger.ms": EMISSION_LINGER_MS, "message.max.bytes": MESSAGE_MAX_BYTES}
-    emissions = EmissionProducer(
-        lambda: kafka.producer(
-            settings,
-            client_id=f"{settings.sequencer_group}-emissions",
-            delivery_timeout_seconds=EMISSION_DELIVERY_TIMEOUT_SECONDS,
-            **linger,
+    emissions: EmissionProducer | PartitionTransactions
+    if settings.sequencer_transactions:
+        def transactional(partition: int) -> Any:
+            transaction: dict[str, Any] = {
+                "transactional.id": transactional_id(settings.sequencer_group, topics.events, partition),
+                "transaction.timeout.ms": int(TRANSACTION_TIMEOUT_SECONDS * 1000),
+            }
+            return kafka.producer(
+                settings,
+                client_id=f"{settings.sequencer_group}-emissions-{partition}",
+                delivery_timeout_seconds=EMISSION_DELIVERY_TIMEOUT_SECONDS,
+                **linger,
+                **transaction,
+            )
+
+        emissions = PartitionTransactions(transactional, timeout=EMISSION_DELIVERY_TIMEOUT_SECONDS)
+    else:
+        emissions = EmissionProducer(
+            lambda: kafka.producer(
+                settings,
+                client_id=f"{settings.sequencer_group}-emissions",
+                delivery_timeout_seconds=EMISSION_DELIVERY_TIMEOUT_SECONDS,
+                **linger,
+            )
         )
-    )
     sequencer = Sequencer(
         states=states.data,  # the store: the changelog is written by the Sequencer itself
         changelog=states.changelog_topic.get_topic_name(),
@@ -605,8 +642,21 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
     # faust types a receiver as taking any positional arguments; these take the ones their signal sends.
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
     async def forget_revoked(_app: Any, revoked: Any, **_: Any) -> None:
-        sequencer.forget(tp.partition for tp in revoked if tp.topic == topics.events)
+        partitions = [tp.partition for tp in revoked if tp.topic == topics.events]
+        sequencer.forget(partitions)
         await emissions.flush()
+        if isinstance(emissions, PartitionTransactions):
+            async with batch_lock:  # no transaction of theirs in flight
+                await emissions.release(partitions)
+
+    if isinstance(emissions, PartitionTransactions):
+        fenced = emissions
+
+        async def fence_assigned(assigned: Any) -> None:
+            # Before the states are restored: the previous owner commits nothing past the restore's end.
+            await fenced.fence(tp.partition for tp in assigned if tp.topic == topics.events)
+
+        app.before_restore = fence_assigned
 
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close_emissions(_app: Any, **_: Any) -> None:

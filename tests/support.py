@@ -182,8 +182,9 @@ def require_extra(module: str, extra: str) -> None:
 def partition_records(
     bootstrap_servers: str, topic: str, partition: int
 ) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]:
-    """``(key, value, headers)`` of every record of ``topic``'s ``partition``, from its low watermark
-    to the high watermark taken at the call."""
+    """``(key, value, headers)`` of every committed record of ``topic``'s ``partition``, from its low
+    watermark to the high watermark taken at the call (a transaction's markers, which no consumer is
+    given, may lie between the last record and it)."""
     from confluent_kafka import Consumer, TopicPartition
 
     consumer = Consumer(
@@ -193,14 +194,11 @@ def partition_records(
     try:
         low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
         consumer.assign([TopicPartition(topic, partition, low)])
-        position = low
-        while position < high:
-            record = consumer.poll(5)
-            if record is None:
-                break
-            if record.error():
+        deadline = time.monotonic() + 30
+        while consumer.position([TopicPartition(topic, partition)])[0].offset < high and time.monotonic() < deadline:
+            record = consumer.poll(0.5)
+            if record is None or record.error():
                 continue
-            position = record.offset() + 1
             found.append((record.key(), record.value(), record.headers() or []))
     finally:
         consumer.close()

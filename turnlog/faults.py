@@ -36,7 +36,9 @@ ENV_VAR = "TURNLOG_FAULTS"
 
 POINTS = {
     "producer.after_produce": "a record is handed to the producer, not yet acknowledged",
-    "sequencer.after_emit": "a batch's emissions are acknowledged, its state and offsets not yet stored",
+    "sequencer.after_emit": "a batch's emissions are acknowledged (with its state, in a transaction), its offsets "
+    "not yet committed",
+    "sequencer.before_commit": "a batch's records of a partition are produced in a transaction not yet committed",
     "sink.after_poll": "a batch is consumed, nothing of it written yet",
     "sink.after_write": "a batch's rows are written, the transaction not yet committed",
     "sink.after_finalize": (

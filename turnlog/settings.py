@@ -168,6 +168,13 @@ class TurnlogSettings(BaseSettings):
         description="Bytes of events (their sizes in the log) the sequencer buffers per session while waiting for "
         "a missing seq; it keeps their positions, and reads them again from the log when the gap fills.",
     )
+    sequencer_transactions: bool = Field(
+        True,
+        description="Write what the sequencer's batch emits for an events partition (transcript records, DLQ "
+        "records, session states) in one Kafka transaction, with one transactional.id per events partition: a "
+        "worker that lost the partition while it was frozen (a zombie) is fenced and stops. Off: one idempotent "
+        "producer, unfenced (a zombie's stale session states can stall its sessions).",
+    )
     producer_linger_ms: int = Field(
         5,
         ge=0,

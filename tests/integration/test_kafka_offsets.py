@@ -12,6 +12,8 @@ import turnlog.kafka as kafka
 from turnlog.deploy.topics import create_topics
 from turnlog.settings import TurnlogSettings
 
+from tests.support import wait_until
+
 pytestmark = pytest.mark.integration
 
 
@@ -47,6 +49,30 @@ def test_watermarks_end_offsets_and_committed_offsets(settings: TurnlogSettings)
         later = int(time.time() * 1000) + 60_000
         assert offsets.offsets_for_time(topic, [1], later) == {1: None}
         assert offsets.offsets_for_time(topic, [1], 0) == {1: 0}
+
+
+def test_record_ends_stop_at_the_last_committed_record_not_at_transaction_markers(settings: TurnlogSettings):
+    topic = settings.topics.transcript
+    producer = kafka.producer(settings, client_id="test-record-ends", delivery_timeout_seconds=30,
+                              **{"transactional.id": f"{topic}-writer"})
+    producer.init_transactions(30)
+    producer.begin_transaction()
+    for n in range(3):
+        kafka.produce(producer, topic, b"%d" % n, partition=1)  # offsets 0..2, then a commit marker at 3
+    producer.commit_transaction(30)
+    producer.begin_transaction()
+    kafka.produce(producer, topic, b"aborted", partition=1)  # offset 4, then an abort marker at 5
+    assert producer.flush(30) == 0  # written before the abort, not purged from the queue
+    producer.abort_transaction(30)
+    producer.begin_transaction()
+    kafka.produce(producer, topic, b"only", partition=2)  # offset 0, its marker at 1
+    producer.commit_transaction(30)
+
+    with kafka.OffsetReader(settings) as offsets:
+        # The end a read_committed reader is given is the last stable offset: past the markers once
+        # the transaction coordinator wrote them.
+        wait_until(lambda: offsets.end_offsets(topic) == {0: 0, 1: 6, 2: 2}, timeout=30, what="the markers written")
+        assert offsets.record_ends(topic) == {0: 0, 1: 3, 2: 1}
 
 
 def test_an_unknown_topic_is_a_turnlog_error(settings: TurnlogSettings):

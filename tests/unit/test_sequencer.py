@@ -36,9 +36,10 @@ class _Batch:
 
 
 class _Emissions:
-    def __init__(self) -> None:
+    def __init__(self, atomic: bool = False) -> None:
         self.sent: list[tuple[str, bytes, int, Any]] = []
         self.fail = False
+        self.atomic = atomic
 
     def batch(self) -> _Batch:
         return _Batch(self.sent, self.fail)

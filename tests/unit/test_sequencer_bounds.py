@@ -61,7 +61,11 @@ class Batch:
 
 
 class Broker:
-    def __init__(self) -> None:
+    """The stand-in broker. ``atomic``: its batches are transactions (``PartitionTransactions``),
+    the states sent with the emissions; otherwise the states follow them in a batch of their own."""
+
+    def __init__(self, atomic: bool = False) -> None:
+        self.atomic = atomic
         self.sent: list[Sent] = []
         self.refuses: Callable[[Sent], bool] = lambda record: False
         self.refused_batches = 0
@@ -107,9 +111,9 @@ class Log:
                 if first <= r.offset <= last and key in (None, r.key)]
 
 
-def make(log: Log, **bounds: Any) -> tuple[Sequencer, dict[bytes, Any], Broker]:
+def make(log: Log, *, atomic: bool = False, **bounds: Any) -> tuple[Sequencer, dict[bytes, Any], Broker]:
     states: dict[bytes, Any] = {}
-    broker = Broker()
+    broker = Broker(atomic)
     sequencer = Sequencer(states=states, changelog=CHANGELOG, emissions=broker, reader=log,  # type: ignore[arg-type]
                           topics=TOPICS, max_buffer=bounds.pop("max_buffer", 1024), **bounds)
     return sequencer, states, broker
@@ -257,10 +261,11 @@ async def test_a_rejected_record_too_large_for_the_dlq_goes_as_a_reference_with_
     assert reference.reason.startswith("too large:") and len(reference.headers["turnlog-reason"]) <= 1024
 
 
-async def test_a_record_the_broker_refuses_alone_goes_to_the_dlq_and_its_batch_mates_are_sent_again() -> None:
+@pytest.mark.parametrize("atomic", [False, True], ids=["acks", "transactions"])
+async def test_a_record_the_broker_refuses_alone_goes_to_the_dlq_and_its_batch_mates_are_sent_again(atomic: bool) -> None:
     f, healthy = EventFactory(), EventFactory()
     log = Log()
-    sequencer, states, broker = make(log)
+    sequencer, states, broker = make(log, atomic=atomic)
     records = log.append(healthy.started(), f.started(), f.completed(1, 0, BIG_TEXT), f.ended(2, last_turn=0),
                          healthy.completed(1, 0, "fine"), healthy.ended(2, last_turn=0))
     big = records[2].value
@@ -275,10 +280,11 @@ async def test_a_record_the_broker_refuses_alone_goes_to_the_dlq_and_its_batch_m
     assert states[f.session_id.encode()]["ended"] is True
 
 
-async def test_a_state_record_the_broker_refuses_is_kept_in_memory_and_the_batch_goes_on() -> None:
+@pytest.mark.parametrize("atomic", [False, True], ids=["acks", "transactions"])
+async def test_a_state_record_the_broker_refuses_is_kept_in_memory_and_the_batch_goes_on(atomic: bool) -> None:
     f = EventFactory()
     log = Log()
-    sequencer, states, broker = make(log)
+    sequencer, states, broker = make(log, atomic=atomic)
     broker.refuses = lambda record: record.topic == CHANGELOG
     await sequencer.process(log.append(f.started(), f.completed(1, 0, "a")))
     assert broker.seqs() == [0, 1] and states[f.session_id.encode()]["next_seq"] == 2
@@ -324,10 +330,11 @@ async def test_a_broker_away_while_buffered_events_are_read_again_fails_the_batc
     assert len(broker.sent) == sent and states == before  # nothing sent, nothing stored: the batch is redone
 
 
-async def test_a_dlq_record_the_broker_refuses_goes_as_a_reference_and_a_refused_reference_stops_the_batch() -> None:
+@pytest.mark.parametrize("atomic", [False, True], ids=["acks", "transactions"])
+async def test_a_dlq_record_the_broker_refuses_goes_as_a_reference_and_a_refused_reference_stops_the_batch(atomic: bool) -> None:
     f = EventFactory()
     log = Log()
-    sequencer, states, broker = make(log)
+    sequencer, states, broker = make(log, atomic=atomic)
     broker.refuses = lambda record: record.topic == TOPICS.dlq and len(record.value or b"") > 1_000
     invalid = b'{"type": "turn.partial", "text": "%s"}' % (b"y" * 5_000)
     await sequencer.process(log.append(invalid, f.started(), key=f.session_id.encode()))

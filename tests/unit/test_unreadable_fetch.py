@@ -338,6 +338,8 @@ class _Batch:
 
 
 class _Emissions:
+    atomic = False
+
     def __init__(self) -> None:
         self.sent: list[tuple[str, bytes | None, bytes, int, Any]] = []
 

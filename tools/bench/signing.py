@@ -45,6 +45,8 @@ class _Batch:
 class _Emissions:
     """Counts what would be sent, per topic."""
 
+    atomic = False
+
     def __init__(self) -> None:
         self.counts: dict[str, int] = {}
 

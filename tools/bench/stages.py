@@ -63,11 +63,11 @@ def _completed_turn_times(
     whose session id matches ``sessions``."""
     with kafka.OffsetReader(settings) as offsets:
         marks = offsets.watermarks(topic)
-    ends = {p: m.high for p, m in marks.items()}
+        ends = offsets.record_ends(topic)  # the transcript is written in transactions: it may end in markers
     consumer = kafka.consumer(settings, group_id=f"bench-stages-{uuid.uuid4().hex[:8]}")
     times: dict[tuple[str, int], float] = {}
     try:
-        left = {p for p, m in marks.items() if m.high > m.low}
+        left = {p for p, m in marks.items() if ends[p] > m.low}
         consumer.assign([TopicPartition(topic, p, marks[p].low) for p in left])
         deadline = time.monotonic() + _READ_TIMEOUT_SECONDS
         while left:

@@ -480,7 +480,7 @@ class _Run:
 
     def sink_moved(self, before: int) -> bool:
         """The sink stored something after ``before`` (its summed offsets), or has nothing left to store."""
-        pending = _watermarks(self.settings, self.settings.topics.transcript)
+        pending = _watermarks(self.settings, self.settings.topics.transcript, committed_records=True)
         progress = _sink_progress(self.store, self.settings)
         return pending >= 0 and progress >= 0 and progress > min(before, pending - 1)
 
@@ -1325,11 +1325,14 @@ def _group_rejoined(probe: GroupProbe, group: str, before: frozenset[str]) -> bo
     return stable and bool(members - before)
 
 
-def _watermarks(settings: TurnlogSettings, topic: str) -> int:
-    """Records in ``topic`` (the sum of its end offsets), or -1 if the broker did not answer within 5 s."""
+def _watermarks(settings: TurnlogSettings, topic: str, *, committed_records: bool = False) -> int:
+    """Records in ``topic`` (the sum of its end offsets; with ``committed_records``, of the offsets
+    after each partition's last committed record, where a consumer that read everything stands:
+    the transcript is written in transactions), or -1 if the broker did not answer within 5 s."""
     try:
         with kafka.OffsetReader(settings, **_QUIET) as offsets:
-            ends = offsets.end_offsets(topic, range(settings.partitions), deadline=time.monotonic() + 5.0)
+            lookup = offsets.record_ends if committed_records else offsets.end_offsets
+            ends = lookup(topic, range(settings.partitions), deadline=time.monotonic() + 5.0)
     except kafka.BrokerError:  # the broker may be restarting: "no progress yet"
         return -1
     return sum(ends.values())

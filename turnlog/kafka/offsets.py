@@ -41,6 +41,9 @@ REQUEST_TIMEOUT_SECONDS = 5.0
 #: Longest a lookup waits for the metadata refresh it asks for after a failed request (seconds):
 #: the answer updates the client's metadata when it comes, whether or not it was waited for.
 METADATA_REFRESH_WAIT_SECONDS = 0.2
+#: Records read back from a partition's end to find its last committed record (a transaction
+#: writes one marker per partition it touched; each further window is this many times longer).
+RECORD_END_WINDOW = 16
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,6 +180,64 @@ class OffsetReader:
             return found
 
         return lookup_retry(lookup, f"watermarks of {topic}", deadline=deadline) if wanted else {}
+
+    def record_ends(
+        self, topic: str, partitions: Iterable[int] | None = None, *, deadline: float | None = None
+    ) -> dict[int, int]:
+        """``{partition: the offset after its last committed record}`` (every partition when None):
+        where a ``read_committed`` consumer that read everything has its position, as a consumer's
+        stored offsets count it (the last record's offset + 1); the low watermark when the
+        partition holds no committed record. Below the high watermark when the partition ends
+        in transaction markers or aborted records, which no consumer is ever given: a reader
+        waiting for the high watermark would wait for good behind a transactional writer."""
+        found = {}
+        for partition, marks in self.watermarks(topic, partitions, deadline=deadline).items():
+            if marks.high <= marks.low:
+                found[partition] = marks.low
+                continue
+
+            def lookup(timeout: float, partition: int = partition, marks: Watermarks = marks) -> int:
+                with self._lock, self._refreshing_leaders(topic):
+                    return self._last_record_end(topic, partition, marks, timeout)
+
+            found[partition] = lookup_retry(lookup, f"the last record of {topic}[{partition}]", deadline=deadline)
+        return found
+
+    def _last_record_end(self, topic: str, partition: int, marks: Watermarks, timeout: float) -> int:
+        """Read back from the high watermark, a window at a time (each ``RECORD_END_WINDOW`` times
+        longer than the last), until a committed record is found. Call it holding ``_lock``.
+
+        Raises:
+            BrokerUnavailableError: the partition was not read up to ``marks.high`` in ``timeout`` seconds.
+        """
+        consumer = self._consumer(self._watermarks_group)
+        deadline = time.monotonic() + timeout
+        window = RECORD_END_WINDOW
+        end = marks.high
+        while end > marks.low:
+            start = max(marks.low, end - window)
+            last: int | None = None
+            consumer.assign([TopicPartition(topic, partition, start)])
+            try:
+                while True:
+                    for message in consumer.consume(RECORD_END_WINDOW, timeout=0.1):
+                        offset = message.offset()
+                        if message.error() is None and offset is not None and offset < end:
+                            last = offset
+                    (position,) = consumer.position([TopicPartition(topic, partition)])
+                    if position.offset >= end:
+                        break
+                    if time.monotonic() >= deadline:
+                        raise BrokerUnavailableError(
+                            f"the last record of {topic}[{partition}]: not read up to offset {end} "
+                            f"in {timeout:g} s (position {position.offset})"
+                        )
+            finally:
+                consumer.unassign()
+            if last is not None:
+                return last + 1
+            end, window = start, window * RECORD_END_WINDOW
+        return marks.low
 
     def offsets_for_time(
         self, topic: str, partitions: Iterable[int], timestamp_ms: int, *, deadline: float | None = None
