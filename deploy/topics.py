@@ -147,20 +147,7 @@ def create_topics(settings: TurnlogSettings, *, timeout: float = 30.0, log_diffe
     specs = topic_specs(settings, replication)
     existing = [spec for spec in specs if spec.topic in metadata.topics]
     missing = [spec for spec in specs if spec.topic not in metadata.topics]
-    found = _describe(admin, metadata.topics, [spec.topic for spec in existing], timeout)
-    differences = [
-        difference
-        for spec in existing
-        for difference in topic_differences(spec, found.get(spec.topic), fix=False)
-    ]
-    for difference in differences:
-        if difference.setting == "partitions" and difference.outcome is Outcome.CANNOT_FIX and _co_partitioned(
-            specs, difference.topic
-        ):
-            raise ConfigurationError(
-                f"topic {difference.topic} has {difference.found} partitions but TURNLOG_PARTITIONS is "
-                f"{difference.wanted}; co-partitioned topics must agree"
-            )
+    differences = _existing_differences(admin, metadata.topics, existing, specs, timeout)
     created: list[str] = []
     if missing:
         replication.require_enough_brokers()
@@ -171,7 +158,14 @@ def create_topics(settings: TurnlogSettings, *, timeout: float = 30.0, log_diffe
             created = _settle(futures, "creating topic", "created topic", already=kafka.TopicAlreadyExistsError)
         except kafka.BrokerError as e:  # its message names the topic
             raise ConfigurationError(f"cannot create the topics: {e}") from e
-        _wait_until_listed(admin, created, timeout)
+        # A topic the answering broker did not list yet (its metadata lags the controller's)
+        # already existed: it is compared like the others.
+        preexisting = [spec for spec in missing if spec.topic not in created]
+        _wait_until_listed(admin, created + [spec.topic for spec in preexisting], timeout)
+        if preexisting:
+            with kafka.broker_errors("cluster metadata"):
+                listed = admin.list_topics(timeout=timeout).topics
+            differences += _existing_differences(admin, listed, preexisting, specs, timeout)
     for difference in differences if log_differences else ():
         logger.warning("topic settings differ: %s (`turnlog topics check` fixes what a config change can)",
                        difference)
@@ -241,6 +235,34 @@ def delete_topics_with_prefix(settings: TurnlogSettings, prefix: str, *, timeout
         futures = admin.delete_topics(names, request_timeout=timeout, operation_timeout=timeout)
     _settle(futures, "deleting topic", "deleted topic", already=kafka.UnknownTopicError)  # unknown: deleted meanwhile
     return names
+
+
+def _existing_differences(
+    admin: AdminClient, metadata: Mapping[str, TopicMetadata], existing: Sequence[TopicSpec],
+    specs: Sequence[TopicSpec], timeout: float,
+) -> list[TopicDifference]:
+    """How each of the ``existing`` topics differs from its spec (a dry run's outcomes).
+
+    Raises:
+        ConfigurationError: a topic co-partitioned with others (among ``specs``) has another
+            partition count than its spec.
+        BrokerError: the broker did not answer, or refused to describe a topic.
+    """
+    found = _describe(admin, metadata, [spec.topic for spec in existing], timeout)
+    differences = [
+        difference
+        for spec in existing
+        for difference in topic_differences(spec, found.get(spec.topic), fix=False)
+    ]
+    for difference in differences:
+        if difference.setting == "partitions" and difference.outcome is Outcome.CANNOT_FIX and _co_partitioned(
+            specs, difference.topic
+        ):
+            raise ConfigurationError(
+                f"topic {difference.topic} has {difference.found} partitions but TURNLOG_PARTITIONS is "
+                f"{difference.wanted}; co-partitioned topics must agree"
+            )
+    return differences
 
 
 def _admin_answering(settings: TurnlogSettings, timeout: float) -> AdminClient:
