@@ -9,17 +9,20 @@ Order of work for each batch of records (``stream.take_events``), in
 :meth:`Sequencer.process`:
 
 1. decide every record against the session states (pure: ``sequencing.py``);
-2. send the emissions and rejects through turnlog's idempotent producer
-   (``emitter.py``) and wait until Kafka acknowledged them all;
-3. only then send the new states to the table's changelog through the same
-   producer, wait for their acknowledgement, and set them in the table;
-4. Faust acks the batch's records and later commits their offsets.
+2. send the emissions and rejects, and the new states to the table's
+   changelog, in one Kafka transaction per events partition
+   (``transactions.py``: a worker that lost the partition is fenced), and wait
+   until each is committed; then set the states in the table;
+3. Faust acks the batch's records and later commits their offsets.
 
-So the stored state is never ahead of what the transcript holds, and the
-committed offset never ahead of the stored state: a crash before (3) is
-acknowledged re-processes the batch from the old state and re-emits the same
-events in the same order (duplicates, dropped by seq downstream); a crash
-after it re-processes against the new state, where they are duplicates.
+So the stored state is never ahead of what the transcript holds (they are
+committed together), and the committed offset never ahead of the stored
+state: a crash before (2) is committed re-processes the batch from the old
+state and re-emits the same events in the same order; a crash after it
+re-processes against the new state, where they are duplicates (dropped by seq
+downstream). With ``TURNLOG_SEQUENCER_TRANSACTIONS=false`` one idempotent
+producer (``emitter.py``) sends the emissions, waits for their
+acknowledgement, and only then sends the states: the same order, unfenced.
 
 The changelog is written here rather than by Faust's ``Table.__setitem__``
 (one aiokafka send per key, flushed only at Faust's commit): the records are
