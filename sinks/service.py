@@ -272,6 +272,11 @@ class SinkService:
         for tp in partitions:
             tp.offset = stored.get((tp.topic, tp.partition), OFFSET_BEGINNING)
         logger.info("assigned %s", ", ".join(f"{tp.topic}[{tp.partition}]@{tp.offset}" for tp in partitions))
+        # librdkafka keeps a partition's pause across assignments: a partition paused by
+        # _wait_in_group and revoked before _seek_back resumed it (a rebalance, or this sink's
+        # session lost, during a store retry) would come back paused and never be read again.
+        # Resumed before the assign: a resume after it could outdate the assign's start offsets.
+        consumer.resume(partitions)
         consumer.assign(partitions)
         mark_ready(self.settings.ready_file, self.component)
 
@@ -330,7 +335,8 @@ class SinkService:
             consumer.poll(min(left, 0.5))
 
     def _seek_back(self, consumer: Consumer) -> None:
-        """After an outage: every assigned partition back to its stored offset, then resumed."""
+        """After an outage: every assigned partition back to its stored offset, then resumed
+        (one revoked meanwhile is resumed when it is assigned again: :meth:`_seek_to_stored`)."""
         assigned = consumer.assignment()
         stored = self._stored_offsets([(tp.topic, tp.partition) for tp in assigned])
         for tp in assigned:

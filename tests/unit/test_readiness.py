@@ -119,6 +119,8 @@ class Consumer:
     def __init__(self) -> None:
         self.assigned = None
 
+    def resume(self, partitions) -> None: ...
+
     def assign(self, partitions) -> None:
         self.assigned = partitions
 

@@ -38,6 +38,8 @@ class _Consumer:
             raise KafkaException(KafkaError(KafkaError._TIMED_OUT))
         return 0, answer
 
+    def resume(self, partitions: list[TopicPartition]) -> None: ...
+
     def assign(self, partitions: list[TopicPartition]) -> None:
         self.assigned = partitions
 
