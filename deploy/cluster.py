@@ -13,14 +13,14 @@ import contextlib
 import os
 import signal
 import subprocess
-import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 from confluent_kafka.admin import AdminClient
 
 from turnlog.exceptions import ConfigurationError
+from turnlog.polling import wait_until
 
 __all__ = ["LocalCluster", "PartitionReplicas", "CLUSTER_NODES"]
 
@@ -43,7 +43,8 @@ class LocalCluster:
     """The local cluster of ``nodes`` combined broker+controller nodes (ids 1..nodes).
 
     ``state_dir``: the scripts' state root (``TURNLOG_STATE_DIR``; default ``~/.cache/turnlog``).
-    Methods that wait take ``timeout`` in seconds and raise :class:`TimeoutError` past it;
+    Methods that wait take ``timeout`` in seconds; those that poll raise
+    :class:`~turnlog.polling.WaitTimeoutError` (a :class:`TimeoutError`) past it;
     a failed script raises :class:`ConfigurationError` with its output.
     """
 
@@ -86,7 +87,8 @@ class LocalCluster:
         """SIGKILL the node and wait until its process is gone."""
         pid = self._require_pid(node)
         os.kill(pid, signal.SIGKILL)
-        _wait(lambda: not Path(f"/proc/{pid}").exists(), timeout, f"node {node} (pid {pid}) to exit")
+        wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=timeout, what=f"node {node} (pid {pid}) to exit",
+                   interval=0.2)
 
     def pause(self, node: int) -> None:
         """SIGSTOP the node: it holds its ports and answers nothing (a GC pause, a frozen VM)."""
@@ -162,7 +164,7 @@ class LocalCluster:
                 return False
             return bool(described) and all(p.leader > 0 and set(p.isr) == set(p.replicas) for p in described)
 
-        _wait(full, timeout, f"a full ISR on every partition of {', '.join(topics)}")
+        wait_until(full, timeout=timeout, what=f"a full ISR on every partition of {', '.join(topics)}", interval=0.2)
 
     # -- internals -------------------------------------------------------------
     def _require_pid(self, node: int) -> int:
@@ -182,11 +184,3 @@ class LocalCluster:
                 f"{result.returncode}):\n{result.stdout[-2000:]}{result.stderr[-2000:]}"
             )
         return result.stdout
-
-
-def _wait(done: Callable[[], bool], timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not done():
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"waited {timeout:g} s for {what}")
-        time.sleep(0.2)

@@ -13,6 +13,7 @@ from typing import Any, TypeVar
 
 from sqlalchemy import select, update
 
+from turnlog import polling
 from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, encode_event
 from turnlog.sinks import SourceMessage, SqlStore
 from turnlog.sinks.tables import metadata, sessions
@@ -22,15 +23,13 @@ BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
 def wait_until(probe: Callable[[], T], *, timeout: float, what: str, interval: float = 0.1) -> T:
-    """Call ``probe`` until it returns a truthy value; fail after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
-        time.sleep(interval)
+    """:func:`turnlog.polling.wait_until` for tests: return ``probe``'s first truthy value; after
+    ``timeout`` seconds raise AssertionError ("timed out after ... waiting for <what>"), a failed
+    expectation of the test, which no ``except TimeoutError`` of the code under test can swallow."""
+    try:
+        return polling.wait_until(probe, timeout=timeout, what=what, interval=interval)
+    except polling.WaitTimeoutError as e:
+        raise AssertionError(str(e)) from e
 
 
 class EventFactory:

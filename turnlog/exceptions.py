@@ -7,6 +7,7 @@ classes once, at the boundary, with ``raise ... from e``::
     TurnlogError
     ├── ConfigurationError                 (turnlog.exceptions)
     ├── NotReadyError                      (turnlog.readiness)
+    ├── WaitTimeoutError                   (turnlog.polling; also a TimeoutError)
     ├── SchemaError                        (turnlog.schemas.exceptions)
     │   └── EventValidationError
     ├── RecorderError                      (turnlog.producers.exceptions)

@@ -169,6 +169,7 @@ LAYERS: dict[str, str] = {
     "turnlog.readiness": "foundation",
     "turnlog.signing": "foundation",
     "turnlog.redact": "foundation",
+    "turnlog.polling": "foundation",
     "turnlog.schemas": "schemas",
     "turnlog.kafka": "kafka",
     "turnlog.sinks": "sinks",

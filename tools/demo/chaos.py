@@ -98,6 +98,7 @@ from turnlog.deploy.local import LOCAL_HOSTS, SCRIPTS, ensure_local_services
 from turnlog.deploy.processes import ServiceProcess, stop_all, turnlog_command, wait_all_ready
 from turnlog.deploy.topics import create_topics
 from turnlog.exceptions import ConfigurationError
+from turnlog.polling import WaitTimeoutError, wait_until
 from turnlog.producers import SessionRecorder
 from turnlog.readiness import NotReadyError
 from turnlog.schemas import SessionStatus, TurnStatus
@@ -439,7 +440,8 @@ class _Run:
                 with self.our("broker"):
                     target = _kill_broker(self.options.state_dir)
                     _script("kafka.sh", "start")
-                recovered = _wait_until(lambda: _broker_answers(self.settings), RECOVERY_TIMEOUT_SECONDS)
+                recovered = _held_within(lambda: _broker_answers(self.settings), RECOVERY_TIMEOUT_SECONDS,
+                                         "the broker to answer")
             else:
                 component = planned.component
                 groups = {"sequencer": self.settings.sequencer_group, "finalizer": self.settings.finalizer_group}
@@ -447,7 +449,7 @@ class _Run:
                 probe = self.group_probe
                 members: frozenset[str] = frozenset()
                 if group is not None:  # who is in the group before the kill (the broker may still be settling)
-                    _wait_until(lambda: bool(probe.members(group)[1]), 30.0, every=0.5)
+                    _held_within(lambda: bool(probe.members(group)[1]), 30.0, f"members in group {group}", every=0.5)
                     members = probe.members(group)[1]
                 before = _sink_progress(self.store, self.settings) if component == "sink" else 0
                 with self.services_lock:
@@ -460,10 +462,11 @@ class _Run:
                     if len(workers) > 1:
                         target = f"{worker} {target}"
                 if group is not None:
-                    recovered = _wait_until(lambda: _group_rejoined(probe, group, members), RECOVERY_TIMEOUT_SECONDS,
-                                            every=0.5)
+                    recovered = _held_within(lambda: _group_rejoined(probe, group, members), RECOVERY_TIMEOUT_SECONDS,
+                                             f"the {component} to rejoin group {group}", every=0.5)
                 else:
-                    recovered = _wait_until(lambda: self.sink_moved(before), RECOVERY_TIMEOUT_SECONDS, every=0.5)
+                    recovered = _held_within(lambda: self.sink_moved(before), RECOVERY_TIMEOUT_SECONDS,
+                                             "the sink to store again", every=0.5)
             if not recovered:
                 error = f"not recovered within {RECOVERY_TIMEOUT_SECONDS:.0f}s"
                 if planned.component in ("sequencer", "finalizer"):
@@ -510,13 +513,16 @@ class _Run:
                     self.down_by_us.discard(planned.service)
                 _script("kafka.sh" if planned.service == "broker" else "postgres.sh", "start")
             if planned.service == "broker":
-                answered = _wait_until(lambda: _broker_answers(self.settings), RECOVERY_TIMEOUT_SECONDS)
+                answered = _held_within(lambda: _broker_answers(self.settings), RECOVERY_TIMEOUT_SECONDS,
+                                        "the broker to answer")
             else:
-                answered = _wait_until(lambda: _database_answers(self.store), RECOVERY_TIMEOUT_SECONDS)
+                answered = _held_within(lambda: _database_answers(self.store), RECOVERY_TIMEOUT_SECONDS,
+                                        "the database to answer")
             answered_at = time.monotonic()
             with self.lock:
                 self.outage = None
-            flowing = answered and _wait_until(lambda: self.sink_moved(before), RECOVERY_TIMEOUT_SECONDS, every=0.5)
+            flowing = answered and _held_within(lambda: self.sink_moved(before), RECOVERY_TIMEOUT_SECONDS,
+                                                "the sink to store again", every=0.5)
             entry = {
                 "at_seconds": round(at, 1), "action": "outage", "component": f"{planned.service} outage",
                 "target": f"{target} ({planned.method})", "down_seconds": round(down, 1),
@@ -1227,14 +1233,16 @@ async def _drain_spools(settings: TurnlogSettings) -> tuple[int, int]:
     return held, recorder.spooled_events()
 
 
-def _wait_until(probe: Any, timeout: float, *, every: float = 0.1) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if probe():
-            return True
-        time.sleep(every)
-    logger.error("a component did not recover within %.0f s", timeout)
-    return False
+def _held_within(probe: Callable[[], object], timeout: float, what: str, *, every: float = 0.1) -> bool:
+    """Poll ``probe`` every ``every`` seconds: True once it returns a truthy value, False (logged,
+    naming ``what``) after ``timeout`` seconds. The run goes on either way (a False is recorded as
+    a component not recovered where it matters)."""
+    try:
+        wait_until(probe, timeout=timeout, what=what, interval=every)
+    except WaitTimeoutError as e:
+        logger.error("%s", e)
+        return False
+    return True
 
 
 def _script(name: str, command: str) -> None:
@@ -1263,7 +1271,7 @@ def _kill_broker(state_dir: Path) -> str:
 def _kill_pid(pid: int) -> int:
     """SIGKILL ``pid`` and wait until it is gone."""
     os.kill(pid, signal.SIGKILL)
-    _wait_until(lambda: not Path(f"/proc/{pid}").exists(), 30)
+    _held_within(lambda: not Path(f"/proc/{pid}").exists(), 30, f"pid {pid} to exit")
     return pid
 
 
@@ -1278,7 +1286,8 @@ def _stop_postgres(state_dir: Path, method: str) -> str:
     children = _child_pids(pid)
     _kill_pid(pid)
     # The next postmaster refuses to start while an old backend still holds the shared memory.
-    _wait_until(lambda: not any(Path(f"/proc/{child}").exists() for child in children), 60)
+    _held_within(lambda: not any(Path(f"/proc/{child}").exists() for child in children), 60,
+                 "the postmaster's children to exit")
     return f"postmaster pid {pid}"
 
 
