@@ -222,7 +222,8 @@ class OffsetReader:
                 while True:
                     for message in consumer.consume(RECORD_END_WINDOW, timeout=0.1):
                         offset = message.offset()
-                        if message.error() is None and offset is not None and offset < end:
+                        if (message.error() is None and offset is not None and offset < end
+                                and message.topic() == topic and message.partition() == partition):
                             last = offset
                     (position,) = consumer.position([TopicPartition(topic, partition)])
                     if position.offset >= end:
