@@ -67,9 +67,11 @@ class OrderedRecovery(Recovery):
     async def on_rebalance(
         self, assigned: set[TP], revoked: set[TP], newly_assigned: set[TP], generation_id: int = 0
     ) -> None:
-        """Upstream's, after the app's ``before_restore`` (if set) was awaited with ``assigned``."""
+        """Upstream's, after the app's ``before_restore`` (if set) was awaited with ``assigned``:
+        not for an assignment a newer rebalance already replaced (upstream ignores it too), whose
+        partitions may be another worker's by now."""
         before_restore: Callable[[Set[TP]], Awaitable[None]] | None = getattr(self.app, "before_restore", None)
-        if before_restore is not None:
+        if before_restore is not None and generation_id == self.app.consumer_generation_id:
             await before_restore(assigned)
         await super().on_rebalance(assigned, revoked, newly_assigned, generation_id)
 
