@@ -52,10 +52,11 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from collections.abc import Iterable, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import faust
 import msgspec
@@ -66,6 +67,7 @@ from turnlog.faults import fault_point
 from turnlog.kafka.partitioning import partition_for
 from turnlog.kafka.record_headers import UnreadableHeaders
 from turnlog.kafka.topic_specs import SEQUENCER_CHANGELOG_CONFIGS, SEQUENCER_TABLE
+from turnlog.readiness import mark_not_ready
 from turnlog.schemas import EventValidationError, decode_event
 from turnlog.schemas.headers import EventType, event_type, peek_event_type, type_headers
 from turnlog.settings import TopicNames, TurnlogSettings
@@ -554,6 +556,24 @@ def _is_buffered_event(value: bytes, key: bytes | None, held: Buffered) -> bool:
     )
 
 
+#: The sequencer's exit status when it stops with a batch it could not write (the broker away
+#: past the delivery timeout, or fenced by another worker): a supervisor restarts it.
+EXIT_BATCH_NOT_WRITTEN = 75  # EX_TEMPFAIL
+
+
+def _stop_uncommitted(settings: TurnlogSettings, error: Exception) -> NoReturn:
+    """Exit the process at once, without Faust's shutdown. Faust's ``take_events`` acks a batch's
+    events when its generator is closed, whatever the agent did with them, and a graceful stop
+    commits what is acked: the offsets of a batch whose transaction was never committed would
+    pass its records, and a restart would never read them again. The next owner of the
+    partitions (or this worker, restarted) reads them from the last committed offset; open
+    transactions are aborted by its fence or by the broker."""
+    logger.error("stopping without committing the batch's offsets: %s", error)
+    mark_not_ready(settings.ready_file)
+    logging.shutdown()
+    os._exit(EXIT_BATCH_NOT_WRITTEN)
+
+
 def build_sequencer(settings: TurnlogSettings) -> faust.App:
     """The sequencer app (consumer group ``settings.sequencer_group``)."""
     app = make_app(settings, settings.sequencer_group, commit_interval_seconds=COMMIT_INTERVAL_SECONDS)
@@ -626,10 +646,9 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
                 async with batch_lock:
                     await sequencer.process(records)
             except (EmissionFailed, kafka.BrokerError) as e:
-                # The broker is away. Nothing of the batch was stored or acked: a restart processes it again.
-                logger.error("stopping: %s", e)
-                await app.crash(e)
-                return
+                # The broker is away, or another worker fenced this one. Nothing of the batch was
+                # stored, and nothing of it may be acked: see _stop_uncommitted.
+                _stop_uncommitted(settings, e)
 
     @app.timer(interval=GAP_RETRY_SECONDS)
     async def retry_gaps() -> None:
@@ -639,8 +658,7 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
             async with batch_lock:
                 await sequencer.retry_gaps()
         except (EmissionFailed, kafka.BrokerError) as e:
-            logger.error("stopping: %s", e)
-            await app.crash(e)
+            _stop_uncommitted(settings, e)
 
     # faust types a receiver as taking any positional arguments; these take the ones their signal sends.
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
