@@ -389,6 +389,14 @@ def bench(
         bool, typer.Option(help="Also measure the direct peer (agents upserting straight into Postgres).")
     ] = True,
     direct_connections: Annotated[int, typer.Option(help="Connections the direct peer's agents share.")] = 16,
+    transactions_repetitions: Annotated[
+        int,
+        typer.Option(min=0, help="Pairs of runs (sequencer transactions off, on) of the transactions phase; 0: none."),
+    ] = 1,
+    only: Annotated[
+        str | None,
+        typer.Option("--only", help="Run one phase alone: 'transactions' (sequencer transactions on vs off)."),
+    ] = None,
     quick: Annotated[
         bool,
         typer.Option("--quick", help="Smoke test: every phase, cut short (figures not comparable with a full run).")
@@ -403,10 +411,14 @@ def bench(
         typer.echo("turnlog: bench needs Postgres: --database-url postgresql+psycopg://... (its role must be able to"
                    " CREATE DATABASE)", err=True)
         raise typer.Exit(2)
+    if only not in (None, "transactions"):
+        typer.echo(f"turnlog: bench --only takes 'transactions', not {only!r}", err=True)
+        raise typer.Exit(2)
     options = BenchOptions(
         sessions_dir=sessions, admin_url=settings.database_url, sessions=concurrency, turns_per_session=turns,
         phase_seconds=phase_seconds, speed=speed, memory_sessions=memory_sessions, report_path=report, plot_path=plot,
         profile_dir=profile_dir, keep=keep, direct=direct, direct_connections=direct_connections,
+        transactions_repetitions=transactions_repetitions, only="transactions" if only else None,
     )
     run_bench(settings, quick_options(options) if quick else options)
 

@@ -7,7 +7,6 @@ value fails at start-up with pydantic's error naming the key.
 from __future__ import annotations
 
 import json
-from functools import cached_property
 from pathlib import Path
 from typing import Any, Literal, get_args
 
@@ -439,8 +438,9 @@ class TurnlogSettings(BaseSettings):
         """``fleet_keys`` with each fleet's key or ring as a list (the signing key first)."""
         return {fleet: [ring] if isinstance(ring, SecretStr) else ring for fleet, ring in self.fleet_keys.items()}
 
-    @cached_property
+    @property
     def topics(self) -> TopicNames:
+        # Not cached: ``model_copy(update={"topic_prefix": ...})`` copies a cached value with the old prefix.
         return TopicNames(self.topic_prefix)
 
     def as_environment(self) -> dict[str, str]:

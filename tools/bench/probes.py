@@ -9,7 +9,7 @@ import math
 import threading
 import time
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ __all__ = [
     "cpu_us_per_event",
     "Sample",
     "Sampler",
+    "pipeline_drained",
     "PgCounters",
     "pg_counters",
     "rss_bytes",
@@ -54,7 +55,11 @@ class Sample:
 
     @property
     def lag(self) -> int:
-        """Records not yet through the pipeline: the sequencer's lag plus the sink's."""
+        """Records not yet through the pipeline: the sequencer's lag plus the sink's. The
+        sequencer writes the transcript in transactions (``sequencer_transactions``), and the
+        marker that ends each is an offset too: the sink's share counts the markers after its
+        last stored record (at least one per partition written), so it stays above 0 once
+        drained; :meth:`Sampler.drained` tells."""
         return (self.events_end - self.sequenced) + (self.transcript_end - self.stored)
 
 
@@ -70,6 +75,7 @@ class Sampler:
         self._thread = threading.Thread(target=self._run, name="bench-sampler", daemon=True)
         # Reads the sequencer group's commits; it never subscribes, so it never joins the group.
         self._consumer = kafka.consumer(settings, group_id=settings.sequencer_group)
+        self._offsets: kafka.OffsetReader | None = None  # for drained(), made at its first use
 
     def start(self) -> Sampler:
         self._thread.start()
@@ -79,7 +85,20 @@ class Sampler:
         self._stop.set()
         self._thread.join(10)
         self._consumer.close()
+        if self._offsets is not None:
+            self._offsets.close()
         return self.samples
+
+    def drained(self) -> bool:
+        """Whether the latest sample finds everything through the pipeline (:func:`pipeline_drained`),
+        the transcript's record ends read through an ``OffsetReader`` of the sampler's own."""
+
+        def record_end() -> int:
+            if self._offsets is None:
+                self._offsets = kafka.OffsetReader(self.settings)
+            return sum(self._offsets.record_ends(self.settings.topics.transcript).values())
+
+        return pipeline_drained(self.samples[-1] if self.samples else None, record_end)
 
     def sample(self, conn: psycopg.Connection) -> Sample:
         topics, n = self.settings.topics, self.settings.partitions
@@ -101,6 +120,23 @@ class Sampler:
                 with contextlib.suppress(Exception):  # a missed sample is a gap in the plot, not a failed run
                     self.samples.append(self.sample(conn))
                 self._stop.wait(self.interval)
+
+
+def pipeline_drained(latest: Sample | None, transcript_record_end: Callable[[], int]) -> bool:
+    """Whether ``latest`` finds everything through the pipeline: the sequencer has committed
+    every event, and the sink has stored up to the transcript's last committed record.
+
+    ``transcript_record_end()``: the sum over the transcript's partitions of the offset after
+    each one's last committed record (``OffsetReader.record_ends``); called only when the
+    sequencer is done and the sink's offsets stop short of the high watermarks, which then
+    end in transaction markers (or records not yet stored). The sequencer commits an event's
+    offset after the transaction that holds its records, so none is still open then.
+    """
+    if latest is None or latest.events_end > latest.sequenced:
+        return False
+    if latest.transcript_end == latest.stored:
+        return True
+    return transcript_record_end() <= latest.stored
 
 
 @dataclass(frozen=True, slots=True)

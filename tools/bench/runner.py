@@ -3,6 +3,12 @@
 Phases, in order, on a run-private database, topics and consumer groups:
 
 1. **Baselines** K, S0, S, P and unsafe on the workload's payloads (``baselines.py``).
+1b. **Transactions** (``transactions.py``): the sequencer with its Kafka transactions on and off
+   (``TURNLOG_SEQUENCER_TRANSACTIONS``), each on topics, groups, a database and a pipeline of
+   its own, before the run's own pipeline starts: the same backlog drained (events/s, CPU
+   per event of each process), then a paced load of about 680 events/s (turn-to-store
+   p50/p95/p99, CPU per event); ``transactions_repetitions`` pairs, alternated; on/off
+   ratios. ``only="transactions"`` runs this phase alone.
 2. **Capacity**: a backlog of the payloads is produced to ``<prefix>.events``
    while the pipeline is down; the pipeline (sequencer, sink, finalizer) then
    drains it. Durable events/s from the first stored record to the last is the
@@ -44,7 +50,7 @@ import time
 import uuid
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import psycopg
 from pydantic import SecretStr
@@ -77,6 +83,7 @@ from turnlog.tools.bench.profile import start_profiles, summarize
 from turnlog.tools.bench.resume_probe import resume_summary, run_probe_process
 from turnlog.tools.bench.signing import signing_cost
 from turnlog.tools.bench.stages import turn_stage_latencies
+from turnlog.tools.bench.transactions import MODERATE_RATE, run_transactions
 from turnlog.tools.bench.workload import BENCH_FLEET, encoded_events, events_per_second, plan_sessions
 
 __all__ = ["BenchOptions", "run_bench", "quick_options"]
@@ -117,6 +124,12 @@ class BenchOptions:
     direct: bool = True
     #: Connections the direct agents share (PgBouncer in transaction mode, as a user would run it).
     direct_connections: int = 16
+    #: Pairs of variants (transactions off and on) in the transactions phase; 0 skips it.
+    transactions_repetitions: int = 1
+    #: Events/s the transactions phase offers under moderate load.
+    transactions_rate: float = MODERATE_RATE
+    #: Run one phase alone (no baselines, no run-wide pipeline): ``"transactions"``.
+    only: Literal["transactions"] | None = None
 
 
 def quick_options(options: BenchOptions) -> BenchOptions:
@@ -157,8 +170,6 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
     sqlalchemy_dsn = dsn_url.render_as_string(hide_password=False)
     psycopg_dsn = dsn_url.set(drivername="postgresql").render_as_string(hide_password=False)
     admin_psycopg = admin.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin_psycopg, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
     settings = settings.model_copy(
         update=dict(
             database_url=SecretStr(sqlalchemy_dsn),
@@ -183,6 +194,10 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
     )
     log_dir = options.log_dir / run
     report: dict[str, Any] = {"run_id": run, "options": {k: str(v) for k, v in asdict(options).items()}}
+    if options.only == "transactions":
+        return _only_transactions(settings, options, report, admin_psycopg)
+    with psycopg.connect(admin_psycopg, autocommit=True) as conn:
+        conn.execute(f'CREATE DATABASE "{database}"')
     processes: dict[str, ServiceProcess] = {}
     try:
         require_commit_timestamps(psycopg_dsn)
@@ -194,6 +209,14 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
               " events per pass")
 
         report["baselines"] = _baselines(settings, options, payloads, psycopg_dsn, log_dir)
+
+        # -- transactions on and off, before the run's own pipeline starts -------------------
+        if options.transactions_repetitions > 0:
+            try:
+                report["transactions"] = _transactions(settings, options, plans, payloads, run, log_dir)
+            except Exception as e:  # the other figures still stand
+                report["transactions"] = {"error": f"{type(e).__name__}: {e}"}
+                print(f"transactions phase failed: {report['transactions']['error']}")
 
         # -- capacity: drain a backlog ------------------------------------------------
         capacity_plans = plan_sessions(options.sessions_dir, options.sessions, options.turns_per_session,
@@ -328,17 +351,60 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
                       " them by hand")
             with psycopg.connect(admin_psycopg, autocommit=True) as conn:
                 conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+    return _finish(report, options)
+
+
+def _finish(report: dict[str, Any], options: BenchOptions) -> dict[str, Any]:
+    """Print the table; write the report and the plot (the plot only with a timeline); return the report."""
     print_table(report)
     if options.report_path is not None:
         slim = {k: v for k, v in report.items() if k != "timeline"}
-        options.report_path.write_text(json.dumps({**slim, "timeline": report["timeline"]}, indent=2, default=str))
+        options.report_path.write_text(json.dumps({**slim, "timeline": report.get("timeline", [])}, indent=2,
+                                                  default=str))
         print(f"report written to {options.report_path}")
-    if options.plot_path is not None:
+    if options.plot_path is not None and "timeline" in report:
         from turnlog.tools.bench.plot import plot_report
 
         plot_report(report, options.plot_path)
         print(f"plot written to {options.plot_path}")
     return report
+
+
+def _only_transactions(
+    settings: TurnlogSettings, options: BenchOptions, report: dict[str, Any], admin_dsn: str
+) -> dict[str, Any]:
+    """The transactions phase alone (``only="transactions"``): its variants make their own databases
+    and topics, so the run makes none of its own."""
+    run = report["run_id"]
+    require_commit_timestamps(admin_dsn)
+    plans = plan_sessions(options.sessions_dir, options.sessions, options.turns_per_session, run_id=run)
+    payloads = encoded_events(plans, flush_interval=options.flush_interval, speed=options.speed)
+    print(f"turnlog bench {run}, transactions only: {len(plans)} sessions x {options.turns_per_session} turns ="
+          f" {len(payloads):,} events per pass")
+    report["transactions"] = _transactions(settings, options, plans, payloads, run, options.log_dir / run)
+    return _finish(report, options)
+
+
+def _transactions(
+    settings: TurnlogSettings, options: BenchOptions, plans, payloads: list[tuple[str, bytes]], run: str,
+    log_dir: Path,
+) -> dict[str, Any]:
+    """The sequencer's transactions on and off (``transactions.py``): ``payloads`` is the backlog each
+    variant drains, ``plans`` the workload of the moderate load."""
+    result = run_transactions(
+        settings, admin_url=options.admin_url, backlog=payloads, plans=plans, run=run, log_dir=log_dir,
+        repetitions=max(options.transactions_repetitions, 1),
+        rate=options.transactions_rate, seconds=options.phase_seconds, speed=options.speed,
+        flush_interval=options.flush_interval, ready_timeout=PIPELINE_READY_TIMEOUT_SECONDS, keep=options.keep,
+    )
+    r, nan = result["on_over_off"], float("nan")
+    print(f"transactions on/off ({result['repetitions']} x each, pooled): capacity"
+          f" {r.get('capacity_events_per_second', nan):.2f} x, sequencer CPU/event at capacity"
+          f" {r.get('capacity_sequencer_us_per_event', nan):.2f} x; at"
+          f" {result['on']['moderate_offered_events_per_second']:,.0f} ev/s: sequencer CPU/event"
+          f" {r.get('moderate_sequencer_us_per_event', nan):.2f} x, turn-to-store p50"
+          f" {r.get('moderate_p50_ms', nan):.2f} x, p99 {r.get('moderate_p99_ms', nan):.2f} x")
+    return result
 
 
 def _baselines(
@@ -564,7 +630,7 @@ def _drain(
 def _wait_drained(sampler: Sampler, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if sampler.samples and sampler.samples[-1].lag == 0:
+        if sampler.drained():
             return
         time.sleep(0.2)
     raise RuntimeError(f"the pipeline did not catch up within {timeout:.0f} s")
@@ -917,11 +983,47 @@ def _signing_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
              f"{cost['added_share_of_pipeline_cpu']:.1%} of the pipeline's CPU/event at capacity")]
 
 
+def transactions_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Table rows of the transactions phase: each figure off -> on, and on / off."""
+    tx = report.get("transactions")
+    if not tx:
+        return []
+    if tx.get("error"):
+        return [("sequencer transactions on vs off", "not measured", tx["error"])]
+    on, off, r, nan = tx["on"], tx["off"], tx["on_over_off"], float("nan")
+
+    def change(key: str, unit: str, fmt: str = ",.0f") -> str:
+        return (f"{format(off.get(key, nan), fmt)} -> {format(on.get(key, nan), fmt)} {unit}"
+                f" ({r.get(key, nan):.2f} x)")
+
+    def cpu(phase: str) -> str:
+        broker = (f"; broker {change(f'{phase}_broker_us_per_event', 'µs')}"
+                  if f"{phase}_broker_us_per_event" in on else "")
+        return (f"sequencer {change(f'{phase}_sequencer_us_per_event', 'µs')}; sink"
+                f" {change(f'{phase}_sink_us_per_event', 'µs')}; pipeline"
+                f" {change(f'{phase}_pipeline_us_per_event', 'µs')}{broker}; every process measured"
+                f" {change(f'{phase}_measured_us_per_event', 'µs')}")
+
+    runs = f"{tx['repetitions']} run{'s' if tx['repetitions'] > 1 else ''} per mode, pooled"
+    return [
+        ("transactions off -> on: capacity", change("capacity_events_per_second", "ev/s"),
+         f"draining {tx['backlog_events']:,} events; CPU per event: {cpu('capacity')};"
+         f" {on.get('capacity_events_per_transaction', nan):,.0f} events per transaction; {runs}"),
+        (f"transactions off -> on: at {on.get('moderate_offered_events_per_second', nan):,.0f} ev/s",
+         f"p99 {change('moderate_p99_ms', 'ms', '.1f')}",
+         f"turn-to-store p50 {change('moderate_p50_ms', 'ms', '.1f')}, p95 {change('moderate_p95_ms', 'ms', '.1f')};"
+         f" CPU per event: {cpu('moderate')}; {on.get('moderate_events_per_transaction', nan):.1f} events per"
+         f" transaction; {on.get('moderate_turns', 0):,} / {off.get('moderate_turns', 0):,} turns (on / off);"
+         f" complete_turn p99 {change('moderate_complete_turn_p99_ms', 'ms', '.1f')} (control)"),
+    ]
+
+
 def print_table(report: dict[str, Any]) -> None:
     """The figures, each next to its baseline or target, as a plain table."""
     b, s = report.get("baselines", {}), report.get("sustained", {})
     r, m = report.get("ratios", {}), report.get("memory", {})
-    if not (b and s and r):
+    if not (b and s and r):  # a run of one phase (only), or one that failed before the ratios
+        _print_rows(transactions_rows(report))
         return
     lat = report["latency"]
     rows = [
@@ -958,6 +1060,7 @@ def print_table(report: dict[str, Any]) -> None:
         ("WAL syncs per turn", f"{s['wal_syncs_per_turn']:.3f}", f"at 50%: {lat['50%']['wal_syncs_per_turn']:.3f}"),
         *_spool_rows(report),
         *_signing_rows(report),
+        *transactions_rows(report),
         *_peer_rows(report),
         ("unsafe baseline", f"{b['unsafe']['commits_per_session']:.0f} commit/session",
          f"SIGKILL at 50%: {b['unsafe']['turns_said_at_kill']} turns said, "
@@ -991,12 +1094,19 @@ def print_table(report: dict[str, Any]) -> None:
     if m:
         rows.append(("RSS per 1,000 open sessions", f"{m['total_mb_per_1000_sessions']:.2f} MB",
                      ", ".join(f"{k} {v:.2f} MB" for k, v in m["mb_per_1000_sessions"].items()) + " (target <= 5 MB)"))
-    width = max(len(name) for name, _, _ in rows)
-    print()
-    for name, value, note in rows:
-        print(f"{name:<{width}}  {value:<34} {note}")
+    _print_rows(rows)
     for name, summary in report.get("profile", {}).items():
         print(f"\nprofile {name}: {summary['samples']} samples, {summary['own_code_share']:.1%} in turnlog's own code; "
               "top self time:")
         for frame, share in summary["top_self"][:8]:
             print(f"  {share:6.1%}  {frame}")
+
+
+def _print_rows(rows: list[tuple[str, str, str]]) -> None:
+    """``(name, value, note)`` rows as aligned columns, after a blank line; nothing for none."""
+    if not rows:
+        return
+    width = max(len(name) for name, _, _ in rows)
+    print()
+    for name, value, note in rows:
+        print(f"{name:<{width}}  {value:<34} {note}")
