@@ -182,61 +182,52 @@ class ResumeBarrier:
         acknowledged for ``session_id``'s partition before this call."""
         topics = self._settings.topics
         partition = partition_for(session_id, self._settings.partitions)
+        group = self._settings.sequencer_group
         try:
             events_end = self._retrying(
-                deadline, lambda: self._end_offset(topics.events, partition, deadline), "the events end offset"
+                deadline, lambda: self._end_offset(topics.events, partition, deadline),
+                "timed out reading the events end offset (the broker kept failing)",
             )
-            self._until(
+            committed = self._retrying(
                 deadline,
-                lambda: self._committed(self._settings.sequencer_group, topics.events, partition, deadline)
-                >= events_end,
-                f"the sequencer ({self._settings.sequencer_group}) to consume {topics.events}[{partition}] "
+                lambda: _at_least(self._committed(group, topics.events, partition, deadline), events_end),
+                f"timed out waiting for the sequencer ({group}) to consume {topics.events}[{partition}] "
                 f"up to offset {events_end}",
             )
             transcript_end = self._retrying(
-                deadline, lambda: self._record_end(topics.transcript, partition, deadline), "the transcript end offset"
+                deadline, lambda: self._record_end(topics.transcript, partition, deadline),
+                "timed out reading the transcript end offset (the broker kept failing)",
             )
         except BrokerError as e:
             raise ResumeBarrierTimeout(f"resume barrier for {session_id}: broker error: {e}") from e
-        self._until(
+        stored = self._retrying(
             deadline,
-            lambda: self._sink_offset(topics.transcript, partition) >= transcript_end,
-            f"the sink ({self._settings.sink_group}) to store {topics.transcript}[{partition}] "
+            lambda: _at_least(self._sink_offset(topics.transcript, partition), transcript_end),
+            f"timed out waiting for the sink ({self._settings.sink_group}) to store {topics.transcript}[{partition}] "
             f"up to offset {transcript_end}",
+        )
+        logger.info(
+            "resume barrier for %s passed: %s[%d] ends at %d, the sequencer committed %d; "
+            "%s[%d] records end at %d, the sink stored %d",
+            session_id, topics.events, partition, events_end, committed,
+            topics.transcript, partition, transcript_end, stored,
         )
 
     def _end_offset(self, topic: str, partition: int, deadline: float) -> int:
         """The partition's end offset, or -1 while the broker is unavailable (the barrier polls on)."""
-        try:
-            return self._offsets.end_offsets(topic, [partition], deadline=deadline)[partition]
-        except BrokerError as e:
-            if not e.retriable:
-                raise
-            logger.info("resume barrier: broker not ready (%s); polling on", e)
-            return -1
+        return _or_unavailable(lambda: self._offsets.end_offsets(topic, [partition], deadline=deadline)[partition])
 
     def _record_end(self, topic: str, partition: int, deadline: float) -> int:
         """The offset after the partition's last committed record (the sink's offset when it
         stored everything: the sequencer's transactions end in markers, past the last record),
         or -1 while the broker is unavailable (the barrier polls on)."""
-        try:
-            return self._offsets.record_ends(topic, [partition], deadline=deadline)[partition]
-        except BrokerError as e:
-            if not e.retriable:
-                raise
-            logger.info("resume barrier: broker not ready (%s); polling on", e)
-            return -1
+        return _or_unavailable(lambda: self._offsets.record_ends(topic, [partition], deadline=deadline)[partition])
 
     def _committed(self, group_id: str, topic: str, partition: int, deadline: float) -> int:
         """``group_id``'s committed offset (0 when none), or -1 while the broker is unavailable."""
-        try:
-            committed = self._offsets.committed(group_id, topic, [partition], deadline=deadline)[partition]
-        except BrokerError as e:
-            if not e.retriable:
-                raise
-            logger.info("resume barrier: broker not ready (%s); polling on", e)
-            return -1
-        return committed or 0
+        return _or_unavailable(
+            lambda: self._offsets.committed(group_id, topic, [partition], deadline=deadline)[partition] or 0
+        )
 
     def close(self) -> None:
         """Drop the offsets lookup client (a later resume makes a new one)."""
@@ -277,13 +268,30 @@ class ResumeBarrier:
         return stored.get((topic, partition), 0)
 
     @staticmethod
-    def _retrying(deadline: float, read: Callable[[], int], what: str) -> int:
-        """``read()`` until it gives an offset; it gives -1 on a retriable broker error."""
-        return _poll(read, lambda value: value < 0, deadline, f"timed out reading {what} (the broker kept failing)")
+    def _retrying(deadline: float, read: Callable[[], int], failure: str) -> int:
+        """``read()`` until it gives an offset (it gives -1 for "not yet"); ``failure`` says
+        what timed out."""
+        return _poll(read, lambda value: value < 0, deadline, failure)
 
-    @staticmethod
-    def _until(deadline: float, condition: Callable[[], bool], what: str) -> None:
-        _poll(condition, lambda done: not done, deadline, f"timed out waiting for {what}")
+
+def _or_unavailable(read: Callable[[], int]) -> int:
+    """``read()``, or -1 on a retriable broker error (the barrier polls on).
+
+    Raises:
+        BrokerError: a non-retriable one.
+    """
+    try:
+        return read()
+    except BrokerError as e:
+        if not e.retriable:
+            raise
+        logger.info("resume barrier: broker not ready (%s); polling on", e)
+        return -1
+
+
+def _at_least(value: int, floor: int) -> int:
+    """``value`` once it reached ``floor``, else -1 (polled again)."""
+    return value if value >= floor else -1
 
 
 def _log_store_retry(state: RetryCallState) -> None:
