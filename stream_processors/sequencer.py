@@ -54,7 +54,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterable, MutableMapping
+from collections.abc import Awaitable, Coroutine, Iterable, MutableMapping
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -77,15 +77,16 @@ from turnlog.stream_processors.app import make_app, raw_topic
 from turnlog.stream_processors.emitter import (
     MAX_RECORD_BYTES,
     MESSAGE_MAX_BYTES,
-    EmissionBatch,
+    Batch,
     EmissionFailed,
     EmissionProducer,
+    Emissions,
     record_bytes,
 )
 from turnlog.stream_processors.gap_repair import LogRangeReader, LogRecord, offset_runs
 from turnlog.stream_processors.outbox import Outbox, Outgoing
 from turnlog.stream_processors.sequencing import DEFAULT_MAX_BUFFER_BYTES, Buffered, SessionSequence, sequence
-from turnlog.stream_processors.transactions import PartitionTransactions, TransactionBatch, transactional_id
+from turnlog.stream_processors.transactions import PartitionTransactions, transactional_id
 
 __all__ = ["build_sequencer", "Sequencer", "SourceRecord", "TABLE_NAME", "BATCH_SIZE", "BATCH_WAIT_SECONDS"]
 
@@ -154,7 +155,7 @@ class Sequencer:
         *,
         states: MutableMapping[bytes, Any],
         changelog: str,
-        emissions: EmissionProducer | PartitionTransactions,
+        emissions: Emissions,
         reader: LogRangeReader,
         topics: TopicNames,
         max_buffer: int,
@@ -453,7 +454,7 @@ class Sequencer:
         refused = await alone.delivered()
         return refused[0][1] if refused else None
 
-    def _send(self, batch: EmissionBatch | TransactionBatch, outbox: Outbox, index: int) -> None:
+    def _send(self, batch: Batch, outbox: Outbox, index: int) -> None:
         """Send ``outbox.items[index]`` (token: ``index``); one that cannot be sent as it is
         (its bytes gone from the log, or too large) is replaced by its DLQ reference first."""
         item = outbox.items[index]
@@ -561,17 +562,46 @@ def _is_buffered_event(value: bytes, key: bytes | None, held: Buffered) -> bool:
 EXIT_BATCH_NOT_WRITTEN = 75  # EX_TEMPFAIL
 
 
-def _stop_uncommitted(settings: TurnlogSettings, error: Exception) -> NoReturn:
+def _stop_uncommitted(settings: TurnlogSettings, error: BaseException) -> NoReturn:
     """Exit the process at once, without Faust's shutdown. Faust's ``take_events`` acks a batch's
     events when its generator is closed, whatever the agent did with them, and a graceful stop
     commits what is acked: the offsets of a batch whose transaction was never committed would
     pass its records, and a restart would never read them again. The next owner of the
     partitions (or this worker, restarted) reads them from the last committed offset; open
     transactions are aborted by its fence or by the broker."""
-    logger.error("stopping without committing the batch's offsets: %s", error)
+    # Turnlog's own errors name partitions and offsets; another's message may quote a record.
+    cause = error if isinstance(error, (EmissionFailed, kafka.BrokerError)) else type(error).__name__
+    logger.error("stopping without committing the batch's offsets: %s", cause)
     mark_not_ready(settings.ready_file)
     logging.shutdown()
     os._exit(EXIT_BATCH_NOT_WRITTEN)
+
+
+async def _locked(lock: asyncio.Lock, work: Awaitable[None]) -> None:
+    async with lock:
+        await work
+
+
+async def _whole_or_stop(settings: TurnlogSettings, work: Coroutine[Any, Any, None]) -> None:
+    """Run one batch's ``work`` to its end, or stop the worker uncommitted (:func:`_stop_uncommitted`).
+
+    Any failure of the batch stops the worker: the broker away past the delivery timeout, a
+    fence (:class:`EmissionFailed`, ``BrokerError``), or anything else the batch raised. A
+    stopping Faust cancels its agent mid-batch; the batch is then finished first (its
+    transaction committed or failed), since Faust acks the batch's events as the cancellation
+    closes ``take_events`` and commits them as it stops.
+    """
+    batch = asyncio.ensure_future(work)
+    try:
+        await asyncio.shield(batch)
+    except asyncio.CancelledError:
+        try:
+            await batch  # at once if it is done
+        except BaseException as e:  # noqa: BLE001 - cancelled again, or the batch failed: not acked
+            _stop_uncommitted(settings, e)
+        raise
+    except BaseException as e:  # noqa: BLE001 - whatever failed the batch, nothing of it may be acked
+        _stop_uncommitted(settings, e)
 
 
 def build_sequencer(settings: TurnlogSettings) -> faust.App:
@@ -595,7 +625,7 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
     # longer for more only adds to each batch's two round trips.
     # message.max.bytes explicit: the record limit the sequencer checks its records against.
     linger: dict[str, Any] = {"linger.ms": EMISSION_LINGER_MS, "message.max.bytes": MESSAGE_MAX_BYTES}
-    emissions: EmissionProducer | PartitionTransactions
+    emissions: Emissions
     if settings.sequencer_transactions:
         def transactional(partition: int) -> Any:
             transaction: dict[str, Any] = {
@@ -642,23 +672,13 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
             records = [
                 SourceRecord(e.key, e.value, e.message.partition, e.message.offset, e.message.headers) for e in batch
             ]
-            try:
-                async with batch_lock:
-                    await sequencer.process(records)
-            except (EmissionFailed, kafka.BrokerError) as e:
-                # The broker is away, or another worker fenced this one. Nothing of the batch was
-                # stored, and nothing of it may be acked: see _stop_uncommitted.
-                _stop_uncommitted(settings, e)
+            await _whole_or_stop(settings, _locked(batch_lock, sequencer.process(records)))
 
     @app.timer(interval=GAP_RETRY_SECONDS)
     async def retry_gaps() -> None:
         if not sequencer.has_unrepaired_gaps or app.rebalancing or app.in_recovery:
             return  # never touch table state while Faust restores or reassigns it
-        try:
-            async with batch_lock:
-                await sequencer.retry_gaps()
-        except (EmissionFailed, kafka.BrokerError) as e:
-            _stop_uncommitted(settings, e)
+        await _whole_or_stop(settings, _locked(batch_lock, sequencer.retry_gaps()))
 
     # faust types a receiver as taking any positional arguments; these take the ones their signal sends.
     @app.on_partitions_revoked.connect  # type: ignore[arg-type]
