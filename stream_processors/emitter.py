@@ -29,7 +29,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from functools import partial
-from typing import Any
+from typing import Any, Protocol
 
 from confluent_kafka import KafkaError, Message, Producer
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, stop_after_delay, wait_fixed
@@ -38,8 +38,8 @@ from turnlog import kafka
 from turnlog.stream_processors.exceptions import ServiceError
 
 __all__ = [
-    "EmissionFailed", "EmissionBatch", "EmissionProducer", "Refusal", "record_bytes", "MESSAGE_MAX_BYTES",
-    "MAX_RECORD_BYTES",
+    "Batch", "EmissionFailed", "EmissionBatch", "EmissionProducer", "Emissions", "Refusal", "record_bytes",
+    "MESSAGE_MAX_BYTES", "MAX_RECORD_BYTES",
 ]
 
 logger = logging.getLogger(__name__)
@@ -88,6 +88,39 @@ class EmissionFailed(ServiceError):
 
 Refusal = tuple[Any, kafka.BrokerError]
 """A record refused for what it is: ``(token, error)`` (the token given to :meth:`EmissionBatch.send`)."""
+
+
+class Batch(Protocol):
+    """Records sent together and awaited together: :class:`EmissionBatch`, or the
+    sequencer's ``transactions.TransactionBatch``."""
+
+    def send(
+        self,
+        topic: str,
+        *,
+        key: bytes | None,
+        value: bytes | None,
+        partition: int,
+        headers: Any = None,
+        token: Any = None,
+    ) -> None: ...
+
+    async def delivered(self) -> list[Refusal]: ...
+
+
+class Emissions(Protocol):
+    """Where the sequencer's records go: :class:`EmissionProducer`, or
+    ``transactions.PartitionTransactions``."""
+
+    #: True when a batch's records of one partition are visible together or not at all
+    #: (the session states can then go in the same batch as the emissions).
+    atomic: bool
+
+    def batch(self) -> Batch: ...
+
+    async def flush(self, timeout: float = 30.0) -> int: ...
+
+    async def close(self, timeout: float = 30.0) -> None: ...
 
 
 def _queue_stayed_full(_: RetryCallState) -> None:
