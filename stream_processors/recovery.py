@@ -53,11 +53,19 @@ from typing import Any, cast
 from faust.tables import TableManager
 from faust.tables.recovery import Recovery
 from faust.types import TP
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_fixed
+
+from turnlog.kafka import BrokerError
 
 __all__ = ["FAUST_VERSION", "OrderedRecovery", "OrderedTableManager"]
 
 #: The faust-streaming version these overrides were written against.
 FAUST_VERSION = "0.15.3"
+#: How long a restore looks for its changelog partitions' last records through a broker outage
+#: before the worker fails (seconds): longer than a failover, as the sequencer's emissions wait.
+RESTORE_END_PATIENCE_SECONDS = 120.0
+#: Between two lookups of the last records (seconds).
+RESTORE_END_RETRY_SECONDS = 1.0
 
 
 class OrderedRecovery(Recovery):
@@ -87,7 +95,7 @@ class OrderedRecovery(Recovery):
         highwaters: dict[TP, int] = {}
         for topic in {tp.topic for tp in tps}:
             wanted = {tp.partition for tp in tps if tp.topic == topic}
-            ends = await asyncio.to_thread(record_ends, topic, wanted)
+            ends = await self._patiently(record_ends, topic, wanted)
             for partition in wanted:
                 end = ends.get(partition, 0)
                 highwaters[TP(topic, partition)] = end - 1 if end > 0 else -1
@@ -95,6 +103,28 @@ class OrderedRecovery(Recovery):
                       title, self._highwater_logtable(highwaters, title=title))
         destination.clear()
         destination.update(highwaters)
+
+    async def _patiently(
+        self, record_ends: Callable[[str, Set[int]], Mapping[int, int]], topic: str, partitions: Set[int]
+    ) -> Mapping[int, int]:
+        """``record_ends(topic, partitions)`` in a worker thread, tried again for up to
+        ``RESTORE_END_PATIENCE_SECONDS`` while the broker is unavailable (a leader election,
+        two brokers of three down): the worker waits the failover out instead of crashing.
+
+        Raises:
+            BrokerError: a non-retriable one, or the broker stayed unavailable.
+        """
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(lambda e: isinstance(e, BrokerError) and e.retriable),
+            stop=stop_after_delay(RESTORE_END_PATIENCE_SECONDS),
+            wait=wait_fixed(RESTORE_END_RETRY_SECONDS),
+            before_sleep=lambda state: self.log.warning(
+                "last records of %s not found yet, trying again: %s", topic,
+                state.outcome.exception() if state.outcome else None,
+            ),
+            reraise=True,
+        )
+        return await retrying(asyncio.to_thread, record_ends, topic, partitions)
 
     def _stream_partitions(self) -> set[Any]:
         return {tp for tp in self.app.consumer.assignment() if not self._is_changelog_tp(tp)}

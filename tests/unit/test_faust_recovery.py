@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import tomllib
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -23,6 +24,8 @@ from faust.tables import TableManager
 from faust.tables.recovery import Recovery
 from faust.types import TP
 
+from turnlog.kafka import BrokerError, BrokerUnavailableError, UnknownTopicError
+from turnlog.stream_processors import recovery as recovery_module
 from turnlog.stream_processors.recovery import FAUST_VERSION, OrderedRecovery, OrderedTableManager
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -120,3 +123,43 @@ async def test_ordered_recovery_seeks_paused_partitions_and_drops_nothing() -> N
     calls, delivered = await _complete_recovery(OrderedRecovery)
     assert calls == ["seek(paused)", "resume_partitions"]
     assert delivered == ["fetched after completion"]
+
+
+class _FlakyRecordEnds:
+    """``record_ends`` of a cluster in failover: ``failures`` (errors raised in turn), then an answer."""
+
+    def __init__(self, failures: list[BrokerError]) -> None:
+        self.failures = failures
+        self.calls = 0
+
+    def __call__(self, topic: str, partitions: Any) -> dict[int, int]:
+        self.calls += 1
+        if self.failures:
+            raise self.failures.pop(0)
+        return {p: 7 for p in partitions}
+
+
+def _recovery_with(record_ends: _FlakyRecordEnds) -> OrderedRecovery:
+    app = faust.App("recovery-ends", broker="kafka://127.0.0.1:1", store="memory://")
+    app.record_ends = record_ends  # type: ignore[attr-defined]
+    return OrderedRecovery(app, app.tables, beacon=app.beacon)
+
+
+async def test_the_restore_end_is_looked_up_again_while_the_broker_fails_over(monkeypatch) -> None:
+    monkeypatch.setattr(recovery_module, "RESTORE_END_RETRY_SECONDS", 0.01)
+    record_ends = _FlakyRecordEnds([
+        UnknownTopicError("the partition is not in the client's metadata", retriable=True),
+        BrokerUnavailableError("no leader", retriable=True),
+    ])
+    highwaters: Counter[TP] = Counter()
+    await _recovery_with(record_ends)._build_highwaters(None, {CHANGELOG}, highwaters, "active")
+    assert record_ends.calls == 3
+    assert highwaters == {CHANGELOG: 6}  # the last committed record's offset
+
+
+async def test_a_restore_end_lookup_that_cannot_succeed_fails_at_once(monkeypatch) -> None:
+    monkeypatch.setattr(recovery_module, "RESTORE_END_RETRY_SECONDS", 0.01)
+    record_ends = _FlakyRecordEnds([UnknownTopicError("topic gone", retriable=False)])
+    with pytest.raises(UnknownTopicError):
+        await _recovery_with(record_ends)._build_highwaters(None, {CHANGELOG}, Counter(), "active")
+    assert record_ends.calls == 1

@@ -19,7 +19,7 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from confluent_kafka import Consumer, KafkaException, TopicPartition
+from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
 from turnlog.kafka.clients import consumer as consumer_for
@@ -175,7 +175,19 @@ class OffsetReader:
                 consumer = self._consumer(self._watermarks_group)
                 found = {}
                 for p in wanted:
-                    low, high = consumer.get_watermark_offsets(TopicPartition(topic, p), timeout=timeout, cached=False)
+                    try:
+                        low, high = consumer.get_watermark_offsets(
+                            TopicPartition(topic, p), timeout=timeout, cached=False
+                        )
+                    except KafkaException as e:
+                        if e.args[0].code() != KafkaError._UNKNOWN_PARTITION:
+                            raise
+                        # The client's metadata lacks the partition, as it may for a while when its
+                        # leader died: retried (after the metadata refresh) until the budget ends.
+                        raise UnknownTopicError(
+                            f"watermarks of {topic}[{p}]: the partition is not in the client's metadata",
+                            code=KafkaError._UNKNOWN_PARTITION, retriable=True,
+                        ) from e
                     found[p] = Watermarks(low, high)
             return found
 
@@ -269,7 +281,7 @@ class OffsetReader:
         ``_lock``."""
         try:
             yield
-        except KafkaException:
+        except (KafkaException, BrokerError):
             try:  # asked, not waited out: a broker that does not answer must not stretch the lookup's budget
                 self._consumer(self._watermarks_group).list_topics(topic=topic, timeout=METADATA_REFRESH_WAIT_SECONDS)
             except KafkaException as refresh_error:
