@@ -6,6 +6,7 @@ it themselves."""
 from __future__ import annotations
 
 import contextlib
+import threading
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from turnlog.readiness import NotReadyError
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.sinks.service import SinkService
 
 
 def isolated_settings(kafka_bootstrap: str, database_url: str, tmp: Path, **overrides: object) -> TurnlogSettings:
@@ -125,3 +127,36 @@ def pipeline(kafka_bootstrap: str, postgres_databases, tmp_path_factory: pytest.
     stop_all(running.processes)
     running.store.engine.dispose()
     drop_topics(running.settings)
+
+
+@pytest.fixture
+def transcript(kafka_bootstrap: str, postgres_databases, tmp_path: Path) -> Iterator[tuple[TurnlogSettings, SqlStore]]:
+    """Topics and a migrated store of their own; no service runs (each test runs its own, e.g.
+    a :class:`RunningService`)."""
+    settings = isolated_settings(kafka_bootstrap, postgres_databases.create(), tmp_path)
+    store = open_store(settings.database_url)
+    upgrade_to_head(store.engine)
+    create_topics(settings)
+    yield settings, store
+    store.engine.dispose()
+    drop_topics(settings)
+
+
+class RunningService:
+    """A SinkService on a thread of this process (so a test can patch what it plans with)."""
+
+    def __init__(self, service: SinkService) -> None:
+        self.service = service
+        self.failure: BaseException | None = None
+        self.thread = threading.Thread(target=self._run, name=f"test-{service.component}", daemon=True)
+        self.thread.start()
+
+    def _run(self) -> None:
+        try:
+            self.service.run()
+        except BaseException as e:  # the test asserts there is none
+            self.failure = e
+
+    def stop(self) -> None:
+        self.service.stopping.set()
+        self.thread.join(30)

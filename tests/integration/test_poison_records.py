@@ -4,47 +4,28 @@ record whose planning raises, with their reasons, and keep storing the healthy s
 
 from __future__ import annotations
 
-import threading
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from confluent_kafka import Producer
 from sqlalchemy import select
 
-from turnlog.deploy.topics import create_topics
 from turnlog.dlq import REASON_HEADER
 from turnlog.producers import partition_for
 from turnlog.schemas import encode_event
 from turnlog.schemas.events import MAX_EVENT_DEPTH
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks import analytics as analytics_module
 from turnlog.sinks import batch as sink_batch
 from turnlog.sinks.analytics import AnalyticsProjection
-from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.service import SinkService
 from turnlog.sinks.tables import sessions, transcript_turns
 
-from tests.integration.conftest import drop_topics, isolated_settings
+from tests.integration.conftest import RunningService
 from tests.support import EventFactory, partition_records, wait_until
 
 TIMEOUT = 60
 PLANNING_BUG = "the text whose planning raises"
 DEEP_REASON = f"invalid: the event's JSON nests deeper than {MAX_EVENT_DEPTH} levels"
-
-
-@pytest.fixture
-def transcript(kafka_bootstrap: str, postgres_databases, tmp_path: Path) -> Iterator[tuple[TurnlogSettings, SqlStore]]:
-    """Topics and a migrated store of their own; no service runs (each test runs its own SinkService)."""
-    settings = isolated_settings(kafka_bootstrap, postgres_databases.create(), tmp_path)
-    store = open_store(settings.database_url)
-    upgrade_to_head(store.engine)
-    create_topics(settings)
-    yield settings, store
-    store.engine.dispose()
-    drop_topics(settings)
 
 
 def ids_on_one_partition(settings: TurnlogSettings, count: int) -> list[str]:
@@ -98,26 +79,6 @@ def dead_letters(settings: TurnlogSettings, partition: int) -> list[tuple[bytes,
     """Every DLQ record of ``partition``, with its headers."""
     return [(value, dict(headers))
             for _, value, headers in partition_records(settings.bootstrap_servers, settings.topics.dlq, partition)]
-
-
-class RunningService:
-    """A SinkService on a thread of this process (so a test can patch what it plans with)."""
-
-    def __init__(self, service: SinkService) -> None:
-        self.service = service
-        self.failure: BaseException | None = None
-        self.thread = threading.Thread(target=self._run, name=f"test-{service.component}", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        try:
-            self.service.run()
-        except BaseException as e:  # the test asserts there is none
-            self.failure = e
-
-    def stop(self) -> None:
-        self.service.stopping.set()
-        self.thread.join(30)
 
 
 def assert_poison_dead_lettered(settings: TurnlogSettings, partition: int, poison: dict[bytes, int]) -> None:

@@ -11,41 +11,22 @@ from __future__ import annotations
 
 import threading
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
-import pytest
 from confluent_kafka import Producer
 from sqlalchemy import select
 
 from turnlog import kafka
-from turnlog.deploy.topics import create_topics
 from turnlog.producers import partition_for
 from turnlog.schemas import encode_event
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.exceptions import StoreUnavailableError
-from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.service import SinkService
 from turnlog.sinks.tables import sessions
 
-from tests.integration.conftest import drop_topics, isolated_settings
-from tests.integration.test_poison_records import RunningService
+from tests.integration.conftest import RunningService
 from tests.support import EventFactory, wait_until
 
 TIMEOUT = 60
-
-
-@pytest.fixture
-def transcript(kafka_bootstrap: str, postgres_databases, tmp_path: Path) -> Iterator[tuple[TurnlogSettings, SqlStore]]:
-    """Topics and a migrated store of their own; the test runs the sink."""
-    settings = isolated_settings(kafka_bootstrap, postgres_databases.create(), tmp_path)
-    store = open_store(settings.database_url)
-    upgrade_to_head(store.engine)
-    create_topics(settings)
-    yield settings, store
-    store.engine.dispose()
-    drop_topics(settings)
 
 
 def one_session_per_partition(settings: TurnlogSettings) -> dict[int, EventFactory]:
