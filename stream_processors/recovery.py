@@ -62,8 +62,8 @@ __all__ = ["FAUST_VERSION", "OrderedRecovery", "OrderedTableManager"]
 #: The faust-streaming version these overrides were written against.
 FAUST_VERSION = "0.15.3"
 #: How long a restore looks for its changelog partitions' last records through a broker outage
-#: before the worker fails (seconds): longer than a failover, as the sequencer's emissions wait.
-RESTORE_END_PATIENCE_SECONDS = 120.0
+#: before the worker fails (seconds): as long as the sequencer's emissions wait one out.
+RESTORE_END_PATIENCE_SECONDS = 600.0
 #: Between two lookups of the last records (seconds).
 RESTORE_END_RETRY_SECONDS = 1.0
 
