@@ -174,7 +174,10 @@ class LocalCluster:
         return pid
 
     def _script(self, *args: str, timeout: float = 60) -> str:
-        env = {**os.environ, "TURNLOG_KAFKA_NODES": str(self.nodes), "TURNLOG_STATE_DIR": str(self.state_dir)}
+        # The script waits for a started node nearly as long as the caller does: a node that
+        # restarts on a busy machine reads every partition it holds first.
+        env = {"TURNLOG_KAFKA_START_TIMEOUT": str(max(30, int(timeout) - 10)), **os.environ,
+               "TURNLOG_KAFKA_NODES": str(self.nodes), "TURNLOG_STATE_DIR": str(self.state_dir)}
         result = subprocess.run(
             ["bash", str(SCRIPT), *args], env=env, capture_output=True, text=True, timeout=timeout, check=False
         )

@@ -96,7 +96,7 @@ from turnlog import kafka
 from turnlog.deploy.cluster import LocalCluster
 from turnlog.deploy.local import LOCAL_HOSTS, SCRIPTS, ensure_local_services
 from turnlog.deploy.processes import ServiceProcess, stop_all, turnlog_command, wait_all_ready
-from turnlog.deploy.topics import create_topics
+from turnlog.deploy.topics import create_topics, delete_topics_with_prefix
 from turnlog.exceptions import ConfigurationError
 from turnlog.polling import WaitTimeoutError, wait_until
 from turnlog.producers import SessionRecorder
@@ -907,7 +907,22 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
         _ensure_services_up(options.state_dir, settings, store, broker=cluster is None)
     wall = time.monotonic() - run.started
     run.track_store()  # the calls' turns as the store holds them at the end
-    return _report(run, schedule, run_id, wall)
+    clean = _report(run, schedule, run_id, wall)
+    _drop_run_topics(settings, keep=not clean)
+    return clean
+
+
+def _drop_run_topics(settings: TurnlogSettings, *, keep: bool) -> None:
+    """Delete the run's topics (Faust's included) once it is judged, or say where they are when
+    ``keep`` (a run with violations, to be looked into). A broker loads every topic it holds at
+    each restart: leftover runs made the cluster's restarts outlast their timeout."""
+    if keep:
+        print(f"  the run's topics are kept for inspection: {settings.topic_prefix}.* and {settings.topic_prefix}-*")
+        return
+    try:
+        delete_topics_with_prefix(settings, settings.topic_prefix)
+    except kafka.BrokerError as e:
+        logger.warning("chaos: the run's topics (%s.*) were not deleted: %s", settings.topic_prefix, e)
 
 
 def _print_plan(schedule: Schedule) -> None:
