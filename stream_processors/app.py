@@ -11,11 +11,15 @@ Faust finds them there; this covers a topic it would create itself.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from collections.abc import Awaitable, Callable, Mapping, Set
 from pathlib import Path
 
 import faust
+from aiokafka import errors as aiokafka_errors
 from faust.types import TP
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_delay, wait_exponential
 
 from turnlog.exceptions import ConfigurationError
 from turnlog.kafka.faust_auth import faust_credentials
@@ -28,6 +32,8 @@ from turnlog.stream_processors.recovery import OrderedTableManager
 from turnlog.stream_processors.unreadable_records import PartitionScanner
 
 __all__ = ["make_app", "raw_topic", "TurnlogApp", "ReplicatedTopic", "configure_replication"]
+
+logger = logging.getLogger(__name__)
 
 #: Records an agent's input queue holds (Faust's default: 4096).
 STREAM_BUFFER_MAXSIZE = 16384
@@ -65,7 +71,30 @@ class ReplicatedTopic(faust.Topic):
             )
         self.replicas = replication.replication_factor
         self.config = {**(self.config or {}), **explicit_topic_config(replication)}
-        await super().declare()
+        # A worker starting while a node is down (a failover, two nodes of three down) asks a
+        # controller that does not answer: tried again, as a failover is waited out elsewhere.
+        retrying = AsyncRetrying(
+            retry=retry_if_exception(_retriable_declare_error),
+            stop=stop_after_delay(DECLARE_PATIENCE_SECONDS),
+            wait=wait_exponential(multiplier=0.5, max=5.0),
+            before_sleep=lambda state: logger.warning(
+                "declaring topic %s: the cluster did not answer, trying again: %r", self.get_topic_name(),
+                state.outcome.exception() if state.outcome else None,
+            ),
+            reraise=True,
+        )
+        await retrying(super().declare)
+
+
+#: How long a topic declaration waits out a broker outage before the worker fails (seconds).
+DECLARE_PATIENCE_SECONDS = 120.0
+
+
+def _retriable_declare_error(error: BaseException) -> bool:
+    """aiokafka's retriable errors (a node not ready, a lost connection, no controller) and timeouts."""
+    if isinstance(error, (asyncio.TimeoutError, aiokafka_errors.KafkaTimeoutError)):
+        return True
+    return isinstance(error, aiokafka_errors.KafkaError) and bool(getattr(error, "retriable", False))
 
 
 def configure_replication(app: faust.App, replication: Replication) -> None:

@@ -6,11 +6,13 @@ topics Faust declares getting the replication (``ReplicatedTopic``), and when
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import faust
 import pytest
+from aiokafka import errors as aiokafka_errors
 from pydantic import ValidationError
 
 from turnlog.deploy import local
@@ -224,6 +226,60 @@ async def test_a_topic_faust_declares_gets_the_resolved_replication(tmp_path: Pa
     assert request["config"] == {"segment.ms": "1000", "min.insync.replicas": "2",
                                  "max.message.bytes": str(TOPIC_MAX_MESSAGE_BYTES)}
     assert app.conf.topic_replication_factor == 3
+
+
+class _ControllerAway(_CreatingProducer):
+    """The cluster in a failover: the first ``failures`` requests find no controller."""
+
+    def __init__(self, failures: list[BaseException]) -> None:
+        super().__init__()
+        self.failures = failures
+
+    async def create_topic(self, **request: Any) -> None:
+        if self.failures:
+            raise self.failures.pop(0)
+        await super().create_topic(**request)
+
+
+@pytest.mark.parametrize("failure", [aiokafka_errors.NodeNotReadyError("node 1"), asyncio.TimeoutError()])
+async def test_a_topic_declared_while_the_controller_is_away_is_declared_once_it_answers(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException
+):
+    app = make_app(TurnlogSettings(faust_data_dir=str(tmp_path)), "declare-failover")
+    configure_replication(app, THREE)
+    topic = app.topic("declare-failover-changelog", internal=True, compacting=True)
+    producer = _ControllerAway([failure, aiokafka_errors.KafkaConnectionError("node 2")])
+
+    async def get_producer() -> _CreatingProducer:
+        return producer
+
+    monkeypatch.setattr(topic, "_get_producer", get_producer)
+    monkeypatch.setattr("tenacity.nap.time.sleep", lambda _: None)
+    monkeypatch.setattr(asyncio, "sleep", _no_sleep)
+    await topic.declare()
+    assert len(producer.created) == 1 and producer.failures == []
+
+
+async def test_a_topic_refused_for_good_is_not_declared_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
+    app = make_app(TurnlogSettings(faust_data_dir=str(tmp_path)), "declare-refused")
+    configure_replication(app, THREE)
+    topic = app.topic("declare-refused-changelog", internal=True, compacting=True)
+    producer = _ControllerAway([aiokafka_errors.PolicyViolationError("refused"), aiokafka_errors.NodeNotReadyError()])
+
+    async def get_producer() -> _CreatingProducer:
+        return producer
+
+    monkeypatch.setattr(topic, "_get_producer", get_producer)
+    with pytest.raises(aiokafka_errors.PolicyViolationError):
+        await topic.declare()
+    assert producer.created == [] and len(producer.failures) == 1
+
+
+_real_sleep = asyncio.sleep
+
+
+async def _no_sleep(_delay: float, *args: Any) -> None:
+    await _real_sleep(0)
 
 
 # -- starting the local broker ------------------------------------------------------------------------
