@@ -13,6 +13,7 @@ import contextlib
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -59,8 +60,14 @@ class LocalCluster:
 
     # -- processes -------------------------------------------------------------
     def start(self, node: int | None = None, *, timeout: float = 180) -> None:
-        """Start ``node`` (or every node that is down) and wait until it answers."""
+        """Start ``node`` (or every node that is down), wait until it answers, then until the
+        cluster's metadata lists it (or every node): a node answers on its port before the
+        controller has registered it, and a client asking meanwhile counts one broker too few."""
+        started = time.monotonic()
         self._script("start", *([str(node)] if node else []), timeout=timeout)
+        wanted = {node} if node else set(self.node_ids)
+        wait_until(lambda: wanted <= self.registered(), timeout=max(10.0, timeout - (time.monotonic() - started)),
+                   what=f"the cluster's metadata to list node(s) {sorted(wanted)}", interval=0.2)
 
     def stop(self, node: int | None = None, *, timeout: float = 180) -> None:
         """Stop ``node`` (or every node) cleanly: SIGTERM, as a rolling restart does."""
@@ -117,6 +124,14 @@ class LocalCluster:
         self.wait_isr_full(topics, timeout=timeout)
 
     # -- metadata --------------------------------------------------------------
+    def registered(self, *, timeout: float = 5) -> set[int]:
+        """The node ids the cluster's metadata lists as brokers now (empty if none answered)."""
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        try:
+            return set(admin.list_topics(timeout=timeout).brokers)
+        except Exception:  # noqa: BLE001 - KafkaException: no broker answered in time
+            return set()
+
     def partitions(self, topics: Iterable[str], *, timeout: float = 10) -> list[PartitionReplicas]:
         """The replicas of every partition of ``topics``, from the cluster's metadata.
 

@@ -22,8 +22,14 @@ def _config(settings: TurnlogSettings, topic: str, name: str) -> str:
 
 
 def _replica_counts(settings: TurnlogSettings, topic: str) -> set[int]:
-    described = kafka.admin(settings).list_topics(topic=topic, timeout=10).topics[topic]
-    return {len(partition.replicas) for partition in described.partitions.values()}
+    """The replica counts of ``topic``'s partitions, once the broker asked lists them: a topic
+    just created reaches each broker's metadata a moment after the controller made it."""
+
+    def listed() -> set[int]:
+        described = kafka.admin(settings).list_topics(topic=topic, timeout=10).topics.get(topic)
+        return {len(p.replicas) for p in described.partitions.values()} if described is not None else set()
+
+    return wait_until(listed, timeout=30, what=f"the partitions of {topic} in the metadata")
 
 
 def test_by_default_every_topic_has_three_replicas_and_min_isr_two(kafka_cluster):
