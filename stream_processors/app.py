@@ -11,7 +11,6 @@ Faust finds them there; this covers a topic it would create itself.
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping, Set
 from pathlib import Path
@@ -92,7 +91,7 @@ DECLARE_PATIENCE_SECONDS = 120.0
 
 def _retriable_declare_error(error: BaseException) -> bool:
     """aiokafka's retriable errors (a node not ready, a lost connection, no controller) and timeouts."""
-    if isinstance(error, (asyncio.TimeoutError, aiokafka_errors.KafkaTimeoutError)):
+    if isinstance(error, (TimeoutError, aiokafka_errors.KafkaTimeoutError)):
         return True
     return isinstance(error, aiokafka_errors.KafkaError) and bool(getattr(error, "retriable", False))
 

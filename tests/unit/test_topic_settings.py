@@ -241,7 +241,7 @@ class _ControllerAway(_CreatingProducer):
         await super().create_topic(**request)
 
 
-@pytest.mark.parametrize("failure", [aiokafka_errors.NodeNotReadyError("node 1"), asyncio.TimeoutError()])
+@pytest.mark.parametrize("failure", [aiokafka_errors.NodeNotReadyError("node 1"), TimeoutError()])
 async def test_a_topic_declared_while_the_controller_is_away_is_declared_once_it_answers(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, failure: BaseException
 ):
