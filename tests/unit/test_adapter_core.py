@@ -1,0 +1,148 @@
+"""The adapters' shared core (turnlog.adapters._core), without a framework or a broker."""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import logging
+
+import pytest
+
+from turnlog.adapters._core import (
+    OrderedWriter,
+    PendingToolCalls,
+    PendingUsage,
+    after_latest_match,
+    arguments_object,
+    conversation,
+)
+from turnlog.producers import InvalidTurnError, StoredTurn
+from turnlog.schemas import ToolCall
+
+T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
+
+
+def stored(index: int, speaker: str, text: str, status: str = "complete") -> StoredTurn:
+    return StoredTurn(index, speaker, text, status, T0, None, 0, 0, None)
+
+
+# -- the ordered writer ------------------------------------------------------------------
+async def test_the_writer_applies_items_in_order_and_stops_after_the_last() -> None:
+    applied: list[int] = []
+    stopped = asyncio.Event()
+
+    async def apply(item: int) -> None:
+        await asyncio.sleep(0.001 * (5 - item))  # later items would finish first if run concurrently
+        applied.append(item)
+
+    async def on_stop() -> None:
+        stopped.set()
+
+    writer: OrderedWriter[int] = OrderedWriter("s-1", apply, name="test-writer", on_stop=on_stop)
+    for item in range(4):
+        writer.put(item)
+    writer.put(4, last=True)
+    writer.put(5)  # after the last: dropped
+    assert await writer.wait_closed(timeout=5)
+    assert applied == [0, 1, 2, 3, 4]
+    assert stopped.is_set() and writer.closed and writer.stopping
+
+
+async def test_a_recorder_error_or_a_bug_costs_one_item_not_the_rest(caplog: pytest.LogCaptureFixture) -> None:
+    applied: list[str] = []
+    secret = "the caller's card number"
+
+    async def apply(item: str) -> None:
+        if item == "refused":
+            raise InvalidTurnError("text is 70000 bytes, over the limit")
+        if item == "bug":
+            raise KeyError(secret)
+        applied.append(item)
+
+    writer: OrderedWriter[str] = OrderedWriter("s-2", apply, name="test-writer")
+    with caplog.at_level(logging.ERROR):
+        for item in ("a", "refused", "b", "bug", "c"):
+            writer.put(item)
+        await writer.drained()
+    assert applied == ["a", "b", "c"]
+    assert writer.failures == 2
+    assert [type(e) for e in writer.errors] == [InvalidTurnError]
+    logged = [r.getMessage() for r in caplog.records]
+    assert len(logged) == 2 and all("s-2" in m for m in logged)
+    assert not any(secret in m for m in logged)  # a bug's message may hold content: never logged
+
+
+async def test_drained_returns_at_once_when_nothing_was_put() -> None:
+    async def apply(item: int) -> None:
+        raise AssertionError("nothing to apply")
+
+    writer: OrderedWriter[int] = OrderedWriter("s-3", apply, name="test-writer")
+    await asyncio.wait_for(writer.drained(), 1)
+    assert not await writer.wait_closed(timeout=0.01)
+
+
+# -- tokens and tool calls -------------------------------------------------------------------
+def test_pending_usage_sums_calls_until_taken() -> None:
+    usage = PendingUsage()
+    usage.add(10, 2)
+    usage.add(None, 3)
+    assert usage.take() == (10, 5)
+    assert usage.take() == (0, 0)
+
+
+def test_pending_tool_calls_keep_call_order_and_results() -> None:
+    calls = PendingToolCalls()
+    assert not calls
+    calls.call("c1", "lookup", '{"order": 42}')
+    calls.call("c2", "refund", {"amount": 5})
+    assert calls.result("c2", "done")
+    assert not calls.result("unknown", "ignored")
+    assert calls.take() == (
+        ToolCall(name="lookup", arguments={"order": 42}, result=None),
+        ToolCall(name="refund", arguments={"amount": 5}, result="done"),
+    )
+    assert not calls and calls.take() == ()
+
+
+@pytest.mark.parametrize(
+    ("raw", "expected"),
+    [
+        ('{"a": 1}', {"a": 1}),
+        ("[1, 2]", {"value": [1, 2]}),
+        ("not json", {"raw": "not json"}),
+        ("", {}),
+        (None, {}),
+        ({"b": 2}, {"b": 2}),
+    ],
+)
+def test_arguments_are_always_a_json_object(raw: object, expected: dict[str, object]) -> None:
+    assert arguments_object(raw) == expected
+
+
+# -- the rebuilt history ---------------------------------------------------------------------
+def test_the_conversation_is_user_and_assistant_turns_with_text_in_turn_order() -> None:
+    turns = [
+        stored(3, "assistant", "cut", status="partial"),
+        stored(0, "user", "hi"),
+        stored(2, "tool", "result"),
+        stored(1, "assistant", ""),
+        stored(4, "user", "bye", status="interrupted"),
+    ]
+    assert [t.turn_index for t in conversation(turns, unfinished=False)] == [0]
+    assert [t.turn_index for t in conversation(turns, unfinished=True)] == [0, 3, 4]
+
+
+@pytest.mark.parametrize(
+    ("known", "sequence", "expected"),
+    [
+        ([], ["a", "b"], 0),  # nothing known: all of the sequence is past it
+        (["a", "b"], ["a", "b", "c"], 2),  # the sequence goes on past what is known
+        (["a", "b"], ["a", "b"], 2),  # equal: nothing past it
+        (["x", "a", "b"], ["a", "b", "c"], 2),  # the sequence begins later (a trimmed history)
+        (["a", "b"], ["a", "b", "a", "b", "c"], 4),  # the latest stretch
+        (["a", "z"], ["a", "b", "c"], None),  # edited
+        (["a"], [], None),
+    ],
+)
+def test_after_latest_match(known: list[str], sequence: list[str], expected: int | None) -> None:
+    assert after_latest_match(known, sequence) == expected

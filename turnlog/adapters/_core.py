@@ -1,0 +1,299 @@
+"""What the four framework adapters share: opening a session, the ordered writer,
+token and tool-call accumulation, and the pieces of a rebuilt history.
+
+- :func:`open_or_resume`: resume the session if turnlog has it, else start it.
+- :class:`OrderedWriter`: frameworks that call back synchronously or from
+  several tasks (LiveKit, Pipecat) put typed items on one queue in the order
+  the framework produced them; one task applies them, so the recorder calls
+  are made in that order.
+- :class:`PendingUsage` and :class:`PendingToolCalls`: an LLM call's tokens
+  and tool calls wait for the assistant turn they belong to (the next one
+  completed).
+- :func:`conversation` and :func:`after_latest_match`: which stored turns
+  make up the conversation a framework is given back after a resume, and
+  where a framework's own copy of it (an inner session, a checkpointer's
+  state) stops matching turnlog's.
+
+Nothing here imports a framework.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import traceback
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Generic, TypeVar
+
+from turnlog.producers import RecordedSession, RecorderError, SessionNotFoundError, SessionRecorder, StoredTurn
+from turnlog.schemas import ToolCall, TurnStatus
+
+__all__ = [
+    "ASSISTANT",
+    "USER",
+    "OpenedSession",
+    "OrderedWriter",
+    "PendingToolCalls",
+    "PendingUsage",
+    "after_latest_match",
+    "arguments_object",
+    "conversation",
+    "open_or_resume",
+]
+
+logger = logging.getLogger(__name__)
+
+#: The speakers every adapter records (also the frameworks' message roles).
+USER = "user"
+ASSISTANT = "assistant"
+
+Item = TypeVar("Item")
+T = TypeVar("T")
+
+
+# -- opening a session ---------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class OpenedSession:
+    """A session :func:`open_or_resume` opened: ``recorded``, and whether it was resumed
+    (then ``recorded.turns`` holds the stored turns)."""
+
+    recorded: RecordedSession
+    resumed: bool
+
+
+async def open_or_resume(
+    recorder: SessionRecorder,
+    session_id: str,
+    *,
+    fleet: str,
+    agent_id: str,
+    metadata: Mapping[str, Any] | None = None,
+    resume: bool = True,
+    resume_timeout: float | None = None,
+) -> OpenedSession:
+    """Resume ``session_id`` if turnlog has it (with ``resume``), else start it.
+
+    A resume waits at the resume barrier first (:meth:`SessionRecorder.resume`,
+    up to ``resume_timeout`` seconds, default ``settings.resume_timeout_seconds``),
+    so a new session costs one such check. ``fleet``, ``agent_id`` and
+    ``metadata`` are used only when the session is started.
+
+    Raises:
+        SessionClosedError: turnlog has the session and it has ended (it cannot be resumed).
+        ResumeBarrierTimeout: the pipeline did not catch up in time (retry later).
+        InvalidTurnError, SpoolError, RecorderError: as :meth:`SessionRecorder.start_session`.
+    """
+    if resume:
+        try:
+            return OpenedSession(await recorder.resume(session_id, timeout=resume_timeout), resumed=True)
+        except SessionNotFoundError:
+            pass
+    recorded = await recorder.start_session(session_id, fleet=fleet, agent_id=agent_id, metadata=metadata)
+    return OpenedSession(recorded, resumed=False)
+
+
+# -- the ordered writer ----------------------------------------------------------------
+class OrderedWriter(Generic[Item]):
+    """One asyncio task that applies queued items in the order they were put.
+
+    ``apply(item)`` makes the recorder calls an item stands for. A
+    :class:`RecorderError` it raises (a text over the size limit, a full spool)
+    is logged with the session id and the item's type (never its content),
+    kept in :attr:`errors`, and the writer goes on with the next item. Any
+    other exception is a bug in the adapter: logged with its type and the line
+    that raised it (its message may hold content), counted in :attr:`failures`
+    too, and the writer goes on, so one bad event does not lose the rest of
+    the conversation.
+
+    :meth:`put` with ``last=True`` queues the final item: the writer applies it,
+    then runs ``on_stop`` (e.g. closes a recorder the adapter made) and stops;
+    items put after it are dropped. The task starts at the first :meth:`put`
+    (it needs a running event loop).
+    """
+
+    def __init__(
+        self,
+        session_id: str,
+        apply: Callable[[Item], Awaitable[None]],
+        *,
+        name: str,
+        on_stop: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        self.session_id = session_id
+        #: The recorder errors the writer logged and went past (newest last).
+        self.errors: list[RecorderError] = []
+        #: Items not recorded: recorder errors and adapter bugs.
+        self.failures = 0
+        self._apply = apply
+        self._name = name
+        self._on_stop = on_stop
+        self._queue: asyncio.Queue[tuple[Item, bool]] = asyncio.Queue()
+        self._task: asyncio.Task[None] | None = None
+        self._stopping = False
+
+    @property
+    def stopping(self) -> bool:
+        """True once the last item was put: later items are dropped."""
+        return self._stopping
+
+    @property
+    def closed(self) -> bool:
+        """True once the writer applied the last item and stopped."""
+        return self._task is not None and self._task.done()
+
+    def put(self, item: Item, *, last: bool = False) -> None:
+        """Queue ``item``; with ``last``, the writer stops after it. Dropped (logged at
+        DEBUG) after the last item."""
+        if self._stopping:
+            logger.debug("session %s: %s after the last item; not recorded", self.session_id, type(item).__name__)
+            return
+        self._stopping = last
+        if self._task is None:
+            self._task = asyncio.get_running_loop().create_task(self._run(), name=self._name)
+        self._queue.put_nowait((item, last))
+
+    async def drained(self) -> None:
+        """Until every item put so far has been applied (or the writer stopped)."""
+        task = self._task
+        if task is None or task.done():
+            return
+        joined = asyncio.ensure_future(self._queue.join())
+        try:
+            await asyncio.wait({joined, task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            joined.cancel()
+
+    async def wait_closed(self, timeout: float | None = None) -> bool:
+        """Until the writer applied the last item and stopped; False if ``timeout``
+        seconds passed first (None: no limit), or if no item was ever put."""
+        task = self._task
+        if task is None:
+            return False
+        try:
+            await asyncio.wait_for(asyncio.shield(task), timeout)
+        except TimeoutError:
+            return False
+        return True
+
+    async def _run(self) -> None:
+        try:
+            while True:
+                item, last = await self._queue.get()
+                try:
+                    await self._apply(item)
+                except RecorderError as e:  # its message names values and sizes, never content
+                    self.errors.append(e)
+                    self.failures += 1
+                    logger.error("session %s: %s not recorded: %s", self.session_id, type(item).__name__, e)
+                except Exception as e:  # a bug's message may hold content: its type and place only
+                    self.failures += 1
+                    place = traceback.extract_tb(e.__traceback__)[-1]
+                    logger.error("session %s: %s not recorded: %s at %s:%s", self.session_id, type(item).__name__,
+                                 type(e).__name__, place.filename, place.lineno)
+                finally:
+                    self._queue.task_done()
+                if last:
+                    return
+        finally:
+            if self._on_stop is not None:
+                await self._on_stop()
+
+
+# -- tokens and tool calls waiting for their turn ------------------------------------------
+@dataclass(slots=True)
+class PendingUsage:
+    """LLM tokens not yet given to an assistant turn: an LLM call that produced no
+    turn of its own (one that only called tools, one whose reply was dropped)
+    adds its tokens to the next assistant turn completed."""
+
+    input_tokens: int = 0
+    output_tokens: int = 0
+
+    def add(self, input_tokens: int | None, output_tokens: int | None) -> None:
+        """Add a call's tokens (None counts as 0)."""
+        self.input_tokens += int(input_tokens or 0)
+        self.output_tokens += int(output_tokens or 0)
+
+    def take(self) -> tuple[int, int]:
+        """``(input_tokens, output_tokens)`` so far, and start again from zero."""
+        taken = (self.input_tokens, self.output_tokens)
+        self.input_tokens = self.output_tokens = 0
+        return taken
+
+
+@dataclass(slots=True)
+class PendingToolCalls:
+    """Tool calls (and their results) not yet given to an assistant turn, in call
+    order, by the framework's call id."""
+
+    _calls: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return bool(self._calls)
+
+    def call(self, call_id: str, name: str, arguments: Any) -> None:
+        """A call the model made; ``arguments`` as :func:`arguments_object` reads them."""
+        self._calls[call_id] = {"name": name, "arguments": arguments_object(arguments)}
+
+    def result(self, call_id: str, result: Any) -> bool:
+        """The result of call ``call_id``; False if no such call is pending."""
+        call = self._calls.get(call_id)
+        if call is None:
+            return False
+        call["result"] = result
+        return True
+
+    def take(self) -> tuple[ToolCall, ...]:
+        """The pending calls as :class:`ToolCall` values, and start again from none."""
+        calls = tuple(ToolCall(name=c["name"], arguments=c["arguments"], result=c.get("result"))
+                      for c in self._calls.values())
+        self._calls.clear()
+        return calls
+
+
+def arguments_object(raw: Any) -> dict[str, Any]:
+    """A tool call's arguments as a JSON object: a mapping as it is, a JSON string
+    decoded (a non-object value under ``"value"``, text that is not JSON under
+    ``"raw"``), nothing as ``{}``."""
+    if isinstance(raw, Mapping):
+        return dict(raw)
+    try:
+        value = json.loads(raw) if isinstance(raw, str) and raw else {}
+    except ValueError:
+        return {"raw": raw}
+    return value if isinstance(value, dict) else {"value": value}
+
+
+# -- the rebuilt history ---------------------------------------------------------------
+def conversation(turns: Iterable[StoredTurn], *, unfinished: bool) -> list[StoredTurn]:
+    """The stored turns a framework is given back after a resume, in ``turn_index`` order:
+    turns of speaker ``"user"`` or ``"assistant"`` with text; with ``unfinished``
+    also those a crash left open (status ``partial`` or ``interrupted``), else only
+    ``complete`` ones."""
+    return [
+        t for t in sorted(turns, key=lambda t: t.turn_index)
+        if t.speaker in (USER, ASSISTANT) and t.text and (unfinished or t.status == TurnStatus.COMPLETE)
+    ]
+
+
+def after_latest_match(known: Sequence[T], sequence: Sequence[T]) -> int | None:
+    """Where the part of ``sequence`` past ``known`` begins: the position in
+    ``sequence`` right after its latest stretch that ends like ``known`` (all of
+    ``known``, or its tail where ``sequence`` begins later, as a trimmed
+    history does); 0 if ``known`` is empty; None if no stretch matches (one of
+    the two was edited).
+
+    E.g. ``known`` = turnlog's turns, ``sequence`` = a checkpointer's messages:
+    ``sequence[pos:]`` are the messages turnlog lacks. Or ``known`` = an inner
+    session's messages, ``sequence`` = turnlog's turns: ``sequence[pos:]`` are
+    the turns the inner session lacks.
+    """
+    if not known:
+        return 0
+    for end in range(len(sequence), 0, -1):
+        n = min(end, len(known))
+        if list(sequence[end - n : end]) == list(known[len(known) - n :]):
+            return end
+    return None
