@@ -2,7 +2,9 @@
 # One entry point for a fresh machine: install turnlog, start Kafka and Postgres, run the demo or the tests.
 #
 #   bash deploy/dev.sh demo [turnlog demo options...]   # the demo on Postgres, report in demo-report.json
-#   bash deploy/dev.sh test [pytest options...]         # the whole test suite (unit + integration)
+#   bash deploy/dev.sh test [pytest options...]         # the whole test suite (unit + integration), then
+#                                                       # the adapter tests on each framework's floor release
+#                                                       # (deploy/adapter_floors.sh; TURNLOG_ADAPTER_FLOORS=0 skips them)
 #   bash deploy/dev.sh lint                             # ruff and mypy, no services (CI runs it before test)
 #   bash deploy/dev.sh setup                            # install + start services only
 #
@@ -93,7 +95,12 @@ case "$cmd" in
     cd "$root"
     export TURNLOG_TEST_BOOTSTRAP_SERVERS="$TURNLOG_BOOTSTRAP_SERVERS" TURNLOG_TEST_DATABASE_URL="$TURNLOG_DATABASE_URL"
     export TURNLOG_TEST_REQUIRE_EXTRAS=1  # the extras are installed above: a framework that fails to import is an error
-    exec "$python" -m pytest "$@"
+    status=0
+    "$python" -m pytest "$@" || status=$?
+    if [ "${TURNLOG_ADAPTER_FLOORS:-1}" != 0 ]; then
+      PYTHON="$python" bash "$here/adapter_floors.sh" || status=1
+    fi
+    exit "$status"
     ;;
   *)
     echo "usage: bash deploy/dev.sh {setup|demo|test|lint} [options]" >&2
