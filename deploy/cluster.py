@@ -18,7 +18,8 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from confluent_kafka.admin import AdminClient
+from confluent_kafka import KafkaException
+from confluent_kafka.admin import AdminClient, ClusterMetadata
 
 from turnlog.exceptions import ConfigurationError
 from turnlog.polling import wait_until
@@ -126,10 +127,9 @@ class LocalCluster:
     # -- metadata --------------------------------------------------------------
     def registered(self, *, timeout: float = 5) -> set[int]:
         """The node ids the cluster's metadata lists as brokers now (empty if none answered)."""
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
         try:
-            return set(admin.list_topics(timeout=timeout).brokers)
-        except Exception:  # noqa: BLE001 - KafkaException: no broker answered in time
+            return set(self._metadata(timeout).brokers)
+        except TimeoutError:
             return set()
 
     def partitions(self, topics: Iterable[str], *, timeout: float = 10) -> list[PartitionReplicas]:
@@ -138,11 +138,7 @@ class LocalCluster:
         Raises:
             TimeoutError: no node answered a metadata request within ``timeout``.
         """
-        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
-        try:
-            metadata = admin.list_topics(timeout=timeout)
-        except Exception as e:  # KafkaException: no broker answered in time
-            raise TimeoutError(f"no node of {self.bootstrap_servers} answered a metadata request: {e}") from e
+        metadata = self._metadata(timeout)
         found = []
         for topic in topics:
             described = metadata.topics.get(topic)
@@ -153,6 +149,18 @@ class LocalCluster:
                     topic, partition.id, partition.leader, tuple(partition.replicas), tuple(partition.isrs)
                 ))
         return found
+
+    def _metadata(self, timeout: float) -> ClusterMetadata:
+        """The cluster's metadata, as the first node to answer gives it.
+
+        Raises:
+            TimeoutError: no node answered a metadata request within ``timeout``.
+        """
+        admin = AdminClient({"bootstrap.servers": self.bootstrap_servers, "log_level": 0})
+        try:
+            return admin.list_topics(timeout=timeout)
+        except KafkaException as e:  # no broker answered in time
+            raise TimeoutError(f"no node of {self.bootstrap_servers} answered a metadata request: {e}") from e
 
     def leader_of(self, topic: str, partition: int) -> int:
         """The node leading ``topic``/``partition`` now (-1: none)."""

@@ -254,7 +254,6 @@ async def test_a_topic_declared_while_the_controller_is_away_is_declared_once_it
         return producer
 
     monkeypatch.setattr(topic, "_get_producer", get_producer)
-    monkeypatch.setattr("tenacity.nap.time.sleep", lambda _: None)
     monkeypatch.setattr(asyncio, "sleep", _no_sleep)
     await topic.declare()
     assert len(producer.created) == 1 and producer.failures == []
