@@ -76,6 +76,7 @@ with ``rebuild=False`` to keep it as it is.
 from __future__ import annotations
 
 import asyncio
+import inspect
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -84,35 +85,42 @@ from typing import Any
 
 from agents import RunHooks
 from agents.items import ModelResponse, TResponseInputItem
+from agents.memory import OpenAIConversationsSession
 from agents.result import RunResultStreaming
 from agents.stream_events import RawResponsesStreamEvent, StreamEvent
-from openai.types.responses import ResponseTextDeltaEvent
+from openai.types.responses import ResponseCompletedEvent, ResponseTextDeltaEvent
 
-from turnlog.producers import RecordedSession, SessionNotFoundError, SessionRecorder
-from turnlog.schemas import ToolCall, TurnStatus
+from turnlog.adapters._core import (
+    ASSISTANT,
+    USER,
+    PendingToolCalls,
+    PendingUsage,
+    after_latest_match,
+    arguments_object,
+    conversation,
+    open_or_resume,
+)
+from turnlog.producers import RecordedSession, SessionRecorder
+from turnlog.schemas import ToolCall
 
 __all__ = ["TurnlogSession", "TurnlogRunHooks", "USER", "ASSISTANT"]
 
 logger = logging.getLogger(__name__)
 
-#: Speakers of the recorded turns (the SDK's message roles).
-USER = "user"
-ASSISTANT = "assistant"
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
 
 
 @dataclass(slots=True)
-class _Usage:
-    input_tokens: int = 0
-    output_tokens: int = 0
-
-
-@dataclass(slots=True)
 class _Streamed:
-    """An assistant message being streamed: its turn index and the text so far."""
+    """An assistant message streamed by one model response: its item id (not unique:
+    Chat Completions, LiteLLM and any-llm models give every item the SDK's
+    ``FAKE_RESPONSES_ID``, ``agents/models/fake_id.py``), its turn index, the text
+    so far, and whether its response completed (a later delta is a new message)."""
 
+    item_id: str
     turn_index: int
     text: str = ""
+    done: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,9 +141,7 @@ class TurnlogRunHooks(RunHooks[Any]):
         self._session = session
 
     async def on_llm_end(self, context: Any, agent: Any, response: ModelResponse) -> None:
-        usage = response.usage
-        self._session._usage.input_tokens += int(usage.input_tokens or 0)
-        self._session._usage.output_tokens += int(usage.output_tokens or 0)
+        self._session._usage.add(response.usage.input_tokens, response.usage.output_tokens)
 
 
 class TurnlogSession:
@@ -145,6 +151,18 @@ class TurnlogSession:
     ``session_id`` is the inner session's; ``recorded`` is the turnlog session
     (:class:`turnlog.producers.RecordedSession`). ``history`` holds the turns
     turnlog had when it was opened (empty for a new session).
+
+    Whatever else the SDK looks up on a session is the inner session's: any
+    attribute this class does not define is read from ``inner`` (the SDK finds
+    ``run_compaction`` by ``getattr``, ``agents/memory/session.py``
+    ``is_openai_responses_compaction_aware_session``, and the compaction
+    generation hooks ``_get_items_with_generation`` / ``_add_items_with_generation``
+    the same way, ``agents/run_internal/session_persistence.py``; those hooks
+    call back into this session's ``get_items`` and ``add_items``, so the items
+    are still recorded). ``isinstance(session, OpenAIConversationsSession)``
+    (how the SDK strips item ids for the Conversations API) is true when
+    ``inner`` is one. A ``wrapper`` keyword the SDK passes to a session's
+    methods is passed on to the inner session's methods that take it.
     """
 
     def __init__(self, inner: Any, recorded: RecordedSession) -> None:
@@ -152,13 +170,25 @@ class TurnlogSession:
         self.recorded = recorded
         self.session_id: str = inner.session_id
         self.hooks = TurnlogRunHooks(self)
-        self._usage = _Usage()
+        self._usage = PendingUsage()
         self._lock = asyncio.Lock()  # FIFO: writes reach turnlog and the inner session in call order
         self._writes: set[asyncio.Task[None]] = set()
-        self._tool_calls: dict[str, dict[str, Any]] = {}  # call_id -> {"name", "arguments", "result"}, in call order
-        self._streamed: dict[str, _Streamed] = {}  # item id -> open streamed assistant turn
-        self._cut: set[str] = set()  # ids of streamed messages completed as cut short
+        self._tool_calls = PendingToolCalls()
+        self._streamed: list[_Streamed] = []  # open streamed assistant turns, oldest first
+        self._cut: list[_Streamed] = []  # streamed messages completed as cut short, until the next user message
         self._popped: list[str] = []  # canonical JSON of recorded items popped from the inner session
+
+    def __getattr__(self, name: str) -> Any:
+        # Only reached for names this class does not define: the inner session's features.
+        if name == "inner" or name.startswith("__"):
+            raise AttributeError(name)
+        return getattr(self.inner, name)
+
+    @property  # type: ignore[misc]
+    def __class__(self) -> type:
+        # isinstance() falls back on __class__: the SDK's Conversations checks see the inner session.
+        inner = self.__dict__.get("inner")
+        return type(inner) if isinstance(inner, OpenAIConversationsSession) else type(self)
 
     @property
     def session_settings(self) -> Any:
@@ -189,23 +219,19 @@ class TurnlogSession:
             ResumeBarrierTimeout, SpoolError, InvalidTurnError: as
                 ``SessionRecorder.resume`` and ``start_session``.
         """
-        session_id = inner.session_id
-        try:
-            recorded = await recorder.resume(session_id)
-        except SessionNotFoundError:
-            recorded = await recorder.start_session(session_id, fleet=fleet, agent_id=agent_id, metadata=metadata)
-        session = cls(inner, recorded)
-        if rebuild and recorded.turns:
+        opened = await open_or_resume(recorder, inner.session_id, fleet=fleet, agent_id=agent_id, metadata=metadata)
+        session = cls(inner, opened.recorded)
+        if rebuild and opened.recorded.turns:
             await session._rebuild()
         return session
 
     # -- the Session protocol ------------------------------------------------
-    async def get_items(self, limit: int | None = None) -> list[TResponseInputItem]:
+    async def get_items(self, limit: int | None = None, *, wrapper: Any = None) -> list[TResponseInputItem]:
         """The inner session's items (after the writes still running)."""
         async with self._lock:
-            return await self.inner.get_items(limit)
+            return await _call(self.inner.get_items, limit, wrapper=wrapper)
 
-    async def add_items(self, items: list[TResponseInputItem]) -> None:
+    async def add_items(self, items: list[TResponseInputItem], *, wrapper: Any = None) -> None:
         """Record the user and assistant messages of ``items`` in turnlog, then save
         ``items`` in the inner session, in a task a cancellation does not stop.
 
@@ -214,7 +240,7 @@ class TurnlogSession:
                 the items are saved in the inner session all the same.
             Whatever the inner session's ``add_items`` raises.
         """
-        write = asyncio.ensure_future(self._write(list(items)))
+        write = asyncio.ensure_future(self._write(list(items), wrapper))
         self._writes.add(write)
         write.add_done_callback(self._writes.discard)
         try:
@@ -223,41 +249,47 @@ class TurnlogSession:
             write.add_done_callback(_log_failure)  # nobody awaits it now: a failure is logged
             raise
 
-    async def pop_item(self) -> TResponseInputItem | None:
+    async def pop_item(self, *, wrapper: Any = None) -> TResponseInputItem | None:
         """Pop the inner session's newest item; turnlog keeps what it recorded."""
         async with self._lock:
-            item = await self.inner.pop_item()
+            item = await _call(self.inner.pop_item, wrapper=wrapper)
             if item is not None:
                 self._popped.append(_canonical(item))
             return item
 
-    async def clear_session(self) -> None:
+    async def clear_session(self, *, wrapper: Any = None) -> None:
         """Clear the inner session; turnlog keeps what it recorded."""
         async with self._lock:
             self._popped.clear()
-            await self.inner.clear_session()
+            await _call(self.inner.clear_session, wrapper=wrapper)
 
     # -- streaming -----------------------------------------------------------
     async def stream(self, result: RunResultStreaming) -> AsyncIterator[StreamEvent]:
         """Yield ``result.stream_events()`` unchanged, recording the assistant's
         text deltas as the partial text of its open turn (one turn per output
-        message item). When the stream ends, a streamed message the run did not
-        save is completed ``barged_in=True`` with the text streamed so far."""
+        message item of a model response: ``response.output_text.delta`` events
+        of one ``item_id`` until that response's ``response.completed``). When
+        the stream ends, a streamed message the run did not save is completed
+        ``barged_in=True`` with the text streamed so far."""
         try:
             async for event in result.stream_events():
-                if isinstance(event, RawResponsesStreamEvent) and isinstance(event.data, ResponseTextDeltaEvent):
-                    self._on_delta(event.data.item_id, event.data.delta)
+                if isinstance(event, RawResponsesStreamEvent):
+                    if isinstance(event.data, ResponseTextDeltaEvent):
+                        self._on_delta(event.data.item_id, event.data.delta)
+                    elif isinstance(event.data, ResponseCompletedEvent):
+                        for streamed in self._streamed:
+                            streamed.done = True
                 yield event
         finally:
             await self._settle_writes()
             async with self._lock:
-                for item_id, streamed in list(self._streamed.items()):
-                    del self._streamed[item_id]
-                    self._cut.add(item_id)  # if the run saves it after all, it is recorded already
-                    usage = self._take_usage()
+                while self._streamed:
+                    streamed = self._streamed.pop(0)
+                    self._cut.append(streamed)  # if the run saves it after all, it is recorded already
+                    input_tokens, output_tokens = self._usage.take()
                     await self.recorded.complete_turn(
                         streamed.turn_index, ASSISTANT, streamed.text, barged_in=True,
-                        input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+                        input_tokens=input_tokens, output_tokens=output_tokens,
                     )
 
     # -- the turnlog session -------------------------------------------------
@@ -270,9 +302,10 @@ class TurnlogSession:
 
     # -- internals -----------------------------------------------------------
     def _on_delta(self, item_id: str, delta: str) -> None:
-        streamed = self._streamed.get(item_id)
+        streamed = next((s for s in reversed(self._streamed) if s.item_id == item_id and not s.done), None)
         if streamed is None:
-            streamed = self._streamed[item_id] = _Streamed(self.recorded.next_turn_index)
+            streamed = _Streamed(item_id, self.recorded.next_turn_index)
+            self._streamed.append(streamed)
         streamed.text += delta
         self.recorded.update_partial(streamed.turn_index, ASSISTANT, streamed.text)
 
@@ -280,7 +313,7 @@ class TurnlogSession:
         while self._writes:
             await asyncio.gather(*list(self._writes), return_exceptions=True)
 
-    async def _write(self, items: list[TResponseInputItem]) -> None:
+    async def _write(self, items: list[TResponseInputItem], wrapper: Any) -> None:
         async with self._lock:
             failure: BaseException | None = None
             try:
@@ -288,7 +321,7 @@ class TurnlogSession:
                     await self._record(message)
             except Exception as e:  # raised below, once the inner session has the items too
                 failure = e
-            await self.inner.add_items(items)
+            await _call(self.inner.add_items, items, wrapper=wrapper)
             if failure is not None:
                 raise failure
 
@@ -306,52 +339,38 @@ class TurnlogSession:
                 self._popped.clear()  # a new item, not a restore
             kind = item.get("type")
             if kind == "function_call":
-                self._tool_calls[str(item.get("call_id"))] = {"name": item.get("name"),
-                                                              "arguments": _arguments(item.get("arguments"))}
+                self._tool_calls.call(str(item.get("call_id")), str(item.get("name")), item.get("arguments"))
                 continue
             if kind == "function_call_output":
-                call = self._tool_calls.get(str(item.get("call_id")))
-                if call is not None:
-                    call["result"] = item.get("output")
+                self._tool_calls.result(str(item.get("call_id")), item.get("output"))
                 continue
             message = _message(item)
             if message is None:
                 continue
             if message.speaker == ASSISTANT and self._tool_calls:
-                calls = tuple(
-                    ToolCall(name=c["name"], arguments=c["arguments"], result=c.get("result"))
-                    for c in self._tool_calls.values()
-                )
-                self._tool_calls.clear()
-                message = _Message(message.speaker, message.text, message.item_id, calls)
+                message = _Message(message.speaker, message.text, message.item_id, self._tool_calls.take())
             messages.append(message)
         return messages
 
     async def _record(self, message: _Message) -> None:
-        if message.item_id is not None and message.item_id in self._cut:
-            self._cut.discard(message.item_id)
-            return
-        streamed = self._streamed.pop(message.item_id, None) if message.item_id is not None else None
-        if streamed is None and message.speaker == ASSISTANT and self._streamed:
-            # The ids differ (a model that sets none): the oldest first.
-            streamed = self._streamed.pop(next(iter(self._streamed)))
+        if message.speaker == USER:
+            self._cut.clear()  # a new run's input: the cut runs saved what they were going to
+        else:
+            cut = _take_match(self._cut, message, lambda c: message.text.startswith(c.text))
+            if cut is not None:
+                return  # a cut message the run saved after all: recorded as the user saw it
+        streamed = _take_match(self._streamed, message, lambda s: True) if message.speaker == ASSISTANT else None
         index = streamed.turn_index if streamed is not None else self.recorded.next_turn_index
-        usage = self._take_usage() if message.speaker == ASSISTANT else _Usage()
+        input_tokens, output_tokens = self._usage.take() if message.speaker == ASSISTANT else (0, 0)
         await self.recorded.complete_turn(
             index, message.speaker, message.text, tool_calls=message.tool_calls or None,
-            input_tokens=usage.input_tokens, output_tokens=usage.output_tokens,
+            input_tokens=input_tokens, output_tokens=output_tokens,
         )
 
-    def _take_usage(self) -> _Usage:
-        usage, self._usage = self._usage, _Usage()
-        return usage
-
     async def _rebuild(self) -> None:
-        stored = [
-            (t.speaker, t.text)
-            for t in self.recorded.turns
-            if t.status == TurnStatus.COMPLETE and t.speaker in (USER, ASSISTANT)
-        ]
+        # A barged-in turn is the words the user saw of an answer the run never saved: the
+        # inner session never holds it, so it is neither matched against nor added back.
+        stored = [(t.speaker, t.text) for t in conversation(self.recorded.turns, unfinished=False) if not t.barged_in]
         held = [(m.speaker, m.text) for m in map(_message, await self.inner.get_items()) if m is not None]
         start = _missing_from(held, stored)
         if start is None:
@@ -373,14 +392,38 @@ def _log_failure(write: asyncio.Task[None]) -> None:
 
 
 def _missing_from(held: list[tuple[str, str]], stored: list[tuple[str, str]]) -> int | None:
-    """Where the turns ``held`` lacks start in ``stored``: 0 if it holds none; the
-    position after the latest run of ``stored`` equal to ``held``; None if there is none."""
-    if not held:
-        return 0
-    for end in range(len(stored), len(held) - 1, -1):
-        if stored[end - len(held) : end] == held:
-            return end
+    """Where the turns ``held`` lacks start in ``stored`` (``_core.after_latest_match``):
+    0 if it holds none; the position after the latest run of ``stored`` that ends
+    like ``held``; None if there is none."""
+    return after_latest_match(held, stored)
+
+
+def _take_match(open_: list[_Streamed], message: _Message, fits: Any) -> _Streamed | None:
+    """Remove and return the oldest entry of ``open_`` with ``message``'s item id that
+    ``fits``; else (ids the model does not set, or sets to one placeholder) the oldest
+    that ``fits``."""
+    for same_id in (True, False):
+        for i, entry in enumerate(open_):
+            if (not same_id or entry.item_id == message.item_id) and fits(entry):
+                return open_.pop(i)
     return None
+
+
+async def _call(method: Any, *args: Any, wrapper: Any) -> Any:
+    """``method(*args)``, with ``wrapper=`` when the SDK gave one and ``method`` takes it
+    (the SDK's opt-in, ``agents/memory/session.py`` ``_session_method_accepts_wrapper``)."""
+    if wrapper is not None and _takes_wrapper(method):
+        return await method(*args, wrapper=wrapper)
+    return await method(*args)
+
+
+def _takes_wrapper(method: Any) -> bool:
+    try:
+        parameter = inspect.signature(method).parameters.get("wrapper")
+    except (TypeError, ValueError):
+        return False
+    return parameter is not None and parameter.kind in (inspect.Parameter.POSITIONAL_OR_KEYWORD,
+                                                        inspect.Parameter.KEYWORD_ONLY)
 
 
 def _message(item: Any) -> _Message | None:
@@ -405,15 +448,7 @@ def _message(item: Any) -> _Message | None:
     return _Message(role, text, item_id if isinstance(item_id, str) else None)
 
 
-def _arguments(raw: Any) -> dict[str, Any]:
-    """A function call's arguments as a JSON object (non-object JSON under ``"value"``, bad JSON under ``"raw"``)."""
-    if isinstance(raw, Mapping):
-        return dict(raw)
-    try:
-        value = json.loads(raw) if isinstance(raw, str) and raw else {}
-    except ValueError:
-        return {"raw": raw}
-    return value if isinstance(value, dict) else {"value": value}
+_arguments = arguments_object  # a function call's arguments as a JSON object (``_core.arguments_object``)
 
 
 def _canonical(item: Any) -> str:
