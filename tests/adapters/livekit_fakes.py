@@ -217,3 +217,33 @@ def voice_outputs(session: Any) -> CapturedText:
     session.output.audio = synchronizer.audio_output
     session.output.transcription = synchronizer.text_output
     return room_text
+
+
+# -- LiveKit's job shutdown ------------------------------------------------------------
+class _SilentIPC:
+    """The job process's IPC client: the messages to the parent process go nowhere."""
+
+    async def send(self, message: Any) -> None:
+        return None
+
+
+async def shut_down_job(job: Any, *, reason: str, user_initiated: bool) -> None:
+    """Run LiveKit's own job shutdown sequence on ``job`` (a ``fake_job_context``): the
+    job process's ``_JobProc._shutdown_job`` (``livekit/agents/ipc/job_proc_lazy_main.py``),
+    in a task named as the job process names the job's task. It waits for the (finished)
+    entrypoint, closes the primary session with ``session.aclose()``, then runs the
+    job's shutdown callbacks. ``reason``/``user_initiated`` are its ``_ShutdownInfo``:
+    ``("user requested", True)`` for ``ctx.shutdown()``, ``("job crashed", False)`` for a
+    crashed entrypoint, a parent's reason (a drain timeout) with False."""
+    from livekit.agents.ipc.job_proc_lazy_main import _JobProc, _ShutdownInfo
+    from livekit.agents.ipc.mock_room import create_mock_room
+    from livekit.agents.job import JobExecutorType
+
+    proc = _JobProc(lambda _: None, lambda _: None, None, session_end_timeout=10.0, executor_type=JobExecutorType.THREAD)
+    proc._job_ctx = job
+    proc._room = create_mock_room()
+    proc._client = _SilentIPC()  # type: ignore[assignment]
+    entrypoint = asyncio.create_task(asyncio.sleep(0), name="job_user_entrypoint")
+    await entrypoint
+    info = _ShutdownInfo(user_initiated=user_initiated, reason=reason)
+    await asyncio.create_task(proc._shutdown_job(entrypoint, info), name="job_task")

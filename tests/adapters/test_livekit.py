@@ -27,7 +27,7 @@ from turnlog.producers import SessionRecorder, StoredTurn
 from turnlog.schemas import TurnPartial, decode_event
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
-from tests.adapters.livekit_fakes import CapturedText, Reply, ScriptedLLM, SilentTTS, voice_outputs
+from tests.adapters.livekit_fakes import CapturedText, Reply, ScriptedLLM, SilentTTS, shut_down_job, voice_outputs
 from tests.progress import ScriptProcess
 from tests.support import wait_until
 
@@ -261,9 +261,9 @@ async def test_on_the_voice_path_a_barged_in_reply_is_stored_with_the_words_hear
     assert sent.startswith(heard) and len(sent) < len(EVERYTHING) and EVERYTHING.startswith(sent)
 
 
-@pytest.mark.parametrize("close", ["job_shutdown", "error"])
+@pytest.mark.parametrize("close", ["drain timeout", "ctx.shutdown", "job crashed", "error"])
 async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumable_and_resumes_its_context(pipeline, close):
-    session_id = f"lk-{close}-{uuid.uuid4().hex[:6]}"
+    session_id = f"lk-{close.replace(' ', '-').replace('.', '-')}-{uuid.uuid4().hex[:6]}"
     llm = ScriptedLLM({**REPLIES, "break": Reply(fail=True)})
     options = {"conn_options": SessionConnectOptions(llm_conn_options=APIConnectOptions(max_retry=0), max_unrecoverable_errors=0)}
     with fake_job_context() as job:
@@ -273,10 +273,12 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
         )
         await session.start(agent)
         await session.run(user_input="Hello")
-        if close == "job_shutdown":
-            # What LiveKit's job process does at shutdown: every shutdown callback at once
-            # (the session's own close, reason job_shutdown, and the adapter's).
-            await asyncio.gather(*(callback("test shutdown") for callback in job._shutdown_callbacks))
+        if close != "error":
+            # LiveKit's job shutdown: session.aclose() (reason user_initiated), then the
+            # shutdown callbacks (the session's own, reason job_shutdown, and the adapter's).
+            user_initiated = close == "ctx.shutdown"
+            reason = {"drain timeout": "draining timed out", "ctx.shutdown": "user requested"}.get(close, close)
+            await shut_down_job(job, reason=reason, user_initiated=user_initiated)
         else:
             session.generate_reply(user_input="break")  # an unrecoverable LLM error closes the session
         assert await recording.wait_closed(TIMEOUT)

@@ -90,9 +90,15 @@ USER_SPEAKER = "user"
 AGENT_SPEAKER = "assistant"
 _ROLES = {USER_SPEAKER: "user", AGENT_SPEAKER: "assistant"}
 #: Close reasons that end the session in turnlog; any other (``job_shutdown``,
-#: ``error``) leaves it active, so the next job resumes it.
+#: ``error``) leaves it active, so the next job resumes it. ``user_initiated``
+#: ends it only when the app closed the session (``session.shutdown()``,
+#: ``session.aclose()``), not when LiveKit's job shutdown did (see
+#: :func:`_closed_by_job_shutdown`).
 ENDING_REASONS = frozenset({CloseReason.PARTICIPANT_DISCONNECTED, CloseReason.USER_INITIATED,
                             CloseReason.TASK_COMPLETED})
+#: The name of the task LiveKit's job process runs a job in, shutdown included
+#: (``livekit/agents/ipc/job_proc_lazy_main.py``, ``_JobProc._start_job``).
+_JOB_TASK_NAME = "job_task"
 
 
 async def record_session(
@@ -492,7 +498,7 @@ class LiveKitRecording:
     def _on_close(self, ev: CloseEvent) -> None:
         if self._stopping:
             return
-        if ev.reason in ENDING_REASONS:
+        if ev.reason in ENDING_REASONS and not (ev.reason == CloseReason.USER_INITIATED and _closed_by_job_shutdown()):
             self._submit(_End(ev.reason.value, _from_epoch(ev.created_at)))
         else:
             logger.info("session %s: LiveKit closed it (%s); it stays resumable", self.recorded.session_id,
@@ -554,6 +560,28 @@ class LiveKitRecording:
                 await self.recorder.close()
         finally:
             self._stopped.set()
+
+
+def _closed_by_job_shutdown() -> bool:
+    """True when the running close is LiveKit's job shutdown, not the app's.
+
+    At a job's shutdown (a drain timeout, ``ctx.shutdown()``, a crashed
+    entrypoint, the room gone), LiveKit's job process closes the primary session
+    with ``session.aclose()`` before the shutdown callbacks run
+    (``livekit/agents/ipc/job_proc_lazy_main.py``, ``_JobProc._shutdown_job``:
+    ``asyncio.wait_for(session.aclose(), ...)`` in the job's task), and
+    ``aclose()`` closes with ``USER_INITIATED`` (``AgentSession.aclose``), the
+    reason an app's own close has. ``CloseEvent`` is emitted in the closing
+    task: the job's task (``job_task``) or, where ``asyncio.wait_for`` runs its
+    awaitable in a task of its own (Python 3.11), a task that runs
+    ``AgentSession.aclose`` and nothing else.
+    """
+    task = asyncio.current_task()
+    if task is None:
+        return False
+    if task.get_name() == _JOB_TASK_NAME:
+        return True
+    return getattr(task.get_coro(), "__qualname__", "") == f"{AgentSession.__name__}.aclose"
 
 
 def _now() -> dt.datetime:
