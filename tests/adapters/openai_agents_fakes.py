@@ -6,6 +6,12 @@ word as ``response.output_text.delta`` events, then ``response.completed``.
 A reply with ``hold`` set stops streaming after ``hold`` words and waits
 (forever, or until ``release`` is set): the test kills or cancels meanwhile.
 ``calls`` keeps the input items of every call (what the model was shown).
+
+``item_id`` set: every output item gets that id, as the SDK's Chat Completions,
+LiteLLM and any-llm models give every item ``FAKE_RESPONSES_ID``
+(``agents/models/chatcmpl_converter.py``, ``chatcmpl_stream_handler.py``);
+unset, each item gets an id of its own, as the Responses API does. Every
+response has a ``response_id`` (``resp_<n>``).
 """
 
 from __future__ import annotations
@@ -40,8 +46,9 @@ class Reply:
 
 
 class FakeModel(Model):
-    def __init__(self, replies: list[Reply]) -> None:
+    def __init__(self, replies: list[Reply], item_id: str | None = None) -> None:
         self.replies = list(replies)
+        self.item_id = item_id
         self.calls: list[list[dict[str, Any]]] = []
         self.count = 0
 
@@ -52,11 +59,11 @@ class FakeModel(Model):
         n = self.count
         if reply.call is not None:
             name, arguments = reply.call
-            output = [ResponseFunctionToolCall(id=f"fc_{n}", call_id=f"call_{n}", name=name, arguments=arguments, type="function_call", status="completed")]
+            output = [ResponseFunctionToolCall(id=self.item_id or f"fc_{n}", call_id=f"call_{n}", name=name, arguments=arguments, type="function_call", status="completed")]
         else:
             output = [
                 ResponseOutputMessage(
-                    id=f"msg_{n}", type="message", role="assistant", status="completed",
+                    id=self.item_id or f"msg_{n}", type="message", role="assistant", status="completed",
                     content=[ResponseOutputText(text=reply.text or "", type="output_text", annotations=[], logprobs=[])],
                 )
             ]
@@ -65,7 +72,7 @@ class FakeModel(Model):
     async def get_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs, tracing, *, previous_response_id=None, conversation_id=None, prompt=None, **kwargs) -> ModelResponse:
         reply, output = self._next(input)
         usage = Usage(requests=1, input_tokens=reply.input_tokens, output_tokens=reply.output_tokens, total_tokens=reply.input_tokens + reply.output_tokens)
-        return ModelResponse(output=output, usage=usage, response_id=None)
+        return ModelResponse(output=output, usage=usage, response_id=f"resp_{self.count}")
 
     async def stream_response(self, system_instructions, input, model_settings, tools, output_schema, handoffs, tracing, *, previous_response_id=None, conversation_id=None, prompt=None, **kwargs) -> AsyncIterator[Any]:
         reply, output = self._next(input)

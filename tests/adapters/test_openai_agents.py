@@ -12,7 +12,10 @@ from tests.support import require_extra
 
 require_extra("agents.memory", "openai-agents")
 
+from types import SimpleNamespace
+
 from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled
+from agents.models.fake_id import FAKE_RESPONSES_ID
 
 from turnlog.adapters.openai_agents import TurnlogSession
 from turnlog.producers import SessionRecorder
@@ -21,6 +24,7 @@ from tests.adapters.openai_agents_fakes import FakeModel, Reply
 from tests.adapters.scripted import TURNS_AFTER_A_KILL_MID_ANSWER, kill_mid_answer_then_resume
 from tests.adapters.stored import turns
 from tests.integration.test_pipeline import finalized
+from tests.progress import ScriptProcess
 from tests.support import wait_until
 
 TIMEOUT = 120
@@ -42,6 +46,13 @@ def texts(items):
             continue
         out.append((item["role"], content if isinstance(content, str) else "".join(p.get("text", "") for p in content)))
     return out
+
+
+def held_and_stored(pipeline, session_id, items):
+    """The inner session's (role, text) messages, and turnlog's complete turns the framework
+    holds (a barged-in turn is what the user saw of an answer the run never saved)."""
+    stored = [(t[1], t[2]) for t in turns(pipeline, session_id) if t[3] == "complete" and not t[6]]
+    return texts(items), stored
 
 
 async def test_runner_run_records_user_and_assistant_turns_with_tokens_and_tool_calls(pipeline):
@@ -296,3 +307,125 @@ async def test_a_streamed_run_with_a_tool_call_gives_the_answer_every_tokens_and
         (0, "user", "Order 7?", "complete", 0, 0, False, None),
         (1, "assistant", "Order 7 ships tomorrow.", "complete", 42, 10, False, [call]),
     ]
+
+
+async def test_a_chat_completions_model_loses_no_answer_after_a_cut_stream(pipeline):
+    """Chat Completions, LiteLLM and any-llm models give every item FAKE_RESPONSES_ID: a cut
+    answer's id is every later answer's id too."""
+    session_id = f"oa-fake-id-{uuid.uuid4().hex[:8]}"
+    cut = Reply(text="Let me read you the whole terms and conditions now.", input_tokens=4, output_tokens=9, hold=3)
+    model = FakeModel([cut, Reply(text="Sorry! Yes?", output_tokens=3), Reply(text="It ships today.", output_tokens=4)],
+                      item_id=FAKE_RESPONSES_ID)
+    agent = Agent(name="talker", model=model)
+    inner = SQLiteSession(session_id)
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="talker")
+        result = Runner.run_streamed(agent, "Tell me the terms", session=session, hooks=session.hooks)
+        deltas = 0
+        async for event in session.stream(result):
+            if event.type == "raw_response_event" and event.data.type == "response.output_text.delta":
+                deltas += 1
+                if deltas == 3:
+                    result.cancel()
+        await Runner.run(agent, "Stop, a question", session=session, hooks=session.hooks)
+        streamed = Runner.run_streamed(agent, "When does it ship?", session=session, hooks=session.hooks)
+        async for _ in session.stream(streamed):
+            pass
+        await session.end("completed")
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [t[:7] for t in turns(pipeline, session_id)] == [
+        (0, "user", "Tell me the terms", "complete", 0, 0, False),
+        (1, "assistant", "Let me read ", "complete", 0, 0, True),
+        (2, "user", "Stop, a question", "complete", 0, 0, False),
+        (3, "assistant", "Sorry! Yes?", "complete", 0, 3, False),
+        (4, "user", "When does it ship?", "complete", 0, 0, False),
+        (5, "assistant", "It ships today.", "complete", 0, 4, False),
+    ]
+    held, stored = held_and_stored(pipeline, session_id, await inner.get_items())
+    assert stored == held  # turn by turn: what the SDK holds is what turnlog holds
+
+
+def test_a_resume_after_a_cut_answer_rebuilds_what_the_inner_session_lacks(new_pipeline, tmp_path):
+    """A barged-in turn is never in the inner session: it must not stop the rebuild of a
+    persistent inner session left one write behind by a SIGKILL."""
+    pipeline = new_pipeline(("sequencer", "sink"))
+    session_id = f"oa-cut-crash-{uuid.uuid4().hex[:8]}"
+    env = pipeline.settings.as_environment()
+    args = ("tests.adapters.openai_agents_cut_script", session_id, str(tmp_path / "inner.db"))
+    first = ScriptProcess(args[0], "first", *args[1:], env=env, log_path=tmp_path / "first.log", name="agent-first")
+    first.first_with("holding", TIMEOUT)
+    first.process.kill()
+    second = ScriptProcess(args[0], "second", *args[1:], env=env, log_path=tmp_path / "second.log", name="agent-second")
+    done = second.first_with("done", TIMEOUT)
+    assert second.process.popen.wait(TIMEOUT) == 0, second.log_tail()
+
+    asked = [("user", "question 0"), ("user", "question 1"), ("assistant", "answer 1"), ("user", "question 2"),
+             ("assistant", "answer 2")]
+    assert [tuple(m) for m in done["rebuilt"]] == asked  # answer 2 appended from turnlog
+    assert [tuple(m) for m in done["model_saw"]] == [*asked, ("user", "question 3")]
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [t[:7] for t in turns(pipeline, session_id)] == [
+        (0, "user", "question 0", "complete", 0, 0, False),
+        (1, "assistant", "answer 0 ", "complete", 0, 0, True),
+        (2, "user", "question 1", "complete", 0, 0, False),
+        (3, "assistant", "answer 1", "complete", 11, 2, False),
+        (4, "user", "question 2", "complete", 0, 0, False),
+        (5, "assistant", "answer 2", "complete", 12, 2, False),
+        (6, "user", "question 3", "complete", 0, 0, False),
+        (7, "assistant", "answer 3", "complete", 13, 2, False),
+    ]
+    stored = [(t[1], t[2]) for t in turns(pipeline, session_id) if not t[6]]
+    assert stored == [tuple(m) for m in done["held"]]  # turn by turn, after the kill and the resume
+
+
+class FakeCompactions:
+    """``client.responses`` of an ``AsyncOpenAI`` for ``OpenAIResponsesCompactionSession``:
+    ``compact`` returns one summary message and keeps each request."""
+
+    def __init__(self) -> None:
+        self.requests: list[dict] = []
+
+    async def compact(self, **request):
+        self.requests.append(request)
+        return SimpleNamespace(output=[{"type": "message", "role": "user", "content": "summary"}], usage=None)
+
+
+async def test_a_wrapped_compaction_session_still_compacts_and_every_turn_is_recorded(pipeline):
+    """The Runner finds run_compaction by getattr (agents/memory/session.py): wrapped, the
+    inner compaction session must still be compacted by the Runner itself."""
+    from agents.memory import OpenAIResponsesCompactionSession
+
+    session_id = f"oa-compact-{uuid.uuid4().hex[:8]}"
+    responses = FakeCompactions()
+    inner = OpenAIResponsesCompactionSession(
+        session_id, SQLiteSession(session_id), client=SimpleNamespace(responses=responses),
+        compaction_mode="input", should_trigger_compaction=lambda context: len(context["session_items"]) >= 4,
+    )
+    model = FakeModel([Reply(text="answer 0", output_tokens=2), Reply(text="answer 1", output_tokens=2)])
+    agent = Agent(name="bot", model=model)
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
+        await Runner.run(agent, "question 0", session=session, hooks=session.hooks)
+        assert responses.requests == []  # two items: below the inner session's threshold
+        await Runner.run(agent, "question 1", session=session, hooks=session.hooks)
+        await session.end("completed")
+    assert len(responses.requests) == 1
+    compacted = [item["content"] for item in responses.requests[0]["input"] if item.get("role") == "user"]
+    assert compacted == ["question 0", "question 1"]  # the compaction saw the whole conversation
+    assert texts(await inner.get_items()) == [("user", "summary")]  # the SDK's history now: the summary
+    assert texts(model.calls[1]) == [("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1")]
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    # turnlog keeps the conversation as it was spoken: what the model was shown, then its answer.
+    assert [(t[1], t[2]) for t in turns(pipeline, session_id)] == [*texts(model.calls[1]), ("assistant", "answer 1")]
+
+
+def test_a_wrapped_conversations_session_is_one_for_the_sdk():
+    """The SDK strips item ids for the Conversations API where isinstance(session,
+    OpenAIConversationsSession) (agents/run_internal/session_persistence.py)."""
+    from agents.memory import OpenAIConversationsSession
+
+    inner = OpenAIConversationsSession(conversation_id="conv_1", openai_client=SimpleNamespace())
+    session = TurnlogSession(inner, SimpleNamespace(turns=()))
+    assert isinstance(session, OpenAIConversationsSession) and isinstance(session, TurnlogSession)
+    plain = TurnlogSession(SQLiteSession("plain"), SimpleNamespace(turns=()))
+    assert not isinstance(plain, OpenAIConversationsSession)
