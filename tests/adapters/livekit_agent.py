@@ -7,6 +7,9 @@ Progress goes to stdout as JSON lines, flushed.
 
 - ``first``: "Hello" and its reply, then "Tell me a story", whose reply streams
   slowly (over a minute); prints ``speaking`` and waits to be SIGKILLed mid-reply.
+- ``first-voice``: the same on the voice path (``SilentTTS``, audio played in real
+  time behind LiveKit's ``TranscriptSynchronizer``): the story is generated at once
+  and takes about two minutes to play.
 - ``resume``: the same session id again: prints what the resume rebuilt (the
   agent's ChatContext and ``session.history``), asks "What happened next?",
   prints what the LLM was given, closes the session (it ends) and exits.
@@ -22,7 +25,7 @@ from livekit.agents import Agent, AgentSession
 
 from turnlog.adapters.livekit import record_session
 
-from tests.adapters.livekit_fakes import Reply, ScriptedLLM
+from tests.adapters.livekit_fakes import Reply, ScriptedLLM, SilentTTS, voice_outputs
 
 STORY = "Once upon a time, " + " ".join(f"dragon{i}" for i in range(800))
 REPLIES = {
@@ -30,6 +33,10 @@ REPLIES = {
     "Tell me a story": Reply(STORY, input_tokens=30, output_tokens=500, chunk_chars=5, chunk_seconds=0.05),
     "What happened next?": Reply("The dragon slept.", input_tokens=70, output_tokens=4),
 }
+
+
+#: The voice phase's replies: generated at once, far faster than they play.
+FAST_REPLIES = {**REPLIES, "Tell me a story": Reply(STORY, input_tokens=30, output_tokens=500, chunk_chars=50)}
 
 
 def say(**fields: object) -> None:
@@ -42,8 +49,11 @@ def messages(chat_ctx) -> list[tuple[str, str | None, bool]]:
 
 
 async def main(phase: str, session_id: str) -> None:
-    llm = ScriptedLLM(REPLIES)
-    session = AgentSession(llm=llm, vad=None, user_away_timeout=None)
+    voice = phase == "first-voice"
+    llm = ScriptedLLM(FAST_REPLIES if voice else REPLIES)
+    session = AgentSession(llm=llm, tts=SilentTTS() if voice else None, vad=None, user_away_timeout=None)
+    if voice:
+        voice_outputs(session)
     agent = Agent(instructions="You tell stories.")
     recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-crash")
     say(
@@ -53,7 +63,7 @@ async def main(phase: str, session_id: str) -> None:
         history=messages(session.history),
     )
     await session.start(agent)
-    if phase == "first":
+    if phase in ("first", "first-voice"):
         await session.run(user_input="Hello")
         await recording.wait_recorded()
         story = session.run(user_input="Tell me a story")  # over a minute: the test SIGKILLs us first

@@ -265,21 +265,46 @@ class _AgentTurn:
 
 
 class _TranscriptTap(TextOutput):
-    """Wraps the session's text output: the agent's text goes to the recording, then on."""
+    """The session's text output when it has none: the agent's text goes to the recording."""
 
-    def __init__(self, recording: LiveKitRecording, next_in_chain: TextOutput | None) -> None:
-        super().__init__(label="turnlog", next_in_chain=next_in_chain)
+    def __init__(self, recording: LiveKitRecording) -> None:
+        super().__init__(label="turnlog", next_in_chain=None)
         self._recording = recording
 
     async def capture_text(self, text: str) -> None:
         self._recording._on_agent_text(text)
-        if self.next_in_chain is not None:
-            await self.next_in_chain.capture_text(text)
 
     def flush(self) -> None:
         self._recording._on_agent_flush()
-        if self.next_in_chain is not None:
-            self.next_in_chain.flush()
+
+
+class _Watch:
+    """The last ``TextOutput`` of the session's transcription chain, watched: its
+    ``capture_text`` and ``flush`` (set on the instance) tell the recording, then do
+    what they did. The last link receives the text as the room is sent it: after
+    LiveKit's ``TranscriptSynchronizer`` (``voice/transcription/synchronizer.py``),
+    which releases the text of a reply as its audio plays, so what it gets is what
+    was spoken (a text-only session has no synchronizer: the text as generated)."""
+
+    def __init__(self, recording: LiveKitRecording, output: TextOutput) -> None:
+        self.output = output
+        capture_text, flush = output.capture_text, output.flush
+
+        async def watched_capture_text(text: str) -> None:
+            recording._on_agent_text(text)
+            await capture_text(text)
+
+        def watched_flush() -> None:
+            recording._on_agent_flush()
+            flush()
+
+        setattr(output, "capture_text", watched_capture_text)  # noqa: B010 (an instance attribute, by design)
+        setattr(output, "flush", watched_flush)  # noqa: B010
+
+    def release(self) -> None:
+        """Give the output back its own methods."""
+        for name in ("capture_text", "flush"):
+            vars(self.output).pop(name, None)
 
 
 class LiveKitRecording:
@@ -319,7 +344,8 @@ class LiveKitRecording:
         self._stopping = False
         self._stop_requested = asyncio.Event()
         self._stopped = asyncio.Event()
-        self._tap: _TranscriptTap | None = None
+        self._watch: _Watch | None = None
+        self._finished_speeches: set[str] = set()
 
     # -- public ------------------------------------------------------------------
     @property
@@ -369,17 +395,27 @@ class LiveKitRecording:
         self.session.off("session_usage_updated", self._on_session_usage_updated)
         self.session.off("agent_state_changed", self._on_agent_state_changed)
         self.session.off("close", self._on_close)
+        if self._watch is not None:
+            self._watch.release()
+            self._watch = None
 
     def _tap_transcription(self, *, install: bool) -> None:
-        """Wrap ``session.output.transcription`` unless it is our tap; with
-        ``install``, give a session without one a tap of its own."""
-        current = self.session.output.transcription
-        if current is not None and current is self._tap:
+        """Watch the last link of ``session.output.transcription`` unless it is watched
+        already (:class:`_Watch`); with ``install``, give a session without one a
+        :class:`_TranscriptTap`."""
+        last = self.session.output.transcription
+        if last is None:
+            if install:
+                self.session.output.transcription = last = _TranscriptTap(self)
+            else:
+                return
+        while last.next_in_chain is not None:
+            last = last.next_in_chain
+        if isinstance(last, _TranscriptTap) or (self._watch is not None and self._watch.output is last):
             return
-        if current is None and not install:
-            return
-        self._tap = _TranscriptTap(self, current)
-        self.session.output.transcription = self._tap
+        if self._watch is not None:
+            self._watch.release()
+        self._watch = _Watch(self, last)
 
     async def _on_job_shutdown(self) -> None:
         """The job ends: LiveKit closes the session (``job_shutdown``, not ended in
@@ -414,6 +450,8 @@ class LiveKitRecording:
             return
         speech = self.session.current_speech
         speech_id = speech.id if speech is not None else None
+        if speech_id in self._finished_speeches:
+            return  # released by the synchronizer after its message was committed
         turn = self._agent
         if turn is None or (speech_id is not None and turn.speech_id is not None and speech_id != turn.speech_id):
             turn = self._agent = _AgentTurn(self._take_index(), _now(), speech_id)
@@ -432,6 +470,7 @@ class LiveKitRecording:
         if self._stopping or turn is None or turn.speech_id != speech.id:
             return
         self._agent = None
+        self._finished_speeches.add(speech.id)
         input_tokens, output_tokens = self._pending_tokens
         self._pending_tokens = (0, 0)
         text, barged_in = ("", True) if speech.interrupted else (turn.text, False)
@@ -467,6 +506,8 @@ class LiveKitRecording:
         elif item.role == "assistant":
             agent = self._agent
             self._agent = None
+            if agent is not None and agent.speech_id is not None:
+                self._finished_speeches.add(agent.speech_id)
             index = agent.turn_index if agent is not None else self._take_index()
             opened = agent.started_at if agent is not None else _from_epoch(item.created_at)
             started, ended = _span(item, opened, now)
