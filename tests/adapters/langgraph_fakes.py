@@ -64,11 +64,28 @@ def order_status(order: str) -> str:
     return f"order {order} ships tomorrow"
 
 
-def chat_graph(model: ScriptedChat, checkpointer: Any) -> Any:
-    """START -> chat -> (tools -> chat)* -> END over ``MessagesState``."""
+def chat_graph(
+    model: ScriptedChat, checkpointer: Any, *, router: bool = False, wrap: bool = False, whole_list: bool = False
+) -> Any:
+    """START -> [router ->] chat -> (tools -> chat)* -> END over ``MessagesState``.
+
+    ``router``: a node before ``chat`` that calls the model as a classifier and
+    writes nothing (its answer picks no branch here; it is not part of the
+    conversation). ``wrap``: ``chat`` writes a new ``AIMessage`` with the model's
+    text, tool calls and usage (a new id) instead of the model's message.
+    ``whole_list``: ``chat`` returns the whole message list with its message
+    appended (``add_messages`` keeps what it already holds, by id).
+    """
+
+    async def classify(state: MessagesState) -> dict:
+        await model.ainvoke(state["messages"])
+        return {}
 
     async def chat(state: MessagesState) -> dict:
-        return {"messages": [await model.ainvoke(state["messages"])]}
+        out = await model.ainvoke(state["messages"])
+        if wrap:
+            out = AIMessage(content=out.content, tool_calls=out.tool_calls, usage_metadata=out.usage_metadata)
+        return {"messages": [*state["messages"], out] if whole_list else [out]}
 
     def tools(state: MessagesState) -> dict:
         last = state["messages"][-1]
@@ -80,7 +97,12 @@ def chat_graph(model: ScriptedChat, checkpointer: Any) -> Any:
     builder = StateGraph(MessagesState)
     builder.add_node("chat", chat)
     builder.add_node("tools", tools)
-    builder.add_edge(START, "chat")
+    if router:
+        builder.add_node("router", classify)
+        builder.add_edge(START, "router")
+        builder.add_edge("router", "chat")
+    else:
+        builder.add_edge(START, "chat")
     builder.add_conditional_edges("chat", route, ["tools", END])
     builder.add_edge("tools", "chat")
     return builder.compile(checkpointer=checkpointer)

@@ -32,6 +32,33 @@ def config(thread_id):
     return {"configurable": {"thread_id": thread_id}}
 
 
+SPEAKERS = {"human": "user", "ai": "assistant"}
+
+
+def held(messages):
+    """The conversation a graph holds: (speaker, text) of its human and AI messages with text."""
+    return [(SPEAKERS[m.type], m.content) for m in messages if m.type in SPEAKERS and m.content]
+
+
+def stored_conversation(pipeline, thread):
+    """(speaker, text) of the stored turns, which must be complete, not cut short, and numbered 0, 1, 2..."""
+    rows = turns(pipeline, thread)
+    assert [(r[0], r[3], r[6]) for r in rows] == [(n, "complete", False) for n in range(len(rows))]
+    return [(r[1], r[2]) for r in rows]
+
+
+async def run_exchanges(pipeline, thread, graph, questions, **mirror_kwargs):
+    """Ask ``questions`` through a mirror, end the session, wait until it is finalized; the graph's final state."""
+    async with SessionRecorder(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot", **mirror_kwargs)
+        for question in questions:
+            async for _ in mirror.astream(graph, {"messages": [("user", question)]}, config(thread)):
+                pass
+        await mirror.end("completed")
+    await asyncio.to_thread(wait_until, lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
+    return await graph.aget_state(config(thread))
+
+
 async def test_the_mirror_records_the_conversation_partials_tokens_and_tool_calls(pipeline):
     thread = f"lg-run-{uuid.uuid4().hex[:8]}"
     call = {"name": "order_status", "args": {"order": "42"}, "id": "call-1", "type": "tool_call"}
@@ -139,41 +166,6 @@ def test_the_example_imports_without_network_or_api_keys(import_example):
     assert set(module.graph.nodes) >= {"chat"} and callable(module.main)
 
 
-async def test_partial_nodes_leave_out_a_routers_model_call_that_never_reaches_the_conversation(pipeline):
-    from langgraph.graph import END, START, MessagesState, StateGraph
-
-    def graph_with_router(model):
-        async def router(state: MessagesState) -> dict:
-            await model.ainvoke(state["messages"])  # a classifier: its answer is not part of the conversation
-            return {}
-
-        async def chat(state: MessagesState) -> dict:
-            return {"messages": [await model.ainvoke(state["messages"])]}
-
-        builder = StateGraph(MessagesState)
-        builder.add_node("router", router)
-        builder.add_node("chat", chat)
-        builder.add_edge(START, "router")
-        builder.add_edge("router", "chat")
-        builder.add_edge("chat", END)
-        return builder.compile(checkpointer=InMemorySaver())
-
-    stored = {}
-    for partial_nodes in (["chat"], None):
-        thread = f"lg-router-{uuid.uuid4().hex[:8]}"
-        model = ScriptedChat(replies=iter([reply("route-1", "billing"), reply("ai-1", "Your invoice is attached.", output_tokens=5)]), seen=[])
-        async with SessionRecorder(pipeline.settings) as recorder:
-            mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot", partial_nodes=partial_nodes)
-            async for _ in mirror.astream(graph_with_router(model), {"messages": [("user", "My invoice?")]}, config(thread)):
-                pass
-            await mirror.end("completed")
-        wait_until(lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
-        stored[partial_nodes is None] = [t[:5] for t in turns(pipeline, thread)]
-    assert stored[False] == [(0, "user", "My invoice?", "complete", 0), (1, "assistant", "Your invoice is attached.", "complete", 0)]
-    # Without partial_nodes the router's streamed text is a turn of its own, completed when the stream ends.
-    assert [t[:3] for t in stored[True]] == [(0, "user", "My invoice?"), (1, "assistant", "billing"), (2, "assistant", "Your invoice is attached.")]
-
-
 async def test_subgraphs_and_the_v2_stream_are_refused(pipeline):
     async with SessionRecorder(pipeline.settings) as recorder:
         mirror = await LangGraphMirror.open(recorder, f"lg-refuse-{uuid.uuid4().hex[:8]}", fleet="tests", agent_id="bot")
@@ -217,12 +209,116 @@ async def test_a_resumed_mirror_records_what_the_checkpointer_saved_past_turnlog
     ]
 
 
-def test_where_the_checkpointers_messages_go_past_turnlogs_turns():
-    from turnlog.adapters.langgraph import _after_run
+async def test_a_node_that_returns_the_whole_list_records_each_message_once(pipeline):
+    """add_messages gives the input's messages ids; the node writes them back with those ids."""
+    thread = f"lg-whole-{uuid.uuid4().hex[:8]}"
+    model = ScriptedChat(replies=iter([reply("ai-1", "Hello, Ada.", output_tokens=3), reply("ai-2", "Bye, Ada.", output_tokens=2)]), seen=[])
+    graph = chat_graph(model, InMemorySaver(), whole_list=True)
+    state = await run_exchanges(pipeline, thread, graph, ["hi, I am Ada", "bye"])
+    assert stored_conversation(pipeline, thread) == held(state.values["messages"]) == [
+        ("user", "hi, I am Ada"), ("assistant", "Hello, Ada."), ("user", "bye"), ("assistant", "Bye, Ada."),
+    ]
+    assert [t[5] for t in turns(pipeline, thread)] == [0, 3, 0, 2]
 
-    u, a = (lambda t: ("user", t)), (lambda t: ("assistant", t))
-    assert _after_run([], [u("1")]) == 0  # turnlog holds no turn: every message is new
-    assert _after_run([u("1"), a("2")], [u("1"), a("2"), u("3"), a("4")]) == 2
-    assert _after_run([u("1"), a("2"), u("3"), a("4")], [a("4"), u("5"), a("6")]) == 1  # a trimmed state
-    assert _after_run([u("1"), a("2")], [u("1"), a("2")]) == 2  # nothing new
-    assert _after_run([u("1"), a("2")], [u("1"), a("other")]) is None  # edited: left alone
+
+async def test_a_node_that_wraps_the_models_output_completes_the_streamed_turn(pipeline):
+    """The written AIMessage has another id than the streamed chunks: it completes the turn its node streamed."""
+    thread = f"lg-wrap-{uuid.uuid4().hex[:8]}"
+    model = ScriptedChat(replies=iter([reply("ai-1", "Hello, Ada.", output_tokens=3), reply("ai-2", "Bye, Ada.", output_tokens=2)]), seen=[])
+    graph = chat_graph(model, InMemorySaver(), wrap=True)
+    state = await run_exchanges(pipeline, thread, graph, ["hi, I am Ada", "bye"])
+    assert {m.id for m in state.values["messages"] if m.type == "ai"}.isdisjoint({"ai-1", "ai-2"})  # really wrapped
+    assert stored_conversation(pipeline, thread) == held(state.values["messages"]) == [
+        ("user", "hi, I am Ada"), ("assistant", "Hello, Ada."), ("user", "bye"), ("assistant", "Bye, Ada."),
+    ]
+    assert [t[5] for t in turns(pipeline, thread)] == [0, 3, 0, 2]
+
+
+async def test_a_routers_model_call_is_not_a_turn_by_default(pipeline):
+    """A classifier node streams its model's answer and writes nothing: not part of the conversation."""
+    thread = f"lg-router-{uuid.uuid4().hex[:8]}"
+    model = ScriptedChat(replies=iter([
+        reply("route-1", "billing"), reply("ai-1", "Your invoice is attached.", output_tokens=5),
+        reply("route-2", "smalltalk"), reply("ai-2", "You are welcome.", output_tokens=3),
+    ]), seen=[])
+    graph = chat_graph(model, InMemorySaver(), router=True)
+    state = await run_exchanges(pipeline, thread, graph, ["My invoice?", "Thanks"])
+    assert len(model.seen) == 4  # the router's model was called, and streamed
+    assert stored_conversation(pipeline, thread) == held(state.values["messages"]) == [
+        ("user", "My invoice?"), ("assistant", "Your invoice is attached."), ("user", "Thanks"), ("assistant", "You are welcome."),
+    ]
+
+
+async def test_partial_nodes_keep_a_routers_text_out_of_the_partials(pipeline):
+    thread = f"lg-partial-{uuid.uuid4().hex[:8]}"
+    model = ScriptedChat(replies=iter([reply("route-1", "billing"), reply("ai-1", "Your invoice is attached.", output_tokens=5)]), seen=[])
+    graph = chat_graph(model, InMemorySaver(), router=True)
+    async with SessionRecorder(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot", partial_nodes=["chat"])
+        async for mode, chunk in mirror.astream(graph, {"messages": [("user", "My invoice?")]}, config(thread)):
+            if mode == "updates" and "router" in chunk:
+                assert mirror.recorded.open_turns == ()  # the router's streamed text opened no turn
+        await mirror.end("completed")
+    await asyncio.to_thread(wait_until, lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
+    state = await graph.aget_state(config(thread))
+    assert stored_conversation(pipeline, thread) == held(state.values["messages"])
+
+
+async def test_a_preamble_with_tool_calls_keeps_its_tools_results(pipeline):
+    """"Let me check" with a tool call is a turn; its call's result comes with the tools node's ToolMessage."""
+    thread = f"lg-preamble-{uuid.uuid4().hex[:8]}"
+    call = {"name": "order_status", "args": {"order": "42"}, "id": "call-1", "type": "tool_call"}
+    model = ScriptedChat(replies=iter([
+        reply("ai-1", "Let me check.", tool_calls=[call], input_tokens=11, output_tokens=3),
+        reply("ai-2", "It ships tomorrow.", input_tokens=25, output_tokens=4),
+    ]), seen=[])
+    graph = chat_graph(model, InMemorySaver())
+    state = await run_exchanges(pipeline, thread, graph, ["Where is order 42?"])
+    messages = state.values["messages"]
+    assert stored_conversation(pipeline, thread) == held(messages) == [
+        ("user", "Where is order 42?"), ("assistant", "Let me check."), ("assistant", "It ships tomorrow."),
+    ]
+    (tool_message,) = [m for m in messages if m.type == "tool"]
+    recorded_call = {"name": "order_status", "arguments": {"order": "42"}, "result": tool_message.content}
+    assert [(t[4], t[5], t[7]) for t in turns(pipeline, thread)] == [(0, 0, None), (11, 3, [recorded_call]), (25, 4, None)]
+
+
+async def test_a_resume_whose_first_stream_failed_rebuilds_the_thread_on_the_next(pipeline):
+    """The first astream after a resume fails before the graph saved anything (the checkpointer
+    was unreachable): the next one still puts turnlog's history in front of the input."""
+    thread = f"lg-retry-{uuid.uuid4().hex[:8]}"
+    first = ScriptedChat(replies=iter([reply("ai-1", "Hello, Ada.", output_tokens=3)]), seen=[])
+    async with SessionRecorder(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
+        async for _ in mirror.astream(chat_graph(first, InMemorySaver()), {"messages": [("user", "I am Ada")]}, config(thread)):
+            pass
+    model = ScriptedChat(replies=iter([reply("ai-2", "You are Ada.", input_tokens=8, output_tokens=3)]), seen=[])
+    saver = UnreachableOnce()
+    graph = chat_graph(model, saver)
+    async with SessionRecorder(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
+        with pytest.raises(ConnectionError):
+            async for _ in mirror.astream(graph, {"messages": [("user", "Who am I?")]}, config(thread)):
+                pass
+        assert saver.failed and model.seen == []
+        async for _ in mirror.astream(graph, {"messages": [("user", "Who am I?")]}, config(thread)):
+            pass
+        await mirror.end("completed")
+    assert held(model.seen[0]) == [("user", "I am Ada"), ("assistant", "Hello, Ada."), ("user", "Who am I?")]
+    await asyncio.to_thread(wait_until, lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
+    state = await graph.aget_state(config(thread))
+    assert stored_conversation(pipeline, thread) == held(state.values["messages"]) == [
+        ("user", "I am Ada"), ("assistant", "Hello, Ada."), ("user", "Who am I?"), ("assistant", "You are Ada."),
+    ]
+
+
+class UnreachableOnce(InMemorySaver):
+    """An in-memory checkpointer whose first read fails as an unreachable database's would."""
+
+    failed = False
+
+    async def aget_tuple(self, config):
+        if not self.failed:
+            self.failed = True
+            raise ConnectionError("checkpointer unreachable")
+        return await super().aget_tuple(config)

@@ -22,31 +22,46 @@ block each superstep on the whole pipeline. turnlog also stores
 conversation turns, not arbitrary channel values. So the graph keeps its own
 checkpointer, and this module mirrors the conversation into turnlog.
 
-**What it records.** :meth:`LangGraphMirror.astream` runs
+**What it records: the messages the graph holds.** :meth:`LangGraphMirror.astream` runs
 ``graph.astream(input, config, stream_mode=["messages", "updates", ...])``
 and yields every ``(mode, chunk)`` pair unchanged:
 
 - each ``HumanMessage`` of the input's ``messages`` is a completed ``user``
-  turn, recorded before the graph runs;
+  turn, recorded before the graph runs. An input message without an id is
+  given one (a uuid4, as ``langgraph.graph.message.add_messages`` would), and
+  the graph gets the messages with those ids, so the same message written
+  back by a node (one that returns the whole list) is known by its id;
 - ``"messages"`` mode: each ``AIMessageChunk`` adds its text to the open
   ``assistant`` turn of its message id (the whole text so far, flushed by the
   recorder's timer); ``partial_nodes`` restricts this to some nodes
-  (``metadata["langgraph_node"]``), e.g. to leave out a router's model call;
-- ``"updates"`` mode: each ``AIMessage`` with text that a node writes to the
-  ``messages`` key is a completed ``assistant`` turn (at the index of its
-  streamed partial, matched by message id), with tokens from
-  ``usage_metadata`` (``input_tokens``, ``output_tokens``); a ``HumanMessage``
-  a node writes is a completed ``user`` turn. An ``AIMessage`` that only
-  calls tools is not a turn: its ``tool_calls`` (with the ``ToolMessage``
-  contents as results) and its tokens go to the next assistant turn. A
-  message id already recorded is not recorded again (a node that returns the
-  whole list).
-- a streamed message that no update completes is completed when the stream
-  ends: as is if the graph finished, ``barged_in=True`` if the stream was cut
-  short (the caller stopped iterating, a cancellation, an exception): the
-  words the user saw. A caller that stops iterating early closes the
-  stream (``async with contextlib.aclosing(mirror.astream(...))``), so this
-  happens at once rather than when the generator is garbage-collected.
+  (``metadata["langgraph_node"]``);
+- ``"updates"`` mode (``{node: write}``, written when the node finished): each
+  ``AIMessage`` with text that a node writes to the ``messages`` key is a
+  completed ``assistant`` turn, at the index of its streamed partial: the one
+  of the same message id, else the latest one that node streamed (a node that
+  wraps the model's output in a new ``AIMessage``). Tokens come from
+  ``usage_metadata`` (``input_tokens``, ``output_tokens``). A ``HumanMessage``
+  a node writes is a completed ``user`` turn. A message id already recorded
+  is not recorded again (a node that returns the whole list).
+- a streamed message that its node did not write when it finished (a router's
+  or a classifier's model call) is not a turn: its open turn is emptied and
+  its index reused by the next assistant turn (if no turn came after it; else
+  the empty turn stays open, and :meth:`LangGraphMirror.end` leaves it
+  ``interrupted``). ``partial_nodes`` keeps such a call's text out of the
+  partials too.
+- tool calls: an ``AIMessage`` that only calls tools is not a turn: its
+  ``tool_calls`` (with the ``ToolMessage`` contents as results) and its tokens
+  go to the next assistant turn. An ``AIMessage`` with text and tool calls (a
+  preamble: "let me check") is a turn with those calls, completed once every
+  call has its ``ToolMessage`` (or when the model talks again, a user turn
+  comes, the stream is cut, or :meth:`LangGraphMirror.end`).
+- a streamed message still open when the stream ends is completed as it is,
+  ``barged_in=True``, if the stream was cut short (the caller stopped
+  iterating, a cancellation, an exception): the words the user saw. A caller
+  that stops iterating early closes the stream (``async with
+  contextlib.aclosing(mirror.astream(...))``), so this happens at once rather
+  than when the generator is garbage-collected. If the stream finished, no
+  node wrote it: it is dropped as above.
 
 Text is the message's ``content`` string, or the concatenated ``text`` of
 its ``{"type": "text"}`` blocks. ``subgraphs=True`` and ``version="v2"`` are
@@ -62,59 +77,94 @@ it: an in-memory saver, a new database), the history is put in front of the
 input's messages, so the graph continues the conversation; they are not
 recorded again. If the state holds messages past turnlog's last complete
 turn (the process was killed after the checkpointer saved a message but
-before its update reached turnlog), they are recorded first. A state that
-differs from turnlog is left alone, with a warning. A graph without a
-checkpointer gets ``history`` from the caller.
+before its update reached turnlog), they are recorded first (matched by
+speaker and text: turnlog does not store message ids). A state that differs
+from turnlog is left alone, with a warning. A graph without a checkpointer
+gets ``history`` from the caller. The comparison is made again by each
+:meth:`LangGraphMirror.astream` until one after it finishes: a stream cut
+short or failed (``aget_state`` raising, a cancellation, the graph raising
+before it saved its input) may leave the checkpointer without the rebuilt
+history. Messages recorded already (by message id) are not recorded again.
 """
 
 from __future__ import annotations
 
 import logging
+import uuid
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
 from contextlib import aclosing
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, ToolMessage
 from langchain_core.messages.utils import convert_to_messages
 
-from turnlog.producers import RecordedSession, SessionNotFoundError, SessionRecorder
-from turnlog.schemas import ToolCall, TurnStatus
+from turnlog.adapters._core import (
+    ASSISTANT,
+    USER,
+    PendingToolCalls,
+    PendingUsage,
+    after_latest_match,
+    conversation,
+    open_or_resume,
+)
+from turnlog.producers import RecordedSession, SessionRecorder
 
 __all__ = ["LangGraphMirror", "USER", "ASSISTANT"]
 
 logger = logging.getLogger(__name__)
 
-#: Speakers of the recorded turns.
-USER = "user"
-ASSISTANT = "assistant"
 _MODES = ("messages", "updates")
 
 
 @dataclass(slots=True)
 class _Streamed:
+    """A message streaming into an open assistant turn: its index, the node streaming it, the text so far."""
+
     turn_index: int
+    node: str | None
     text: str = ""
+
+
+@dataclass(slots=True)
+class _Preamble:
+    """An assistant turn with text that called tools, waiting for the results of ``waiting`` (call ids)."""
+
+    turn_index: int
+    text: str
+    tokens: tuple[int, int]
+    waiting: set[str] = field(default_factory=set)
 
 
 class LangGraphMirror:
     """Records one LangGraph thread's conversation in turnlog. Make it with :meth:`open`.
 
     ``recorded`` is the turnlog session; ``messages_key`` is the state key of
-    the conversation (``"messages"``, as in ``MessagesState``).
+    the conversation (``"messages"``, as in ``MessagesState``); ``partial_nodes``
+    (None: all) the nodes whose streamed text is recorded as partial text.
+    ``resumed``: the session was resumed (the first :meth:`astream` compares
+    turnlog with the checkpointer).
     """
 
     def __init__(
-        self, recorded: RecordedSession, *, messages_key: str = "messages", partial_nodes: Collection[str] | None = None
+        self,
+        recorded: RecordedSession,
+        *,
+        messages_key: str = "messages",
+        partial_nodes: Collection[str] | None = None,
+        resumed: bool | None = None,
     ) -> None:
         self.recorded = recorded
         self.messages_key = messages_key
         self.partial_nodes = None if partial_nodes is None else frozenset(partial_nodes)
         self._streamed: dict[str, _Streamed] = {}  # message id -> open assistant turn
+        self._vacant: set[int] = set()  # open assistant turns emptied (their message was not written)
         self._seen: set[str] = set()  # message ids recorded (or rebuilt from turnlog)
-        self._tool_calls: dict[str, dict[str, Any]] = {}  # tool call id -> {"name", "arguments", "result"}
-        self._tokens = [0, 0]  # input, output tokens of tool-calling messages, for the next assistant turn
-        self._resumed = recorded.epoch > 0  # the first astream compares turnlog with the checkpointer
+        self._calls = PendingToolCalls()  # by tool call id, for the next assistant turn (or the preamble)
+        self._usage = PendingUsage()  # tokens of tool-calling messages, for the next assistant turn
+        self._preamble: _Preamble | None = None
+        # compare turnlog with the checkpointer, until a stream after the resume finishes
+        self._resumed = recorded.epoch > 0 if resumed is None else resumed
 
     @classmethod
     async def open(
@@ -135,11 +185,8 @@ class LangGraphMirror:
             ResumeBarrierTimeout, SpoolError, InvalidTurnError: as
                 ``SessionRecorder.resume`` and ``start_session``.
         """
-        try:
-            recorded = await recorder.resume(thread_id)
-        except SessionNotFoundError:
-            recorded = await recorder.start_session(thread_id, fleet=fleet, agent_id=agent_id, metadata=metadata)
-        return cls(recorded, messages_key=messages_key, partial_nodes=partial_nodes)
+        opened = await open_or_resume(recorder, thread_id, fleet=fleet, agent_id=agent_id, metadata=metadata)
+        return cls(opened.recorded, messages_key=messages_key, partial_nodes=partial_nodes, resumed=opened.resumed)
 
     @property
     def history(self) -> list[BaseMessage]:
@@ -148,8 +195,7 @@ class LangGraphMirror:
         kinds = {USER: HumanMessage, ASSISTANT: AIMessage}
         return [
             kinds[t.speaker](content=t.text, id=f"turnlog-{t.turn_index}")
-            for t in self.recorded.turns
-            if t.status == TurnStatus.COMPLETE and t.speaker in kinds
+            for t in conversation(self.recorded.turns, unfinished=False)
         ]
 
     async def astream(
@@ -166,7 +212,9 @@ class LangGraphMirror:
 
         ``input`` is the graph's input: a mapping whose ``messages_key`` holds
         the new messages (message objects, ``(role, text)`` tuples or dicts), or
-        a ``Command``/None (nothing recorded from it). ``kwargs`` go to ``graph.astream``.
+        a ``Command``/None (nothing recorded from it). The graph is given the
+        input's messages as message objects, each with an id. ``kwargs`` go to
+        ``graph.astream``.
 
         Raises:
             ValueError: ``subgraphs=True`` or ``version="v2"`` (another stream shape).
@@ -176,8 +224,8 @@ class LangGraphMirror:
             raise ValueError(
                 "LangGraphMirror reads the v1 stream without subgraphs: no subgraphs=True, no version='v2'"
             )
-        input = await self._with_history(graph, input, config)
-        new = self._input_messages(input)
+        input = await self._reconcile(graph, input, config)
+        input, new = self._input_messages(input)
         for message in new:
             await self._complete(message)
         extra = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
@@ -193,152 +241,198 @@ class LangGraphMirror:
                     yield mode, chunk
             finished = True
         finally:
-            for message_id, streamed in list(self._streamed.items()):
-                del self._streamed[message_id]
-                self._seen.add(message_id)
-                await self.recorded.complete_turn(streamed.turn_index, ASSISTANT, streamed.text, barged_in=not finished)
+            await self._stream_ended(finished)
 
     async def end(self, reason: str = "completed") -> None:
-        """End the turnlog session (the graph's thread is left as it is). Raises as ``RecordedSession.end``."""
+        """End the turnlog session (the graph's thread is left as it is), after completing a
+        preamble turn still waiting for tool results. Raises as ``RecordedSession.end``."""
+        await self._finish_preamble()
         await self.recorded.end(reason)
 
     # -- internals -----------------------------------------------------------
-    async def _with_history(self, graph: Any, input: Any, config: Mapping[str, Any] | None) -> Any:
-        """On the first call after a resume, with a checkpointer: ``input`` with the
-        rebuilt history in front of its messages if the thread's state holds no
-        messages; else ``input``, after recording the messages the checkpointer
-        holds past turnlog's last turn (a kill between the two)."""
+    async def _reconcile(self, graph: Any, input: Any, config: Mapping[str, Any] | None) -> Any:
+        """Until a stream after a resume finishes, with a checkpointer: compare the
+        thread's state with turnlog (module docstring, Resume); ``input``, with the
+        rebuilt history in front of its messages if the state holds none."""
         if not self._resumed:
             return input
-        self._resumed = False
-        history = self.history
-        self._seen.update(m.id for m in history if m.id)
+        self._seen.update(m.id for m in self.history if m.id)
         if getattr(graph, "checkpointer", None) is None:
+            self._resumed = False
             return input
         state = await graph.aget_state(config)
-        held = (state.values or {}).get(self.messages_key) or []
+        held = convert_to_messages((state.values or {}).get(self.messages_key) or [])
         if held:
             await self._catch_up(held)
             return input
+        history = self.history
         if not history or not isinstance(input, Mapping):
             return input
         logger.info("thread %s: the checkpointer holds no messages; %d rebuilt from turnlog", self.recorded.session_id,
                     len(history))
-        return {**input, self.messages_key: [*history, *convert_to_messages(input.get(self.messages_key) or [])]}
+        return {**input, self.messages_key: [*history, *_as_list(input.get(self.messages_key))]}
 
     async def _catch_up(self, held: Sequence[BaseMessage]) -> None:
-        """Record the conversation messages of ``held`` (the checkpointer's) after the
-        latest run of them equal to turnlog's complete turns; none if they differ."""
-        said = [m for m in held if isinstance(m, (HumanMessage, AIMessage)) and _text(m)]
-        pairs = [(USER if isinstance(m, HumanMessage) else ASSISTANT, _text(m)) for m in said]
-        stored = [
-            (t.speaker, t.text)
-            for t in self.recorded.turns
-            if t.status == TurnStatus.COMPLETE and t.speaker in (USER, ASSISTANT)
-        ]
-        start = _after_run(stored, pairs)
+        """Record the messages of ``held`` (the checkpointer's) after the latest run of
+        its conversation messages equal to turnlog's complete turns; none if they differ."""
+        said = [i for i, m in enumerate(held) if isinstance(m, (HumanMessage, AIMessage)) and _text(m)]
+        pairs = [(USER if isinstance(held[i], HumanMessage) else ASSISTANT, _text(held[i])) for i in said]
+        stored = [(t.speaker, t.text) for t in conversation(self.recorded.turns, unfinished=False)]
+        start = after_latest_match(stored, pairs)
         if start is None:
             logger.warning(
                 "thread %s: the checkpointer's %d messages differ from turnlog's %d turns; none recorded from it",
                 self.recorded.session_id, len(pairs), len(stored),
             )
+            self._seen.update(m.id for m in held if m.id)
             return
-        self._seen.update(m.id for m in said[:start] if m.id)
-        if start < len(said):
+        first = said[start] if start < len(said) else len(held)  # the first message turnlog lacks
+        self._seen.update(m.id for m in held[:first] if m.id)
+        if first < len(held):
             logger.info("thread %s: %d messages of the checkpointer were not in turnlog; recorded",
-                        self.recorded.session_id, len(said) - start)
-        for message in said[start:]:
+                        self.recorded.session_id, len(held) - first)
+        for message in held[first:]:
             await self._complete(message)
 
-    def _input_messages(self, input: Any) -> list[BaseMessage]:
-        if not isinstance(input, Mapping):
-            return []
-        raw = input.get(self.messages_key) or []
-        batch: list[Any] = [raw] if isinstance(raw, (str, BaseMessage, Mapping)) else raw  # whatever the state holds
-        messages = convert_to_messages(batch)
-        return [m for m in messages if isinstance(m, HumanMessage) and not (m.id and m.id in self._seen)]
+    def _input_messages(self, input: Any) -> tuple[Any, list[BaseMessage]]:
+        """``input`` with its messages as message objects, each with an id; and those to record."""
+        if not isinstance(input, Mapping) or input.get(self.messages_key) is None:
+            return input, []
+        messages = [
+            m if m.id else m.model_copy(update={"id": str(uuid.uuid4())})
+            for m in _as_list(input[self.messages_key])
+        ]
+        new: list[BaseMessage] = [m for m in messages if isinstance(m, HumanMessage) and m.id not in self._seen]
+        return {**input, self.messages_key: messages}, new
 
     def _on_chunk(self, message: Any, metadata: Mapping[str, Any]) -> None:
         if not isinstance(message, AIMessageChunk) or not message.id or message.id in self._seen:
             return
-        if self.partial_nodes is not None and metadata.get("langgraph_node") not in self.partial_nodes:
+        node = metadata.get("langgraph_node")
+        if self.partial_nodes is not None and node not in self.partial_nodes:
             return
         text = _text(message)
         if not text:
             return
         streamed = self._streamed.get(message.id)
         if streamed is None:
-            streamed = self._streamed[message.id] = _Streamed(self.recorded.next_turn_index)
+            streamed = self._streamed[message.id] = _Streamed(self._assistant_index(), node)
         streamed.text += text
         self.recorded.update_partial(streamed.turn_index, ASSISTANT, streamed.text)
 
     async def _on_update(self, update: Any) -> None:
         if not isinstance(update, Mapping):
             return
-        for written in update.values():  # {node: its write}; a write may be None or a list of writes
+        for node, written in update.items():  # {node: its write}; a write may be None or a list of writes
             for write in written if isinstance(written, list) else [written]:
-                if not isinstance(write, Mapping):
-                    continue
-                raw = write.get(self.messages_key)
-                if raw is None:
-                    continue
-                batch: list[Any] = [raw] if isinstance(raw, (BaseMessage, Mapping)) else raw
-                for message in convert_to_messages(batch):
-                    await self._complete(message)
+                if isinstance(write, Mapping) and write.get(self.messages_key) is not None:
+                    for message in _as_list(write[self.messages_key]):
+                        await self._complete(message, node=node)
+            self._drop_unwritten(node)
 
-    async def _complete(self, message: BaseMessage) -> None:
+    async def _stream_ended(self, finished: bool) -> None:
+        """Complete (cut short) or drop (finished: no node wrote it) the messages still streaming."""
+        if finished:
+            self._resumed = False  # the graph holds the conversation now: no more comparisons
+        else:
+            await self._finish_preamble()
+        for message_id, streamed in list(self._streamed.items()):
+            if finished:
+                self._drop(message_id)
+            else:
+                del self._streamed[message_id]
+                self._seen.add(message_id)
+                await self.recorded.complete_turn(streamed.turn_index, ASSISTANT, streamed.text, barged_in=True)
+
+    def _drop_unwritten(self, node: str) -> None:
+        """``node`` finished: what it streamed and did not write is not part of the conversation."""
+        for message_id in [i for i, s in self._streamed.items() if s.node == node]:
+            self._drop(message_id)
+
+    def _drop(self, message_id: str) -> None:
+        streamed = self._streamed.pop(message_id)
+        self.recorded.update_partial(streamed.turn_index, ASSISTANT, "")
+        self._vacant.add(streamed.turn_index)
+
+    def _assistant_index(self) -> int:
+        """A fresh turn index for an assistant turn: an emptied one if no turn came after it."""
+        top = self.recorded.next_turn_index - 1
+        if top in self._vacant:
+            self._vacant.discard(top)
+            return top
+        return self.recorded.next_turn_index
+
+    def _streamed_for(self, message: AIMessage, node: str | None) -> _Streamed | None:
+        """The open turn ``message`` completes: the one of its id, else the latest ``node`` streamed."""
+        if message.id and message.id in self._streamed:
+            return self._streamed.pop(message.id)
+        mine = [(s.turn_index, i) for i, s in self._streamed.items() if node is not None and s.node == node]
+        if not mine:
+            return None
+        message_id = max(mine)[1]
+        self._seen.add(message_id)
+        return self._streamed.pop(message_id)
+
+    async def _complete(self, message: BaseMessage, *, node: str | None = None) -> None:
         if message.id:
             if message.id in self._seen:
                 return
             self._seen.add(message.id)
         if isinstance(message, ToolMessage):
-            call = self._tool_calls.get(message.tool_call_id)
-            if call is not None:
-                call["result"] = message.content
-            return
-        if isinstance(message, HumanMessage):
-            speaker = USER
+            await self._tool_result(message)
+        elif isinstance(message, HumanMessage):
+            await self._finish_preamble()
+            await self.recorded.complete_turn(self.recorded.next_turn_index, USER, _text(message))
         elif isinstance(message, AIMessage):
-            speaker = ASSISTANT
-        else:
-            return
+            await self._assistant(message, node)
+
+    async def _assistant(self, message: AIMessage, node: str | None) -> None:
+        usage: Mapping[str, Any] = message.usage_metadata or {}
+        self._usage.add(usage.get("input_tokens"), usage.get("output_tokens"))
         text = _text(message)
-        input_tokens = output_tokens = 0
-        calls: tuple[ToolCall, ...] = ()
-        if isinstance(message, AIMessage):  # speaker == ASSISTANT
-            usage: Mapping[str, Any] = message.usage_metadata or {}
-            self._tokens[0] += int(usage.get("input_tokens") or 0)
-            self._tokens[1] += int(usage.get("output_tokens") or 0)
-            for tool_call in message.tool_calls:
-                self._tool_calls[str(tool_call.get("id"))] = {"name": tool_call["name"],
-                                                              "arguments": dict(tool_call.get("args") or {})}
-            if not text:
-                return  # a tool-calling message: its calls and tokens go with the next assistant turn
-            input_tokens, output_tokens = self._tokens
-            self._tokens = [0, 0]
-            calls = tuple(
-                ToolCall(name=c["name"], arguments=c["arguments"], result=c.get("result"))
-                for c in self._tool_calls.values()
-            )
-            self._tool_calls.clear()
-        streamed = self._streamed.pop(message.id, None) if message.id else None
-        index = streamed.turn_index if streamed is not None else self.recorded.next_turn_index
+        streamed = self._streamed_for(message, node) if text else None
+        if text:
+            await self._finish_preamble()  # the model talks again: an earlier preamble's turn is over
+        for tool_call in message.tool_calls:
+            self._calls.call(str(tool_call.get("id")), tool_call["name"], tool_call.get("args"))
+        if not text:
+            return  # a tool-calling message: its calls and tokens go with the next assistant turn
+        index = streamed.turn_index if streamed is not None else self._assistant_index()
+        if message.tool_calls:  # a preamble: its turn waits for its tools' results
+            self._preamble = _Preamble(index, text, self._usage.take(), {str(c.get("id")) for c in message.tool_calls})
+            self.recorded.update_partial(index, ASSISTANT, text)
+            return
+        input_tokens, output_tokens = self._usage.take()
         await self.recorded.complete_turn(
-            index, speaker, text, tool_calls=calls or None, input_tokens=input_tokens, output_tokens=output_tokens
+            index, ASSISTANT, text, tool_calls=self._calls.take() or None,
+            input_tokens=input_tokens, output_tokens=output_tokens,
+        )
+
+    async def _tool_result(self, message: ToolMessage) -> None:
+        self._calls.result(message.tool_call_id, message.content)
+        preamble = self._preamble
+        if preamble is not None:
+            preamble.waiting.discard(message.tool_call_id)
+            if not preamble.waiting:
+                await self._finish_preamble()
+
+    async def _finish_preamble(self) -> None:
+        preamble, self._preamble = self._preamble, None
+        if preamble is None:
+            return
+        input_tokens, output_tokens = preamble.tokens
+        await self.recorded.complete_turn(
+            preamble.turn_index, ASSISTANT, preamble.text, tool_calls=self._calls.take() or None,
+            input_tokens=input_tokens, output_tokens=output_tokens,
         )
 
 
-def _after_run(run: list[tuple[str, str]], items: list[tuple[str, str]]) -> int | None:
-    """The position in ``items`` after its latest stretch that ends like ``run``
-    (the whole of ``run``, or its tail when ``items`` starts later: a trimmed
-    state); 0 if ``run`` is empty; None if there is no such stretch."""
-    if not run:
-        return 0
-    for end in range(len(items), 0, -1):
-        n = min(end, len(run))
-        if items[end - n : end] == run[len(run) - n :]:
-            return end
-    return None
+def _as_list(raw: Any) -> list[BaseMessage]:
+    """A ``messages`` value (a message, a list of them, ``(role, text)`` tuples, dicts, a str) as messages."""
+    if raw is None:
+        return []
+    batch: list[Any] = [raw] if isinstance(raw, (str, BaseMessage, Mapping)) else list(raw)
+    return convert_to_messages(batch)
 
 
 def _text(message: BaseMessage) -> str:
