@@ -161,6 +161,30 @@ def test_an_agent_killed_mid_answer_resumes_with_its_thread_rebuilt_from_turnlog
     assert [t[:6] for t in turns(pipeline, thread)] == TURNS_AFTER_A_KILL_MID_ANSWER
 
 
+def test_every_graph_shape_is_recorded_once_across_a_kill_and_resume(new_pipeline, tmp_path):
+    """A router's model call, a wrapped output returned in the whole list, a preamble with a tool
+    call: stored turn by turn as the graph holds them, before the kill and after the resume."""
+    pipeline = new_pipeline(("sequencer", "sink"))
+    thread = f"lg-shapes-{uuid.uuid4().hex[:8]}"
+    report = kill_mid_answer_then_resume("tests.adapters.langgraph_shapes_script", thread, pipeline.settings, tmp_path, TIMEOUT)
+    before = [["human", "question 0"], ["ai", "Let me check."], ["ai", "Order 42 ships tomorrow."], ["human", "question 1"]]
+    assert report["epoch"] == 1
+    assert report["model_saw"] == [*before, ["human", "question 2"]]  # the thread rebuilt from turnlog
+    graph_holds = [m for m in report["graph_holds"] if m[0] in SPEAKERS and m[1]]
+    assert graph_holds == [*before, ["human", "question 2"], ["ai", "answer 2"]]
+
+    wait_until(lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
+    stored = turns(pipeline, thread)
+    assert stored[4][:4] == (4, "assistant", "answer 1 is on ", "interrupted")  # the words flushed before the kill
+    complete = [t for t in stored if t[0] != 4]
+    assert [(t[3], t[6]) for t in complete] == [("complete", False)] * 6
+    assert [[{"user": "human", "assistant": "ai"}[t[1]], t[2]] for t in complete] == graph_holds
+    recorded_call = {"name": "order_status", "arguments": {"order": "42"}, "result": "order 42 ships tomorrow"}
+    assert [(t[0], t[4], t[5], t[7]) for t in complete if t[1] == "assistant"] == [
+        (1, 10, 4, [recorded_call]), (2, 20, 5, None), (6, 13, 2, None),
+    ]
+
+
 def test_the_example_imports_without_network_or_api_keys(import_example):
     module = import_example("langgraph_agent.py")
     assert set(module.graph.nodes) >= {"chat"} and callable(module.main)
