@@ -41,6 +41,7 @@ from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair, LLMUserAggregatorParams
+from pipecat.turns.user_mute import BaseUserMuteStrategy
 from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
 from pipecat.workers.runner import WorkerRunner
 
@@ -80,9 +81,11 @@ def llm_says(*chunks: str, tokens: tuple[int, int] | None = None, finished: bool
     return frames + ([LLMFullResponseEndFrame()] if finished else [])
 
 
-def aggregator_pair(context: LLMContext) -> LLMContextAggregatorPair:
-    # The default end-of-turn analyzer never ends a turn on synthetic frames.
-    return LLMContextAggregatorPair(context, user_params=LLMUserAggregatorParams(user_turn_strategies=ExternalUserTurnStrategies()))
+def aggregator_pair(context: LLMContext, mute: Sequence[BaseUserMuteStrategy] = ()) -> LLMContextAggregatorPair:
+    """The pair with ``ExternalUserTurnStrategies`` (the default end-of-turn analyzer never ends a
+    turn on synthetic frames) and the user mute strategies ``mute``."""
+    params = LLMUserAggregatorParams(user_turn_strategies=ExternalUserTurnStrategies(), user_mute_strategies=list(mute))
+    return LLMContextAggregatorPair(context, user_params=params)
 
 
 async def until(probe: Callable[[], bool], what: str, timeout: float = STEP_TIMEOUT) -> None:

@@ -19,12 +19,23 @@ from tests.support import require_extra
 
 require_extra("pipecat", "pipecat")
 
-from pipecat.frames.frames import CancelFrame, InterimTranscriptionFrame, InterruptionFrame, UserStartedSpeakingFrame
+from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
+    CancelFrame,
+    InterimTranscriptionFrame,
+    InterruptionFrame,
+    LLMFullResponseEndFrame,
+    LLMTextFrame,
+    UserStartedSpeakingFrame,
+    UserStoppedSpeakingFrame,
+)
 from pipecat.pipeline.pipeline import Pipeline
-from pipecat.pipeline.worker import PipelineWorker
+from pipecat.pipeline.worker import PipelineParams, PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.tests import utils as pipecat_test_utils
 from pipecat.tests.utils import SleepFrame, run_test
+from pipecat.turns.user_mute import AlwaysUserMuteStrategy
 from sqlalchemy import select
 
 from turnlog.adapters.pipecat import TurnlogObserver
@@ -33,6 +44,8 @@ from turnlog.producers import SessionRecorder
 from turnlog.sinks.tables import transcript_turns
 
 from tests.adapters.pipecat_agent import SYSTEM, aggregator_pair, llm_says, user_says
+from tests.adapters.pipecat_services import HeardDelta, HeardFinal, RealtimeLLM, Reply, Responds, ScriptedLLM, SilentTTS
+from tests.adapters.stored import turns
 from tests.integration.test_pipeline import finalized
 from tests.progress import ScriptProcess
 from tests.support import wait_until
@@ -146,6 +159,94 @@ async def test_a_reply_cut_off_by_a_cancelled_pipeline_is_kept_interrupted_not_b
         (1, "assistant", "Let me look that up for you", "interrupted", False, 0, 0),
     ]
     assert (row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == ("cancelled", 2, 1)
+
+async def test_with_stt_llm_and_tts_muted_speech_is_not_recorded_and_tokens_are_gross_of_the_cache(ready_pipeline, attach_in_run_test):
+    """Issue 20, Pipecat 1 and 4: transcripts the user aggregator's mute filter drops are not a turn
+    (today's tree opened one, left ``interrupted`` at the end), and input tokens are gross of the
+    prompt cache whichever way the service reports ``prompt_tokens``."""
+    pipeline = ready_pipeline
+    session_id = f"pipecat-mute-{uuid.uuid4().hex[:8]}"
+    llm = ScriptedLLM([
+        Reply(("Sure.", " What is the", " order number?"), prompt_tokens=40, completion_tokens=7, cached=100),
+        Reply(("Thanks.", " Order 1234", " shipped on Monday."), prompt_tokens=60, completion_tokens=9),
+    ])
+    async with SessionRecorder(pipeline.settings) as recorder:
+        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        context = LLMContext([SYSTEM, *observer.messages])
+        aggregators = aggregator_pair(context, mute=[AlwaysUserMuteStrategy()])
+        attach_in_run_test(observer, aggregators)
+        user, assistant = aggregators
+        await run_test(
+            Pipeline([user, llm, SilentTTS(), assistant]),
+            frames_to_send=[
+                *user_says("Hi, I need help", "with my order.", interim="Hi"), USER_TURN_END,
+                # The output transport tells the user aggregator the bot is speaking: the user is muted.
+                BotStartedSpeakingFrame(), SleepFrame(sleep=0.1),
+                *user_says("um, hold on", interim="um"), SleepFrame(sleep=0.2),
+                BotStoppedSpeakingFrame(), SleepFrame(sleep=0.1),
+                *user_says("It is 1234."), USER_TURN_END,
+                BotStartedSpeakingFrame(), SleepFrame(sleep=0.1),
+                *user_says("sorry, one more thing", interim="sorry"), SleepFrame(sleep=0.2),
+            ],
+            pipeline_params=PipelineParams(enable_metrics=True, enable_usage_metrics=True),
+        )
+        await observer.wait_closed(TIMEOUT)
+        assert observer.session.closed and observer.errors == []
+
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the muted session finalized")
+    assert [m["content"] for m in llm.contexts[-1]][1:] == ["Hi, I need help with my order.", "Sure. What is the order number?",
+                                                         "It is 1234."]
+    # Turn by turn, what Pipecat's context holds is what turnlog stored; the muted speech is in neither.
+    assert [(s, t) for _, s, t, *_ in turns(pipeline, session_id)] == [(m["role"], m["content"]) for m in context.messages[1:]]
+    assert [(i, status, tin, tout) for i, _, _, status, tin, tout, *_ in turns(pipeline, session_id)] == [
+        (0, "complete", 0, 0), (1, "complete", 140, 7), (2, "complete", 0, 0), (3, "complete", 60, 9),
+    ]
+
+
+async def test_realtime_deltas_and_a_late_transcript_are_recorded_as_pipecat_holds_them(ready_pipeline, attach_in_run_test):
+    """Issue 20, Pipecat 2: OpenAI Realtime's transcription deltas add up to the user's partial text
+    (today's tree kept the last fragment), and a transcript that comes after the response started
+    is still the turn before the response's, as in Pipecat's context."""
+    pipeline = ready_pipeline
+    session_id = f"pipecat-realtime-{uuid.uuid4().hex[:8]}"
+    async with SessionRecorder(pipeline.settings) as recorder:
+        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        context = LLMContext([SYSTEM])
+        aggregators = aggregator_pair(context)
+        attach_in_run_test(observer, aggregators)
+        user, assistant = aggregators
+        await run_test(
+            Pipeline([user, RealtimeLLM(), assistant]),
+            frames_to_send=[
+                SleepFrame(sleep=0.2),
+                # The response starts before the user's transcript comes (no deltas for this item).
+                UserStartedSpeakingFrame(), UserStoppedSpeakingFrame(), SleepFrame(sleep=0.1),
+                Responds(("It shipped",), finished=False), SleepFrame(sleep=0.05),
+                HeardFinal("Where is my order?"), SleepFrame(sleep=0.05),
+                LLMTextFrame(" yesterday."), LLMFullResponseEndFrame(), SleepFrame(sleep=0.3),
+                # The next item is transcribed as deltas; the call ends before it is completed.
+                UserStartedSpeakingFrame(),
+                HeardDelta(item_id="item-2", delta="Thanks,"), HeardDelta(item_id="item-2", delta=" that is"),
+                HeardDelta(item_id="item-2", delta=" all."), SleepFrame(sleep=0.2),
+            ],
+        )
+        await observer.wait_closed(TIMEOUT)
+        assert observer.session.closed and observer.errors == []
+
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the realtime session finalized")
+    stored_turns = turns(pipeline, session_id)
+    assert context.messages[1:] == [
+        {"role": "user", "content": "Where is my order?"}, {"role": "assistant", "content": "It shipped yesterday."},
+    ]
+    assert [(s, t) for _, s, t, status, *_ in stored_turns if status == "complete"] == [
+        (m["role"], m["content"]) for m in context.messages[1:]
+    ]
+    assert [(i, s, t, status) for i, s, t, status, *_ in stored_turns] == [
+        (0, "user", "Where is my order?", "complete"),
+        (1, "assistant", "It shipped yesterday.", "complete"),
+        (2, "user", "Thanks, that is all.", "interrupted"),  # the deltas heard before the hang-up
+    ]
+
 
 class AgentProcess(ScriptProcess):
     """``tests/adapters/pipecat_agent.py`` as a child process, with its JSON lines read one by one."""

@@ -62,18 +62,30 @@ try:
         EndFrame,
         Frame,
         InterimTranscriptionFrame,
+        LLMFullResponseStartFrame,
+        LLMServiceMetadataFrame,
         LLMTextFrame,
         MetricsFrame,
         TranscriptionFrame,
         TTSTextFrame,
+        UserMuteStartedFrame,
+        UserMuteStoppedFrame,
+        UserStartedSpeakingFrame,
     )
-    from pipecat.metrics.metrics import LLMUsageMetricsData
-    from pipecat.observers.base_observer import BaseObserver, FrameProcessed
+    from pipecat.metrics.metrics import LLMTokenUsage, LLMUsageMetricsData
+    from pipecat.observers.base_observer import BaseObserver, FrameProcessed, FramePushed
     from pipecat.utils.string import TextPartForConcatenation, concatenate_aggregated_text
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
         "turnlog.adapters.pipecat needs pipecat-ai 1.x: pip install 'turnlog[pipecat]'"
     ) from e
+
+try:  # OpenAI Realtime's event types (pydantic models; no network client needed)
+    from pipecat.services.openai.realtime.events import ConversationItemInputAudioTranscriptionDelta
+
+    _DELTA_EVENTS: tuple[type, ...] = (ConversationItemInputAudioTranscriptionDelta,)
+except ImportError:  # pragma: no cover - a Pipecat without the module
+    _DELTA_EVENTS = ()
 
 from turnlog.producers import (
     RecordedSession,
@@ -92,6 +104,23 @@ USER = "user"
 ASSISTANT = "assistant"
 #: What ``on_pipeline_finished`` ends the session with, by the type of its frame.
 END_REASONS: Mapping[type[Frame], str] = {EndFrame: "completed", CancelFrame: "cancelled"}
+#: The frames Pipecat's user aggregator drops while the user is muted
+#: (``LLMUserAggregator._maybe_mute_frame``) that this adapter records from.
+_MUTED_FRAMES = (InterimTranscriptionFrame, TranscriptionFrame, UserStartedSpeakingFrame)
+
+
+def input_tokens(usage: LLMTokenUsage) -> int:
+    """The input tokens of one LLM call, gross of the prompt cache: every token the model read.
+
+    Pipecat's ``LLMTokenUsage`` (``pipecat/metrics/metrics.py``) has
+    ``prompt_tokens`` net of the cache on Anthropic and Bedrock and gross on
+    OpenAI-compatible services, while ``total_tokens`` is gross on all of them:
+    so this is ``total_tokens - completion_tokens``. A service that reports no
+    usable total (``total_tokens`` below ``prompt_tokens + completion_tokens``)
+    gives ``prompt_tokens``.
+    """
+    prompt, completion, total = usage.prompt_tokens or 0, usage.completion_tokens or 0, usage.total_tokens or 0
+    return total - completion if total >= prompt + completion else prompt
 
 
 def history_messages(turns: Iterable[StoredTurn]) -> list[dict[str, str]]:
@@ -109,9 +138,20 @@ def history_messages(turns: Iterable[StoredTurn]) -> list[dict[str, str]]:
 
 # -- what the callbacks put on the queue (in Pipecat's order) ------------------
 @dataclass(frozen=True, slots=True)
+class _UserStarted:
+    pass
+
+
+@dataclass(frozen=True, slots=True)
 class _UserText:
     part: TextPartForConcatenation
     final: bool  # a TranscriptionFrame (a final segment), else an interim one
+    delta: bool = False  # an interim that adds to the previous interim (OpenAI Realtime)
+
+
+@dataclass(frozen=True, slots=True)
+class _RealtimeResponseStarted:
+    pass
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,7 +186,10 @@ class _Finished:
     reason: str
 
 
-_Item = _UserText | _UserTurnAdded | _AssistantText | _AssistantTurnStopped | _Usage | _Cancelled | _Finished
+_Item = (
+    _UserStarted | _UserText | _RealtimeResponseStarted | _UserTurnAdded | _AssistantText | _AssistantTurnStopped
+    | _Usage | _Cancelled | _Finished
+)
 
 
 class TurnlogObserver(BaseObserver):
@@ -196,11 +239,15 @@ class TurnlogObserver(BaseObserver):
         self._queue: asyncio.Queue[_Item] = asyncio.Queue()
         self._writer: asyncio.Task[None] | None = None
         self._finishing = False
+        # The observer callbacks' state (only Pipecat's observer task touches it).
+        self._user_muted = False
+        self._realtime = False
         # The writer's state (only the writer task touches it).
         self._next_index = session.next_turn_index
         self._user_turn: int | None = None
         self._user_finals: list[TextPartForConcatenation] = []
         self._user_interim: TextPartForConcatenation | None = None
+        self._user_started = False
         self._assistant_turn: int | None = None
         self._assistant_parts: list[TextPartForConcatenation] = []
         self._cancelled = False
@@ -298,12 +345,25 @@ class TurnlogObserver(BaseObserver):
     async def on_process_frame(self, data: FrameProcessed) -> None:
         """Queue the frames the aggregators start processing (see the module docstring)."""
         frame = data.frame
+        if isinstance(frame, LLMServiceMetadataFrame) and data.processor in (
+            self._user_aggregator, self._assistant_aggregator
+        ):
+            # What switches Pipecat's aggregators to realtime mode (LLMUserAggregator._handle_service_metadata).
+            self._realtime = self._realtime or bool(frame.is_realtime_service)
         if data.processor is self._user_aggregator:
-            if isinstance(frame, (TranscriptionFrame, InterimTranscriptionFrame)) and frame.text.strip():
-                spaces = frame.includes_inter_frame_spaces
+            if self._user_muted and isinstance(frame, _MUTED_FRAMES):
+                return  # dropped by the aggregator's mute filter: Pipecat never heard it
+            if isinstance(frame, UserStartedSpeakingFrame):
+                self._put(_UserStarted())
+            elif isinstance(frame, (TranscriptionFrame, InterimTranscriptionFrame)) and frame.text.strip():
+                final = isinstance(frame, TranscriptionFrame)
+                delta = not final and isinstance(frame.result, _DELTA_EVENTS)
+                spaces = frame.includes_inter_frame_spaces or delta  # a delta carries its own spaces
                 part = TextPartForConcatenation(frame.text, includes_inter_part_spaces=spaces)
-                self._put(_UserText(part, final=isinstance(frame, TranscriptionFrame)))
+                self._put(_UserText(part, final=final, delta=delta))
         elif data.processor is self._assistant_aggregator:
+            if isinstance(frame, LLMFullResponseStartFrame) and self._realtime:
+                self._put(_RealtimeResponseStarted())
             if isinstance(frame, (LLMTextFrame, TTSTextFrame)):
                 if frame.append_to_context and frame.text:
                     text = frame.raw_text if isinstance(frame, AggregatedTextFrame) and frame.raw_text else frame.text
@@ -312,9 +372,26 @@ class TurnlogObserver(BaseObserver):
             elif isinstance(frame, MetricsFrame):
                 for metric in frame.data:
                     if isinstance(metric, LLMUsageMetricsData):
-                        self._put(_Usage(metric.value.prompt_tokens or 0, metric.value.completion_tokens or 0))
+                        self._put(_Usage(input_tokens(metric.value), metric.value.completion_tokens or 0))
             elif isinstance(frame, CancelFrame):
                 self._put(_Cancelled())
+
+    async def on_push_frame(self, data: FramePushed) -> None:
+        """Follow the user aggregator's mute state from the frames it broadcasts when it changes.
+
+        ``LLMUserAggregator._maybe_mute_frame`` drops a frame if the user was
+        muted before it, then lets the mute strategies decide the state for the
+        next one, broadcasting :class:`UserMuteStartedFrame` or
+        :class:`UserMuteStoppedFrame`. Pipecat tells its observers about those
+        pushes after the frame that caused them, in one queue, so the state
+        read in :meth:`on_process_frame` is the state the aggregator filtered
+        that frame with.
+        """
+        if data.source is self._user_aggregator:
+            if isinstance(data.frame, UserMuteStartedFrame):
+                self._user_muted = True
+            elif isinstance(data.frame, UserMuteStoppedFrame):
+                self._user_muted = False
 
     async def _on_user_turn_message_added(self, aggregator: Any, message: Any) -> None:
         self._put(_UserTurnAdded(message.content))
@@ -381,10 +458,23 @@ class TurnlogObserver(BaseObserver):
 
     async def _write(self, item: _Item) -> None:
         session = self.session
-        if isinstance(item, _UserText):
+        if isinstance(item, _UserStarted):
+            self._user_started = True
+        elif isinstance(item, _RealtimeResponseStarted):
+            # In realtime mode Pipecat writes the user's message to the context when the
+            # response starts, and its transcript may come later
+            # (LLMAssistantAggregator._realtime_handle_llm_start): the user turn takes its
+            # index before the response's.
+            if self._user_turn is None and (self._user_started or self._user_finals):
+                self._user_turn = self._fresh_index()
+        elif isinstance(item, _UserText):
             if item.final:
                 self._user_finals.append(item.part)
                 self._user_interim = None
+            elif item.delta and self._user_interim is not None:
+                self._user_interim = TextPartForConcatenation(
+                    self._user_interim.text + item.part.text, includes_inter_part_spaces=True
+                )
             else:
                 self._user_interim = item.part
             parts = self._user_finals + ([self._user_interim] if self._user_interim else [])
@@ -393,7 +483,7 @@ class TurnlogObserver(BaseObserver):
             session.update_partial(self._user_turn, USER, concatenate_aggregated_text(parts))
         elif isinstance(item, _UserTurnAdded):
             index, self._user_turn = self._user_turn, None
-            self._user_finals, self._user_interim = [], None
+            self._user_finals, self._user_interim, self._user_started = [], None, False
             if index is None and not item.content:
                 return
             await session.complete_turn(index if index is not None else self._fresh_index(), USER, item.content)
@@ -415,11 +505,11 @@ class TurnlogObserver(BaseObserver):
                 if item.content:
                     session.update_partial(index, ASSISTANT, item.content)
                 return
-            input_tokens, output_tokens = self._prompt_tokens, self._completion_tokens
+            tokens_in, tokens_out = self._prompt_tokens, self._completion_tokens
             self._prompt_tokens = self._completion_tokens = 0
             await session.complete_turn(
                 index, ASSISTANT, item.content, barged_in=item.interrupted,
-                input_tokens=input_tokens, output_tokens=output_tokens,
+                input_tokens=tokens_in, output_tokens=tokens_out,
             )
         elif isinstance(item, _Usage):
             self._prompt_tokens += item.prompt_tokens
