@@ -10,7 +10,9 @@ real ``PipelineWorker`` over the real aggregator pair (``ExternalUserTurnStrateg
 fed with synthetic STT, LLM and usage-metrics frames:
 
 - a new session: a user turn, an assistant reply (with token usage), a user
-  turn, then an assistant reply cut off mid-sentence (no end). Once all of it
+  turn, then an assistant reply cut off mid-sentence (no end); while the bot
+  speaks the user says something Pipecat's mute filter drops
+  (``AlwaysUserMuteStrategy``), then, unmuted, starts a turn. Once all of it
   is recorded, spooled and acknowledged by the broker it prints
   ``{"ready": true, "open_turns": [...]}`` and waits to be SIGKILLed.
 - a resumed session: one more user turn and assistant reply, then an
@@ -25,6 +27,8 @@ import sys
 from collections.abc import Callable, Sequence
 
 from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
     EndFrame,
     Frame,
     InterimTranscriptionFrame,
@@ -41,7 +45,7 @@ from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
 from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.processors.aggregators.llm_response_universal import LLMContextAggregatorPair, LLMUserAggregatorParams
-from pipecat.turns.user_mute import BaseUserMuteStrategy
+from pipecat.turns.user_mute import AlwaysUserMuteStrategy, BaseUserMuteStrategy
 from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
 from pipecat.workers.runner import WorkerRunner
 
@@ -102,7 +106,7 @@ async def main(session_id: str) -> None:
         observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat-agent")
         context = LLMContext([SYSTEM, *observer.messages])
         say(resumed=observer.resumed, epoch=observer.session.epoch, context=context.messages)
-        aggregators = aggregator_pair(context)
+        aggregators = aggregator_pair(context, mute=[AlwaysUserMuteStrategy()])
         worker = PipelineWorker(Pipeline(list(aggregators)), cancel_on_idle_timeout=False)
         observer.attach(worker, aggregators)
         started = asyncio.Event()
@@ -131,6 +135,15 @@ async def main(session_id: str) -> None:
                 await step(llm_says("Of course.", " What is the new address?", tokens=(20, 8)), 2)
                 await step(user_says("12 Elm Street, Springfield."), 3)
                 await step(llm_says("Thanks, I'm updating", " your order to 12 Elm", finished=False), 4, open_turns=(first + 3,))
+                # While the bot speaks the user is muted: Pipecat drops what they say. Then the
+                # bot stops, and the user's next words open a turn of their own.
+                # Each group is flushed through before the next: Pipecat runs system frames (the
+                # bot's speaking state) ahead of data frames (transcripts) queued with them.
+                for group in ([BotStartedSpeakingFrame()], user_says("um, hold on", interim="um"), [BotStoppedSpeakingFrame()]):
+                    await worker.queue_frames(group)
+                    assert await worker.flush_pipeline(STEP_TIMEOUT), "not flushed"
+                heard = InterimTranscriptionFrame("Hello?", "caller", "2026-01-01T00:00:00Z")
+                await step([heard], 5, open_turns=(first + 3, first + 4))
                 await session.flush_partial()
                 assert await session.wait_acknowledged(STEP_TIMEOUT), "not acknowledged"
                 say(ready=True, open_turns=list(session.open_turns))

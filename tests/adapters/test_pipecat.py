@@ -272,16 +272,18 @@ def test_a_pipecat_agent_killed_mid_reply_resumes_with_its_llm_context_rebuilt_f
         {"role": "user", "content": "12 Elm Street, Springfield."},
     ]
     cut_off = {"role": "assistant", "content": "Thanks, I'm updating your order to 12 Elm"}
+    # What the user started to say after the muted words (which Pipecat dropped, and turnlog too).
+    started = {"role": "user", "content": "Hello?"}
 
     first = AgentProcess(pipeline.settings, session_id, tmp_path / "first.log")
     assert first.next_line() == {"resumed": False, "epoch": 0, "context": [SYSTEM]}
-    assert first.next_line() == {"ready": True, "open_turns": [3]}
-    first.process.kill()  # mid-reply: the assistant's turn 3 is open
+    assert first.next_line() == {"ready": True, "open_turns": [3, 4]}
+    first.process.kill()  # mid-reply: the assistant's turn 3 and the user's turn 4 are open
 
     second = AgentProcess(pipeline.settings, session_id, tmp_path / "second.log")
     # The restarted agent's LLM context is rebuilt from turnlog: the three turns said
     # before the kill, and the words of the reply the caller heard before it.
-    assert second.next_line() == {"resumed": True, "epoch": 1, "context": [SYSTEM, *said_before, cut_off]}
+    assert second.next_line() == {"resumed": True, "epoch": 1, "context": [SYSTEM, *said_before, cut_off, started]}
     assert second.next_line() == {"ended": True, "errors": []}
     assert second.process.popen.wait(timeout=TIMEOUT) == 0
 
@@ -291,10 +293,11 @@ def test_a_pipecat_agent_killed_mid_reply_resumes_with_its_llm_context_rebuilt_f
         (1, "assistant", "Of course. What is the new address?", "complete", False, 20, 8),
         (2, "user", "12 Elm Street, Springfield.", "complete", False, 0, 0),
         (3, "assistant", "Thanks, I'm updating your order to 12 Elm", "interrupted", False, 0, 0),
-        (4, "user", "Did it go through?", "complete", False, 0, 0),
-        (5, "assistant", "Yes, it ships to 12 Elm Street.", "complete", False, 35, 9),
+        (4, "user", "Hello?", "interrupted", False, 0, 0),
+        (5, "user", "Did it go through?", "complete", False, 0, 0),
+        (6, "assistant", "Yes, it ships to 12 Elm Street.", "complete", False, 35, 9),
     ]
-    assert (row["epoch"], row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == (1, "completed", 6, 1)
+    assert (row["epoch"], row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == (1, "completed", 7, 2)
 
 
 def test_the_example_agent_sigkilled_mid_call_resumes_and_its_llm_sees_the_stored_conversation(ready_pipeline, tmp_path):
