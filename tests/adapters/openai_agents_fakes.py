@@ -5,7 +5,8 @@ Each reply is a :class:`Reply` (text, or a function call) with its token usage.
 word as ``response.output_text.delta`` events, then ``response.completed``.
 A reply with ``hold`` set stops streaming after ``hold`` words and waits
 (forever, or until ``release`` is set): the test kills or cancels meanwhile.
-``calls`` keeps the input items of every call (what the model was shown).
+``calls`` keeps the input items of every call (what the model was shown);
+``called`` is set at the first call.
 
 ``item_id`` set: every output item gets that id, as the SDK's Chat Completions,
 LiteLLM and any-llm models give every item ``FAKE_RESPONSES_ID``
@@ -49,12 +50,14 @@ class FakeModel(Model):
     def __init__(self, replies: list[Reply], item_id: str | None = None) -> None:
         self.replies = list(replies)
         self.item_id = item_id
+        self.called = asyncio.Event()  # set at the first call
         self.calls: list[list[dict[str, Any]]] = []
         self.count = 0
 
     def _next(self, input: Any) -> tuple[Reply, list[Any]]:
         self.calls.append([dict(item) for item in input] if isinstance(input, list) else [{"role": "user", "content": input}])
         reply = self.replies.pop(0)
+        self.called.set()
         self.count += 1
         n = self.count
         if reply.call is not None:

@@ -429,3 +429,34 @@ def test_a_wrapped_conversations_session_is_one_for_the_sdk():
     assert isinstance(session, OpenAIConversationsSession) and isinstance(session, TurnlogSession)
     plain = TurnlogSession(SQLiteSession("plain"), SimpleNamespace(turns=()))
     assert not isinstance(plain, OpenAIConversationsSession)
+
+
+async def test_the_model_call_does_not_wait_for_the_questions_broker_ack(pipeline):
+    """The Runner saves the input before the model call: a broker slow to acknowledge the
+    question (up to ack_wait_seconds) must not hold the model call."""
+    session_id = f"oa-ack-{uuid.uuid4().hex[:8]}"
+    model = FakeModel([Reply(text="Hello!", input_tokens=3, output_tokens=1)])
+    agent = Agent(name="bot", model=model)
+    inner = SQLiteSession(session_id)
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
+        record = session.recorded.complete_turn
+
+        async def acknowledged_after_the_model_call(turn_index, speaker, text, **fields):
+            if speaker == "user":  # a broker that answers only once the model was called
+                await asyncio.wait_for(model.called.wait(), 30)
+            await record(turn_index, speaker, text, **fields)
+
+        session.recorded.complete_turn = acknowledged_after_the_model_call
+        result = await asyncio.wait_for(Runner.run(agent, "Hi?", session=session, hooks=session.hooks), 30)
+        assert result.final_output == "Hello!"
+        # The run returned after its answer's save, which waited for the question's write.
+        assert texts(await inner.get_items()) == [("user", "Hi?"), ("assistant", "Hello!")]
+        await session.end("completed")
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert turns(pipeline, session_id) == [
+        (0, "user", "Hi?", "complete", 0, 0, False, None),
+        (1, "assistant", "Hello!", "complete", 3, 1, False, None),
+    ]
+    held, stored = held_and_stored(pipeline, session_id, await inner.get_items())
+    assert stored == held

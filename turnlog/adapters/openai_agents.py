@@ -107,6 +107,7 @@ __all__ = ["TurnlogSession", "TurnlogRunHooks", "USER", "ASSISTANT"]
 
 logger = logging.getLogger(__name__)
 
+_GENERATION_HOOKS = ("_get_items_with_generation", "_add_items_with_generation")
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
 
 
@@ -131,6 +132,18 @@ class _Message:
     text: str
     item_id: str | None = None
     tool_calls: tuple[ToolCall, ...] = field(default=())
+
+
+@dataclass(frozen=True, slots=True)
+class _Turn:
+    """A turn to record: decided when ``add_items`` is called, recorded by its write."""
+
+    index: int
+    speaker: str
+    text: str
+    tool_calls: tuple[ToolCall, ...]
+    input_tokens: int
+    output_tokens: int
 
 
 class TurnlogRunHooks(RunHooks[Any]):
@@ -177,6 +190,11 @@ class TurnlogSession:
         self._streamed: list[_Streamed] = []  # open streamed assistant turns, oldest first
         self._cut: list[_Streamed] = []  # streamed messages completed as cut short, until the next user message
         self._popped: list[str] = []  # canonical JSON of recorded items popped from the inner session
+        # An inner session that counts its own mutations (the compaction session's generation
+        # hooks) needs its items saved when add_items returns: its input writes are awaited too.
+        self._queue_input = not any(callable(getattr(inner, name, None)) for name in _GENERATION_HOOKS)
+        self._next_index = 0  # the turn index after the last one given out (see _fresh_index)
+        self._failure: BaseException | None = None  # a queued input write's, for the next caller
 
     def __getattr__(self, name: str) -> Any:
         # Only reached for names this class does not define: the inner session's features.
@@ -228,6 +246,7 @@ class TurnlogSession:
     # -- the Session protocol ------------------------------------------------
     async def get_items(self, limit: int | None = None, *, wrapper: Any = None) -> list[TResponseInputItem]:
         """The inner session's items (after the writes still running)."""
+        await self._settle_writes()
         async with self._lock:
             return await _call(self.inner.get_items, limit, wrapper=wrapper)
 
@@ -235,22 +254,40 @@ class TurnlogSession:
         """Record the user and assistant messages of ``items`` in turnlog, then save
         ``items`` in the inner session, in a task a cancellation does not stop.
 
+        A batch of user messages only (the run's input, which the Runner saves
+        before the model call) returns once its write is queued: the model call
+        does not wait for turnlog's spool and broker acknowledgement (up to
+        ``ack_wait_seconds``). Every later call waits for that write first,
+        so the Runner's save of the answer returns only once the question is
+        recorded too. Any other batch returns once it is written, and so does
+        every batch when the inner session has the SDK's compaction generation
+        hooks (``_add_items_with_generation``: it must count the save when
+        ``add_items`` returns).
+
         Raises:
             RecorderError: turnlog refused a turn (``InvalidTurnError``, ``SpoolFullError``...);
-                the items are saved in the inner session all the same.
-            Whatever the inner session's ``add_items`` raises.
+                the items are saved in the inner session all the same. A queued
+                input write's failure is raised by the next ``add_items`` or :meth:`end`.
+            Whatever the inner session's ``add_items`` raises (likewise, for a queued write).
         """
-        write = asyncio.ensure_future(self._write(list(items), wrapper))
+        items = list(items)
+        turns = self._plan(items)
+        write = asyncio.ensure_future(self._write(turns, items, wrapper))
         self._writes.add(write)
         write.add_done_callback(self._writes.discard)
+        if self._queue_input and items and all(_is_user_message(item) for item in items):
+            write.add_done_callback(self._keep_failure)
+            return
         try:
             await asyncio.shield(write)
         except asyncio.CancelledError:
             write.add_done_callback(_log_failure)  # nobody awaits it now: a failure is logged
             raise
+        self._raise_kept_failure()
 
     async def pop_item(self, *, wrapper: Any = None) -> TResponseInputItem | None:
         """Pop the inner session's newest item; turnlog keeps what it recorded."""
+        await self._settle_writes()
         async with self._lock:
             item = await _call(self.inner.pop_item, wrapper=wrapper)
             if item is not None:
@@ -259,6 +296,7 @@ class TurnlogSession:
 
     async def clear_session(self, *, wrapper: Any = None) -> None:
         """Clear the inner session; turnlog keeps what it recorded."""
+        await self._settle_writes()
         async with self._lock:
             self._popped.clear()
             await _call(self.inner.clear_session, wrapper=wrapper)
@@ -299,12 +337,13 @@ class TurnlogSession:
         await self._settle_writes()
         async with self._lock:
             await self.recorded.end(reason)
+        self._raise_kept_failure()
 
     # -- internals -----------------------------------------------------------
     def _on_delta(self, item_id: str, delta: str) -> None:
         streamed = next((s for s in reversed(self._streamed) if s.item_id == item_id and not s.done), None)
         if streamed is None:
-            streamed = _Streamed(item_id, self.recorded.next_turn_index)
+            streamed = _Streamed(item_id, self._fresh_index())
             self._streamed.append(streamed)
         streamed.text += delta
         self.recorded.update_partial(streamed.turn_index, ASSISTANT, streamed.text)
@@ -313,17 +352,40 @@ class TurnlogSession:
         while self._writes:
             await asyncio.gather(*list(self._writes), return_exceptions=True)
 
-    async def _write(self, items: list[TResponseInputItem], wrapper: Any) -> None:
+    def _fresh_index(self) -> int:
+        """A turn index after every index given out, so turns planned before their write keep call order."""
+        index = max(self.recorded.next_turn_index, self._next_index)
+        self._next_index = index + 1
+        return index
+
+    def _keep_failure(self, write: asyncio.Task[None]) -> None:
+        if not write.cancelled() and write.exception() is not None and self._failure is None:
+            self._failure = write.exception()
+
+    def _raise_kept_failure(self) -> None:
+        failure, self._failure = self._failure, None
+        if failure is not None:
+            raise failure
+
+    async def _write(self, turns: list[_Turn], items: list[TResponseInputItem], wrapper: Any) -> None:
         async with self._lock:
             failure: BaseException | None = None
             try:
-                for message in self._messages(items):
-                    await self._record(message)
+                for turn in turns:
+                    await self.recorded.complete_turn(
+                        turn.index, turn.speaker, turn.text, tool_calls=turn.tool_calls or None,
+                        input_tokens=turn.input_tokens, output_tokens=turn.output_tokens,
+                    )
             except Exception as e:  # raised below, once the inner session has the items too
                 failure = e
             await _call(self.inner.add_items, items, wrapper=wrapper)
             if failure is not None:
                 raise failure
+
+    def _plan(self, items: Sequence[TResponseInputItem]) -> list[_Turn]:
+        """The turns to record for ``items``, with their indexes and tokens, decided when
+        ``add_items`` is called (so in call order, whenever the write runs)."""
+        return [turn for turn in map(self._turn, self._messages(items)) if turn is not None]
 
     def _messages(self, items: Sequence[TResponseInputItem]) -> list[_Message]:
         """The messages of ``items`` to record: tool calls folded into the next
@@ -352,20 +414,17 @@ class TurnlogSession:
             messages.append(message)
         return messages
 
-    async def _record(self, message: _Message) -> None:
+    def _turn(self, message: _Message) -> _Turn | None:
         if message.speaker == USER:
             self._cut.clear()  # a new run's input: the cut runs saved what they were going to
         else:
             cut = _take_match(self._cut, message, lambda c: message.text.startswith(c.text))
             if cut is not None:
-                return  # a cut message the run saved after all: recorded as the user saw it
+                return None  # a cut message the run saved after all: recorded as the user saw it
         streamed = _take_match(self._streamed, message, lambda s: True) if message.speaker == ASSISTANT else None
-        index = streamed.turn_index if streamed is not None else self.recorded.next_turn_index
+        index = streamed.turn_index if streamed is not None else self._fresh_index()
         input_tokens, output_tokens = self._usage.take() if message.speaker == ASSISTANT else (0, 0)
-        await self.recorded.complete_turn(
-            index, message.speaker, message.text, tool_calls=message.tool_calls or None,
-            input_tokens=input_tokens, output_tokens=output_tokens,
-        )
+        return _Turn(index, message.speaker, message.text, message.tool_calls, input_tokens, output_tokens)
 
     async def _rebuild(self) -> None:
         # A barged-in turn is the words the user saw of an answer the run never saved: the
@@ -446,6 +505,11 @@ def _message(item: Any) -> _Message | None:
         return None
     item_id = item.get("id")
     return _Message(role, text, item_id if isinstance(item_id, str) else None)
+
+
+def _is_user_message(item: Any) -> bool:
+    message = _message(item)
+    return message is not None and message.speaker == USER
 
 
 _arguments = arguments_object  # a function call's arguments as a JSON object (``_core.arguments_object``)
