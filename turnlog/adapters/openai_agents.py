@@ -33,17 +33,37 @@ What it records, and from where:
 - Partial text: :meth:`TurnlogSession.stream` wraps
   ``Runner.run_streamed(...).stream_events()``: each ``response.output_text.delta``
   updates the open assistant turn's whole text so far (the recorder's timer
-  flushes it). The saved message completes that turn at the same index.
+  flushes it). The saved message completes that turn at the same index. A
+  turn is one message of one model response (deltas of one ``item_id`` until
+  the response's ``response.completed``): item ids are not unique, since Chat
+  Completions, LiteLLM and any-llm models give every item the SDK's
+  ``FAKE_RESPONSES_ID`` (``agents/models/fake_id.py``); a saved message
+  completes the oldest open turn with its id, else the oldest open turn.
   A streamed message that the run never saved (``result.cancel()`` mid-answer)
   is completed ``barged_in=True`` with the text streamed so far: the words
   the user saw. A caller that stops iterating early closes the generator
   (``async with contextlib.aclosing(session.stream(result))``), so this
-  happens at once rather than when it is garbage-collected.
+  happens at once rather than when it is garbage-collected. If the run saves
+  that message after all, it is not recorded again (until the next user
+  message, which starts a new run).
 
 ``get_items``, ``pop_item`` and ``clear_session`` go to the inner session
 (any ``Session`` of the SDK: SQLite, SQLAlchemy, Redis...). turnlog is
 append-only: a popped or cleared item stays recorded, and an item the Runner
 pops and adds back (its rewind on a conversation retry) is not recorded twice.
+Whatever else the SDK looks up on a session is the inner session's (a
+compaction session's ``run_compaction`` and generation hooks; a Conversations
+session passes ``isinstance``): see :class:`TurnlogSession`.
+
+Latency: the Runner saves the run's input before the model call; a batch of
+user messages only is written in the background (in order, ahead of every
+later call), so the model call does not wait for turnlog's spool and broker
+acknowledgement (up to ``ack_wait_seconds``). The save of the answer waits
+for it, so when ``Runner.run`` returns both are recorded; a SIGKILL in the
+first milliseconds of the model call can lose the question from turnlog and
+the inner session both, never from turnlog alone. An inner session with the
+SDK's compaction generation hooks gets every save awaited (see
+:meth:`TurnlogSession.add_items`).
 
 Cancellation (openai/openai-agents-python#1658): ``add_items`` runs its write
 in a task of its own and awaits it through ``asyncio.shield``. A caller
@@ -66,7 +86,10 @@ inner session holds none of them (it lost its items: an in-memory or a new
 SQLite file) or holds a run of them that stops short of the last, the
 missing turns are added to the inner session as ``{"role", "content"}``
 messages, not recorded again. Tool calls are not rebuilt (turnlog keeps no
-call ids). An inner session whose messages are not such a run (edited) is
+call ids), nor barged-in turns (an answer cut short that the SDK never saved:
+they are neither expected in the inner session nor added to it). A
+compacted inner session (its items replaced by a summary) differs from
+turnlog and is left as it is. An inner session whose messages are not such a run (edited) is
 left as it is, with a warning. turnlog cannot tell a tail lost in a kill
 from one removed on purpose: an inner session whose last items were popped,
 or that was cleared, gets them back when a new process opens it; open it
