@@ -66,6 +66,11 @@ and yields every ``(mode, chunk)`` pair unchanged:
 Text is the message's ``content`` string, or the concatenated ``text`` of
 its ``{"type": "text"}`` blocks. ``subgraphs=True`` and ``version="v2"`` are
 refused (the stream's shape changes). System messages are not recorded.
+Updates name the node, not its task (``langgraph.pregel``'s v1 ``"updates"``
+mode): when several tasks of one node stream at once (``Send``), the first
+to finish empties the others' open turns, and their messages are recorded
+at fresh indexes when written (an emptied turn no later turn reused is left
+``interrupted``, with no text).
 
 **Resume.** :meth:`LangGraphMirror.open` resumes the session (thread) if
 turnlog has it (``SessionRecorder.resume``: the resume barrier, a new epoch)
