@@ -219,12 +219,53 @@ def voice_outputs(session: Any) -> CapturedText:
     return room_text
 
 
-# -- LiveKit's job shutdown ------------------------------------------------------------
+# -- a LiveKit job, run by LiveKit's job process ------------------------------------------
 class _SilentIPC:
     """The job process's IPC client: the messages to the parent process go nowhere."""
 
     async def send(self, message: Any) -> None:
         return None
+
+
+async def run_job(entrypoint: Any, *, shutdown: str) -> None:
+    """Run ``entrypoint(ctx)`` as LiveKit's job process runs a job (a fake job: a mock
+    room), ``_JobProc._start_job`` then its job task (``livekit/agents/ipc/
+    job_proc_lazy_main.py``), and end the job once the entrypoint has returned, as
+    ``shutdown`` says: ``"ctx.shutdown"`` (``JobContext.shutdown()``), ``"drain timeout"``
+    (what the process does on the parent's ``ShutdownRequest``, sent when a draining
+    worker's timeout expires) or ``"job crashed"`` (the entrypoint raises). LiveKit's
+    shutdown sequence then runs: ``session.aclose()`` on the primary session, then the
+    job's shutdown callbacks. Returns when the job task is done."""
+    from livekit.agents.ipc.job_proc_lazy_main import _JobProc, _ShutdownInfo
+    from livekit.agents.ipc.proto import StartJobRequest
+    from livekit.agents.job import JobExecutorType, JobProcess
+    from livekit.agents.testing import fake_job_context
+
+    class _Crash(Exception):
+        pass
+
+    async def job_entrypoint(ctx: Any) -> None:
+        await entrypoint(ctx)
+        if shutdown == "ctx.shutdown":
+            ctx.shutdown()
+        elif shutdown == "drain timeout":
+            proc._shutdown_fut.set_result(_ShutdownInfo(user_initiated=False, reason="draining timed out"))
+        else:
+            raise _Crash("the entrypoint crashed")
+
+    proc = _JobProc(lambda _: None, job_entrypoint, None, session_end_timeout=10.0, executor_type=JobExecutorType.THREAD)
+    proc._client = _SilentIPC()  # type: ignore[assignment]
+    proc._job_proc = JobProcess(executor_type=JobExecutorType.THREAD, user_arguments=None, http_proxy=None)
+    proc._inf_client = None  # type: ignore[assignment]
+    proc._exit_proc_flag = asyncio.Event()
+    proc._shutdown_fut = asyncio.get_running_loop().create_future()
+    with fake_job_context() as template:  # a fake job's RunningJobInfo, as LiveKit's testing helper makes it
+        info = template._info
+    request = StartJobRequest()
+    request.running_job = info
+    proc._start_job(request)
+    assert proc._job_task is not None
+    await proc._job_task
 
 
 async def shut_down_job(job: Any, *, reason: str, user_initiated: bool) -> None:

@@ -17,6 +17,7 @@ from tests.support import require_extra
 require_extra("livekit.agents", "livekit")
 
 from livekit.agents import Agent, AgentSession, APIConnectOptions, ChatContext, UserInputTranscribedEvent
+from livekit.agents.ipc.job_proc_lazy_main import _JobProc
 from livekit.agents.testing import fake_job_context
 from livekit.agents.voice.agent_session import SessionConnectOptions
 from sqlalchemy import select
@@ -27,7 +28,15 @@ from turnlog.producers import SessionRecorder, StoredTurn
 from turnlog.schemas import TurnPartial, decode_event
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
-from tests.adapters.livekit_fakes import CapturedText, Reply, ScriptedLLM, SilentTTS, shut_down_job, voice_outputs
+from tests.adapters.livekit_fakes import (
+    CapturedText,
+    Reply,
+    ScriptedLLM,
+    SilentTTS,
+    run_job,
+    shut_down_job,
+    voice_outputs,
+)
 from tests.progress import ScriptProcess
 from tests.support import wait_until
 
@@ -266,23 +275,32 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
     session_id = f"lk-{close.replace(' ', '-').replace('.', '-')}-{uuid.uuid4().hex[:6]}"
     llm = ScriptedLLM({**REPLIES, "break": Reply(fail=True)})
     options = {"conn_options": SessionConnectOptions(llm_conn_options=APIConnectOptions(max_retry=0), max_unrecoverable_errors=0)}
-    with fake_job_context() as job:
-        session, agent = new_session(llm, **options), Agent(instructions="You are a test agent.")
-        recording = await record_session(
-            session, agent, session_id=session_id, fleet="tests", agent_id="livekit", settings=pipeline.settings
+    session, agent = new_session(llm, **options), Agent(instructions="You are a test agent.")
+    recordings = []
+
+    async def entrypoint(ctx):
+        recordings.append(
+            await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit", settings=pipeline.settings)
         )
         await session.start(agent)
         await session.run(user_input="Hello")
-        if close != "error":
-            # LiveKit's job shutdown: session.aclose() (reason user_initiated), then the
-            # shutdown callbacks (the session's own, reason job_shutdown, and the adapter's).
-            user_initiated = close == "ctx.shutdown"
-            reason = {"drain timeout": "draining timed out", "ctx.shutdown": "user requested"}.get(close, close)
-            await shut_down_job(job, reason=reason, user_initiated=user_initiated)
-        else:
+        if close == "error":
             session.generate_reply(user_input="break")  # an unrecoverable LLM error closes the session
-        assert await recording.wait_closed(TIMEOUT)
-        await session.aclose()
+            assert await recordings[0].wait_closed(TIMEOUT)
+
+    if close == "error" or not hasattr(_JobProc, "_shutdown_job"):
+        # A job run by LiveKit's job process; its shutdown closes the session with
+        # session.aclose() (reason user_initiated), then runs the shutdown callbacks.
+        await run_job(entrypoint, shutdown="ctx.shutdown" if close == "error" else close)
+    else:
+        # LiveKit's shutdown sequence (_JobProc._shutdown_job: session.aclose(), then the
+        # shutdown callbacks) on a job whose entrypoint ran in this task.
+        with fake_job_context() as job:
+            await entrypoint(job)
+            reason = {"drain timeout": "draining timed out", "ctx.shutdown": "user requested"}.get(close, close)
+            await shut_down_job(job, reason=reason, user_initiated=close == "ctx.shutdown")
+    [recording] = recordings
+    assert recording.closed
     assert recording.failures == 0
     seen = messages(session.history)  # what LiveKit committed before it closed the session
     assert seen[:2] == [("user", "Hello", False), ("assistant", "Hi! How can I help you today?", False)]
@@ -294,6 +312,8 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
         what="the conversation LiveKit saw, stored",
     )
     assert session_row(pipeline, session_id)["status"] == "active"
+    await asyncio.sleep(5)
+    print("DBG", [type(e).__name__ for e in logged_events(pipeline, session_id)[1]], session_row(pipeline, session_id)["status"])
 
     # The next job resumes it (through a recorder of its own): LiveKit's ChatContext is rebuilt from turnlog.
     llm = ScriptedLLM(REPLIES)
