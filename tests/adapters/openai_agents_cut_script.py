@@ -1,8 +1,8 @@
 """An OpenAI Agents SDK agent for the crash test after a cut answer, run as its own
 process: ``python -m tests.adapters.openai_agents_cut_script PHASE SESSION DB_PATH``.
 
-The model is Chat Completions-style (every item id is the SDK's
-``FAKE_RESPONSES_ID``); the inner session is a ``SQLiteSession`` in the file
+The model is the SDK's ``OpenAIChatCompletionsModel`` on a fake client (every
+item id is the SDK's ``FAKE_RESPONSES_ID``); the inner session is a ``SQLiteSession`` in the file
 ``DB_PATH``, which outlives a killed process. Progress goes to stdout as JSON
 lines, flushed; settings come from the environment (``TURNLOG_*``).
 
@@ -22,14 +22,13 @@ from __future__ import annotations
 import asyncio
 import sys
 
-from agents import Agent, Runner, SQLiteSession, set_tracing_disabled
-from agents.models.fake_id import FAKE_RESPONSES_ID
+from agents import Agent, OpenAIChatCompletionsModel, Runner, SQLiteSession, set_tracing_disabled
 
 from turnlog.adapters.openai_agents import TurnlogSession
 from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
 
-from tests.adapters.openai_agents_fakes import FakeModel, Reply
+from tests.adapters.openai_agents_fakes import Reply, fake_chat_client
 from tests.adapters.openai_agents_script import messages, say
 
 
@@ -50,12 +49,12 @@ class HeldSession(SQLiteSession):
 
 
 async def first(session: TurnlogSession, inner: HeldSession) -> None:
-    model = FakeModel([
+    client = fake_chat_client([
         Reply(text="answer 0 is long and the user stops it", input_tokens=10, output_tokens=9, hold=2),
         Reply(text="answer 1", input_tokens=11, output_tokens=2),
         Reply(text="answer 2", input_tokens=12, output_tokens=2),
-    ], item_id=FAKE_RESPONSES_ID)
-    agent = Agent(name="bot", model=model)
+    ])
+    agent = Agent(name="bot", model=OpenAIChatCompletionsModel("gpt-4o", openai_client=client))
     result = Runner.run_streamed(agent, "question 0", session=session, hooks=session.hooks)
     deltas = 0
     async for event in session.stream(result):
@@ -70,10 +69,12 @@ async def first(session: TurnlogSession, inner: HeldSession) -> None:
 
 async def second(session: TurnlogSession, inner: HeldSession) -> None:
     rebuilt = messages(await inner.get_items())
-    model = FakeModel([Reply(text="answer 3", input_tokens=13, output_tokens=2)], item_id=FAKE_RESPONSES_ID)
+    client = fake_chat_client([Reply(text="answer 3", input_tokens=13, output_tokens=2)])
+    model = OpenAIChatCompletionsModel("gpt-4o", openai_client=client)
     await Runner.run(Agent(name="bot", model=model), "question 3", session=session, hooks=session.hooks)
     await session.end("completed")
-    say(done=True, rebuilt=rebuilt, model_saw=messages(model.calls[0]), held=messages(await inner.get_items()))
+    model_saw = messages(client.chat.completions.calls[0])
+    say(done=True, rebuilt=rebuilt, model_saw=model_saw, held=messages(await inner.get_items()))
 
 
 async def main(phase: str, session_id: str, db_path: str) -> None:

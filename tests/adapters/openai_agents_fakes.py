@@ -8,11 +8,10 @@ A reply with ``hold`` set stops streaming after ``hold`` words and waits
 ``calls`` keeps the input items of every call (what the model was shown);
 ``called`` is set at the first call.
 
-``item_id`` set: every output item gets that id, as the SDK's Chat Completions,
-LiteLLM and any-llm models give every item ``FAKE_RESPONSES_ID``
-(``agents/models/chatcmpl_converter.py``, ``chatcmpl_stream_handler.py``);
-unset, each item gets an id of its own, as the Responses API does. Every
-response has a ``response_id`` (``resp_<n>``).
+Each output item gets an id of its own, as the Responses API does, and each
+response a ``response_id`` (``resp_<n>``). :func:`fake_chat_client` is a fake
+``AsyncOpenAI`` for the SDK's own ``OpenAIChatCompletionsModel``, whose items
+all get the SDK's ``FAKE_RESPONSES_ID`` (``agents/models/chatcmpl_converter.py``).
 """
 
 from __future__ import annotations
@@ -47,9 +46,8 @@ class Reply:
 
 
 class FakeModel(Model):
-    def __init__(self, replies: list[Reply], item_id: str | None = None) -> None:
+    def __init__(self, replies: list[Reply]) -> None:
         self.replies = list(replies)
-        self.item_id = item_id
         self.called = asyncio.Event()  # set at the first call
         self.calls: list[list[dict[str, Any]]] = []
         self.count = 0
@@ -62,11 +60,11 @@ class FakeModel(Model):
         n = self.count
         if reply.call is not None:
             name, arguments = reply.call
-            output = [ResponseFunctionToolCall(id=self.item_id or f"fc_{n}", call_id=f"call_{n}", name=name, arguments=arguments, type="function_call", status="completed")]
+            output = [ResponseFunctionToolCall(id=f"fc_{n}", call_id=f"call_{n}", name=name, arguments=arguments, type="function_call", status="completed")]
         else:
             output = [
                 ResponseOutputMessage(
-                    id=self.item_id or f"msg_{n}", type="message", role="assistant", status="completed",
+                    id=f"msg_{n}", type="message", role="assistant", status="completed",
                     content=[ResponseOutputText(text=reply.text or "", type="output_text", annotations=[], logprobs=[])],
                 )
             ]
@@ -100,3 +98,55 @@ class FakeModel(Model):
             tools=[], top_p=None, parallel_tool_calls=False, status="completed", usage=usage,
         )
         yield ResponseCompletedEvent(type="response.completed", response=response, sequence_number=sequence)
+
+
+class FakeChatCompletions:
+    """``client.chat.completions`` of an ``AsyncOpenAI`` for the SDK's own
+    ``OpenAIChatCompletionsModel``: scripted text replies, streamed word by word as
+    ``ChatCompletionChunk`` objects (the last one with the usage) or returned whole
+    as a ``ChatCompletion``. A reply with ``hold`` waits for ``release`` after that
+    many words, as :class:`FakeModel` does. The SDK's converter gives every item
+    ``FAKE_RESPONSES_ID``. ``calls`` keeps the messages of every request."""
+
+    def __init__(self, replies: list[Reply]) -> None:
+        self.replies = list(replies)
+        self.calls: list[list[dict[str, Any]]] = []
+
+    async def create(self, *, messages: list[dict[str, Any]], stream: Any = False, **_: Any) -> Any:
+        from openai.types.chat import ChatCompletion, ChatCompletionChunk
+        from openai.types.completion_usage import CompletionUsage
+
+        self.calls.append([dict(m) for m in messages])
+        reply = self.replies.pop(0)
+        usage = CompletionUsage(prompt_tokens=reply.input_tokens, completion_tokens=reply.output_tokens,
+                                total_tokens=reply.input_tokens + reply.output_tokens)
+        if stream is not True:
+            return ChatCompletion.model_validate({
+                "id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": "fake", "usage": usage.model_dump(),
+                "choices": [{"index": 0, "finish_reason": "stop", "message": {"role": "assistant", "content": reply.text}}],
+            })
+
+        def chunk(delta: dict[str, Any], finish: str | None = None, with_usage: bool = False) -> ChatCompletionChunk:
+            return ChatCompletionChunk.model_validate({
+                "id": "chatcmpl-1", "object": "chat.completion.chunk", "created": 0, "model": "fake",
+                "choices": [{"index": 0, "delta": delta, "finish_reason": finish}],
+                "usage": usage.model_dump() if with_usage else None,
+            })
+
+        async def chunks() -> AsyncIterator[ChatCompletionChunk]:
+            for i, word in enumerate(re.findall(r"\S+\s*", reply.text or "")):
+                if reply.hold is not None and i == reply.hold:
+                    await reply.release.wait()
+                yield chunk({"role": "assistant", "content": word} if i == 0 else {"content": word})
+                await asyncio.sleep(0)
+            yield chunk({}, "stop", with_usage=True)
+
+        return chunks()
+
+
+def fake_chat_client(replies: list[Reply]) -> Any:
+    """An ``AsyncOpenAI`` stand-in for ``OpenAIChatCompletionsModel(model, openai_client=...)``;
+    its ``chat.completions`` is a :class:`FakeChatCompletions`."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(base_url="http://fake.invalid/v1", chat=SimpleNamespace(completions=FakeChatCompletions(replies)))

@@ -14,13 +14,12 @@ require_extra("agents.memory", "openai-agents")
 
 from types import SimpleNamespace
 
-from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled
-from agents.models.fake_id import FAKE_RESPONSES_ID
+from agents import Agent, OpenAIChatCompletionsModel, Runner, SQLiteSession, function_tool, set_tracing_disabled
 
 from turnlog.adapters.openai_agents import TurnlogSession
 from turnlog.producers import SessionRecorder
 
-from tests.adapters.openai_agents_fakes import FakeModel, Reply
+from tests.adapters.openai_agents_fakes import FakeModel, Reply, fake_chat_client
 from tests.adapters.scripted import TURNS_AFTER_A_KILL_MID_ANSWER, kill_mid_answer_then_resume
 from tests.adapters.stored import turns
 from tests.integration.test_pipeline import finalized
@@ -310,13 +309,12 @@ async def test_a_streamed_run_with_a_tool_call_gives_the_answer_every_tokens_and
 
 
 async def test_a_chat_completions_model_loses_no_answer_after_a_cut_stream(pipeline):
-    """Chat Completions, LiteLLM and any-llm models give every item FAKE_RESPONSES_ID: a cut
-    answer's id is every later answer's id too."""
+    """The SDK's OpenAIChatCompletionsModel (as LiteLLM and any-llm models) gives every item
+    FAKE_RESPONSES_ID: a cut answer's id is every later answer's id too."""
     session_id = f"oa-fake-id-{uuid.uuid4().hex[:8]}"
     cut = Reply(text="Let me read you the whole terms and conditions now.", input_tokens=4, output_tokens=9, hold=3)
-    model = FakeModel([cut, Reply(text="Sorry! Yes?", output_tokens=3), Reply(text="It ships today.", output_tokens=4)],
-                      item_id=FAKE_RESPONSES_ID)
-    agent = Agent(name="talker", model=model)
+    client = fake_chat_client([cut, Reply(text="Sorry! Yes?", output_tokens=3), Reply(text="It ships today.", output_tokens=4)])
+    agent = Agent(name="talker", model=OpenAIChatCompletionsModel("gpt-4o", openai_client=client))
     inner = SQLiteSession(session_id)
     async with SessionRecorder(pipeline.settings) as recorder:
         session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="talker")
@@ -341,7 +339,9 @@ async def test_a_chat_completions_model_loses_no_answer_after_a_cut_stream(pipel
         (4, "user", "When does it ship?", "complete", 0, 0, False),
         (5, "assistant", "It ships today.", "complete", 0, 4, False),
     ]
-    held, stored = held_and_stored(pipeline, session_id, await inner.get_items())
+    items = await inner.get_items()
+    assert {item.get("id") for item in items if item.get("role") == "assistant"} == {"__fake_id__"}
+    held, stored = held_and_stored(pipeline, session_id, items)
     assert stored == held  # turn by turn: what the SDK holds is what turnlog holds
 
 
