@@ -288,3 +288,121 @@ async def shut_down_job(job: Any, *, reason: str, user_initiated: bool) -> None:
     await entrypoint
     info = _ShutdownInfo(user_initiated=user_initiated, reason=reason)
     await asyncio.create_task(proc._shutdown_job(entrypoint, info), name="job_task")
+
+
+# -- a realtime model whose user transcript comes after its reply -----------------------------
+class LateTranscriptRealtime:
+    """Builds a text-only ``llm.RealtimeModel`` (server-side turn detection and user
+    transcription) that behaves as providers that send the user's transcript after
+    the reply do: :meth:`user_turn` emits, on the model's session, what LiveKit's
+    ``AgentActivity`` listens to - ``input_speech_started``, ``input_speech_stopped``,
+    ``generation_created`` with the reply streamed, and only then
+    ``input_audio_transcription_completed`` with the transcript, stamped with when
+    the turn began (``turn_started_at``, where the release has it)."""
+
+    def __init__(self) -> None:
+        from livekit.agents import llm
+
+        self.sessions: list[Any] = []
+        outer = self
+
+        class _Session(llm.RealtimeSession):
+            def __init__(self, model: Any) -> None:
+                super().__init__(model)
+                self._chat_ctx = llm.ChatContext.empty()
+                self._tools = llm.ToolContext.empty()
+                outer.sessions.append(self)
+
+            @property
+            def chat_ctx(self) -> Any:
+                return self._chat_ctx.copy()
+
+            @property
+            def tools(self) -> Any:
+                return self._tools.copy()
+
+            async def update_instructions(self, instructions: str) -> None:
+                return None
+
+            async def update_chat_ctx(self, chat_ctx: Any) -> None:
+                self._chat_ctx = chat_ctx.copy()
+
+            async def update_tools(self, tools: list[Any]) -> None:
+                return None
+
+            def update_options(self, *, tool_choice: Any = NOT_GIVEN) -> None:
+                return None
+
+            def push_audio(self, frame: Any) -> None:
+                return None
+
+            def push_video(self, frame: Any) -> None:
+                return None
+
+            def generate_reply(self, *, instructions: Any = NOT_GIVEN, **_: Any) -> Any:
+                raise NotImplementedError("replies come from the user's turns only")
+
+            def commit_audio(self) -> None:
+                return None
+
+            def clear_audio(self) -> None:
+                return None
+
+            def interrupt(self) -> None:
+                return None
+
+            def truncate(self, **_: Any) -> None:
+                return None
+
+            async def aclose(self) -> None:
+                return None
+
+        class _Model(llm.RealtimeModel):
+            def __init__(self) -> None:
+                super().__init__(
+                    capabilities=llm.RealtimeCapabilities(
+                        message_truncation=False, turn_detection=True, user_transcription=True,
+                        auto_tool_reply_generation=False, audio_output=False, manual_function_calls=False,
+                    )
+                )
+
+            def session(self, **_: Any) -> Any:
+                return _Session(self)
+
+            async def aclose(self) -> None:
+                return None
+
+        self.model = _Model()
+
+    async def user_turn(self, transcript: str, reply: str, *, item_id: str) -> None:
+        """The user says ``transcript``; the model answers ``reply`` (text), and sends the
+        transcript once the reply is generated."""
+        import dataclasses
+
+        from livekit.agents import llm
+
+        session = self.sessions[-1]
+        began = time.time()
+        session.emit("input_speech_started", llm.InputSpeechStartedEvent())
+        session.emit("input_speech_stopped", llm.InputSpeechStoppedEvent(user_transcription_enabled=True))
+        text_ch: utils.aio.Chan[str] = utils.aio.Chan()
+        audio_ch: utils.aio.Chan[rtc.AudioFrame] = utils.aio.Chan()
+        message_ch: utils.aio.Chan[llm.MessageGeneration] = utils.aio.Chan()
+        function_ch: utils.aio.Chan[llm.FunctionCall] = utils.aio.Chan()
+        modalities: asyncio.Future[list[str]] = asyncio.get_running_loop().create_future()
+        modalities.set_result(["text"])
+        message_ch.send_nowait(llm.MessageGeneration(message_id=f"reply-{item_id}", text_stream=text_ch,
+                                                     audio_stream=audio_ch, modalities=modalities))
+        message_ch.close()
+        function_ch.close()
+        session.emit("generation_created", llm.GenerationCreatedEvent(message_stream=message_ch, function_stream=function_ch,
+                                                                      user_initiated=False))
+        for start in range(0, len(reply), 4):
+            text_ch.send_nowait(reply[start : start + 4])
+            await asyncio.sleep(0.01)
+        text_ch.close()
+        audio_ch.close()
+        fields = {f.name for f in dataclasses.fields(llm.InputTranscriptionCompleted)}
+        extra = {"turn_started_at": began} if "turn_started_at" in fields else {}
+        session.emit("input_audio_transcription_completed",
+                     llm.InputTranscriptionCompleted(item_id=item_id, transcript=transcript, is_final=True, **extra))

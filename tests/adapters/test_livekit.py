@@ -30,6 +30,7 @@ from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
 from tests.adapters.livekit_fakes import (
     CapturedText,
+    LateTranscriptRealtime,
     Reply,
     ScriptedLLM,
     SilentTTS,
@@ -340,6 +341,38 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
         (n + 1, "assistant", "It is 10 dollars a month.", "complete"),
         (n + 2, "assistant", "Goodbye!", "complete"),
     ]
+
+
+async def test_with_a_realtime_model_that_transcribes_the_user_after_its_reply_the_question_is_stored_before_the_answer(pipeline):
+    session_id = f"lk-realtime-{uuid.uuid4().hex[:6]}"
+    realtime = LateTranscriptRealtime()
+    session, agent = AgentSession(llm=realtime.model, vad=None, user_away_timeout=None), Agent(instructions="You are a test agent.")
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-realtime", settings=pipeline.settings)
+    await session.start(agent)
+    try:
+        await realtime.user_turn("What time is it?", "It is noon.", item_id="user-1")
+        await eventually(lambda: len(messages(session.history)) == 2, what="the first exchange committed", timeout=30)
+        await realtime.user_turn("Thanks", "You're welcome.", item_id="user-2")
+        await eventually(lambda: len(messages(session.history)) == 4, what="the second exchange committed", timeout=30)
+    finally:
+        await session.aclose()
+    assert await recording.wait_closed(TIMEOUT) and recording.failures == 0
+
+    seen = messages(session.history)  # LiveKit puts the late transcript before the reply it prompted
+    assert [role for role, _, _ in seen] == ["user", "assistant", "user", "assistant"]
+    await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
+    stored = conversation(turns_of(pipeline, session_id))
+    assert [(i, speaker, text, barged) for i, speaker, text, _, barged, _, _ in stored] == [
+        (i, role, text, interrupted) for i, (role, text, interrupted) in enumerate(seen)
+    ]
+    # A resume rebuilds the context in that order too.
+    rebuilt = chat_context_from_turns([stored_turn_of(row) for row in turns_of(pipeline, session_id)])
+    assert messages(rebuilt) == seen
+
+
+def stored_turn_of(row):
+    return StoredTurn(row["turn_index"], row["speaker"], row["text"], row["status"], row["started_at"], row["ended_at"],
+                      row["input_tokens"], row["output_tokens"], None, row["barged_in"])
 
 
 # -- an agent process SIGKILLed mid-reply, and restarted ----------------------------------

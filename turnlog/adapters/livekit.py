@@ -63,6 +63,7 @@ from livekit.agents import (
     ConversationItemAddedEvent,
     SessionUsageUpdatedEvent,
     UserInputTranscribedEvent,
+    UserStateChangedEvent,
 )
 from livekit.agents.job import get_job_context
 from livekit.agents.metrics.usage import LLMModelUsage
@@ -381,6 +382,7 @@ class LiveKitRecording:
         self.session.on("conversation_item_added", self._on_conversation_item_added)
         self.session.on("session_usage_updated", self._on_session_usage_updated)
         self.session.on("agent_state_changed", self._on_agent_state_changed)
+        self.session.on("user_state_changed", self._on_user_state_changed)
         self.session.on("close", self._on_close)
         # Before start, a transcription output may still be set by RoomIO: only an
         # existing one is wrapped now; the agent's handoff (start) wraps again.
@@ -394,6 +396,7 @@ class LiveKitRecording:
         self.session.off("conversation_item_added", self._on_conversation_item_added)
         self.session.off("session_usage_updated", self._on_session_usage_updated)
         self.session.off("agent_state_changed", self._on_agent_state_changed)
+        self.session.off("user_state_changed", self._on_user_state_changed)
         self.session.off("close", self._on_close)
         if self._watch is not None:
             self._watch.release()
@@ -438,12 +441,24 @@ class LiveKitRecording:
             if not ev.transcript.strip():
                 return
             turn = self._user = _UserTurn(self._take_index(), _from_epoch(ev.created_at))
+        elif not ev.transcript.strip() and not turn.text:
+            return  # opened by the user's speech; no words yet
         if ev.is_final:
             turn.finals.append(ev.transcript)
             turn.interim = ""
         else:
             turn.interim = ev.transcript
         self._submit(_Partial(turn.turn_index, USER_SPEAKER, turn.text, turn.started_at))
+
+    def _on_user_state_changed(self, ev: UserStateChangedEvent) -> None:
+        """The user starts speaking: their turn opens now, with no text yet, so it is
+        indexed before a reply it prompts. A realtime model may send the transcript
+        after its reply (LiveKit back-dates the user message: ``voice/agent_activity.py``,
+        ``AgentActivity._on_input_audio_transcription_completed``), and the turn
+        index must follow the conversation's order, not the transcript's."""
+        if self._stopping or ev.new_state != "speaking" or self._user is not None:
+            return
+        self._user = _UserTurn(self._take_index(), _from_epoch(ev.created_at))
 
     def _on_agent_text(self, delta: str) -> None:
         if self._stopping or not delta:
