@@ -19,7 +19,18 @@ since 1.0, so this is an observer plus the aggregators' events):
   :class:`TranscriptionFrame` frames the user aggregator processes give the
   open user turn's partial text (the final segments so far, then the current
   interim one); ``on_user_turn_message_added`` completes it with the text the
-  aggregator wrote to the LLM context.
+  aggregator wrote to the LLM context. Frames the aggregator's mute filter
+  drops (``user_mute_strategies``; ``LLMUserAggregator._maybe_mute_frame``)
+  are skipped: the observer follows the mute state from the
+  :class:`UserMuteStartedFrame` / :class:`UserMuteStoppedFrame` the
+  aggregator broadcasts. An interim frame carrying OpenAI Realtime's
+  ``ConversationItemInputAudioTranscriptionDelta`` is a delta, added to the
+  interim text before it; any other interim frame replaces it.
+- **Realtime services.** Once a service announced ``is_realtime_service``
+  (its :class:`LLMServiceMetadataFrame`), Pipecat writes the user's message to
+  the context when the response starts, and the transcript may come later: a
+  user turn begun (``UserStartedSpeakingFrame``) and not yet written then
+  takes its turn index before the response's.
 - **Assistant turns.** The :class:`LLMTextFrame` / :class:`TTSTextFrame`
   frames the assistant aggregator processes (with a TTS, the words the output
   transport released as they were spoken) give the open assistant turn's
@@ -31,9 +42,9 @@ since 1.0, so this is an observer plus the aggregators' events):
   keeps it ``interrupted`` (cut off by the hang-up, not by the user).
 - **Tokens.** :class:`LLMUsageMetricsData` in the :class:`MetricsFrame`
   frames reaching the assistant aggregator (``PipelineParams(enable_metrics=True,
-  enable_usage_metrics=True)``): ``prompt_tokens`` and ``completion_tokens``
-  summed over the LLM calls since the last assistant turn, recorded on the
-  next completed assistant turn.
+  enable_usage_metrics=True)``): input tokens gross of the prompt cache (see
+  :func:`input_tokens`) and ``completion_tokens``, summed over the LLM calls
+  since the last assistant turn, recorded on the next completed assistant turn.
 - **The end.** The worker's ``on_pipeline_finished`` ends the session when its
   frame is one of ``end_on`` (default :class:`EndFrame` -> ``"completed"``,
   :class:`CancelFrame` -> ``"cancelled"``). A :class:`StopFrame`, or a process
@@ -87,21 +98,13 @@ try:  # OpenAI Realtime's event types (pydantic models; no network client needed
 except ImportError:  # pragma: no cover - a Pipecat without the module
     _DELTA_EVENTS = ()
 
-from turnlog.producers import (
-    RecordedSession,
-    RecorderError,
-    SessionNotFoundError,
-    SessionRecorder,
-    StoredTurn,
-)
+from turnlog.adapters._core import ASSISTANT, USER, OrderedWriter, PendingUsage, conversation, open_or_resume
+from turnlog.producers import RecordedSession, RecorderError, SessionRecorder, StoredTurn
 
-__all__ = ["ASSISTANT", "END_REASONS", "USER", "TurnlogObserver", "history_messages"]
+__all__ = ["ASSISTANT", "END_REASONS", "USER", "TurnlogObserver", "history_messages", "input_tokens"]
 
 logger = logging.getLogger(__name__)
 
-#: The speaker names this adapter records (also the LLM context roles).
-USER = "user"
-ASSISTANT = "assistant"
 #: What ``on_pipeline_finished`` ends the session with, by the type of its frame.
 END_REASONS: Mapping[type[Frame], str] = {EndFrame: "completed", CancelFrame: "cancelled"}
 #: The frames Pipecat's user aggregator drops while the user is muted
@@ -126,14 +129,13 @@ def input_tokens(usage: LLMTokenUsage) -> int:
 def history_messages(turns: Iterable[StoredTurn]) -> list[dict[str, str]]:
     """The stored turns as LLM context messages, in ``turn_index`` order.
 
-    Returns ``[{"role": "user" | "assistant", "content": text}, ...]``: a turn
-    spoken by ``"user"`` is a user message, any other speaker an assistant
-    message. Every turn with text is kept, a predecessor's unfinished
-    (``partial``) turn included: those are the words already said or heard
-    before the crash. Turns with empty text are left out.
+    Returns ``[{"role": "user" | "assistant", "content": text}, ...]`` for the
+    turns of speakers ``"user"`` and ``"assistant"`` with text, a
+    predecessor's unfinished (``partial`` / ``interrupted``) turn included:
+    those are the words already said or heard before the crash
+    (:func:`turnlog.adapters._core.conversation` with ``unfinished=True``).
     """
-    ordered = sorted(turns, key=lambda t: t.turn_index)
-    return [{"role": USER if t.speaker == USER else ASSISTANT, "content": t.text} for t in ordered if t.text]
+    return [{"role": t.speaker, "content": t.text} for t in conversation(turns, unfinished=True)]
 
 
 # -- what the callbacks put on the queue (in Pipecat's order) ------------------
@@ -206,10 +208,11 @@ class TurnlogObserver(BaseObserver):
     also ends its session; pass ``end_on=(EndFrame,)`` to keep a cancelled
     session resumable (a client that reconnects to another process).
 
-    A recorder call that fails with a :class:`~turnlog.producers.RecorderError`
-    (a text over the size limit, a full spool) is logged and counted in
-    :attr:`errors`, and the writer goes on with the next event; any other
-    error stops the writer and is raised by :meth:`wait_closed`.
+    The recorder calls are made by one :class:`~turnlog.adapters._core.OrderedWriter`:
+    a call that fails with a :class:`~turnlog.producers.RecorderError` (a text
+    over the size limit, a full spool) is logged and kept in :attr:`errors`, and
+    the writer goes on with the next event; so does it after any other error
+    (logged with its type and place, counted in :attr:`failures`).
 
     Raises:
         ValueError: ``end_on`` names a frame type outside :data:`END_REASONS`.
@@ -231,14 +234,12 @@ class TurnlogObserver(BaseObserver):
         self.session = session
         #: True if :meth:`open` resumed a session turnlog already had.
         self.resumed = resumed
-        #: The recorder errors the writer logged and went past (newest last).
-        self.errors: list[RecorderError] = []
         self._end_on = tuple(end_on)
         self._user_aggregator: object | None = None
         self._assistant_aggregator: object | None = None
-        self._queue: asyncio.Queue[_Item] = asyncio.Queue()
-        self._writer: asyncio.Task[None] | None = None
-        self._finishing = False
+        self._writer: OrderedWriter[_Item] = OrderedWriter(
+            session.session_id, self._write, name="turnlog-pipecat-writer"
+        )
         # The observer callbacks' state (only Pipecat's observer task touches it).
         self._user_muted = False
         self._realtime = False
@@ -251,8 +252,7 @@ class TurnlogObserver(BaseObserver):
         self._assistant_turn: int | None = None
         self._assistant_parts: list[TextPartForConcatenation] = []
         self._cancelled = False
-        self._prompt_tokens = 0
-        self._completion_tokens = 0
+        self._usage = PendingUsage()
 
     @classmethod
     async def open(
@@ -279,17 +279,21 @@ class TurnlogObserver(BaseObserver):
             ResumeBarrierTimeout: the pipeline did not catch up in time (retry later).
             InvalidTurnError, SpoolError: as :meth:`SessionRecorder.start_session`.
         """
-        if resume:
-            try:
-                session = await recorder.resume(session_id, timeout=resume_timeout)
-            except SessionNotFoundError:
-                pass
-            else:
-                return cls(session, resumed=True, end_on=end_on)
-        session = await recorder.start_session(session_id, fleet=fleet, agent_id=agent_id, metadata=metadata)
-        return cls(session, resumed=False, end_on=end_on)
+        opened = await open_or_resume(recorder, session_id, fleet=fleet, agent_id=agent_id, metadata=metadata,
+                                      resume=resume, resume_timeout=resume_timeout)
+        return cls(opened.recorded, resumed=opened.resumed, end_on=end_on)
 
     # -- what the user reads -----------------------------------------------------
+    @property
+    def errors(self) -> list[RecorderError]:
+        """The recorder errors the writer logged and went past (newest last)."""
+        return self._writer.errors
+
+    @property
+    def failures(self) -> int:
+        """Events not recorded: recorder errors and errors of this adapter."""
+        return self._writer.failures
+
     @property
     def turns(self) -> tuple[StoredTurn, ...]:
         """The turns turnlog held when the session was resumed (empty for a new session)."""
@@ -319,27 +323,21 @@ class TurnlogObserver(BaseObserver):
 
     async def drained(self) -> None:
         """Wait until the writer has made the recorder calls for everything queued so far
-        (frames Pipecat still holds in its observer queue are not counted).
-
-        Raises:
-            Exception: the error that stopped the writer, if one did.
-        """
-        await self._queue_processed()
-        if self._writer is not None and self._writer.done() and not self._writer.cancelled():
-            error = self._writer.exception()
-            if error is not None:
-                raise error
+        (frames Pipecat still holds in its observer queue are not counted)."""
+        await self._writer.drained()
 
     async def wait_closed(self, timeout: float | None = None) -> None:
         """Wait until the writer has recorded everything up to the session's end.
 
         Raises:
             TimeoutError: not ended within ``timeout`` seconds (None: no limit).
-            Exception: the error that stopped the writer, if one did.
         """
-        if self._writer is None:
-            self._writer = asyncio.get_running_loop().create_task(self._write_forever(), name="turnlog-pipecat-writer")
-        await asyncio.wait_for(asyncio.shield(self._writer), timeout)
+
+        async def closed() -> None:
+            while not await self._writer.wait_closed():  # False at once while nothing was queued
+                await asyncio.sleep(0.05)
+
+        await asyncio.wait_for(closed(), timeout)
 
     # -- Pipecat's callbacks: each only queues, in Pipecat's order ---------------
     async def on_process_frame(self, data: FrameProcessed) -> None:
@@ -409,47 +407,14 @@ class TurnlogObserver(BaseObserver):
         """At the worker's teardown: wait until the writer has recorded what is queued
         (and, if the pipeline's end ended the session, the end itself)."""
         await super().cleanup()
-        await self._queue_processed()
-        if self._writer is None:
-            return
-        if self._finishing:
-            await asyncio.wait({self._writer})
-        if self._writer.done() and not self._writer.cancelled() and self._writer.exception() is not None:
-            logger.error("session %s: the writer stopped", self.session.session_id, exc_info=self._writer.exception())
-
-    async def _queue_processed(self) -> None:
-        """Until the queue is empty and processed, or the writer stopped."""
-        if self._writer is None or self._writer.done():
-            return
-        joined = asyncio.ensure_future(self._queue.join())
-        try:
-            await asyncio.wait({joined, self._writer}, return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            joined.cancel()
+        if self._writer.stopping:
+            await self._writer.wait_closed()
+        else:
+            await self._writer.drained()
 
     # -- the writer ------------------------------------------------------------
     def _put(self, item: _Item) -> None:
-        if self._finishing:
-            logger.debug("session %s: %s after the end; not recorded", self.session.session_id, type(item).__name__)
-            return
-        if isinstance(item, _Finished):
-            self._finishing = True
-        if self._writer is None:
-            self._writer = asyncio.get_running_loop().create_task(self._write_forever(), name="turnlog-pipecat-writer")
-        self._queue.put_nowait(item)
-
-    async def _write_forever(self) -> None:
-        while True:
-            item = await self._queue.get()
-            try:
-                await self._write(item)
-            except RecorderError as e:
-                self.errors.append(e)
-                logger.error("session %s: %s not recorded: %s", self.session.session_id, type(item).__name__, e)
-            finally:
-                self._queue.task_done()
-            if isinstance(item, _Finished):
-                return
+        self._writer.put(item, last=isinstance(item, _Finished))
 
     def _fresh_index(self) -> int:
         index = max(self._next_index, self.session.next_turn_index)
@@ -505,15 +470,13 @@ class TurnlogObserver(BaseObserver):
                 if item.content:
                     session.update_partial(index, ASSISTANT, item.content)
                 return
-            tokens_in, tokens_out = self._prompt_tokens, self._completion_tokens
-            self._prompt_tokens = self._completion_tokens = 0
+            tokens_in, tokens_out = self._usage.take()
             await session.complete_turn(
                 index, ASSISTANT, item.content, barged_in=item.interrupted,
                 input_tokens=tokens_in, output_tokens=tokens_out,
             )
         elif isinstance(item, _Usage):
-            self._prompt_tokens += item.prompt_tokens
-            self._completion_tokens += item.completion_tokens
+            self._usage.add(item.prompt_tokens, item.completion_tokens)
         elif isinstance(item, _Cancelled):
             self._cancelled = True
         elif isinstance(item, _Finished):
