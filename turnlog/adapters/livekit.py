@@ -70,7 +70,8 @@ from livekit.agents.metrics.usage import LLMModelUsage
 from livekit.agents.voice.io import TextOutput
 from livekit.agents.voice.speech_handle import SpeechHandle
 
-from turnlog.producers import RecordedSession, RecorderError, SessionNotFoundError, SessionRecorder, StoredTurn
+from turnlog.adapters._core import ASSISTANT, USER, OrderedWriter, PendingUsage, conversation, open_or_resume
+from turnlog.producers import RecordedSession, SessionRecorder, StoredTurn
 from turnlog.schemas import TurnStatus
 from turnlog.settings import TurnlogSettings
 
@@ -86,9 +87,9 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 #: Speaker of the turns of the user (LiveKit's role ``user``).
-USER_SPEAKER = "user"
+USER_SPEAKER = USER
 #: Speaker of the agent's turns (LiveKit's role ``assistant``).
-AGENT_SPEAKER = "assistant"
+AGENT_SPEAKER = ASSISTANT
 _ROLES = {USER_SPEAKER: "user", AGENT_SPEAKER: "assistant"}
 #: Close reasons that end the session in turnlog; any other (``job_shutdown``,
 #: ``error``) leaves it active, so the next job resumes it. ``user_initiated``
@@ -140,15 +141,9 @@ async def record_session(
     if recorder is None:
         recorder = await SessionRecorder(settings).start()
     try:
-        recorded: RecordedSession | None = None
-        if resume:
-            try:
-                recorded = await recorder.resume(session_id, timeout=resume_timeout)
-            except SessionNotFoundError:
-                recorded = None
-        resumed = recorded is not None
-        if recorded is None:
-            recorded = await recorder.start_session(session_id, fleet=fleet, agent_id=agent_id, metadata=metadata)
+        opened = await open_or_resume(recorder, session_id, fleet=fleet, agent_id=agent_id, metadata=metadata,
+                                      resume=resume, resume_timeout=resume_timeout)
+        recorded, resumed = opened.recorded, opened.resumed
         restored: list[ChatMessage] = []
         if resumed and recorded.turns:
             restored = _messages(recorded.turns)
@@ -187,10 +182,8 @@ def chat_context_from_turns(turns: Iterable[StoredTurn], *, base: ChatContext | 
 def _messages(turns: Iterable[StoredTurn]) -> list[ChatMessage]:
     messages = []
     created_at = float("-inf")
-    for turn in sorted(turns, key=lambda t: t.turn_index):
-        role = _ROLES.get(turn.speaker)
-        if role is None or not turn.text:
-            continue
+    for turn in conversation(turns, unfinished=True):
+        role = _ROLES[turn.speaker]
         created_at = max(turn.started_at.timestamp(), created_at + 1e-6)
         messages.append(
             ChatMessage(
@@ -238,7 +231,7 @@ class _End:
 
 @dataclass(frozen=True, slots=True)
 class _Stop:
-    """The last operation: the writer closes an owned recorder and stops."""
+    """The last operation (nothing to record): then the writer closes an owned recorder and stops."""
 
 
 _Operation = _Partial | _Complete | _SpoolPartials | _End | _Stop
@@ -333,51 +326,50 @@ class LiveKitRecording:
         self.recorder = recorder
         self.resumed = resumed
         self.restored = tuple(restored)
-        self.failures = 0
         self._owns_recorder = owns_recorder
         self._next_index = recorded.next_turn_index
         self._user: _UserTurn | None = None
         self._agent: _AgentTurn | None = None
         self._usage_seen: dict[tuple[str, str], tuple[int, int]] = {}
-        self._pending_tokens = (0, 0)
-        self._queue: asyncio.Queue[_Operation] = asyncio.Queue()
-        self._writer: asyncio.Task[None] | None = None
+        self._pending = PendingUsage()
+        self._writer: OrderedWriter[_Operation] = OrderedWriter(
+            recorded.session_id, self._apply, name=f"turnlog-livekit-{recorded.session_id}",
+            on_stop=self._on_writer_stop,
+        )
         self._stopping = False
         self._stop_requested = asyncio.Event()
-        self._stopped = asyncio.Event()
         self._watch: _Watch | None = None
         self._finished_speeches: set[str] = set()
 
     # -- public ------------------------------------------------------------------
     @property
+    def failures(self) -> int:
+        """Recorder calls that failed (each logged at ERROR, by session and operation)."""
+        return self._writer.failures
+
+    @property
     def closed(self) -> bool:
         """True once the writer has made every queued call and stopped."""
-        return self._stopped.is_set()
+        return self._writer.closed
 
     async def wait_recorded(self) -> None:
         """Until every event seen so far has been handed to the recorder (each
         turn completion returns as :meth:`RecordedSession.complete_turn` does)."""
-        await self._queue.join()
+        await self._writer.drained()
 
     async def wait_closed(self, timeout: float | None = None) -> bool:
         """Until the recording stopped (after the session's ``close``, or :meth:`aclose`);
         False if ``timeout`` seconds passed first."""
-        try:
-            await asyncio.wait_for(self._stopped.wait(), timeout)
-        except TimeoutError:
-            return False
-        return True
+        return await self._writer.wait_closed(timeout)
 
     async def aclose(self) -> None:
         """Stop recording without ending the session (it stays resumable): make the
         queued calls, then close the recorder if this recording made it."""
         self._stop()
-        if self._writer is not None:
-            await self._writer
+        await self._writer.wait_closed()
 
     # -- wiring ------------------------------------------------------------------
     def _attach(self) -> None:
-        self._writer = asyncio.create_task(self._write_forever(), name=f"turnlog-livekit-{self.recorded.session_id}")
         self.session.on("user_input_transcribed", self._on_user_input_transcribed)
         self.session.on("conversation_item_added", self._on_conversation_item_added)
         self.session.on("session_usage_updated", self._on_session_usage_updated)
@@ -486,8 +478,7 @@ class LiveKitRecording:
             return
         self._agent = None
         self._finished_speeches.add(speech.id)
-        input_tokens, output_tokens = self._pending_tokens
-        self._pending_tokens = (0, 0)
+        input_tokens, output_tokens = self._pending.take()
         text, barged_in = ("", True) if speech.interrupted else (turn.text, False)
         self._submit(
             _Complete(turn.turn_index, AGENT_SPEAKER, text, turn.started_at, _now(), input_tokens, output_tokens,
@@ -526,15 +517,13 @@ class LiveKitRecording:
             index = agent.turn_index if agent is not None else self._take_index()
             opened = agent.started_at if agent is not None else _from_epoch(item.created_at)
             started, ended = _span(item, opened, now)
-            input_tokens, output_tokens = self._pending_tokens
-            self._pending_tokens = (0, 0)
+            input_tokens, output_tokens = self._pending.take()
             self._submit(
                 _Complete(index, AGENT_SPEAKER, text, started, ended, input_tokens, output_tokens,
                           barged_in=item.interrupted)
             )
 
     def _on_session_usage_updated(self, ev: SessionUsageUpdatedEvent) -> None:
-        pending_in, pending_out = self._pending_tokens
         for usage in ev.usage.model_usage:
             if not isinstance(usage, LLMModelUsage):
                 continue
@@ -542,10 +531,8 @@ class LiveKitRecording:
             seen_in, seen_out = self._usage_seen.get(key, (0, 0))
             if usage.input_tokens < seen_in or usage.output_tokens < seen_out:
                 seen_in, seen_out = 0, 0  # the session was started again: its totals restarted
-            pending_in += usage.input_tokens - seen_in
-            pending_out += usage.output_tokens - seen_out
+            self._pending.add(usage.input_tokens - seen_in, usage.output_tokens - seen_out)
             self._usage_seen[key] = (usage.input_tokens, usage.output_tokens)
-        self._pending_tokens = (pending_in, pending_out)
 
     def _on_agent_state_changed(self, _ev: object) -> None:
         if not self._stopping and self.session.agent_state != "initializing":
@@ -568,7 +555,7 @@ class LiveKitRecording:
         return index
 
     def _submit(self, operation: _Operation) -> None:
-        self._queue.put_nowait(operation)
+        self._writer.put(operation)
 
     def _stop(self) -> None:
         if self._stopping:
@@ -576,46 +563,33 @@ class LiveKitRecording:
         self._stopping = True
         self._stop_requested.set()
         self._detach()
-        self._submit(_Stop())
+        self._writer.put(_Stop(), last=True)
 
-    async def _write_forever(self) -> None:
+    async def _apply(self, operation: _Operation) -> None:
+        """Make the recorder call ``operation`` stands for (the writer's ``apply``)."""
         session = self.recorded
-        while True:
-            operation = await self._queue.get()
-            try:
-                if isinstance(operation, _Stop):
-                    break  # (the finally marks it done)
-                if isinstance(operation, _Partial):
-                    session.update_partial(operation.turn_index, operation.speaker, operation.text,
-                                           started_at=operation.started_at)
-                elif isinstance(operation, _Complete):
-                    await session.complete_turn(
-                        operation.turn_index,
-                        operation.speaker,
-                        operation.text,
-                        started_at=operation.started_at,
-                        ended_at=operation.ended_at,
-                        input_tokens=operation.input_tokens,
-                        output_tokens=operation.output_tokens,
-                        barged_in=operation.barged_in,
-                    )
-                elif isinstance(operation, _SpoolPartials):
-                    await session.flush_partial()
-                elif isinstance(operation, _End):
-                    await session.end(operation.reason, ended_at=operation.ended_at)
-            except RecorderError as e:
-                self.failures += 1
-                logger.error("session %s: %s not recorded: %s", session.session_id, type(operation).__name__, e)
-            except Exception:  # a bug on one event must not stop the recording of the rest
-                self.failures += 1
-                logger.exception("session %s: %s not recorded", session.session_id, type(operation).__name__)
-            finally:
-                self._queue.task_done()
-        try:
-            if self._owns_recorder:
-                await self.recorder.close()
-        finally:
-            self._stopped.set()
+        if isinstance(operation, _Partial):
+            session.update_partial(operation.turn_index, operation.speaker, operation.text,
+                                   started_at=operation.started_at)
+        elif isinstance(operation, _Complete):
+            await session.complete_turn(
+                operation.turn_index,
+                operation.speaker,
+                operation.text,
+                started_at=operation.started_at,
+                ended_at=operation.ended_at,
+                input_tokens=operation.input_tokens,
+                output_tokens=operation.output_tokens,
+                barged_in=operation.barged_in,
+            )
+        elif isinstance(operation, _SpoolPartials):
+            await session.flush_partial()
+        elif isinstance(operation, _End):
+            await session.end(operation.reason, ended_at=operation.ended_at)
+
+    async def _on_writer_stop(self) -> None:
+        if self._owns_recorder:
+            await self.recorder.close()
 
 
 def _closed_by_job_shutdown() -> bool:
