@@ -13,13 +13,20 @@ Usage, in a LiveKit entrypoint (``pip install 'turnlog[livekit]'``)::
 the agent's ``ChatContext`` and ``session.history`` are rebuilt from the stored
 turns) and otherwise starts it; then it listens to the session:
 
+- ``user_state_changed`` to ``speaking``: the user's turn opens (its index is
+  taken), with no text yet; so a realtime model that sends the transcript after
+  its reply still has the question indexed before the answer.
 - ``user_input_transcribed``: the user's open turn. An interim transcript covers
   only the current segment; final segments accumulate, so the partial text is
   the final segments so far and the current interim, joined by spaces.
-- the session's text output (``session.output.transcription`` is wrapped, and
-  forwards everything to what it wraps; a text-only session gets one): the
-  agent's open turn, as the text is generated for speech (``capture_text``);
-  at the end of a segment (``flush``) the partial is spooled at once.
+- the last link of the session's text output chain (``session.output.transcription``
+  followed through ``next_in_chain``; its ``capture_text`` and ``flush`` are
+  watched on the instance, and still do what they did; a session without a
+  text output gets one): the agent's open turn, with the text the room is sent.
+  With a TTS that is the text LiveKit's ``TranscriptSynchronizer`` releases as
+  the audio plays, so a partial holds the words played, never words generated
+  ahead of the audio; text-only, the text as generated. At the end of a segment
+  (``flush``) the partial is spooled at once.
 - ``conversation_item_added``, a ``ChatMessage`` of role ``user`` or
   ``assistant``: the committed turn, with LiveKit's text. An assistant message
   with ``interrupted=True`` (barge-in) holds the words spoken before it, and is
@@ -34,13 +41,16 @@ turns) and otherwise starts it; then it listens to the session:
   produced no spoken message go to the next assistant turn).
 - ``close``: the session ends in turnlog (reason ``participant_disconnected``,
   ``user_initiated`` or ``task_completed``), except when LiveKit closes it for
-  ``job_shutdown`` or ``error``: then it stays active, resumable by the next job.
+  ``job_shutdown`` or ``error``, or when the ``user_initiated`` close is the
+  ``session.aclose()`` LiveKit's job process makes at a job's shutdown (a drain
+  timeout, ``ctx.shutdown()``, a crashed entrypoint; see
+  :func:`_closed_by_job_shutdown`): then it stays active, resumable by the next job.
 
 LiveKit's event callbacks are synchronous: each one updates this module's turn
 state at once and queues the recorder calls, which one writer task makes in
-the order the events came. Speakers are ``"user"`` and ``"assistant"``; turn
-indexes are given in the order turns open (a barge-in's user turn opens
-while the agent's is still open).
+the order the events came (``turnlog.adapters._core.OrderedWriter``). Speakers
+are ``"user"`` and ``"assistant"``; turn indexes are given in the order turns
+open (a barge-in's user turn opens while the agent's is still open).
 """
 
 from __future__ import annotations
