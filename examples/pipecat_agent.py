@@ -91,7 +91,9 @@ class EchoLLM(FrameProcessor):
         await self.push_frame(LLMFullResponseStartFrame())
         for i, word in enumerate(reply.split(" ")):  # streamed as tokens, spaces included
             await self.push_frame(LLMTextFrame(word if i == 0 else f" {word}"))
-        usage = LLMTokenUsage(prompt_tokens=10 * len(messages), completion_tokens=len(reply.split()), total_tokens=0)
+        prompt_tokens, completion_tokens = 10 * len(messages), len(reply.split())
+        usage = LLMTokenUsage(prompt_tokens=prompt_tokens, completion_tokens=completion_tokens,
+                              total_tokens=prompt_tokens + completion_tokens)
         await self.push_frame(MetricsFrame(data=[LLMUsageMetricsData(processor="echo", value=usage)]))
         await self.push_frame(LLMFullResponseEndFrame())
 

@@ -1,4 +1,4 @@
-"""Pipecat adapter: a pipecat-ai 1.x pipeline records its conversation through turnlog.
+"""Pipecat adapter: a pipecat-ai 1.x (>=1.5) pipeline records its conversation through turnlog.
 
 Usage (inside ``async with SessionRecorder() as recorder:``)::
 
@@ -88,7 +88,7 @@ try:
     from pipecat.utils.string import TextPartForConcatenation, concatenate_aggregated_text
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
-        "turnlog.adapters.pipecat needs pipecat-ai 1.x: pip install 'turnlog[pipecat]'"
+        "turnlog.adapters.pipecat needs pipecat-ai>=1.5,<2: pip install 'turnlog[pipecat]'"
     ) from e
 
 try:  # OpenAI Realtime's event types (pydantic models; no network client needed)
