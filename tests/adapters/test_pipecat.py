@@ -339,3 +339,35 @@ def test_the_example_agent_sigkilled_mid_call_resumes_and_its_llm_sees_the_store
         ("assistant", f"You said: Hello, is this the support line? ({1 + len(before) + 1} messages in my context)"),
     ]
     assert [speaker for speaker, _ in after] == ["user", "assistant"] * 3
+
+
+def test_a_realtime_agent_killed_mid_transcript_resumes_with_the_deltas_heard_so_far(ready_pipeline, tmp_path):
+    """Issue 20, Pipecat 2, after a SIGKILL: the user turn OpenAI Realtime was transcribing as deltas
+    is stored with all of them (today's tree kept the last fragment) and given back on resume,
+    after the earlier exchange in the order Pipecat's context held it."""
+    pipeline = ready_pipeline
+    session_id = f"pipecat-realtime-crash-{uuid.uuid4().hex[:8]}"
+    env = pipeline.settings.as_environment()
+    first = ScriptProcess("tests.adapters.pipecat_realtime_agent", session_id, env=env,
+                          log_path=tmp_path / "first.log", name="pipecat-realtime-first")
+    assert first.first_with("resumed", TIMEOUT) == {"resumed": False, "context": [SYSTEM]}
+    assert first.first_with("ready", TIMEOUT) == {"ready": True, "open_turns": [2]}
+    first.process.kill()
+
+    second = ScriptProcess("tests.adapters.pipecat_realtime_agent", session_id, env=env,
+                           log_path=tmp_path / "second.log", name="pipecat-realtime-second")
+    assert second.first_with("resumed", TIMEOUT) == {"resumed": True, "context": [
+        SYSTEM,
+        {"role": "user", "content": "Where is my order?"},
+        {"role": "assistant", "content": "It shipped yesterday."},
+        {"role": "user", "content": "Thanks, that is all."},
+    ]}
+    assert second.first_with("ended", TIMEOUT) == {"ended": True}
+    assert second.process.popen.wait(timeout=TIMEOUT) == 0
+
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the realtime session finalized")
+    assert [(i, s, t, status) for i, s, t, status, *_ in turns(pipeline, session_id)] == [
+        (0, "user", "Where is my order?", "complete"),
+        (1, "assistant", "It shipped yesterday.", "complete"),
+        (2, "user", "Thanks, that is all.", "interrupted"),
+    ]
