@@ -54,8 +54,8 @@ Order: observer callbacks and aggregator events run in different asyncio
 tasks, so each callback only puts a typed item on one queue, in the order
 Pipecat produced them (an observer is told about a frame when the
 aggregator starts processing it, before the aggregator fires the event
-that frame causes), and one writer task makes the recorder calls in that
-order. Speakers are ``"user"`` and ``"assistant"``.
+that frame causes), and one writer task (:class:`turnlog.adapters._core.OrderedWriter`)
+makes the recorder calls in that order. Speakers are ``"user"`` and ``"assistant"``.
 """
 
 from __future__ import annotations
