@@ -81,6 +81,32 @@ async def test_drained_returns_at_once_when_nothing_was_put() -> None:
     assert not await writer.wait_closed(timeout=0.01)
 
 
+
+async def test_wait_closed_before_the_first_item_returns_when_the_last_is_applied() -> None:
+    """A caller may wait for the writer's close before anything was put (Pipecat's
+    ``TurnlogObserver.wait_closed`` right after the pipeline starts): it waits, not
+    returns False at once, and returns True after the last item and ``on_stop``."""
+    applied: list[int] = []
+    stopped: list[bool] = []
+
+    async def apply(item: int) -> None:
+        applied.append(item)
+
+    async def on_stop() -> None:
+        stopped.append(True)
+
+    writer: OrderedWriter[int] = OrderedWriter("s-4", apply, name="test-writer", on_stop=on_stop)
+    waiter = asyncio.ensure_future(writer.wait_closed())
+    await asyncio.sleep(0)  # the waiter is waiting before the first put
+    assert not waiter.done() and not writer.closed
+    writer.put(1)
+    await writer.drained()
+    assert not waiter.done()  # an item that is not the last does not close it
+    writer.put(2, last=True)
+    assert await asyncio.wait_for(waiter, 5) is True
+    assert applied == [1, 2] and stopped == [True] and writer.closed
+    assert await writer.wait_closed(timeout=0)  # already closed: True at once
+
 # -- tokens and tool calls -------------------------------------------------------------------
 def test_pending_usage_sums_calls_until_taken() -> None:
     usage = PendingUsage()

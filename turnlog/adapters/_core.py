@@ -110,7 +110,8 @@ class OrderedWriter(Generic[Item]):
     :meth:`put` with ``last=True`` queues the final item: the writer applies it,
     then runs ``on_stop`` (e.g. closes a recorder the adapter made) and stops;
     items put after it are dropped. The task starts at the first :meth:`put`
-    (it needs a running event loop).
+    (it needs a running event loop); :meth:`wait_closed` may be awaited before
+    that and returns once the writer has stopped.
     """
 
     def __init__(
@@ -132,6 +133,8 @@ class OrderedWriter(Generic[Item]):
         self._queue: asyncio.Queue[tuple[Item, bool]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
         self._stopping = False
+        # Set when the task has stopped (after the last item and ``on_stop``, or cancelled).
+        self._closed = asyncio.Event()
 
     @property
     def stopping(self) -> bool:
@@ -141,7 +144,7 @@ class OrderedWriter(Generic[Item]):
     @property
     def closed(self) -> bool:
         """True once the writer applied the last item and stopped."""
-        return self._task is not None and self._task.done()
+        return self._closed.is_set()
 
     def put(self, item: Item, *, last: bool = False) -> None:
         """Queue ``item``; with ``last``, the writer stops after it. Dropped (logged at
@@ -166,13 +169,12 @@ class OrderedWriter(Generic[Item]):
             joined.cancel()
 
     async def wait_closed(self, timeout: float | None = None) -> bool:
-        """Until the writer applied the last item and stopped; False if ``timeout``
-        seconds passed first (None: no limit), or if no item was ever put."""
-        task = self._task
-        if task is None:
-            return False
+        """Until the writer applied the last item, ran ``on_stop`` and stopped, whether or
+        not anything was put yet; False if ``timeout`` seconds passed first (None: no limit)."""
+        if self._closed.is_set():
+            return True
         try:
-            await asyncio.wait_for(asyncio.shield(task), timeout)
+            await asyncio.wait_for(self._closed.wait(), timeout)
         except TimeoutError:
             return False
         return True
@@ -197,8 +199,11 @@ class OrderedWriter(Generic[Item]):
                 if last:
                     return
         finally:
-            if self._on_stop is not None:
-                await self._on_stop()
+            try:
+                if self._on_stop is not None:
+                    await self._on_stop()
+            finally:
+                self._closed.set()
 
 
 # -- tokens and tool calls waiting for their turn ------------------------------------------

@@ -60,7 +60,6 @@ makes the recorder calls in that order. Speakers are ``"user"`` and ``"assistant
 
 from __future__ import annotations
 
-import asyncio
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -327,17 +326,14 @@ class TurnlogObserver(BaseObserver):
         await self._writer.drained()
 
     async def wait_closed(self, timeout: float | None = None) -> None:
-        """Wait until the writer has recorded everything up to the session's end.
+        """Wait until the writer has recorded everything up to the session's end (it may be
+        awaited before the pipeline produced anything).
 
         Raises:
             TimeoutError: not ended within ``timeout`` seconds (None: no limit).
         """
-
-        async def closed() -> None:
-            while not await self._writer.wait_closed():  # False at once while nothing was queued
-                await asyncio.sleep(0.05)
-
-        await asyncio.wait_for(closed(), timeout)
+        if not await self._writer.wait_closed(timeout):
+            raise TimeoutError(f"session {self.session.session_id}: not ended within {timeout} s")
 
     # -- Pipecat's callbacks: each only queues, in Pipecat's order ---------------
     async def on_process_frame(self, data: FrameProcessed) -> None:
