@@ -1,4 +1,4 @@
-"""Event model, version 2 (see DESIGN.md, "Events").
+"""Event model, version 3 (see DESIGN.md, "Events").
 
 Every event carries the envelope ``schema_version``, ``event_id``, ``type``,
 ``session_id``, ``seq``, ``epoch``, ``producer_id`` and ``emitted_at`` (UTC).
@@ -14,7 +14,9 @@ Schema evolution
 Version 1 is the original model. Version 2 adds one field,
 ``TurnCompleted.barged_in`` (the turn was cut short by the other speaker and
 holds the words actually spoken; not the same as a turn left ``interrupted``
-by a crash). The rules, so that a rolling upgrade never stops a consumer:
+by a crash). Version 3 adds ``sealed`` to the three event types that carry
+content (see "Sealed content" below). The rules, so that a rolling upgrade
+never stops a consumer:
 
 * An event's ``schema_version`` is the lowest version that can carry it
   (``required_version()``). A writer leaves it out of the constructor and
@@ -44,6 +46,19 @@ by a crash). The rules, so that a rolling upgrade never stops a consumer:
 The next field follows the same steps: give it a falsy default, raise
 ``SCHEMA_VERSION``, widen the ``schema_version`` literal, and list the field
 in its event type's ``added_in``; regenerate the JSON Schema files.
+
+Sealed content
+--------------
+An encrypted event (version 3) carries its content, and only its content, in
+``sealed`` (:class:`Sealed`): ``TurnPartial.text``, ``TurnCompleted.text``
+and ``tool_calls``, ``SessionStarted.metadata``. Those fields then hold their
+empty values (``text`` is ``""``), and everything else stays in clear (ids,
+seq, epoch, type, turn index, speaker, times, tokens, ``barged_in``, fleet,
+agent, reasons), so the sequencer orders, de-duplicates and fences without a
+key. :func:`content_of` gives the bytes a writer seals (the content fields as
+a JSON object) and :func:`with_content` puts opened bytes back, checking them
+as the decoder checks a plain event. The cryptography itself is in
+``turnlog.crypto.envelope``; this model knows only the shape.
 
 Bounds on free-form values
 --------------------------
@@ -91,15 +106,21 @@ __all__ = [
     "TurnCompleted",
     "SessionEnded",
     "ToolCall",
+    "Sealed",
+    "MAX_SEALED_BYTES",
+    "CONTENT_FIELDS",
+    "content_of",
+    "without_content",
+    "with_content",
     "encode_event",
     "decode_event",
     "EVENT_TYPES",
 ]
 
 #: The newest version this model reads and writes.
-SCHEMA_VERSION: Final = 2
+SCHEMA_VERSION: Final = 3
 #: Every version this model reads.
-SCHEMA_VERSIONS: Final = (1, 2)
+SCHEMA_VERSIONS: Final = (1, 2, 3)
 #: Hard limit of the schema on a turn's text, in characters. The producer's own
 #: (configurable, lower) limit is in bytes: ``TurnlogSettings.max_text_bytes``.
 MAX_TEXT_CHARS: Final = 262_144
@@ -113,6 +134,8 @@ MAX_TOOL_VALUE_BYTES: Final = 262_144
 #: Deepest nesting of a whole event's JSON: the free-form values sit at most 3 levels
 #: down (the event object, the ``tool_calls`` array, a tool call object).
 MAX_EVENT_DEPTH: Final = MAX_VALUE_DEPTH + 3
+#: Largest ``Sealed.box``, in bytes (before base64): the content of one Kafka record at most.
+MAX_SEALED_BYTES: Final = 1_048_576
 
 SessionId = Annotated[
     str,
@@ -161,7 +184,7 @@ EARLIEST_YEAR, LATEST_YEAR = 1900, 9000
 
 
 SchemaVersion = Annotated[
-    Literal[1, 2],
+    Literal[1, 2, 3],
     msgspec.Meta(description="Lowest model version that can carry the event; filled in by the model when omitted."),
 ]
 
@@ -204,26 +227,54 @@ class _Envelope(
                 raise ValueError(f"{name} is outside the years {EARLIEST_YEAR}..{LATEST_YEAR}")
 
 
+class Sealed(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An event's content, encrypted (version 3; module docstring, "Sealed content").
+
+    ``kek``: the id of the key encryption key that wrapped the data key (16 hex
+    characters); ``key``: the session epoch's data key, wrapped for that KEK
+    (HPKE, RFC 9180); ``box``: the content, encrypted with the data key
+    (AES-256-GCM: 12-byte nonce, ciphertext, 16-byte tag). On the wire both
+    byte strings are base64.
+    """
+
+    kek: Annotated[str, msgspec.Meta(pattern=r"^[0-9a-f]{16}$")]
+    key: Annotated[bytes, msgspec.Meta(min_length=1, max_length=512)]
+    box: Annotated[bytes, msgspec.Meta(min_length=28, max_length=MAX_SEALED_BYTES)]
+
+
 class SessionStarted(_Envelope, frozen=True, kw_only=True, tag="session.started"):
-    """First event of a session (seq 0)."""
+    """First event of a session (seq 0). ``sealed`` (version 3): ``metadata`` encrypted."""
 
     fleet: Name
     agent_id: Name
     started_at: UtcTime
     metadata: Metadata = {}
+    sealed: Sealed | None = None
+
+    added_in: ClassVar[Mapping[str, int]] = {"sealed": 3}
 
     def __post_init__(self) -> None:
         super().__post_init__()
         _check_free_form("metadata", self.metadata, MAX_METADATA_BYTES)
+        if self.sealed is not None and self.metadata:
+            raise ValueError("a sealed event carries its metadata in sealed only")
 
 
 class TurnPartial(_Envelope, frozen=True, kw_only=True, tag="turn.partial"):
-    """The whole text of an unfinished turn so far (not a delta)."""
+    """The whole text of an unfinished turn so far (not a delta). ``sealed`` (version 3): ``text`` encrypted."""
 
     turn_index: Int32
     speaker: Name
     text: Text
     started_at: UtcTime
+    sealed: Sealed | None = None
+
+    added_in: ClassVar[Mapping[str, int]] = {"sealed": 3}
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.sealed is not None and self.text:
+            raise ValueError("a sealed event carries its text in sealed only")
 
 
 class ToolCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
@@ -242,7 +293,8 @@ class TurnCompleted(_Envelope, frozen=True, kw_only=True, tag="turn.completed"):
     """A finished turn; ``input_tokens``/``output_tokens`` are counts, not bytes.
 
     ``barged_in`` (version 2): the other speaker cut the turn short; ``text``
-    is what was actually said. It is still a completed turn.
+    is what was actually said. It is still a completed turn. ``sealed``
+    (version 3): ``text`` and ``tool_calls`` encrypted.
     """
 
     turn_index: Int32
@@ -254,13 +306,16 @@ class TurnCompleted(_Envelope, frozen=True, kw_only=True, tag="turn.completed"):
     output_tokens: Int64 = 0
     tool_calls: list[ToolCall] | None = None
     barged_in: bool = False
+    sealed: Sealed | None = None
 
-    added_in: ClassVar[Mapping[str, int]] = {"barged_in": 2}
+    added_in: ClassVar[Mapping[str, int]] = {"barged_in": 2, "sealed": 3}
 
     def __post_init__(self) -> None:
         super().__post_init__()
         if self.ended_at < self.started_at:
             raise ValueError("ended_at is before started_at")
+        if self.sealed is not None and (self.text or self.tool_calls is not None):
+            raise ValueError("a sealed event carries its text and tool calls in sealed only")
 
 
 class SessionEnded(_Envelope, frozen=True, kw_only=True, tag="session.ended"):
@@ -276,6 +331,85 @@ EVENT_TYPES: Final = (SessionStarted, TurnPartial, TurnCompleted, SessionEnded)
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Event)
+
+#: The event types whose content can be sealed, and their content fields.
+CONTENT_FIELDS: Final[Mapping[type, tuple[str, ...]]] = {
+    SessionStarted: ("metadata",),
+    TurnPartial: ("text",),
+    TurnCompleted: ("text", "tool_calls"),
+}
+_EMPTY: Final[Mapping[str, Any]] = {"metadata": {}, "text": "", "tool_calls": None}
+
+
+class _Content(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, omit_defaults=True):
+    """The content fields of any sealable event, as sealed (compact JSON); absent ones are empty."""
+
+    text: Text = ""
+    tool_calls: list[ToolCall] | None = None
+    metadata: Metadata = {}
+
+
+_content_decoder = msgspec.json.Decoder(_Content)
+
+
+def content_of(event: Event) -> bytes:
+    """The content fields of ``event`` as a compact JSON object: what a writer seals.
+
+    Raises:
+        TypeError: ``event`` carries no content (``SessionEnded``) or is already sealed.
+    """
+    names = CONTENT_FIELDS.get(type(event))
+    if names is None or getattr(event, "sealed", None) is not None:
+        raise TypeError(f"{type(event).__name__} has no content to seal")
+    return _encoder.encode(_Content(**{name: getattr(event, name) for name in names}))
+
+
+def without_content(event: Event, sealed: Sealed) -> Event:
+    """``event`` with its content fields empty and ``sealed`` set (the writer's last step).
+
+    Raises:
+        TypeError: as :func:`content_of`.
+    """
+    names = CONTENT_FIELDS.get(type(event))
+    if names is None:
+        raise TypeError(f"{type(event).__name__} has no content to seal")
+    return msgspec.structs.replace(
+        event, schema_version=msgspec.UNSET, sealed=sealed, **{name: _EMPTY[name] for name in names}
+    )
+
+
+def with_content(event: Event, content: bytes) -> Event:
+    """A sealed ``event`` with the opened ``content`` put back, ``sealed`` gone: the
+    event its writer built. The content is checked as :func:`decode_event` checks a
+    plain event (its nesting first, then the fields' ranges and bounds).
+
+    Raises:
+        EventValidationError: the content is not valid for this event type (a field
+            another type carries, out of range, nested too deep, over a bound).
+        TypeError: ``event`` is not sealed.
+    """
+    names = CONTENT_FIELDS.get(type(event))
+    if names is None or getattr(event, "sealed", None) is None:
+        raise TypeError(f"{type(event).__name__} is not sealed")
+    try:
+        if nesting_exceeds(content, MAX_EVENT_DEPTH):
+            raise EventValidationError(f"the sealed content nests deeper than {MAX_EVENT_DEPTH} levels")
+        opened = _content_decoder.decode(content)
+        extra = [name for name in _EMPTY if name not in names and getattr(opened, name) != _EMPTY[name]]
+        if extra:
+            raise EventValidationError(f"the sealed content of a {event.__struct_config__.tag} holds {extra[0]}")
+        fields = {name: getattr(opened, name) for name in names}
+        # Back to the version its writer would have given the plain event.
+        plain = msgspec.structs.replace(event, schema_version=msgspec.UNSET, sealed=None, **fields)
+    except EventValidationError:
+        raise
+    except (msgspec.ValidationError, msgspec.DecodeError) as e:
+        raise EventValidationError(f"sealed content: {e}") from e
+    except ValueError as e:  # a struct's own check (bounds of free-form values)
+        raise EventValidationError(f"sealed content: {e}") from e
+    except Exception as e:
+        raise EventValidationError(f"sealed content cannot be decoded ({type(e).__name__})") from e
+    return plain
 
 def _check_free_form(field: str, value: object, max_bytes: int) -> None:
     """The bounds of a free-form value (module docstring, "Bounds on free-form values"),

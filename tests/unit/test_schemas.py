@@ -20,6 +20,14 @@ FROZEN_V1_SHA256 = {
     "turn.completed.v1.schema.json": "c0146f74eec5b8f244edf53fa41ad224b982e998d1abb63b7b23ba8e9ef3f0f0",
     "turn.partial.v1.schema.json": "a1f37e13815ca76b13c3e7bbb9e3fc08b833625ee6f4e40c56a38a769b34e4a4",
 }
+#: The released version-2 files, as v2 readers know them: never regenerated, never edited.
+FROZEN_V2_SHA256 = {
+    "event.v2.schema.json": "4d9d21f1038e25fcd9ba1b53b9a4b331f2842db2f125d405308c5147ae5ebee2",
+    "session.ended.v2.schema.json": "903d734134fc113b8804f91fb3443c2105b1f445835d6e56b16760e56b0d72fa",
+    "session.started.v2.schema.json": "6cbf673e4f58f9b6c292b1ff352f2cf55314a7f17e3d8492cfa56909fe55fb4a",
+    "turn.completed.v2.schema.json": "a541f89a72b19d2f1ece13eaa4156aab928064115612f46b1feff09cc31d65c1",
+    "turn.partial.v2.schema.json": "252d0d271f0f3821974b81b6e885d9c47cd853e8dc75b65adb709714a3390f97",
+}
 
 
 def schema(name):
@@ -38,10 +46,11 @@ def test_checked_in_json_schemas_match_the_model():
     assert on_disk == rendered, "run `python -m turnlog.schemas.generate` and commit schemas/json"
 
 
-def test_released_v1_schema_files_are_frozen_and_nothing_else_lies_beside_them():
-    on_disk = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in SCHEMA_DIR.glob("*.v1.schema.json")}
-    assert on_disk == FROZEN_V1_SHA256, "the v1 files are the old readers' contract: restore them from git"
-    assert {p.name for p in SCHEMA_DIR.iterdir()} == set(FROZEN_V1_SHA256) | set(render_schemas())
+def test_released_v1_and_v2_schema_files_are_frozen_and_nothing_else_lies_beside_them():
+    for version, frozen in ((1, FROZEN_V1_SHA256), (2, FROZEN_V2_SHA256)):
+        on_disk = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in SCHEMA_DIR.glob(f"*.v{version}.schema.json")}
+        assert on_disk == frozen, f"the v{version} files are the old readers' contract: restore them from git"
+    assert {p.name for p in SCHEMA_DIR.iterdir()} == set(FROZEN_V1_SHA256) | set(FROZEN_V2_SHA256) | set(render_schemas())
 
 
 def test_every_event_type_round_trips_and_satisfies_its_json_schema():
@@ -141,7 +150,7 @@ def test_the_v2_json_schema_holds_the_models_version_rule():
         ({"unexpected": 1}, "unexpected"),
         ({"emitted_at": "2026-01-01T00:00:00"}, "emitted_at"),
         ({"session_id": ""}, "session_id"),
-        ({"schema_version": 3}, "schema_version"),
+        ({"schema_version": 4}, "schema_version"),
         ({"schema_version": 0}, "schema_version"),
         ({"emitted_at": "9999-12-31T23:00:00-05:00"}, "emitted_at"),
         ({"session_id": "s-1\n"}, "session_id"),
