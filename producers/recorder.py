@@ -48,6 +48,7 @@ from turnlog.producers.exceptions import (
     SessionNotFoundError,
 )
 from turnlog.producers.grant import ResumeGrant, StoredTurn
+from turnlog.producers.pii import Redactor, partial_redaction, redact_values, redactor_from_settings
 from turnlog.producers.spool import SpooledEvent
 from turnlog.schemas import (
     Event,
@@ -82,12 +83,14 @@ def _utcnow() -> dt.datetime:
 
 @dataclass(slots=True)
 class _OpenTurn:
-    """A turn with partial text: who speaks, since when, the newest text, and whether the timer must send it."""
+    """A turn with partial text: who speaks, since when, the newest text, whether the timer must send it,
+    and the (redacted) text last spooled."""
 
     speaker: str
     started_at: dt.datetime
     text: str | None = None
     dirty: bool = False
+    sent: str | None = None
 
 
 class RecordedSession:
@@ -222,6 +225,10 @@ class RecordedSession:
         if ended_at < started_at:
             raise InvalidTurnError("ended_at is before started_at")
         calls = None if tool_calls is None else [_tool_call(c) for c in tool_calls]
+        if self._recorder.redactor is not None:
+            text = self._recorder._redacted(self.session_id, turn_index, text)
+            if calls:
+                calls = [self._recorder._redacted_call(self.session_id, turn_index, call) for call in calls]
         ticket = self._emit(
             TurnCompleted,
             turn_index=turn_index,
@@ -272,16 +279,24 @@ class RecordedSession:
 
     # -- internals -----------------------------------------------------------
     def _emit_partials(self) -> list[Ticket]:
+        """Spool each open turn's newest text, if it changed, redacted (once per flush, not per
+        update_partial) by the partial rule of ``turnlog.producers.pii``; a redacted text equal to
+        the one spooled last (its tail held back) is not spooled again."""
         tickets = []
         for turn_index in sorted(self._open):
             turn = self._open[turn_index]
             if turn.dirty and turn.text is not None:
-                tickets.append(
-                    self._emit(
-                        TurnPartial, turn_index=turn_index, speaker=turn.speaker, text=turn.text,
-                        started_at=turn.started_at
+                text = turn.text
+                if self._recorder.redactor is not None:
+                    text = self._recorder._redacted(self.session_id, turn_index, text, partial=True)
+                if text != turn.sent:
+                    tickets.append(
+                        self._emit(
+                            TurnPartial, turn_index=turn_index, speaker=turn.speaker, text=text,
+                            started_at=turn.started_at
+                        )
                     )
-                )
+                    turn.sent = text
                 turn.dirty = False
         return tickets
 
@@ -355,6 +370,15 @@ class SessionRecorder:
     :meth:`resume` goes through turnlog's API when ``settings.api_url`` is set
     (the agent host needs no database credentials); otherwise it opens the
     store at ``settings.database_url`` (single-host setups), or uses ``store``.
+
+    ``redactor`` (default: ``settings.redaction``, ``TURNLOG_REDACTION``) masks
+    personal data before anything is spooled: every completed turn's text and
+    the string values of its tool calls' arguments and results, and every
+    partial text by the stricter partial rule (``turnlog.producers.pii``).
+    Session metadata, ids and names are not redacted.
+
+    Raises:
+        ImportError: ``TURNLOG_REDACTION=presidio`` without ``turnlog[presidio]`` installed.
     """
 
     def __init__(
@@ -364,8 +388,12 @@ class SessionRecorder:
         producer_id: str | None = None,
         producer_config: Mapping[str, Any] | None = None,
         store: Any | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self.settings = settings or TurnlogSettings()
+        #: masks personal data in turn text before it is spooled (None: nothing is masked)
+        self.redactor = redactor if redactor is not None else redactor_from_settings(self.settings)
+        self._redact_partial = partial_redaction(self.redactor) if self.redactor is not None else None
         self.producer_id = producer_id or f"recorder-{uuid.uuid4()}"
         config = kafka.producer_config(self.settings, client_id=self.producer_id)
         self._drainer = SpoolDrainer(
@@ -572,6 +600,42 @@ class SessionRecorder:
                 f"session {session_id}: no signing key for its fleet in TURNLOG_FLEET_KEYS (this recorder "
                 "holds other fleets' keys); its events would be refused by the sequencer"
             )
+
+    def _redacted(self, session_id: str, turn_index: int, text: str, *, partial: bool = False) -> str:
+        """``text`` through the redactor (its partial rule with ``partial``).
+
+        Raises:
+            RecorderError: the redactor raised or returned no str; the message names the session
+                and turn, never the text (the redactor's own error is not chained: it may quote it).
+        """
+        redact = self._redact_partial if partial else self.redactor
+        assert redact is not None
+        try:
+            result = redact(text)
+        except Exception as e:
+            raise RecorderError(
+                f"session {session_id}: the redactor raised {type(e).__name__} on turn {turn_index}"
+            ) from None
+        if not isinstance(result, str):
+            raise RecorderError(
+                f"session {session_id}: the redactor returned {type(result).__name__}, not str, on turn {turn_index}"
+            )
+        return result
+
+    def _redacted_call(self, session_id: str, turn_index: int, call: ToolCall) -> ToolCall:
+        """``call`` with every string value of its arguments and result redacted (keys and name kept)."""
+
+        def redact(text: str) -> str:
+            return self._redacted(session_id, turn_index, text)
+
+        try:
+            return ToolCall(
+                name=call.name,
+                arguments=redact_values(call.arguments, redact),
+                result=redact_values(call.result, redact),
+            )
+        except ValueError as e:  # the schema's bounds, if the placeholders made a value longer
+            raise InvalidTurnError(f"a tool call's {e}") from e
 
     def _spool(self, session: RecordedSession, payload: bytes) -> Ticket:
         key = session.session_id.encode("utf-8")

@@ -121,6 +121,13 @@ class TurnlogSettings(BaseSettings):
     max_text_bytes: int = Field(
         65_536, ge=1, le=262_144, description="Largest turn text the recorder accepts (UTF-8 bytes)."
     )
+    redaction: Literal["off", "patterns", "presidio"] = Field(
+        "off",
+        description="What the recorder masks in turn text and tool-call values before it spools them "
+        "(turnlog/producers/pii.py). off: nothing. patterns: emails, phone numbers, card numbers (Luhn) and IBANs "
+        "(mod 97) as [EMAIL], [PHONE], [CARD], [IBAN]. presidio: those, then Presidio's pattern recognizers, "
+        "offline (needs turnlog[presidio]). Lossy: what resume() gives back to the agent is the masked text.",
+    )
     delivery_timeout_seconds: float = Field(
         120.0,
         gt=0,

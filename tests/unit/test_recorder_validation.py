@@ -18,6 +18,7 @@ class RecordingSend:
     def __init__(self):
         self.settings = TurnlogSettings(max_text_bytes=32)
         self.producer_id = "unit"
+        self.redactor = None  # nothing masked (tests/unit/test_pii.py covers the recorder's redaction)
         self.sent = []
 
     def _spool(self, session, payload):
