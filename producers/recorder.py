@@ -21,6 +21,14 @@ never gives an event up. The timer (every ``flush_interval_seconds``, default
 5 s) spools each open turn's newest partial, so a SIGKILL loses at most one
 timer interval of an unfinished turn. ``seq`` is assigned here, strictly
 increasing from 0; ``epoch`` grows by one on each :meth:`SessionRecorder.resume`.
+
+Encryption (``turnlog.crypto``; docs/design.md, "Encryption and erasure"):
+with a KEK (``TURNLOG_KEK_PUBLIC_KEY``, or the public half of
+``TURNLOG_KEYRING_FILE``; ``TURNLOG_ENCRYPTION``), each session epoch this
+recorder writes gets a fresh data key, and every event's content (turn text,
+tool calls, metadata) is sealed before it reaches the spool: the spool, the
+broker and every topic hold only ciphertext of what was said. The event is
+checked in clear first, so the recorder refuses exactly what it did unsealed.
 """
 
 from __future__ import annotations
@@ -39,6 +47,9 @@ from typing import Any
 import msgspec
 
 from turnlog import kafka
+from turnlog.crypto.config import recorder_kek
+from turnlog.crypto.envelope import EpochSealer
+from turnlog.crypto.keys import KekPublicKey
 from turnlog.producers.drainer import SpoolDrainer, Ticket
 from turnlog.producers.exceptions import (
     InvalidTurnError,
@@ -118,6 +129,7 @@ class RecordedSession:
         next_turn_index: int,
         turns: tuple[StoredTurn, ...] = (),
         epoch_grant: str | None = None,
+        kek: KekPublicKey | None = None,
     ) -> None:
         self._recorder = recorder
         self.session_id = session_id
@@ -133,6 +145,8 @@ class RecordedSession:
         self._open: dict[int, _OpenTurn] = {}
         self._completed: set[int] = set()
         self.closed = False
+        #: this epoch's data key (None: content is written in clear)
+        self._sealer = EpochSealer(kek, session_id, epoch) if kek is not None else None
 
     @property
     def next_seq(self) -> int:
@@ -321,6 +335,8 @@ class RecordedSession:
             )  # __post_init__ checks the free-form values' bounds already (ValueError)
             payload = encode_event(event)
             decode_event(payload)  # the struct constructor does not check ranges; the schema does
+            if self._sealer is not None:
+                payload = encode_event(self._sealer.seal(event))
         except EventValidationError as e:
             raise InvalidTurnError(f"{tag}: {e.reason}") from e
         except ValueError as e:  # a struct's own check (schemas/events.py), raised on construction
@@ -405,12 +421,18 @@ class SessionRecorder:
         self._barrier: Any | None = None  # ResumeBarrier, made at the first direct-store resume
         self._sessions: dict[str, RecordedSession] = {}
         self._timer: asyncio.Task[None] | None = None
+        self._kek: KekPublicKey | None = None  # loaded by start()
         self.terminating = asyncio.Event()
 
     @property
     def degraded(self) -> bool:
         """True while the recorder runs on its spool alone (see the module docstring)."""
         return self._drainer.degraded
+
+    @property
+    def encrypted(self) -> bool:
+        """True once :meth:`start` found a KEK: every session's content is sealed before the spool."""
+        return self._kek is not None
 
     @property
     def spool_path(self) -> Path | None:
@@ -422,11 +444,15 @@ class SessionRecorder:
         return self._drainer.pending(session_id)
 
     async def start(self) -> SessionRecorder:
-        """Open the spool (adopting orphaned ones) and start delivery and the timer.
+        """Load the KEK (if any), open the spool (adopting orphaned ones) and start
+        delivery and the timer.
 
         Raises:
+            KeyMaterialError: the configured KEK cannot be used, or ``encryption=required``
+                and none is configured (``turnlog.crypto.config.recorder_kek``).
             SpoolError: ``spool_dir`` cannot be used.
         """
+        self._kek = await asyncio.to_thread(recorder_kek, self.settings)
         await asyncio.to_thread(self._drainer.start)
         if self._timer is None:
             self._timer = asyncio.create_task(self._flush_partials_forever(), name="turnlog-partial-timer")
@@ -461,7 +487,9 @@ class SessionRecorder:
         _check_name("fleet", fleet)
         _check_name("agent_id", agent_id)
         self._check_signable(fleet, session_id)
-        session = RecordedSession(self, session_id, fleet=fleet, epoch=0, next_seq=0, next_turn_index=0)
+        session = RecordedSession(
+            self, session_id, fleet=fleet, epoch=0, next_seq=0, next_turn_index=0, kek=self._kek
+        )
         ticket = session._emit(
             SessionStarted,
             fleet=fleet,
@@ -534,6 +562,7 @@ class SessionRecorder:
             next_seq=grant.next_seq,
             next_turn_index=grant.next_turn_index,
             turns=grant.turns,
+            kek=self._kek,
         )
         self._sessions[session_id] = session
         logger.info(

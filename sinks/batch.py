@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from turnlog.crypto.envelope import EventOpener, is_sealed, open_sealed
 from turnlog.schemas import (
     Event,
     EventValidationError,
@@ -30,6 +31,7 @@ from turnlog.schemas import (
     TurnPartial,
     TurnStatus,
     decode_event,
+    encode_event,
 )
 
 __all__ = [
@@ -186,8 +188,9 @@ class BatchPlan:
     rejected: list[RejectedMessage]
 
 
-def plan_batch(messages: Iterable[SourceMessage]) -> BatchPlan:
-    """Decode ``messages`` (in consumption order) and plan their rows.
+def plan_batch(messages: Iterable[SourceMessage], opener: EventOpener | None = None) -> BatchPlan:
+    """Decode ``messages`` (in consumption order), open the sealed ones with
+    ``opener``, and plan their rows.
 
     Each record is decoded and planned on its own, before anything of it is
     merged into the plan (:func:`plan_each`): one that fails in any way (not a
@@ -201,7 +204,7 @@ def plan_batch(messages: Iterable[SourceMessage]) -> BatchPlan:
     sessions: dict[str, SessionChanges] = {}
     rejected: list[RejectedMessage] = []
     messages = list(messages)
-    for _, (event, payload, row) in plan_each(messages, _plan_record, rejected):
+    for _, (event, payload, row) in plan_each(messages, lambda m: _plan_record(m, opener), rejected):
         event_key = (event.session_id, event.seq)
         held = events.get(event_key)
         if held is None or event.epoch > held[0].epoch:
@@ -264,16 +267,22 @@ def plan_each(
         yield message, planned
 
 
-def _plan_record(message: SourceMessage) -> tuple[Event, str, TurnRow | None]:
-    """One record's share of a plan: its event, its payload as text (the
-    ``session_events.payload`` column) and, for a turn, its row. Nothing is
-    merged here, so a record that raises leaves no trace in the plan.
+def _plan_record(message: SourceMessage, opener: EventOpener | None) -> tuple[Event, str, TurnRow | None]:
+    """One record's share of a plan: its event (opened, if sealed), its payload as
+    text (the ``session_events.payload`` column: the opened event, so every reader of
+    the store sees one shape) and, for a turn, its row. Nothing is merged here, so a
+    record that raises leaves no trace in the plan.
 
     Raises:
-        EventValidationError: the value is not a valid event.
+        EventValidationError: the value is not a valid event, or it is sealed and does
+            not open (``SealedContentError``: no keyring, an unknown KEK, altered).
     """
     event = decode_event(message.value)
-    payload = message.value.decode("utf-8")  # valid: decode_event accepted it as UTF-8 JSON
+    if is_sealed(event):
+        event = open_sealed(event, opener)
+        payload = encode_event(event).decode("utf-8")
+    else:
+        payload = message.value.decode("utf-8")  # valid: decode_event accepted it as UTF-8 JSON
     row = TurnRow.from_event(event) if isinstance(event, TurnPartial | TurnCompleted) else None
     return event, payload, row
 

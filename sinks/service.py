@@ -46,6 +46,7 @@ from tenacity import (
 )
 
 from turnlog import kafka, metrics
+from turnlog.crypto.config import event_opener
 from turnlog.dlq import bounded_reason, dlq_headers, reason_class
 from turnlog.faults import fault_point
 from turnlog.readiness import mark_not_ready, mark_ready
@@ -137,6 +138,8 @@ class SinkService:
         self.store = store
         self.consumer_group = consumer_group or settings.sink_group
         self._write = write or store.write_transcript
+        if write is None and store.transcript.opener is None:
+            store.transcript.opener = event_opener(settings)  # KeyMaterialError: refuse to start
         # Connection and group.id come from the Kafka layer (kafka.consumer); these are this service's own.
         self._config = {
             "enable.auto.offset.store": False,

@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import and_, bindparam, case, func, or_, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
+from turnlog.crypto.envelope import EventOpener
 from turnlog.schemas import SessionStatus
 from turnlog.sinks.batch import (
     TURN_COMPLETE,
@@ -66,9 +67,11 @@ class TranscriptWriter:
     """Writes the transcript's rows (``session_events``, ``sessions``,
     ``transcript_turns``) and hands the sessions they complete to ``finalization``."""
 
-    def __init__(self, dialect: Dialect, finalization: Finalization) -> None:
+    def __init__(self, dialect: Dialect, finalization: Finalization, opener: EventOpener | None = None) -> None:
         self._dialect = dialect
         self._finalization = finalization
+        #: opens sealed events (None: each sealed record is refused, to the DLQ)
+        self.opener = opener
 
     def write(self, conn: Connection, messages: Sequence[SourceMessage]) -> WriteResult:
         """Write the transcript rows of ``messages`` (no offsets), then finalize, in
@@ -81,7 +84,7 @@ class TranscriptWriter:
         ended before. The decision comes from the decoded events, never from
         the record's bytes; the guarded ``UPDATE`` has the last word.
         """
-        plan = plan_batch(messages)
+        plan = plan_batch(messages, self.opener)
         event_rows = plan.event_rows
         session_rows: list[dict[str, Any]] = []
         if plan.sessions:

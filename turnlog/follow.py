@@ -42,8 +42,10 @@ from confluent_kafka import OFFSET_END, TopicPartition
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_fixed
 
 from turnlog import kafka
+from turnlog.crypto.config import event_opener
+from turnlog.crypto.envelope import is_sealed, open_sealed
 from turnlog.metrics import LIVE_RECORDS_SKIPPED
-from turnlog.schemas import EventValidationError, decode_event
+from turnlog.schemas import EventValidationError, decode_event, encode_event
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.reads import EventPage, StoredEvent, events_after
@@ -159,10 +161,16 @@ class TranscriptHub:
     ``on_following`` (optional) is called once, in the hub's thread, when the
     consumer is assigned every partition of the topic (the API's readiness).
 
-    A record it cannot decode or hand out is skipped, counted in
+    A sealed record is opened with ``settings.keyring_file``'s keyring and
+    handed out as its writer built it (the store's payloads have that shape too).
+
+    A record it cannot decode, open or hand out is skipped, counted in
     ``turnlog_live_records_skipped_total`` and logged by topic, partition and
     offset (never its content); it never stops the hub's thread. Followers
     still get the event from the store if the sink stored it.
+
+    Raises:
+        KeyMaterialError: (constructor) the keyring is set and cannot be used.
     """
 
     def __init__(
@@ -181,6 +189,7 @@ class TranscriptHub:
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._opener = event_opener(settings)
 
     def start(self) -> None:
         """Start consuming in a daemon thread; call from the event loop that subscribers use."""
@@ -275,6 +284,9 @@ class TranscriptHub:
         if not subscribers:
             return
         event = decode_event(value)  # an invalid one: the sink dead-letters it; followers never see it
+        if is_sealed(event):
+            event = open_sealed(event, self._opener)
+            value = encode_event(event)
         live = StoredEvent(event.seq, str(type(event).__struct_config__.tag), value.decode("utf-8"))
         assert self._loop is not None
         for subscription in subscribers:

@@ -244,6 +244,24 @@ class TurnlogSettings(BaseSettings):
         "resuming through database_url) signs the epoch it issues, and the sequencer admits an epoch above 0 "
         "only with such a grant. Required wherever fleet_keys is set and resumes are granted or checked.",
     )
+    encryption: Literal["auto", "required", "off"] = Field(
+        "auto",
+        description="Envelope encryption of event content (turnlog/crypto; docs/design.md, 'Encryption and "
+        "erasure'). auto: a recorder seals content when it has a KEK (kek_public_key, or the public half of "
+        "keyring_file), and readers open sealed events with keyring_file. required: as auto, and a recorder "
+        "without a KEK or a reader without a keyring refuses to start. off: recorders never seal (readers still "
+        "open what they can).",
+    )
+    kek_public_key: str | None = Field(
+        None,
+        description="The current key encryption key's public half, x25519:<base64url> (`turnlog keys public`): "
+        "what agents' recorders wrap each session epoch's data key with. It opens nothing.",
+    )
+    keyring_file: str | None = Field(
+        None,
+        description="The KEK keyring (private keys, newest first; mode 0600, `turnlog keys init`): held by the "
+        "sink, the API, replay, verify and tail, which open sealed content. Never give it to agents.",
+    )
     faust_data_dir: str = Field(
         ".turnlog-faust", description="Folder for Faust's local table files (one subfolder per app)."
     )

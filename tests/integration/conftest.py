@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from turnlog import kafka
+from turnlog.crypto.keys import create_keyring_file
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, wait_all_ready
 from turnlog.deploy.topics import create_topics, delete_topics_with_prefix
 from turnlog.readiness import NotReadyError
@@ -25,8 +26,13 @@ from turnlog.sinks.service import SinkService
 
 
 def isolated_settings(kafka_bootstrap: str, database_url: str, tmp: Path, **overrides: object) -> TurnlogSettings:
-    """Settings with their own topics, consumer groups and Faust data dir."""
+    """Settings with their own topics, consumer groups and Faust data dir, and a KEK keyring of their
+    own (``tmp/keyring``): every recorder seals content and every reader opens it, as in a new
+    deployment (``encryption="off"`` or ``keyring_file=None`` in ``overrides`` leaves content in clear)."""
     run = uuid.uuid4().hex[:10]
+    keyring = tmp / "keyring"
+    if not keyring.exists():
+        create_keyring_file(keyring)
     return TurnlogSettings(
         bootstrap_servers=kafka_bootstrap,
         database_url=database_url,
@@ -39,7 +45,7 @@ def isolated_settings(kafka_bootstrap: str, database_url: str, tmp: Path, **over
         flush_interval_seconds=0.2,
         finalizer_sweep_seconds=0.5,
         faust_data_dir=str(tmp / "faust"),
-        **{"spool_dir": str(tmp / "spool"), **overrides},
+        **{"spool_dir": str(tmp / "spool"), "keyring_file": str(keyring), **overrides},
     )
 
 

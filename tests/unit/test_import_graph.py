@@ -171,6 +171,7 @@ LAYERS: dict[str, str] = {
     "turnlog.redact": "foundation",
     "turnlog.polling": "foundation",
     "turnlog.schemas": "schemas",
+    "turnlog.crypto": "crypto",
     "turnlog.kafka": "kafka",
     "turnlog.sinks": "sinks",
     "turnlog.producers": "producers",
@@ -184,21 +185,22 @@ LAYERS: dict[str, str] = {
     "turnlog.cli": "cli",
     "turnlog.tools": "tools",
 }
-_LIBRARY_CORE = {"foundation", "schemas", "kafka", "sinks", "producers", "stream_processors"}
+_LIBRARY_CORE = {"foundation", "schemas", "crypto", "kafka", "sinks", "producers", "stream_processors"}
 #: The layers each layer's modules may import (besides their own subpackage or module). A layer
 #: missing here may import nothing of turnlog; ``tools`` is not in any library layer's set.
 MAY_IMPORT: dict[str, set[str]] = {
     "foundation": {"foundation"},
     "schemas": {"foundation"},
+    "crypto": {"foundation", "schemas"},
     "kafka": {"foundation", "schemas"},
-    "sinks": {"foundation", "schemas", "kafka"},
-    "producers": {"foundation", "schemas", "kafka", "sinks"},
-    "stream_processors": {"foundation", "schemas", "kafka", "sinks"},
+    "sinks": {"foundation", "schemas", "crypto", "kafka"},
+    "producers": {"foundation", "schemas", "crypto", "kafka", "sinks"},
+    "stream_processors": {"foundation", "schemas", "crypto", "kafka", "sinks"},
     "public_api": {"foundation", "schemas", "producers"},
     "adapters": {"public_api", "foundation", "schemas", "producers"},
-    "serving": {"foundation", "schemas", "kafka", "sinks", "producers", "serving"},
+    "serving": {"foundation", "schemas", "crypto", "kafka", "sinks", "producers", "serving"},
     "ops": {*_LIBRARY_CORE, "serving"},
-    "deploy": {"foundation", "schemas", "kafka", "sinks"},
+    "deploy": {"foundation", "schemas", "crypto", "kafka", "sinks"},
     "cli": {*_LIBRARY_CORE, "public_api", "adapters", "serving", "ops", "deploy", "tools"},
     "tools": {*_LIBRARY_CORE, "public_api", "adapters", "serving", "ops", "deploy", "cli", "tools"},
 }
@@ -276,14 +278,14 @@ def test_the_checker_names_a_library_module_importing_the_tools():
     problems = check("turnlog.sinks.base", source)
     assert problems == [
         "turnlog.sinks.base (synthetic/turnlog/sinks/base.py:4) imports turnlog.tools.demo.runner: "
-        "sinks may import foundation, kafka, schemas; not tools"
+        "sinks may import crypto, foundation, kafka, schemas; not tools"
     ]
 
 
 def test_the_checker_sees_a_lazy_import_and_a_relative_one_too():
     lazy = "def f():\n    from turnlog.ops.replay import replay_events\n"
     assert [p.split(": ", 1)[1] for p in check("turnlog.sinks.base", lazy)] == [
-        "sinks may import foundation, kafka, schemas; not ops"
+        "sinks may import crypto, foundation, kafka, schemas; not ops"
     ]
     relative = "from ..tools.demo import runner\n"  # from turnlog.sinks.base: turnlog.tools.demo.runner
     assert "imports turnlog.tools.demo.runner" in check("turnlog.sinks.base", relative)[0]

@@ -2,7 +2,7 @@
 key encryption keys and their providers (:mod:`turnlog.crypto.keys`), data keys, sealing and
 opening (:mod:`turnlog.crypto.envelope`)."""
 
-from turnlog.crypto.envelope import EpochSealer, EventOpener, SealedContentError
+from turnlog.crypto.envelope import EpochSealer, EventOpener, SealedContentError, is_sealed, open_sealed
 from turnlog.crypto.keys import (
     FileKekProvider,
     KekProvider,
@@ -22,6 +22,8 @@ __all__ = [
     "KekRing",
     "KeyMaterialError",
     "SealedContentError",
+    "is_sealed",
+    "open_sealed",
     "kek_ring_from_text",
     "parse_public_key",
 ]

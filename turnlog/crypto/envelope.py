@@ -40,7 +40,10 @@ from turnlog.crypto.keys import KekPublicKey, KekRing
 from turnlog.schemas.events import Event, Sealed, content_of, with_content, without_content
 from turnlog.schemas.exceptions import EventValidationError
 
-__all__ = ["EpochSealer", "EventOpener", "SealedContentError", "DATA_KEY_CACHE_ENTRIES", "NONCE_BYTES"]
+__all__ = [
+    "EpochSealer", "EventOpener", "SealedContentError", "open_sealed", "is_sealed", "DATA_KEY_CACHE_ENTRIES",
+    "NONCE_BYTES",
+]
 
 _SUITE: Final = Suite(KEM.X25519, KDF.HKDF_SHA256, AEAD.AES_256_GCM)
 _KEY_DOMAIN: Final = b"turnlog-data-key-v1"
@@ -163,3 +166,26 @@ class EventOpener:
         if len(self._cache) > self._cache_entries:
             self._cache.popitem(last=False)
         return aead
+
+
+def is_sealed(event: Event) -> bool:
+    """Whether ``event`` carries its content sealed."""
+    return getattr(event, "sealed", None) is not None
+
+
+def open_sealed(event: Event, opener: EventOpener | None) -> Event:
+    """``event`` opened by ``opener`` if it is sealed, else ``event`` itself.
+
+    Raises:
+        SealedContentError: sealed, and ``opener`` is None (this process has no keyring),
+            or as :meth:`EventOpener.open`.
+        EventValidationError: as :meth:`EventOpener.open`.
+    """
+    if not is_sealed(event):
+        return event
+    if opener is None:
+        raise SealedContentError(
+            f"session {event.session_id} seq {event.seq}: the content is sealed and this process has no keyring "
+            "(TURNLOG_KEYRING_FILE)"
+        )
+    return opener.open(event)

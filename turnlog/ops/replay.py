@@ -32,6 +32,7 @@ from confluent_kafka import KafkaError, TopicPartition
 from sqlalchemy import select
 
 from turnlog import kafka
+from turnlog.crypto.config import event_opener
 from turnlog.exceptions import TurnlogError
 from turnlog.kafka.record_headers import UnreadableHeaders, read_headers
 from turnlog.producers.partitioning import partition_for
@@ -99,11 +100,17 @@ def replay_events(
     ``session_ids`` restricts the replay to those sessions and reads only their
     partitions.
 
+    Sealed events are opened with ``settings.keyring_file`` (unless ``store``
+    already has an opener); one that does not open is rejected and counted.
+
     Raises:
         ReplayError: the topic does not exist or the broker cannot be reached.
         StoreError: the store refused a write.
+        KeyMaterialError: the keyring is set and cannot be used.
     """
     started = time.monotonic()
+    if store.transcript.opener is None:
+        store.transcript.opener = event_opener(settings)
     topic = settings.topics.events
     wanted = set(session_ids)
     with kafka.OffsetReader(settings) as offsets:
