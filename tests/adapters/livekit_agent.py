@@ -10,6 +10,10 @@ Progress goes to stdout as JSON lines, flushed.
 - ``first-voice``: the same on the voice path (``SilentTTS``, audio played in real
   time behind LiveKit's ``TranscriptSynchronizer``): the story is generated at once
   and takes about two minutes to play.
+- ``first-dropped``: "Hello" and its reply, then, through LiveKit's audio recognition
+  (:class:`ScriptedUser`), the user says "never mind" (the agent's
+  ``on_user_turn_completed`` stops it: LiveKit drops the turn) and starts "Tell me a
+  story": prints ``speaking`` once "Tell me a" is heard, and waits to be SIGKILLed.
 - ``resume``: the same session id again: prints what the resume rebuilt (the
   agent's ChatContext and ``session.history``), asks "What happened next?",
   prints what the LLM was given, closes the session (it ends) and exits.
@@ -21,11 +25,11 @@ import asyncio
 import json
 import sys
 
-from livekit.agents import Agent, AgentSession
+from livekit.agents import AgentSession
 
 from turnlog.adapters.livekit import record_session
 
-from tests.adapters.livekit_fakes import Reply, ScriptedLLM, SilentTTS, voice_outputs
+from tests.adapters.livekit_fakes import Gatekeeper, Reply, ScriptedLLM, ScriptedUser, SilentTTS, voice_outputs
 
 STORY = "Once upon a time, " + " ".join(f"dragon{i}" for i in range(800))
 REPLIES = {
@@ -51,10 +55,15 @@ def messages(chat_ctx) -> list[tuple[str, str | None, bool]]:
 async def main(phase: str, session_id: str) -> None:
     voice = phase == "first-voice"
     llm = ScriptedLLM(FAST_REPLIES if voice else REPLIES)
-    session = AgentSession(llm=llm, tts=SilentTTS() if voice else None, vad=None, user_away_timeout=None)
+    user = ScriptedUser()
+    if phase == "first-dropped":
+        session: AgentSession = AgentSession(llm=llm, **user.session_options())
+        user.attach(session)
+    else:
+        session = AgentSession(llm=llm, tts=SilentTTS() if voice else None, vad=None, user_away_timeout=None)
     if voice:
         voice_outputs(session)
-    agent = Agent(instructions="You tell stories.")
+    agent = Gatekeeper(instructions="You tell stories.")
     recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-crash")
     say(
         resumed=recording.resumed,
@@ -63,6 +72,20 @@ async def main(phase: str, session_id: str) -> None:
         history=messages(session.history),
     )
     await session.start(agent)
+    if phase == "first-dropped":
+        await session.run(user_input="Hello")
+        while not user.listening:
+            await asyncio.sleep(0.02)
+        # "never mind": LiveKit ends the turn, and the agent's on_user_turn_completed stops it.
+        user.starts_speaking()
+        user.is_heard("never mind")
+        user.stops_speaking()
+        while recording.recorded.next_turn_index < 3 or recording.recorded.open_turns:  # until turn 2 is completed
+            await asyncio.sleep(0.02)
+        user.starts_speaking()
+        user.is_heard("Tell me a", final=False)  # the test SIGKILLs us while the user speaks
+        say(speaking=True)
+        await asyncio.Event().wait()
     if phase in ("first", "first-voice"):
         await session.run(user_input="Hello")
         await recording.wait_recorded()

@@ -18,14 +18,18 @@ from livekit import rtc
 from livekit.agents import (
     DEFAULT_API_CONNECT_OPTIONS,
     NOT_GIVEN,
+    Agent,
     APIConnectionError,
     APIConnectOptions,
     NotGivenOr,
+    StopResponse,
+    stt,
     utils,
+    vad,
 )
 from livekit.agents.llm import LLM, ChatChunk, ChatContext, ChoiceDelta, CompletionUsage, LLMStream, Tool, ToolChoice
 from livekit.agents.tts import TTS, AudioEmitter, ChunkedStream, SynthesizeStream, TTSCapabilities
-from livekit.agents.voice.io import AudioOutput, AudioOutputCapabilities, TextOutput
+from livekit.agents.voice.io import AudioInput, AudioOutput, AudioOutputCapabilities, TextOutput
 from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
 
 
@@ -374,6 +378,21 @@ class LateTranscriptRealtime:
 
         self.model = _Model()
 
+    def report_usage(self, *, input_tokens: int, output_tokens: int, request_id: str) -> None:
+        """The provider's usage for a response, as a realtime session reports it
+        (``metrics_collected`` with ``RealtimeModelMetrics``, which LiveKit's activity adds
+        to the session's usage)."""
+        from livekit.agents.metrics import RealtimeModelMetrics
+
+        details = RealtimeModelMetrics.InputTokenDetails(audio_tokens=0, text_tokens=input_tokens, image_tokens=0,
+                                                         cached_tokens=0, cached_tokens_details=None)
+        output = RealtimeModelMetrics.OutputTokenDetails(text_tokens=output_tokens, audio_tokens=0, image_tokens=0)
+        self.sessions[-1].emit("metrics_collected", RealtimeModelMetrics(
+            request_id=request_id, timestamp=time.time(), cancelled=True, input_tokens=input_tokens,
+            output_tokens=output_tokens, total_tokens=input_tokens + output_tokens,
+            input_token_details=details, output_token_details=output,
+        ))
+
     async def user_turn(self, transcript: str, reply: str, *, item_id: str) -> None:
         """The user says ``transcript``; the model answers ``reply`` (text), and sends the
         transcript once the reply is generated."""
@@ -406,3 +425,128 @@ class LateTranscriptRealtime:
         extra = {"turn_started_at": began} if "turn_started_at" in fields else {}
         session.emit("input_audio_transcription_completed",
                      llm.InputTranscriptionCompleted(item_id=item_id, transcript=transcript, is_final=True, **extra))
+
+
+# -- a user heard through LiveKit's own audio recognition ---------------------------------
+class _ScriptedVADStream(vad.VADStream):
+    async def _main_task(self) -> None:
+        async for _ in self._input_ch:  # the audio is not listened to: the test says when the user speaks
+            pass
+
+
+class ScriptedVAD(vad.VAD):
+    """A VAD whose streams report speech when the test says so (:class:`ScriptedUser`)."""
+
+    def __init__(self) -> None:
+        super().__init__(capabilities=vad.VADCapabilities(update_interval=0.05))
+        self.streams: list[_ScriptedVADStream] = []
+
+    def stream(self) -> vad.VADStream:
+        stream = _ScriptedVADStream(self)
+        self.streams.append(stream)
+        return stream
+
+
+class _ScriptedSTTStream(stt.RecognizeStream):
+    async def _run(self) -> None:
+        async for _ in self._input_ch:
+            pass
+
+
+class ScriptedSTT(stt.STT):
+    """A streaming STT whose streams transcribe what the test says (:class:`ScriptedUser`)."""
+
+    def __init__(self) -> None:
+        super().__init__(capabilities=stt.STTCapabilities(streaming=True, interim_results=True))
+        self.streams: list[_ScriptedSTTStream] = []
+
+    async def _recognize_impl(self, buffer: Any, *, language: Any = NOT_GIVEN, conn_options: APIConnectOptions) -> stt.SpeechEvent:
+        raise NotImplementedError("ScriptedSTT only streams")
+
+    def stream(self, *, language: Any = NOT_GIVEN, conn_options: APIConnectOptions = DEFAULT_API_CONNECT_OPTIONS) -> stt.RecognizeStream:
+        stream = _ScriptedSTTStream(stt=self, conn_options=conn_options)
+        self.streams.append(stream)
+        return stream
+
+
+class SilentAudioInput(AudioInput):
+    """The room's audio input: one frame of silence, enough to start LiveKit's VAD and STT streams
+    (after livekit/agents' ``tests/fake_io.py``)."""
+
+    def __init__(self) -> None:
+        super().__init__(label="silent")
+        self._frames: utils.aio.Chan[rtc.AudioFrame] = utils.aio.Chan()
+        self._frames.send_nowait(rtc.AudioFrame(data=b"\x00\x00" * 1600, sample_rate=16000, num_channels=1, samples_per_channel=1600))
+
+    async def __anext__(self) -> rtc.AudioFrame:
+        return await self._frames.__anext__()
+
+
+class ScriptedUser:
+    """A user LiveKit hears through its own audio recognition (``voice/audio_recognition.py``):
+    a VAD that reports speech and an STT that transcribes it when the test says so, behind
+    an audio input. LiveKit then does the rest: the user's state, the transcripts, the end
+    of the user's turn (VAD turn detection) and what becomes of it.
+
+    ``session_options()`` are the ``AgentSession`` arguments; :meth:`attach` sets the
+    session's audio input (before ``session.start``)."""
+
+    def __init__(self) -> None:
+        self.vad = ScriptedVAD()
+        self.stt = ScriptedSTT()
+        self._spoke_for = 0.0
+
+    def session_options(self, *, endpointing_delay: float = 0.2) -> dict[str, Any]:
+        return {
+            "vad": self.vad,
+            "stt": self.stt,
+            "user_away_timeout": None,
+            "turn_handling": {
+                "turn_detection": "vad",
+                "endpointing": {"min_delay": endpointing_delay, "max_delay": endpointing_delay * 5},
+                "interruption": {"min_duration": 0.1, "min_words": 0, "false_interruption_timeout": None},
+                "preemptive_generation": {"enabled": False},
+            },
+            "aec_warmup_duration": None,
+        }
+
+    def attach(self, session: Any) -> None:
+        session.input.audio = SilentAudioInput()
+
+    @property
+    def listening(self) -> bool:
+        """True once LiveKit's audio recognition opened its VAD and STT streams."""
+        return bool(self.vad.streams) and bool(self.stt.streams)
+
+    def starts_speaking(self) -> None:
+        self._spoke_for = 0.0
+        self._vad(vad.VADEventType.START_OF_SPEECH, speaking=True)
+
+    def keeps_speaking(self, seconds: float = 0.3) -> None:
+        """A VAD inference while the user speaks (what lets LiveKit interrupt the agent)."""
+        self._spoke_for += seconds
+        self._vad(vad.VADEventType.INFERENCE_DONE, speaking=True)
+
+    def stops_speaking(self) -> None:
+        self._vad(vad.VADEventType.END_OF_SPEECH, speaking=False)
+
+    def is_heard(self, text: str, *, final: bool = True) -> None:
+        kind = stt.SpeechEventType.FINAL_TRANSCRIPT if final else stt.SpeechEventType.INTERIM_TRANSCRIPT
+        self.stt.streams[-1]._event_ch.send_nowait(stt.SpeechEvent(type=kind, alternatives=[stt.SpeechData(text=text, language="en")]))
+
+    def _vad(self, kind: vad.VADEventType, *, speaking: bool) -> None:
+        self.vad.streams[-1]._event_ch.send_nowait(
+            vad.VADEvent(
+                type=kind, samples_index=0, timestamp=time.time(), speech_duration=self._spoke_for if speaking else 0.0,
+                silence_duration=0.0 if speaking else 0.3, speaking=speaking, raw_accumulated_speech=self._spoke_for,
+            )
+        )
+
+
+class Gatekeeper(Agent):
+    """An agent that answers nothing to "never mind": its ``on_user_turn_completed``
+    raises LiveKit's ``StopResponse``."""
+
+    async def on_user_turn_completed(self, turn_ctx: ChatContext, new_message: Any) -> None:
+        if new_message.text_content == "never mind":
+            raise StopResponse()

@@ -30,9 +30,11 @@ from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
 from tests.adapters.livekit_fakes import (
     CapturedText,
+    Gatekeeper,
     LateTranscriptRealtime,
     Reply,
     ScriptedLLM,
+    ScriptedUser,
     SilentTTS,
     run_job,
     shut_down_job,
@@ -313,8 +315,6 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
         what="the conversation LiveKit saw, stored",
     )
     assert session_row(pipeline, session_id)["status"] == "active"
-    await asyncio.sleep(5)
-    print("DBG", [type(e).__name__ for e in logged_events(pipeline, session_id)[1]], session_row(pipeline, session_id)["status"])
 
     # The next job resumes it (through a recorder of its own): LiveKit's ChatContext is rebuilt from turnlog.
     llm = ScriptedLLM(REPLIES)
@@ -368,6 +368,184 @@ async def test_with_a_realtime_model_that_transcribes_the_user_after_its_reply_t
     # A resume rebuilds the context in that order too.
     rebuilt = chat_context_from_turns([stored_turn_of(row) for row in turns_of(pipeline, session_id)])
     assert messages(rebuilt) == seen
+
+
+async def user_says(user, session, text):
+    """The user says ``text`` as LiveKit hears it: speech begins (VAD), an interim and a final
+    transcript (STT), speech ends; LiveKit then ends the user's turn (VAD turn detection)."""
+    user.starts_speaking()
+    user.keeps_speaking()
+    user.is_heard(text.split()[0], final=False)
+    user.is_heard(text)
+    user.stops_speaking()
+    await eventually(lambda: session.user_state == "listening", what="the user heard to stop speaking", timeout=30)
+
+
+async def slowly(text, *, chars=6, seconds=0.05):
+    for start in range(0, len(text), chars):
+        await asyncio.sleep(seconds)
+        yield text[start : start + chars]
+
+
+NOTICE = "Please listen carefully, our menu options have changed. " + " ".join(f"option{i}" for i in range(40))
+
+
+async def test_user_turns_livekit_drops_leave_nothing_in_the_next_turn_and_are_stored_as_livekit_holds_them(pipeline):
+    """Through LiveKit's own audio recognition (VAD + STT, VAD turn detection): a turn
+    ``on_user_turn_completed`` stops (``StopResponse``), a user who speaks and is not
+    transcribed, and speech while an uninterruptible reply plays. LiveKit keeps none of
+    them in its history; its next user turn holds only the next words."""
+    session_id = f"lk-dropped-{uuid.uuid4().hex[:6]}"
+    user = ScriptedUser()
+    llm = ScriptedLLM({"Hello": REPLIES["Hello"], "What time is it?": Reply("It is noon.", input_tokens=30, output_tokens=4)})
+    options = user.session_options()
+    options["turn_handling"]["interruption"]["discard_audio_if_uninterruptible"] = False  # the STT hears it all
+    session, agent = AgentSession(llm=llm, **options), Gatekeeper(instructions="You are a test agent.")
+    user.attach(session)
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-dropped",
+                                     settings=pipeline.settings)
+    await session.start(agent)
+    try:
+        await eventually(lambda: user.listening, what="LiveKit listening to the user", timeout=30)
+        await user_says(user, session, "Hello")
+        await eventually(lambda: len(messages(session.history)) == 2, what="the first exchange", timeout=30)
+
+        # StopResponse: LiveKit ends the turn and commits nothing.
+        await user_says(user, session, "never mind")
+        await eventually(lambda: (t := stored_turn(pipeline, session_id, 2)) and t["status"] == "complete",
+                         what="the stopped turn completed")
+
+        # Speech LiveKit does not transcribe, then the agent speaks.
+        user.starts_speaking()
+        await eventually(lambda: session.user_state == "speaking", what="the user speaking", timeout=30)
+        user.stops_speaking()
+        await eventually(lambda: session.user_state == "listening", what="the user silent", timeout=30)
+        await session.say("Are you still there?")
+
+        # Speech while an uninterruptible reply plays: LiveKit skips the reply to it.
+        notice = session.say(slowly(NOTICE), allow_interruptions=False)
+        await eventually(lambda: (t := stored_turn(pipeline, session_id, 4)) and len(t["text"]) > 20,
+                         what="the notice playing")
+        await user_says(user, session, "wait, stop")
+        await eventually(lambda: (t := stored_turn(pipeline, session_id, 5)) and t["status"] == "complete",
+                         what="the skipped turn completed")
+        assert not notice.interrupted
+        await notice
+
+        await user_says(user, session, "What time is it?")
+        await eventually(lambda: len(messages(session.history)) == 6, what="the last exchange", timeout=30)
+    finally:
+        await session.aclose()
+    assert await recording.wait_closed(TIMEOUT) and recording.failures == 0
+
+    seen = messages(session.history)
+    assert seen == [
+        ("user", "Hello", False),
+        ("assistant", "Hi! How can I help you today?", False),
+        ("assistant", "Are you still there?", False),
+        ("assistant", NOTICE, False),
+        ("user", "What time is it?", False),
+        ("assistant", "It is noon.", False),
+    ]
+    await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
+    stored = conversation(turns_of(pipeline, session_id))
+    # The turns LiveKit dropped are completed with no text; the untranscribed speech took no turn.
+    assert stored == [
+        (0, "user", "Hello", "complete", False, 0, 0),
+        (1, "assistant", "Hi! How can I help you today?", "complete", False, 12, 9),
+        (2, "user", "", "complete", False, 0, 0),
+        (3, "assistant", "Are you still there?", "complete", False, 0, 0),
+        (4, "assistant", NOTICE, "complete", False, 0, 0),
+        (5, "user", "", "complete", False, 0, 0),
+        (6, "user", "What time is it?", "complete", False, 0, 0),
+        (7, "assistant", "It is noon.", "complete", False, 30, 4),
+    ]
+    # Turn by turn, the turns with text are LiveKit's history.
+    assert [(speaker, text, barged) for _, speaker, text, _, barged, _, _ in stored if text] == seen
+    # No partial of a later turn began with a dropped turn's words.
+    _, events = logged_events(pipeline, session_id)
+    partials = {(e.turn_index, e.text) for e in events if isinstance(e, TurnPartial) and e.speaker == "user"}
+    assert {text for index, text in partials if index == 2} <= {"never", "never mind"}
+    assert {text for index, text in partials if index == 5} <= {"wait,", "wait, stop"}
+    assert {text for index, text in partials if index == 6} <= {"What", "What time is it?"}
+    assert {index for index, _ in partials} <= {0, 2, 5, 6}
+    # A resume gives the agent LiveKit's conversation.
+    rebuilt = chat_context_from_turns([stored_turn_of(row) for row in turns_of(pipeline, session_id)])
+    assert messages(rebuilt) == seen
+
+
+async def test_an_llm_calls_tokens_go_to_the_turn_of_the_speech_livekit_made_it_for(pipeline):
+    """A reply generated while another speech plays: LiveKit runs its LLM call at once
+    (``_pipeline_reply_task`` starts inference before the speech is scheduled) and tags
+    the call's metrics with the reply's speech (``LLMMetrics.speech_id``). Its tokens go to
+    the reply's turn, not to the speech that was playing when they were reported."""
+    session_id = f"lk-tokens-{uuid.uuid4().hex[:6]}"
+    llm = ScriptedLLM({"What time is it?": Reply("It is noon.", input_tokens=30, output_tokens=4)})
+    session, agent = new_session(llm), Agent(instructions="You are a test agent.")
+    room_text = session.output.transcription = CapturedText()
+    reported = []
+    session.on("session_usage_updated", lambda ev: reported.append(session.current_speech))
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-tokens",
+                                     settings=pipeline.settings)
+    await session.start(agent)
+    try:
+        notice = session.say(slowly(NOTICE))
+        await eventually(lambda: len(room_text.current) > 20, what="the notice playing")
+        reply = session.generate_reply(user_input="What time is it?")
+        await eventually(lambda: reported, what="the reply's tokens reported", timeout=30)
+        assert reported[0] is notice and not notice.done()  # reported while the notice played
+        await notice
+        await reply
+    finally:
+        await session.aclose()
+    assert await recording.wait_closed(TIMEOUT) and recording.failures == 0
+
+    seen = messages(session.history)
+    assert seen == [("assistant", NOTICE, False), ("user", "What time is it?", False), ("assistant", "It is noon.", False)]
+    await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
+    assert conversation(turns_of(pipeline, session_id)) == [
+        (0, "assistant", NOTICE, "complete", False, 0, 0),
+        (1, "user", "What time is it?", "complete", False, 0, 0),
+        (2, "assistant", "It is noon.", "complete", False, 30, 4),
+    ]
+
+
+async def test_a_realtime_models_tokens_reported_after_its_turn_completed_go_to_the_next_assistant_turn(pipeline):
+    """A realtime model reports a response's usage when the provider sends it, which for a
+    response cut short may be after LiveKit committed its message; LiveKit's metrics do not
+    tag it with a speech. The rule: such tokens go to the next assistant turn completed, so
+    the session's totals are LiveKit's."""
+    session_id = f"lk-late-tokens-{uuid.uuid4().hex[:6]}"
+    realtime = LateTranscriptRealtime()
+    session, agent = AgentSession(llm=realtime.model, vad=None, user_away_timeout=None), Agent(instructions="You are a test agent.")
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-realtime",
+                                     settings=pipeline.settings)
+    await session.start(agent)
+    try:
+        await realtime.user_turn("What time is it?", "It is noon.", item_id="user-1")
+        await eventually(lambda: len(messages(session.history)) == 2, what="the first exchange committed", timeout=30)
+        await recording.wait_recorded()
+        realtime.report_usage(input_tokens=50, output_tokens=6, request_id="reply-user-1")  # late: its turn is complete
+        await realtime.user_turn("Thanks", "You're welcome.", item_id="user-2")
+        await eventually(lambda: len(messages(session.history)) == 4, what="the second exchange committed", timeout=30)
+        realtime.report_usage(input_tokens=70, output_tokens=5, request_id="reply-user-2")  # late again
+        await recording.wait_recorded()
+        await realtime.user_turn("Bye", "Goodbye.", item_id="user-3")
+        await eventually(lambda: len(messages(session.history)) == 6, what="the third exchange committed", timeout=30)
+    finally:
+        await session.aclose()
+    assert await recording.wait_closed(TIMEOUT) and recording.failures == 0
+
+    await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
+    stored = conversation(turns_of(pipeline, session_id))
+    assert [(speaker, text, tokens_in, tokens_out) for _, speaker, text, _, _, tokens_in, tokens_out in stored] == [
+        ("user", "What time is it?", 0, 0),
+        ("assistant", "It is noon.", 0, 0),
+        ("user", "Thanks", 0, 0),
+        ("assistant", "You're welcome.", 50, 6),
+        ("user", "Bye", 0, 0),
+        ("assistant", "Goodbye.", 70, 5),
+    ]
 
 
 def stored_turn_of(row):
@@ -439,3 +617,44 @@ def test_an_agent_killed_mid_reply_resumes_with_its_conversation_rebuilt_from_tu
     assert fold_events(payloads).seqs == list(range(len(payloads)))
     assert (row["epoch"], row["turn_count"], row["interrupted_turn_count"]) == (1, 6, 1)
     assert (row["input_tokens"], row["output_tokens"]) == (82, 13)
+
+
+def test_an_agent_killed_while_the_user_speaks_after_a_dropped_turn_resumes_without_the_dropped_words(pipeline, tmp_path):
+    """The user's "never mind" is dropped by LiveKit (``StopResponse``); the process is
+    SIGKILLed while the user says the next words, heard through LiveKit's audio
+    recognition. The store holds those words alone as the open turn, and the restarted
+    agent's context has them, not the dropped ones."""
+    session_id = f"lk-crash-dropped-{uuid.uuid4().hex[:6]}"
+    first = agent_process(pipeline.settings, "first-dropped", session_id, tmp_path / "first.log")
+    first.first_with("speaking", TIMEOUT)
+    partial = wait_until(
+        lambda: (t := stored_turn(pipeline, session_id, 3)) and t["status"] == "partial" and t,
+        timeout=TIMEOUT,
+        what="the user's words after the dropped turn stored",
+    )
+    first.process.kill()
+    assert (partial["speaker"], partial["text"]) == ("user", "Tell me a")
+    dropped = stored_turn(pipeline, session_id, 2)
+    assert (dropped["speaker"], dropped["text"], dropped["status"]) == ("user", "", "complete")
+
+    second = agent_process(pipeline.settings, "resume", session_id, tmp_path / "second.log")
+    resumed = second.first_with("resumed", TIMEOUT)
+    done = second.first_with("done", TIMEOUT)
+    assert second.process.popen.wait(TIMEOUT) == 0
+    assert resumed["resumed"] is True and resumed["chat_ctx"] == [
+        ["user", "Hello", False],
+        ["assistant", "Hi! How can I help you today?", False],
+        ["user", "Tell me a", True],
+    ]
+    assert resumed["history"] == resumed["chat_ctx"]
+    assert done["llm_saw"] == [*resumed["chat_ctx"], ["user", "What happened next?", False]]
+
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="finalized after the restart")
+    assert conversation(turns_of(pipeline, session_id)) == [
+        (0, "user", "Hello", "complete", False, 0, 0),
+        (1, "assistant", "Hi! How can I help you today?", "complete", False, 12, 9),
+        (2, "user", "", "complete", False, 0, 0),
+        (3, "user", "Tell me a", "interrupted", False, 0, 0),
+        (4, "user", "What happened next?", "complete", False, 0, 0),
+        (5, "assistant", "The dragon slept.", "complete", False, 70, 4),
+    ]

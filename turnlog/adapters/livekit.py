@@ -71,11 +71,15 @@ from livekit.agents import (
     CloseEvent,
     CloseReason,
     ConversationItemAddedEvent,
+    MetricsCollectedEvent,
     SessionUsageUpdatedEvent,
+    SpeechCreatedEvent,
     UserInputTranscribedEvent,
     UserStateChangedEvent,
 )
 from livekit.agents.job import get_job_context
+from livekit.agents.llm import RealtimeModel
+from livekit.agents.metrics import LLMMetrics
 from livekit.agents.metrics.usage import LLMModelUsage
 from livekit.agents.voice.io import TextOutput
 from livekit.agents.voice.speech_handle import SpeechHandle
@@ -254,10 +258,29 @@ class _UserTurn:
     started_at: dt.datetime
     finals: list[str] = field(default_factory=list)
     interim: str = ""
+    #: the speeches created while the turn was open (a preemptive reply may carry its message)
+    speeches: list[SpeechHandle] = field(default_factory=list)
+    #: True once its partial text was handed to the recorder (then it must be completed)
+    recorded: bool = False
 
     @property
     def text(self) -> str:
         return " ".join(part for part in (s.strip() for s in (*self.finals, self.interim)) if part)
+
+
+@dataclass(slots=True)
+class _EndedTurn:
+    """A user turn LiveKit ended (its end of turn) whose message it has not committed yet.
+
+    LiveKit commits it, if at all, in ``task`` (``AgentActivity._user_turn_completed_task``,
+    which runs ``on_user_turn_completed``) or in a reply speech made for it (the speech's
+    ``_pipeline_reply_task`` adds the message once the speech is scheduled): one made in
+    the task, or a preemptive one made while the user spoke. Once the task is done and
+    each of those speeches is done with no commit, LiveKit dropped the turn."""
+
+    turn: _UserTurn
+    task: asyncio.Task[Any]
+    speeches: list[SpeechHandle]
 
 
 @dataclass(slots=True)
@@ -311,6 +334,33 @@ class _Watch:
             vars(self.output).pop(name, None)
 
 
+class _EndOfTurnWatch:
+    """The session's ``AgentActivity`` watched where LiveKit ends the user's turn: the
+    ``on_end_of_turn`` hook its ``AudioRecognition`` calls (``voice/audio_recognition.py``,
+    ``_bounce_eou_task``; set on the instance, it still does what it did). When the hook
+    returns True, the recognition clears its transcript: the next words the user says
+    begin a new turn, whatever becomes of this one (``AgentActivity.on_end_of_turn``
+    starts ``_user_turn_completed_task``, which commits the user's message, or drops it:
+    ``StopResponse`` from ``on_user_turn_completed``, an uninterruptible speech playing)."""
+
+    def __init__(self, recording: LiveKitRecording, activity: Any) -> None:
+        self.activity = activity
+        on_end_of_turn = activity.on_end_of_turn
+
+        def watched_on_end_of_turn(info: Any) -> bool:
+            before = getattr(activity, "_user_turn_completed_atask", None)
+            ended: bool = on_end_of_turn(info)
+            if ended:
+                recording._on_user_turn_ended(activity, before)
+            return ended
+
+        setattr(activity, "on_end_of_turn", watched_on_end_of_turn)  # noqa: B010 (an instance attribute, by design)
+
+    def release(self) -> None:
+        """Give the activity back its own hook."""
+        vars(self.activity).pop("on_end_of_turn", None)
+
+
 class LiveKitRecording:
     """One ``AgentSession`` being recorded into turnlog; made by :func:`record_session`.
 
@@ -340,8 +390,12 @@ class LiveKitRecording:
         self._next_index = recorded.next_turn_index
         self._user: _UserTurn | None = None
         self._agent: _AgentTurn | None = None
+        self._ended: list[_EndedTurn] = []
         self._usage_seen: dict[tuple[str, str], tuple[int, int]] = {}
-        self._pending = PendingUsage()
+        #: LLM tokens not yet given to a turn, by the speech LiveKit made the call for (None: no speech)
+        self._usage: dict[str | None, PendingUsage] = {}
+        self._usage_speech: str | None = None
+        self._live_speeches: set[str] = set()
         self._writer: OrderedWriter[_Operation] = OrderedWriter(
             recorded.session_id, self._apply, name=f"turnlog-livekit-{recorded.session_id}",
             on_stop=self._on_writer_stop,
@@ -349,6 +403,7 @@ class LiveKitRecording:
         self._stopping = False
         self._stop_requested = asyncio.Event()
         self._watch: _Watch | None = None
+        self._turn_watch: _EndOfTurnWatch | None = None
         self._finished_speeches: set[str] = set()
 
     # -- public ------------------------------------------------------------------
@@ -385,7 +440,11 @@ class LiveKitRecording:
         self.session.on("session_usage_updated", self._on_session_usage_updated)
         self.session.on("agent_state_changed", self._on_agent_state_changed)
         self.session.on("user_state_changed", self._on_user_state_changed)
+        self.session.on("speech_created", self._on_speech_created)
         self.session.on("close", self._on_close)
+        # AgentSession.on warns that metrics_collected is deprecated (for usage and latency);
+        # it is listened to only for the speech an LLM call was made for (LLMMetrics.speech_id).
+        super(AgentSession, self.session).on("metrics_collected", self._on_metrics_collected)
         # Before start, a transcription output may still be set by RoomIO: only an
         # existing one is wrapped now; the agent's handoff (start) wraps again.
         self._tap_transcription(install=self.session.agent_state != "initializing")
@@ -399,10 +458,15 @@ class LiveKitRecording:
         self.session.off("session_usage_updated", self._on_session_usage_updated)
         self.session.off("agent_state_changed", self._on_agent_state_changed)
         self.session.off("user_state_changed", self._on_user_state_changed)
+        self.session.off("speech_created", self._on_speech_created)
         self.session.off("close", self._on_close)
+        self.session.off("metrics_collected", self._on_metrics_collected)
         if self._watch is not None:
             self._watch.release()
             self._watch = None
+        if self._turn_watch is not None:
+            self._turn_watch.release()
+            self._turn_watch = None
 
     def _tap_transcription(self, *, install: bool) -> None:
         """Watch the last link of ``session.output.transcription`` unless it is watched
@@ -421,6 +485,25 @@ class LiveKitRecording:
         if self._watch is not None:
             self._watch.release()
         self._watch = _Watch(self, last)
+
+    def _watch_end_of_turn(self) -> None:
+        """Watch the current activity's end-of-turn hook (:class:`_EndOfTurnWatch`), unless
+        it is watched already; an agent's handoff makes a new activity."""
+        activity = getattr(self.session, "_activity", None)
+        if activity is None or not hasattr(activity, "on_end_of_turn"):
+            return
+        if self._turn_watch is not None:
+            if self._turn_watch.activity is activity:
+                return
+            self._turn_watch.release()
+        self._turn_watch = _EndOfTurnWatch(self, activity)
+
+    def _transcribed_by_realtime_model(self) -> bool:
+        """True when a realtime model transcribes the user (LiveKit then ignores the STT:
+        ``AgentActivity.on_final_transcript``); its transcript may come after its reply."""
+        activity = getattr(self.session, "_activity", None)
+        model = getattr(activity, "llm", None) if activity is not None else self.session.llm
+        return isinstance(model, RealtimeModel) and model.capabilities.user_transcription
 
     async def _on_job_shutdown(self) -> None:
         """The job ends: LiveKit closes the session (``job_shutdown``, not ended in
@@ -450,6 +533,7 @@ class LiveKitRecording:
             turn.interim = ""
         else:
             turn.interim = ev.transcript
+        turn.recorded = True
         self._submit(_Partial(turn.turn_index, USER_SPEAKER, turn.text, turn.started_at))
 
     def _on_user_state_changed(self, ev: UserStateChangedEvent) -> None:
@@ -458,8 +542,14 @@ class LiveKitRecording:
         after its reply (LiveKit back-dates the user message: ``voice/agent_activity.py``,
         ``AgentActivity._on_input_audio_transcription_completed``), and the turn
         index must follow the conversation's order, not the transcript's."""
-        if self._stopping or ev.new_state != "speaking" or self._user is not None:
+        if self._stopping or ev.new_state != "speaking":
             return
+        user = self._user
+        if user is not None and (user.recorded or user.turn_index == self._next_index - 1
+                                 or self._transcribed_by_realtime_model()):
+            return  # the same turn goes on (LiveKit's transcript of it is still open)
+        # Else nothing of the open turn was transcribed and a later turn has begun since:
+        # LiveKit holds no words of it, and the words now spoken come after that later turn.
         self._user = _UserTurn(self._take_index(), _from_epoch(ev.created_at))
 
     def _on_agent_text(self, delta: str) -> None:
@@ -471,6 +561,7 @@ class LiveKitRecording:
             return  # released by the synchronizer after its message was committed
         turn = self._agent
         if turn is None or (speech_id is not None and turn.speech_id is not None and speech_id != turn.speech_id):
+            self._release_untranscribed_user_turn()
             turn = self._agent = _AgentTurn(self._take_index(), _now(), speech_id)
             if speech is not None:
                 speech.add_done_callback(self._on_speech_done)
@@ -488,7 +579,7 @@ class LiveKitRecording:
             return
         self._agent = None
         self._finished_speeches.add(speech.id)
-        input_tokens, output_tokens = self._pending.take()
+        input_tokens, output_tokens = self._take_usage(speech.id)
         text, barged_in = ("", True) if speech.interrupted else (turn.text, False)
         self._submit(
             _Complete(turn.turn_index, AGENT_SPEAKER, text, turn.started_at, _now(), input_tokens, output_tokens,
@@ -507,14 +598,17 @@ class LiveKitRecording:
             # Emitted as an agent's activity starts, after RoomIO set the outputs
             # and before any reply reads the text output.
             self._tap_transcription(install=True)
+            self._watch_end_of_turn()
             return
         if not isinstance(item, ChatMessage):
             return
         now = _now()
         text = item.text_content or ""
         if item.role == "user":
-            user = self._user
-            self._user = None
+            if self._ended:  # LiveKit commits the turns it ended in the order it ended them
+                user: _UserTurn | None = self._ended.pop(0).turn
+            else:
+                user, self._user = self._user, None
             index = user.turn_index if user is not None else self._take_index()
             opened = user.started_at if user is not None else _from_epoch(item.created_at)
             started, ended = _span(item, opened, now)
@@ -527,13 +621,22 @@ class LiveKitRecording:
             index = agent.turn_index if agent is not None else self._take_index()
             opened = agent.started_at if agent is not None else _from_epoch(item.created_at)
             started, ended = _span(item, opened, now)
-            input_tokens, output_tokens = self._pending.take()
+            input_tokens, output_tokens = self._take_usage(agent.speech_id if agent is not None else None)
             self._submit(
                 _Complete(index, AGENT_SPEAKER, text, started, ended, input_tokens, output_tokens,
                           barged_in=item.interrupted)
             )
 
+    def _on_metrics_collected(self, ev: MetricsCollectedEvent) -> None:
+        """Emitted just before the ``session_usage_updated`` its metrics cause
+        (``AgentActivity._on_metrics_collected``): the speech an LLM call was made for
+        (``LLMMetrics.speech_id``, set from the speech running the call)."""
+        metrics = ev.metrics
+        self._usage_speech = metrics.speech_id if isinstance(metrics, LLMMetrics) else None
+
     def _on_session_usage_updated(self, ev: SessionUsageUpdatedEvent) -> None:
+        speech_id, self._usage_speech = self._usage_speech, None
+        pending = self._usage.setdefault(speech_id, PendingUsage())
         for usage in ev.usage.model_usage:
             if not isinstance(usage, LLMModelUsage):
                 continue
@@ -541,13 +644,79 @@ class LiveKitRecording:
             seen_in, seen_out = self._usage_seen.get(key, (0, 0))
             if usage.input_tokens < seen_in or usage.output_tokens < seen_out:
                 seen_in, seen_out = 0, 0  # the session was started again: its totals restarted
-            self._pending.add(usage.input_tokens - seen_in, usage.output_tokens - seen_out)
+            pending.add(usage.input_tokens - seen_in, usage.output_tokens - seen_out)
             self._usage_seen[key] = (usage.input_tokens, usage.output_tokens)
 
     def _on_agent_state_changed(self, _ev: object) -> None:
         if not self._stopping and self.session.agent_state != "initializing":
             self._tap_transcription(install=True)  # a transcription output replaced after start
+            self._watch_end_of_turn()
 
+    def _on_speech_created(self, ev: SpeechCreatedEvent) -> None:
+        if self._stopping:
+            return
+        speech = ev.speech_handle
+        self._live_speeches.add(speech.id)
+        speech.add_done_callback(self._on_live_speech_done)
+        if self._user is not None:
+            self._user.speeches.append(speech)
+        for ended in self._ended:
+            if not ended.task.done():  # made by the task that decides the turn: it may carry its message
+                ended.speeches.append(speech)
+
+    def _on_live_speech_done(self, speech: SpeechHandle) -> None:
+        self._live_speeches.discard(speech.id)
+
+    def _on_user_turn_ended(self, activity: Any, task_before: asyncio.Task[Any] | None) -> None:
+        """LiveKit ended the user's turn (:class:`_EndOfTurnWatch`): the open turn takes no
+        more words. Its message comes with ``conversation_item_added``, or never
+        (:meth:`_settle`). A message LiveKit committed during the hook (a session closing)
+        has completed the turn already."""
+        turn = self._user
+        if self._stopping or turn is None or self._transcribed_by_realtime_model():
+            return  # a realtime model's transcript completes its turn, however late
+        self._user = None
+        task = getattr(activity, "_user_turn_completed_atask", None)
+        if not isinstance(task, asyncio.Task) or task is task_before or task.done():
+            self._drop_user_turn(turn)  # no task: LiveKit skipped the turn (speech scheduling paused)
+            return
+        ended = _EndedTurn(turn, task, list(turn.speeches))
+        self._ended.append(ended)
+        task.add_done_callback(lambda _task: self._settle(ended))
+
+    def _settle(self, ended: _EndedTurn) -> None:
+        """Drop ``ended`` once LiveKit can no longer commit its message: its task is done,
+        and so is every speech that may carry the message (:class:`_EndedTurn`)."""
+        if self._stopping or ended not in self._ended or not ended.task.done():
+            return
+        for speech in ended.speeches:
+            if not speech.done():
+                speech.add_done_callback(lambda _speech: self._settle(ended))
+                return
+        self._ended.remove(ended)
+        self._drop_user_turn(ended.turn)
+
+    def _drop_user_turn(self, turn: _UserTurn) -> None:
+        """LiveKit dropped the turn: its history holds nothing of it. A turn whose partial
+        text was recorded is completed with no text (left out of a rebuilt context); one
+        with none is not recorded at all."""
+        if turn.recorded:
+            self._submit(_Complete(turn.turn_index, USER_SPEAKER, "", turn.started_at, _now()))
+        else:
+            self._release_index(turn.turn_index)
+
+    def _release_untranscribed_user_turn(self) -> None:
+        """The agent's turn opens while the user's open turn has no words and the user is
+        not speaking (noise, or speech the STT did not transcribe): LiveKit holds no words
+        of it and did not end it (``_bounce_eou_task`` waits for a transcript), so any words
+        the user says later are committed after this agent turn. The user's turn gives up
+        its index, unless a realtime model transcribes the user after its reply."""
+        user = self._user
+        if (user is None or user.recorded or self.session.user_state == "speaking"
+                or self._transcribed_by_realtime_model()):
+            return
+        self._user = None
+        self._release_index(user.turn_index)
     def _on_close(self, ev: CloseEvent) -> None:
         if self._stopping:
             return
@@ -563,6 +732,22 @@ class LiveKitRecording:
         index = self._next_index
         self._next_index += 1
         return index
+
+    def _release_index(self, index: int) -> None:
+        """An index taken for a turn that was never recorded: given back if no later one
+        was taken (else it is left unused)."""
+        if index == self._next_index - 1:
+            self._next_index = index
+
+    def _take_usage(self, speech_id: str | None) -> tuple[int, int]:
+        """The tokens an assistant turn of ``speech_id`` gets: its speech's LLM calls', and
+        those of no speech or of a speech that is over (reported after its turn completed,
+        or of one that completed no turn); a speech still running keeps its own."""
+        taken = PendingUsage()
+        for key in list(self._usage):
+            if key == speech_id or key is None or key not in self._live_speeches:
+                taken.add(*self._usage.pop(key).take())
+        return taken.take()
 
     def _submit(self, operation: _Operation) -> None:
         self._writer.put(operation)
