@@ -480,8 +480,7 @@ async def test_an_llm_calls_tokens_go_to_the_turn_of_the_speech_livekit_made_it_
     the call's metrics with the reply's speech (``LLMMetrics.speech_id``). Its tokens go to
     the reply's turn, not to the speech that was playing when they were reported."""
     session_id = f"lk-tokens-{uuid.uuid4().hex[:6]}"
-    llm = ScriptedLLM({"What time is it?": Reply("It is noon.", input_tokens=30, output_tokens=4)})
-    session, agent = new_session(llm), Agent(instructions="You are a test agent.")
+    session, agent = new_session(ScriptedLLM(REPLIES)), Agent(instructions="You are a test agent.")
     room_text = session.output.transcription = CapturedText()
     reported = []
     session.on("session_usage_updated", lambda ev: reported.append(session.current_speech))
@@ -489,9 +488,11 @@ async def test_an_llm_calls_tokens_go_to_the_turn_of_the_speech_livekit_made_it_
                                      settings=pipeline.settings)
     await session.start(agent)
     try:
+        await session.run(user_input="Hello")
+        reported.clear()
         notice = session.say(slowly(NOTICE))
         await eventually(lambda: len(room_text.current) > 20, what="the notice playing")
-        reply = session.generate_reply(user_input="What time is it?")
+        reply = session.generate_reply(instructions="Greet the user again.")  # answers "Hello" again
         await eventually(lambda: reported, what="the reply's tokens reported", timeout=30)
         assert reported[0] is notice and not notice.done()  # reported while the notice played
         await notice
@@ -501,13 +502,12 @@ async def test_an_llm_calls_tokens_go_to_the_turn_of_the_speech_livekit_made_it_
     assert await recording.wait_closed(TIMEOUT) and recording.failures == 0
 
     seen = messages(session.history)
-    assert seen == [("assistant", NOTICE, False), ("user", "What time is it?", False), ("assistant", "It is noon.", False)]
+    hello = ("assistant", "Hi! How can I help you today?", False)
+    assert seen == [("user", "Hello", False), hello, ("assistant", NOTICE, False), hello]
     await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
-    assert conversation(turns_of(pipeline, session_id)) == [
-        (0, "assistant", NOTICE, "complete", False, 0, 0),
-        (1, "user", "What time is it?", "complete", False, 0, 0),
-        (2, "assistant", "It is noon.", "complete", False, 30, 4),
-    ]
+    stored = conversation(turns_of(pipeline, session_id))
+    assert [(speaker, text, barged) for _, speaker, text, _, barged, _, _ in stored] == seen
+    assert [(index, tokens) for index, _, _, _, _, *tokens in stored] == [(0, [0, 0]), (1, [12, 9]), (2, [0, 0]), (3, [12, 9])]
 
 
 async def test_a_realtime_models_tokens_reported_after_its_turn_completed_go_to_the_next_assistant_turn(pipeline):

@@ -15,10 +15,26 @@ turns) and otherwise starts it; then it listens to the session:
 
 - ``user_state_changed`` to ``speaking``: the user's turn opens (its index is
   taken), with no text yet; so a realtime model that sends the transcript after
-  its reply still has the question indexed before the answer.
+  its reply still has the question indexed before the answer. A turn no words
+  were transcribed for gives its index back when the agent's turn opens while
+  the user is silent, and is replaced when the user speaks again after a later
+  turn began (LiveKit holds no words of it; not with a realtime model that
+  transcribes the user, whose transcript may come after its reply).
 - ``user_input_transcribed``: the user's open turn. An interim transcript covers
   only the current segment; final segments accumulate, so the partial text is
   the final segments so far and the current interim, joined by spaces.
+- the end of the user's turn: LiveKit's ``AudioRecognition`` calling the
+  activity's ``on_end_of_turn`` hook (watched on the instance, see
+  :class:`_EndOfTurnWatch`); when it returns True, LiveKit's transcript is
+  cleared, so the open turn takes no more words and the next ones open a new
+  turn. LiveKit then commits the turn's message (``conversation_item_added``,
+  below) or drops it: ``StopResponse`` (or an error) from
+  ``on_user_turn_completed``, an uninterruptible speech playing, a reply
+  interrupted before it was scheduled, speech scheduling paused
+  (``AgentActivity._user_turn_completed_task``, ``_pipeline_reply_task``). A
+  dropped turn is completed with no text once LiveKit's end-of-turn task is
+  done and so is every speech that could commit it (:class:`_EndedTurn`).
+  Not with a realtime model that transcribes the user: its transcript ends the turn.
 - the last link of the session's text output chain (``session.output.transcription``
   followed through ``next_in_chain``; its ``capture_text`` and ``flush`` are
   watched on the instance, and still do what they did; a session without a
@@ -28,7 +44,8 @@ turns) and otherwise starts it; then it listens to the session:
   ahead of the audio; text-only, the text as generated. At the end of a segment
   (``flush``) the partial is spooled at once.
 - ``conversation_item_added``, a ``ChatMessage`` of role ``user`` or
-  ``assistant``: the committed turn, with LiveKit's text. An assistant message
+  ``assistant``: the committed turn, with LiveKit's text (a user message
+  completes the earliest turn LiveKit ended, else the open one). An assistant message
   with ``interrupted=True`` (barge-in) holds the words spoken before it, and is
   recorded ``barged_in``. Other roles and items are not recorded.
 - the end of a speech (``SpeechHandle`` done) that opened the agent's turn
@@ -36,9 +53,15 @@ turns) and otherwise starts it; then it listens to the session:
   played (completed with no text, ``barged_in``), or it was spoken outside the
   chat context (``say(..., add_to_chat_ctx=False)``: completed with its text).
 - ``session_usage_updated``: LLM tokens (``LLMModelUsage`` only: STT and TTS
-  usage is not counted), cumulative per (provider, model); each assistant turn
-  gets the difference since the previous one (tokens of an LLM call that
-  produced no spoken message go to the next assistant turn).
+  usage is not counted), cumulative per (provider, model); the difference since
+  the previous one belongs to the speech LiveKit made the call for: the
+  ``LLMMetrics.speech_id`` of the ``metrics_collected`` event emitted just
+  before it (``AgentActivity._on_metrics_collected``). An assistant turn gets
+  its speech's tokens, and those of no speech (a realtime model's) or of a
+  speech that is over (reported after its turn completed, or of a speech that
+  completed no turn); a speech still running keeps its own for its turn.
+- ``speech_created``: which speeches are running (and which may commit a user
+  turn LiveKit ended).
 - ``close``: the session ends in turnlog (reason ``participant_disconnected``,
   ``user_initiated`` or ``task_completed``), except when LiveKit closes it for
   ``job_shutdown`` or ``error``, or when the ``user_initiated`` close is the
