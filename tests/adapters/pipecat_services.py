@@ -4,20 +4,35 @@
   with the next scripted reply, streamed as ``LLMTextFrame`` chunks between
   ``LLMFullResponseStartFrame`` and ``LLMFullResponseEndFrame``, with its token
   usage reported through ``start_llm_usage_metrics`` (as the OpenAI service does).
-- :class:`SilentTTS`: a ``TTSService`` that "speaks" each sentence as one short
-  audio frame; Pipecat's ``TTSService`` itself aggregates the LLM text into
-  sentences and pushes the ``TTSTextFrame`` words the assistant aggregator records.
+- :class:`SilentTTS`: a streaming ``TTSService`` that "speaks" each piece of the
+  LLM's text as silence as long as its words; Pipecat's ``TTSService`` pushes the
+  ``TTSTextFrame`` words the assistant aggregator records.
 - :class:`RealtimeLLM`: an ``LLMService`` that announces itself as a realtime
   (speech-to-speech) service, like ``OpenAIRealtimeLLMService``, driven by the
   script frames :class:`HeardDelta`, :class:`HeardFinal` and :class:`Responds`.
+- :class:`ScriptedSTT`: an ``STTService`` whose ``run_stt`` transcribes each
+  :class:`Speech` audio frame (a ``UserAudioRawFrame`` carrying the words it
+  stands for) into the ``InterimTranscriptionFrame`` or ``TranscriptionFrame``
+  a streaming STT would push, through Pipecat's own audio path (mute, user id).
+- :class:`ScriptedVAD`: a ``VADAnalyzer`` for the user aggregator
+  (``LLMUserAggregatorParams(vad_analyzer=...)``): voice wherever the audio is
+  not silence, so Pipecat's VAD controller and turn strategies decide when the
+  user starts and stops speaking (and interrupt the bot).
+- :class:`Speaker`: a ``BaseOutputTransport`` whose device plays audio in real
+  time; Pipecat's output transport machinery sends the bot-speaking frames and
+  releases the TTS words as their audio is played.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
+from pipecat.audio.vad.vad_analyzer import VADAnalyzer, VADParams
 from pipecat.frames.frames import (
+    BotStartedSpeakingFrame,
+    BotStoppedSpeakingFrame,
     DataFrame,
     Frame,
     InterimTranscriptionFrame,
@@ -26,14 +41,25 @@ from pipecat.frames.frames import (
     LLMFullResponseStartFrame,
     LLMServiceMetadataFrame,
     LLMTextFrame,
+    OutputAudioRawFrame,
+    StartFrame,
     TranscriptionFrame,
     TTSAudioRawFrame,
+    TTSTextFrame,
+    UserAudioRawFrame,
 )
 from pipecat.metrics.metrics import LLMTokenUsage
 from pipecat.processors.frame_processor import FrameDirection
 from pipecat.services.llm_service import LLMService
 from pipecat.services.openai.realtime.events import ConversationItemInputAudioTranscriptionDelta
-from pipecat.services.tts_service import TTSService
+from pipecat.services.stt_service import STTService
+from pipecat.services.tts_service import TextAggregationMode, TTSService
+from pipecat.transcriptions.language import Language
+from pipecat.transports.base_output import BaseOutputTransport
+from pipecat.transports.base_transport import TransportParams
+from pipecat.utils.time import time_now_iso8601
+
+SAMPLE_RATE = 16000
 
 
 @dataclass(frozen=True)
@@ -83,16 +109,118 @@ class ScriptedLLM(LLMService):
 
 
 class SilentTTS(TTSService):
-    """A TTS whose audio is silence: one 10 ms frame per sentence."""
+    """A streaming TTS whose audio is silence, ``seconds_per_word`` long per word of each
+    piece of text it is given.
 
-    def __init__(self, **kwargs) -> None:
-        super().__init__(sample_rate=16000, **kwargs)
+    It takes the LLM's text as it streams (``TextAggregationMode.TOKEN``), so each
+    ``LLMTextFrame`` becomes one ``TTSTextFrame``: the sentence mode of Pipecat 1.5 to 1.10
+    (1.14 no longer) splits sentences with NLTK's ``punkt_tab``, which Pipecat downloads when
+    it is imported and the test machines cannot fetch."""
+
+    def __init__(self, seconds_per_word: float = 0.0, **kwargs) -> None:
+        super().__init__(sample_rate=SAMPLE_RATE, text_aggregation_mode=TextAggregationMode.TOKEN, **kwargs)
+        self.seconds_per_word = seconds_per_word
 
     def can_generate_metrics(self) -> bool:
         return True
 
     async def run_tts(self, text: str, context_id: str) -> AsyncGenerator[Frame | None, None]:
-        yield TTSAudioRawFrame(audio=b"\x00" * 320, sample_rate=16000, num_channels=1, context_id=context_id)
+        seconds = max(0.01, self.seconds_per_word * len(text.split()))
+        audio = b"\x00\x00" * int(SAMPLE_RATE * seconds)
+        yield TTSAudioRawFrame(audio=audio, sample_rate=SAMPLE_RATE, num_channels=1, context_id=context_id)
+
+
+# -- the user's side: audio that stands for words, an STT and a VAD that hear it ------------
+@dataclass
+class Speech(UserAudioRawFrame):
+    """Audio the input transport received: ``heard`` is what the STT makes of it (an
+    interim hypothesis unless ``final``); audio with no ``heard`` text is silence."""
+
+    heard: str = ""
+    final: bool = True
+
+
+def speech(heard: str, *, final: bool = True, seconds: float = 0.2, user_id: str = "caller") -> Speech:
+    """``seconds`` of voiced audio (a VAD hears it) that the STT transcribes as ``heard``."""
+    audio = b"\x00\x10" * int(SAMPLE_RATE * seconds)
+    return Speech(audio=audio, sample_rate=SAMPLE_RATE, num_channels=1, user_id=user_id, heard=heard, final=final)
+
+
+def silence(seconds: float, *, user_id: str = "caller") -> Speech:
+    """``seconds`` of silent audio (the VAD hears the user stop)."""
+    audio = b"\x00\x00" * int(SAMPLE_RATE * seconds)
+    return Speech(audio=audio, sample_rate=SAMPLE_RATE, num_channels=1, user_id=user_id)
+
+
+class ScriptedSTT(STTService):
+    """A streaming STT: ``run_stt`` gets the audio through ``STTService.process_audio_frame``
+    (which drops it while the service is muted and keeps the frame's ``user_id``) and yields
+    the :class:`Speech` frame's words as an ``InterimTranscriptionFrame`` or a
+    ``TranscriptionFrame`` (user id, ISO 8601 timestamp, language), as Pipecat's STT services do."""
+
+    def __init__(self, language: Language = Language.EN, **kwargs) -> None:
+        super().__init__(sample_rate=SAMPLE_RATE, **kwargs)
+        self.language = language
+        self._heard: Speech | None = None
+
+    async def process_audio_frame(self, frame, direction: FrameDirection) -> None:  # noqa: ANN001
+        self._heard = frame if isinstance(frame, Speech) and frame.heard else None
+        await super().process_audio_frame(frame, direction)
+
+    async def run_stt(self, audio: bytes) -> AsyncGenerator[Frame | None, None]:
+        heard, self._heard = self._heard, None
+        if heard is None:
+            yield None
+            return
+        kind = TranscriptionFrame if heard.final else InterimTranscriptionFrame
+        yield kind(heard.heard, self._user_id, time_now_iso8601(), self.language)
+
+
+class ScriptedVAD(VADAnalyzer):
+    """Voice wherever the audio is not silence (no volume gate): the VAD state machine, its
+    ``start_secs`` / ``stop_secs`` and the events it drives are Pipecat's."""
+
+    def __init__(self, *, start_secs: float = 0.1, stop_secs: float = 0.2) -> None:
+        super().__init__(params=VADParams(start_secs=start_secs, stop_secs=stop_secs, min_volume=0.0))
+
+    def num_frames_required(self) -> int:
+        return int(self.sample_rate * 0.02)
+
+    def voice_confidence(self, buffer: bytes) -> float:
+        return 1.0 if any(buffer) else 0.0
+
+
+# -- the bot's side: an output transport that plays in real time ---------------------------
+class Speaker(BaseOutputTransport):
+    """An output transport whose device plays each audio chunk in real time.
+
+    ``BaseOutputTransport`` itself sends ``BotStartedSpeakingFrame`` /
+    ``BotStoppedSpeakingFrame`` and releases the TTS words as their audio is played;
+    this records what it released: :attr:`bot_speaking` and :attr:`spoken` (the
+    ``TTSTextFrame`` texts, in order)."""
+
+    def __init__(self, **kwargs) -> None:
+        super().__init__(TransportParams(audio_out_enabled=True, audio_out_sample_rate=SAMPLE_RATE), **kwargs)
+        self.bot_speaking = False
+        self.spoken: list[str] = []
+
+    async def start(self, frame: StartFrame) -> None:
+        await super().start(frame)
+        await self.set_transport_ready(frame)
+
+    async def write_audio_frame(self, frame: OutputAudioRawFrame) -> bool:
+        await asyncio.sleep(len(frame.audio) / (2 * frame.num_channels * frame.sample_rate))
+        return True
+
+    async def push_frame(self, frame: Frame, direction: FrameDirection = FrameDirection.DOWNSTREAM) -> None:
+        if direction == FrameDirection.DOWNSTREAM:
+            if isinstance(frame, BotStartedSpeakingFrame):
+                self.bot_speaking = True
+            elif isinstance(frame, BotStoppedSpeakingFrame):
+                self.bot_speaking = False
+            elif isinstance(frame, TTSTextFrame):
+                self.spoken.append(frame.text)
+        await super().push_frame(frame, direction)
 
 
 @dataclass
