@@ -18,6 +18,7 @@ require_extra("livekit.agents", "livekit")
 
 from livekit.agents import Agent, AgentSession, APIConnectOptions, ChatContext, UserInputTranscribedEvent
 from livekit.agents.ipc.job_proc_lazy_main import _JobProc
+from livekit.agents.metrics.usage import LLMModelUsage
 from livekit.agents.testing import fake_job_context
 from livekit.agents.voice.agent_session import SessionConnectOptions
 from sqlalchemy import select
@@ -390,16 +391,24 @@ async def slowly(text, *, chars=6, seconds=0.05):
 NOTICE = "Please listen carefully, our menu options have changed. " + " ".join(f"option{i}" for i in range(40))
 
 
-async def test_user_turns_livekit_drops_leave_nothing_in_the_next_turn_and_are_stored_as_livekit_holds_them(pipeline):
+@pytest.mark.parametrize("preemptive", [False, True], ids=["reply-at-end-of-turn", "preemptive-generation"])
+async def test_user_turns_livekit_drops_leave_nothing_in_the_next_turn_and_are_stored_as_livekit_holds_them(pipeline, preemptive):
     """Through LiveKit's own audio recognition (VAD + STT, VAD turn detection): a turn
     ``on_user_turn_completed`` stops (``StopResponse``), a user who speaks and is not
     transcribed, and speech while an uninterruptible reply plays. LiveKit keeps none of
-    them in its history; its next user turn holds only the next words."""
+    them in its history; its next user turn holds only the next words. With preemptive
+    generation (LiveKit's default), the reply LiveKit generated for the stopped turn is
+    never scheduled, and its tokens are counted on a later assistant turn."""
     session_id = f"lk-dropped-{uuid.uuid4().hex[:6]}"
     user = ScriptedUser()
-    llm = ScriptedLLM({"Hello": REPLIES["Hello"], "What time is it?": Reply("It is noon.", input_tokens=30, output_tokens=4)})
+    llm = ScriptedLLM({
+        "Hello": REPLIES["Hello"],
+        "never mind": Reply("Okay.", input_tokens=5, output_tokens=1),  # generated preemptively only
+        "What time is it?": Reply("It is noon.", input_tokens=30, output_tokens=4),
+    })
     options = user.session_options()
     options["turn_handling"]["interruption"]["discard_audio_if_uninterruptible"] = False  # the STT hears it all
+    options["turn_handling"]["preemptive_generation"] = {"enabled": preemptive}
     session, agent = AgentSession(llm=llm, **options), Gatekeeper(instructions="You are a test agent.")
     user.attach(session)
     recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-dropped",
@@ -447,19 +456,27 @@ async def test_user_turns_livekit_drops_leave_nothing_in_the_next_turn_and_are_s
         ("user", "What time is it?", False),
         ("assistant", "It is noon.", False),
     ]
-    await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
+    row = await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
     stored = conversation(turns_of(pipeline, session_id))
     # The turns LiveKit dropped are completed with no text; the untranscribed speech took no turn.
-    assert stored == [
-        (0, "user", "Hello", "complete", False, 0, 0),
-        (1, "assistant", "Hi! How can I help you today?", "complete", False, 12, 9),
-        (2, "user", "", "complete", False, 0, 0),
-        (3, "assistant", "Are you still there?", "complete", False, 0, 0),
-        (4, "assistant", NOTICE, "complete", False, 0, 0),
-        (5, "user", "", "complete", False, 0, 0),
-        (6, "user", "What time is it?", "complete", False, 0, 0),
-        (7, "assistant", "It is noon.", "complete", False, 30, 4),
+    assert [turn[:5] for turn in stored] == [
+        (0, "user", "Hello", "complete", False),
+        (1, "assistant", "Hi! How can I help you today?", "complete", False),
+        (2, "user", "", "complete", False),
+        (3, "assistant", "Are you still there?", "complete", False),
+        (4, "assistant", NOTICE, "complete", False),
+        (5, "user", "", "complete", False),
+        (6, "user", "What time is it?", "complete", False),
+        (7, "assistant", "It is noon.", "complete", False),
     ]
+    tokens = [tuple(turn[5:]) for turn in stored]
+    assert tokens[:2] == [(0, 0), (12, 9)] and tokens[7][0] >= 30
+    if not preemptive:
+        assert tokens == [(0, 0), (12, 9), (0, 0), (0, 0), (0, 0), (0, 0), (0, 0), (30, 4)]
+    # Every token LiveKit counted is stored once.
+    [usage] = [u for u in session.usage.model_usage if isinstance(u, LLMModelUsage)]
+    assert (row["input_tokens"], row["output_tokens"]) == (usage.input_tokens, usage.output_tokens)
+    assert (usage.input_tokens, usage.output_tokens) == ((12 + 5 + 30, 9 + 1 + 4) if preemptive else (42, 13))
     # Turn by turn, the turns with text are LiveKit's history.
     assert [(speaker, text, barged) for _, speaker, text, _, barged, _, _ in stored if text] == seen
     # No partial of a later turn began with a dropped turn's words.

@@ -33,7 +33,7 @@ turns) and otherwise starts it; then it listens to the session:
   interrupted before it was scheduled, speech scheduling paused
   (``AgentActivity._user_turn_completed_task``, ``_pipeline_reply_task``). A
   dropped turn is completed with no text once LiveKit's end-of-turn task is
-  done and so is every speech that could commit it (:class:`_EndedTurn`).
+  done having scheduled no reply that carries it (:class:`_EndedTurn`).
   Not with a realtime model that transcribes the user: its transcript ends the turn.
 - the last link of the session's text output chain (``session.output.transcription``
   followed through ``next_in_chain``; its ``capture_text`` and ``flush`` are
@@ -296,10 +296,12 @@ class _EndedTurn:
     """A user turn LiveKit ended (its end of turn) whose message it has not committed yet.
 
     LiveKit commits it, if at all, in ``task`` (``AgentActivity._user_turn_completed_task``,
-    which runs ``on_user_turn_completed``) or in a reply speech made for it (the speech's
-    ``_pipeline_reply_task`` adds the message once the speech is scheduled): one made in
-    the task, or a preemptive one made while the user spoke. Once the task is done and
-    each of those speeches is done with no commit, LiveKit dropped the turn."""
+    which runs ``on_user_turn_completed``) or in a reply speech ``task`` schedules for it:
+    one it makes, or the preemptive one made while the user spoke (``_pipeline_reply_task``
+    adds the message if the speech is scheduled, which ``AgentActivity._schedule_speech``
+    marks at once). ``speeches`` are those candidates. Once the task is done and none of
+    them was scheduled (or each scheduled one is done with no commit), LiveKit dropped
+    the turn."""
 
     turn: _UserTurn
     task: asyncio.Task[Any]
@@ -374,7 +376,11 @@ class _EndOfTurnWatch:
             before = getattr(activity, "_user_turn_completed_atask", None)
             ended: bool = on_end_of_turn(info)
             if ended:
-                recording._on_user_turn_ended(activity, before)
+                try:
+                    recording._on_user_turn_ended(activity, before)
+                except Exception as e:  # a bug here must not stop LiveKit's turn handling
+                    logger.error("session %s: the end of a user turn not followed: %s", recording.recorded.session_id,
+                                 type(e).__name__)
             return ended
 
         setattr(activity, "on_end_of_turn", watched_on_end_of_turn)  # noqa: B010 (an instance attribute, by design)
@@ -513,8 +519,9 @@ class LiveKitRecording:
         """Watch the current activity's end-of-turn hook (:class:`_EndOfTurnWatch`), unless
         it is watched already; an agent's handoff makes a new activity."""
         activity = getattr(self.session, "_activity", None)
-        if activity is None or not hasattr(activity, "on_end_of_turn"):
-            return
+        if activity is None or not all(hasattr(activity, name) for name in ("on_end_of_turn",
+                                                                            "_user_turn_completed_atask")):
+            return  # a release without them: user turns end only at their commit
         if self._turn_watch is not None:
             if self._turn_watch.activity is activity:
                 return
@@ -709,11 +716,12 @@ class LiveKitRecording:
 
     def _settle(self, ended: _EndedTurn) -> None:
         """Drop ``ended`` once LiveKit can no longer commit its message: its task is done,
-        and so is every speech that may carry the message (:class:`_EndedTurn`)."""
+        and no speech that may carry the message was scheduled, or each scheduled one is
+        done (:class:`_EndedTurn`)."""
         if self._stopping or ended not in self._ended or not ended.task.done():
             return
         for speech in ended.speeches:
-            if not speech.done():
+            if speech.scheduled and not speech.done():
                 speech.add_done_callback(lambda _speech: self._settle(ended))
                 return
         self._ended.remove(ended)
