@@ -6,9 +6,9 @@ Progress goes to stdout as JSON lines. It opens the session with
 (its ``LLMContext`` rebuilt from turnlog), and runs a real ``PipelineWorker``
 over ``[user aggregator, RealtimeLLM, assistant aggregator]``:
 
-- a new session: a user turn whose transcript comes after the response
-  started, the response, then a user turn transcribed as OpenAI Realtime
-  deltas. Once the deltas are recorded, spooled and acknowledged it prints
+- a new session: a user turn (started by the service's server VAD, as OpenAI
+  Realtime does) whose transcript comes after the response started, the
+  response, then a user turn transcribed as OpenAI Realtime deltas. Once the deltas are recorded, spooled and acknowledged it prints
   ``{"ready": true, "open_turns": [...]}`` and waits to be SIGKILLed.
 - a resumed session: an ``EndFrame`` (the session ends "completed"), then
   ``{"ended": bool}``.
@@ -25,8 +25,6 @@ from pipecat.frames.frames import (
     Frame,
     LLMFullResponseEndFrame,
     LLMTextFrame,
-    UserStartedSpeakingFrame,
-    UserStoppedSpeakingFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineWorker
@@ -38,7 +36,7 @@ from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
 
 from tests.adapters.pipecat_agent import STEP_TIMEOUT, SYSTEM, aggregator_pair, say, until
-from tests.adapters.pipecat_services import HeardDelta, HeardFinal, RealtimeLLM, Responds
+from tests.adapters.pipecat_services import HeardDelta, HeardFinal, RealtimeLLM, Responds, SpeechStarted, SpeechStopped
 
 
 async def main(session_id: str) -> None:
@@ -68,13 +66,13 @@ async def main(session_id: str) -> None:
             await asyncio.wait_for(started.wait(), STEP_TIMEOUT)
             if not observer.resumed:
                 await in_order(
-                    [UserStartedSpeakingFrame()], [UserStoppedSpeakingFrame()],
+                    [SpeechStarted()], [SpeechStopped()],
                     [Responds(("It shipped",), finished=False)], [HeardFinal("Where is my order?")],
                     [LLMTextFrame(" yesterday."), LLMFullResponseEndFrame()],
                 )
                 await until(lambda: session.next_turn_index >= 2 and not session.open_turns, "the first exchange")
                 await in_order(
-                    [UserStartedSpeakingFrame()],
+                    [SpeechStarted()],
                     [HeardDelta(item_id="item-2", delta="Thanks,"), HeardDelta(item_id="item-2", delta=" that is"),
                      HeardDelta(item_id="item-2", delta=" all.")],
                 )

@@ -9,7 +9,8 @@
   ``TTSTextFrame`` words the assistant aggregator records.
 - :class:`RealtimeLLM`: an ``LLMService`` that announces itself as a realtime
   (speech-to-speech) service, like ``OpenAIRealtimeLLMService``, driven by the
-  script frames :class:`HeardDelta`, :class:`HeardFinal` and :class:`Responds`.
+  script frames :class:`SpeechStarted` / :class:`SpeechStopped` (its server VAD),
+  :class:`HeardDelta`, :class:`HeardFinal` and :class:`Responds`.
 - :class:`ScriptedSTT`: an ``STTService`` whose ``run_stt`` transcribes each
   :class:`Speech` audio frame (a ``UserAudioRawFrame`` carrying the words it
   stands for) into the ``InterimTranscriptionFrame`` or ``TranscriptionFrame``
@@ -47,6 +48,8 @@ from pipecat.frames.frames import (
     TTSAudioRawFrame,
     TTSTextFrame,
     UserAudioRawFrame,
+    UserStartedSpeakingFrame,
+    UserStoppedSpeakingFrame,
 )
 from pipecat.metrics.metrics import LLMTokenUsage
 from pipecat.processors.frame_processor import FrameDirection
@@ -239,6 +242,16 @@ class HeardFinal(DataFrame):
 
 
 @dataclass
+class SpeechStarted(DataFrame):
+    """Script: the realtime service's server VAD heard the user start speaking."""
+
+
+@dataclass
+class SpeechStopped(DataFrame):
+    """Script: the realtime service's server VAD heard the user stop speaking."""
+
+
+@dataclass
 class Responds(DataFrame):
     """Script: the realtime service answers with ``chunks`` (start, text, end)."""
 
@@ -246,12 +259,25 @@ class Responds(DataFrame):
     finished: bool = True
 
 
+try:  # What OpenAIRealtimeLLMService broadcasts on the server VAD's speech_started / speech_stopped:
+    # a proposal the user aggregator's turn strategies decide on (1.8 and later), ...
+    from pipecat.frames.frames import ProposedUserStartedSpeakingFrame, ProposedUserStoppedSpeakingFrame
+
+    SPEECH_STARTED: type[Frame] = ProposedUserStartedSpeakingFrame
+    SPEECH_STOPPED: type[Frame] = ProposedUserStoppedSpeakingFrame
+except ImportError:  # ... or the user's turn itself (before 1.8)
+    SPEECH_STARTED, SPEECH_STOPPED = UserStartedSpeakingFrame, UserStoppedSpeakingFrame
+
+
 class RealtimeLLM(LLMService):
     """A speech-to-speech service: it announces ``is_realtime_service`` as OpenAI Realtime does
     (``OpenAIRealtimeLLMService.service_metadata_frame``) and turns the script frames that reach
-    it into what OpenAI Realtime pushes: each input-transcription delta as an upstream
-    ``InterimTranscriptionFrame`` carrying the event (``_handle_evt_input_audio_transcription_delta``),
-    the completed transcript as an upstream ``TranscriptionFrame``, a response downstream."""
+    it into what OpenAI Realtime pushes: its server VAD's speech start and stop as the frames
+    the installed release broadcasts (``_handle_evt_speech_started`` / ``_stopped``: a
+    ``ProposedUserStarted/StoppedSpeakingFrame`` from 1.8, the ``UserStarted/StoppedSpeakingFrame``
+    before), each input-transcription delta as an upstream ``InterimTranscriptionFrame``
+    carrying the event (``_handle_evt_input_audio_transcription_delta``), the completed
+    transcript as an upstream ``TranscriptionFrame``, a response downstream."""
 
     def service_metadata_frame(self) -> LLMServiceMetadataFrame:
         return LLMServiceMetadataFrame(service_name=self.name, is_realtime_service=True)
@@ -264,6 +290,9 @@ class RealtimeLLM(LLMService):
                 item_id=frame.item_id, content_index=0, delta=frame.delta,
             )
             await self.push_frame(InterimTranscriptionFrame(frame.delta, "", "", result=event), FrameDirection.UPSTREAM)
+        elif isinstance(frame, (SpeechStarted, SpeechStopped)):
+            started = isinstance(frame, SpeechStarted)
+            await self.broadcast_frame(SPEECH_STARTED if started else SPEECH_STOPPED)
         elif isinstance(frame, HeardFinal):
             await self.push_frame(TranscriptionFrame(frame.transcript, "", ""), FrameDirection.UPSTREAM)
         elif isinstance(frame, Responds):

@@ -28,8 +28,6 @@ from pipecat.frames.frames import (
     CancelFrame,
     LLMFullResponseEndFrame,
     LLMTextFrame,
-    UserStartedSpeakingFrame,
-    UserStoppedSpeakingFrame,
 )
 from pipecat.pipeline.pipeline import Pipeline
 from pipecat.pipeline.worker import PipelineParams, PipelineWorker
@@ -56,6 +54,8 @@ from tests.adapters.pipecat_services import (
     ScriptedSTT,
     SilentTTS,
     Speaker,
+    SpeechStarted,
+    SpeechStopped,
 )
 from tests.adapters.stored import turns
 from tests.integration.test_pipeline import finalized
@@ -257,12 +257,12 @@ async def test_realtime_deltas_and_a_late_transcript_are_recorded_as_pipecat_hol
             frames_to_send=[
                 SleepFrame(sleep=0.2),
                 # The response starts before the user's transcript comes (no deltas for this item).
-                UserStartedSpeakingFrame(), UserStoppedSpeakingFrame(), SleepFrame(sleep=0.1),
+                SpeechStarted(), SpeechStopped(), SleepFrame(sleep=0.1),
                 Responds(("It shipped",), finished=False), SleepFrame(sleep=0.05),
                 HeardFinal("Where is my order?"), SleepFrame(sleep=0.05),
                 LLMTextFrame(" yesterday."), LLMFullResponseEndFrame(), SleepFrame(sleep=0.3),
                 # The next item is transcribed as deltas; the call ends before it is completed.
-                UserStartedSpeakingFrame(),
+                SpeechStarted(),
                 HeardDelta(item_id="item-2", delta="Thanks,"), HeardDelta(item_id="item-2", delta=" that is"),
                 HeardDelta(item_id="item-2", delta=" all."), SleepFrame(sleep=0.2),
             ],

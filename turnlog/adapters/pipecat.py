@@ -29,8 +29,10 @@ since 1.0, so this is an observer plus the aggregators' events):
 - **Realtime services.** Once a service announced ``is_realtime_service``
   (its :class:`LLMServiceMetadataFrame`), Pipecat writes the user's message to
   the context when the response starts, and the transcript may come later: a
-  user turn begun (``UserStartedSpeakingFrame``) and not yet written then
-  takes its turn index before the response's.
+  user turn begun (a ``UserStartedSpeakingFrame`` the user aggregator
+  processes, or pushes when its turn strategies start the turn, as on OpenAI
+  Realtime's ``ProposedUserStartedSpeakingFrame`` from Pipecat 1.8) and not
+  yet written then takes its turn index before the response's.
 - **Assistant turns.** The :class:`LLMTextFrame` / :class:`TTSTextFrame`
   frames the assistant aggregator processes (with a TTS, the words the output
   transport released as they were spoken) give the open assistant turn's
@@ -84,6 +86,7 @@ try:
     )
     from pipecat.metrics.metrics import LLMTokenUsage, LLMUsageMetricsData
     from pipecat.observers.base_observer import BaseObserver, FrameProcessed, FramePushed
+    from pipecat.processors.frame_processor import FrameDirection
     from pipecat.utils.string import TextPartForConcatenation, concatenate_aggregated_text
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -371,7 +374,7 @@ class TurnlogObserver(BaseObserver):
                 self._put(_Cancelled())
 
     async def on_push_frame(self, data: FramePushed) -> None:
-        """Follow the user aggregator's mute state from the frames it broadcasts when it changes.
+        """Follow what the user aggregator broadcasts: its mute state, and the user's turns it starts.
 
         ``LLMUserAggregator._maybe_mute_frame`` drops a frame if the user was
         muted before it, then lets the mute strategies decide the state for the
@@ -380,12 +383,19 @@ class TurnlogObserver(BaseObserver):
         pushes after the frame that caused them, in one queue, so the state
         read in :meth:`on_process_frame` is the state the aggregator filtered
         that frame with.
+
+        A :class:`UserStartedSpeakingFrame` the aggregator pushes downstream is
+        a user turn it started itself (its turn start strategies, on its VAD or
+        on a service's ``ProposedUserStartedSpeakingFrame``, as OpenAI Realtime
+        sends from Pipecat 1.8): recorded as the one it processes would be.
         """
         if data.source is self._user_aggregator:
             if isinstance(data.frame, UserMuteStartedFrame):
                 self._user_muted = True
             elif isinstance(data.frame, UserMuteStoppedFrame):
                 self._user_muted = False
+            elif isinstance(data.frame, UserStartedSpeakingFrame) and data.direction == FrameDirection.DOWNSTREAM:
+                self._put(_UserStarted())
 
     async def _on_user_turn_message_added(self, aggregator: Any, message: Any) -> None:
         self._put(_UserTurnAdded(message.content))
