@@ -126,8 +126,8 @@ _PRIORITY = {EMAIL: 0, IBAN: 1, CARD: 2, PHONE: 3, NUMBER: 4}
 
 # Each pattern consumes a bounded run, possessively (no backtracking into it), and looks at most one
 # character past it: that is what makes the held-back tail below sufficient. Each *_TAIL pattern accepts
-# every prefix of what its pattern may read from a start position (so a start whose read reaches the end
-# of a partial is held back).
+# (at least) every prefix of what its pattern may read from a start position, so a start whose read
+# reaches the end of a partial is held back.
 _EMAIL_CHARS = r"A-Za-z0-9._%+\-"
 _EMAIL = re.compile(
     rf"(?<![{_EMAIL_CHARS}])[{_EMAIL_CHARS}]{{1,64}}+@(?:[A-Za-z0-9\-]{{1,63}}\.){{1,8}}[A-Za-z]{{2,24}}(?![A-Za-z0-9\-])"
@@ -143,26 +143,22 @@ _DIGIT_RUN = re.compile(rf"{_DIGITS_BEFORE}[+(]?\d(?:{_SEP}?\d){{0,{_MAX_DIGITS 
 _DIGIT_TAIL = re.compile(rf"{_DIGITS_BEFORE}(?:[+(]|[+(]?\d(?:{_SEP}?\d){{0,{_MAX_DIGITS - 1}}}{_SEP}?)\Z")
 
 
-def _iban_alternatives(tail: bool) -> str:
-    by_length: dict[int, list[str]] = {}
-    for country, length in IBAN_LENGTHS.items():
-        by_length.setdefault(length, []).append(country)
-    parts = []
-    for length, countries in sorted(by_length.items()):
-        codes = "|".join(sorted(countries))
-        rest = length - 4
-        if tail:
-            parts.append(rf"(?:{codes})(?:\d(?:\d(?: ?[A-Za-z0-9]){{0,{rest}}} ?)?)?")
-        else:
-            parts.append(rf"(?:{codes})\d\d(?: ?[A-Za-z0-9]){{0,{rest}}}+")
-    return "|".join(parts)
+# An IBAN: a registry country code at a word's start and two digits (_IBAN_HEAD), then that country's
+# length of letters and digits, optionally grouped by single spaces (_IBAN_BODY[length], from the digits on).
+_IBAN_HEAD = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]{2}(?=\d\d)")
+_IBAN_BODY = {
+    length: re.compile(rf"\d\d(?: ?[A-Za-z0-9]){{0,{length - 4}}}+(?![A-Za-z0-9])")
+    for length in set(IBAN_LENGTHS.values())
+}
+# Any letters-then-digits head with up to 30 more characters (the longest IBAN is 34): looser than the
+# registry's lengths, which only holds back more.
+_IBAN_TAIL = re.compile(r"(?<![A-Za-z0-9])[A-Za-z]{1,2}(?:\d(?:\d(?: ?[A-Za-z0-9]){0,30} ?)?)?\Z")
 
-
-_IBAN = re.compile(rf"(?<![A-Za-z0-9])(?:{_iban_alternatives(False)})(?![A-Za-z0-9])", re.IGNORECASE)
-_IBAN_TAIL = re.compile(rf"(?<![A-Za-z0-9])(?:[A-Za-z]|{_iban_alternatives(True)})\Z", re.IGNORECASE)
-
-#: The longest tail any *_TAIL pattern can accept (email: 64 + 1 + 600), plus room for its look-behind.
-_TAIL_WINDOW = 700
+# How far back each tail can start (characters): email 64 + 1 + 600; a digit run 2 + 39 x 3 + 2; an IBAN
+# 2 + 2 + 30 x 2 + 1. And the characters a tail consists of: it starts after the last character not among them.
+_EMAIL_TAIL_CHARS, _DIGIT_TAIL_CHARS, _IBAN_TAIL_CHARS = 665, 121, 65
+_EMAIL_TAIL_SET = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789._%+-@"
+_DIGIT_TAIL_SET = "0123456789 .-()+"
 _PARTIAL_DIGITS = 7  # a partial masks every digit run this long or longer
 
 
@@ -218,10 +214,7 @@ class PatternRedactor:
         found: list[Span] = []
         for match in _EMAIL.finditer(text):
             found.append(Span(match.start(), match.end(), EMAIL))
-        for match in _IBAN.finditer(text):
-            compact = match.group().replace(" ", "")
-            if len(compact) == IBAN_LENGTHS[compact[:2].upper()] and (partial or iban_valid(compact)):
-                found.append(Span(match.start(), match.end(), IBAN))
+        found.extend(_iban_spans(text, partial))
         for match in _DIGIT_RUN.finditer(text):
             found.extend(_digit_run_spans(match.group(), match.start(), partial))
         return merge_spans(found)
@@ -230,13 +223,38 @@ class PatternRedactor:
         """Where the held-back tail of a partial ``text`` starts: the earliest position from which the rest
         could still grow into an email, a digit run or an IBAN (``len(text)`` if none). No longer text
         masks a character before it that :meth:`spans` of ``text`` (``partial=True``) leaves."""
-        start = max(0, len(text) - _TAIL_WINDOW)
-        stable = len(text)
-        for tail in (_EMAIL_TAIL, _DIGIT_TAIL, _IBAN_TAIL):
+        end = len(text)
+        stable = end
+        for tail, longest, chars in (
+            (_EMAIL_TAIL, _EMAIL_TAIL_CHARS, _EMAIL_TAIL_SET),
+            (_DIGIT_TAIL, _DIGIT_TAIL_CHARS, _DIGIT_TAIL_SET),
+            (_IBAN_TAIL, _IBAN_TAIL_CHARS, None),
+        ):
+            # The earliest start the tail may have; its look-behind still sees the text before it.
+            start = max(0, end - longest, len(text.rstrip(chars)) if chars else 0)
             match = tail.search(text, start)
             if match is not None:
                 stable = min(stable, match.start())
         return stable
+
+
+def _iban_spans(text: str, partial: bool) -> list[Span]:
+    """Each IBAN of ``text``: a registry country's code and its length exactly (mod 97 unless ``partial``).
+    Scanned left to right as one pattern's ``finditer`` would: after a match, from its end."""
+    spans = []
+    position = 0
+    while (head := _IBAN_HEAD.search(text, position)) is not None:
+        start = head.start()
+        length = IBAN_LENGTHS.get(head.group().upper())
+        body = _IBAN_BODY[length].match(text, start + 2) if length is not None else None
+        if body is None:
+            position = start + 1
+            continue
+        compact = text[start:body.end()].replace(" ", "")
+        if len(compact) == length and (partial or iban_valid(compact)):
+            spans.append(Span(start, body.end(), IBAN))
+        position = body.end()
+    return spans
 
 
 def _digit_run_spans(run: str, offset: int, partial: bool) -> list[Span]:
