@@ -23,8 +23,11 @@ from turnlog.producers.pii import (
     redactor_from_settings,
 )
 from turnlog.producers.recorder import RecordedSession
-from turnlog.schemas import TurnCompleted, TurnPartial, decode_event
+from turnlog.schemas import TurnCompleted, TurnPartial, decode_event, encode_event
 from turnlog.settings import TurnlogSettings
+from turnlog.tools.bench.redaction import redaction_cost
+
+from tests.support import EventFactory
 
 REDACT = PatternRedactor()
 
@@ -296,3 +299,12 @@ async def test_a_failing_redactor_fails_the_call_naming_the_turn_not_the_text():
     with pytest.raises(RecorderError, match="on turn 1"):
         await session.flush_partial()
     assert session._recorder.sent == []
+
+
+def test_the_bench_measures_the_redaction_cost_per_event_of_each_kind():
+    f = EventFactory("bench-1")
+    events = [f.started(), f.partial(1, 0, "my card is"), f.partial(2, 0, "my card is 4111"), f.completed(3, 0, "my card is 4111 1111 1111 1111"), f.ended(4, last_turn=0)]
+    cost = redaction_cost([(f.session_id, encode_event(e)) for e in events], rounds=1)
+    assert (cost["events"], cost["completed_turns"], cost["partials"]) == (5, 1, 2)
+    assert cost["completed_us"] > 0 and cost["partial_us"] > 0 and cost["per_event_us"] > 0
+    assert cost["completed_mean_chars"] == len("my card is 4111 1111 1111 1111")

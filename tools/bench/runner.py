@@ -19,6 +19,9 @@ Phases, in order, on a run-private database, topics and consumer groups:
    this process (the recorder's signature; the sequencer's decide path with and
    without verification and admission), and their share of the pipeline's CPU per
    event at capacity. The pipeline phases run in open mode (no fleet keys).
+2c. **Redaction** (``redaction.py``): the pattern redactor's CPU per completed turn and per
+   partial on the workload's texts, in this process (the recorder runs it in the agent's),
+   and its share of the pipeline's CPU per event at capacity. The load runs without it.
 3. **Sustained**: the load generator (``load.py``, the real ``SessionRecorder``)
    offers 0.9 C, then less, until the pipeline's lag stays flat for the whole
    phase; that rate is the sustained maximum M. Postgres commits and WAL syncs
@@ -80,6 +83,7 @@ from turnlog.tools.bench.probes import (
     turn_latencies_ms,
 )
 from turnlog.tools.bench.profile import start_profiles, summarize
+from turnlog.tools.bench.redaction import redaction_cost
 from turnlog.tools.bench.resume_probe import resume_summary, run_probe_process
 from turnlog.tools.bench.signing import signing_cost
 from turnlog.tools.bench.stages import turn_stage_latencies
@@ -239,6 +243,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
 
         # -- signing: write-side isolation's CPU per event, on and off ---------------------
         report["signing"] = _signing(payloads, report)
+        report["redaction"] = _redaction(payloads, report)
 
         # -- sustained ---------------------------------------------------------------------
         counters_before = pg_counters(admin_psycopg, database)
@@ -983,6 +988,29 @@ def _signing_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
              f"{cost['added_share_of_pipeline_cpu']:.1%} of the pipeline's CPU/event at capacity")]
 
 
+def _redaction(payloads: list[tuple[str, bytes]], report: dict[str, Any]) -> dict[str, Any]:
+    """The pattern redactor's CPU per event (``redaction.py``; TURNLOG_REDACTION=patterns), and its share of
+    the pipeline's CPU per event at capacity measured in this run (it runs in the agents' processes)."""
+    cost = redaction_cost(payloads)
+    pipeline = report.get("cpu_at_capacity", {}).get("pipeline_us_per_event", float("nan"))
+    cost["share_of_pipeline_cpu"] = cost["per_event_us"] / pipeline if pipeline else float("nan")
+    print(f"redaction (patterns): {cost['completed_us']:.1f} µs per completed turn, {cost['partial_us']:.1f} µs per"
+          f" partial; {cost['per_event_us']:.1f} µs/event = {cost['per_event_over_encode_validate']:.2f} x the"
+          f" recorder's encode+validate, {cost['share_of_pipeline_cpu']:.1%} of the pipeline's CPU per event")
+    return cost
+
+
+def _redaction_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    cost = report.get("redaction")
+    if not cost:
+        return []
+    return [("redaction (patterns) in the recorder",
+             f"+{cost['per_event_us']:.1f} µs CPU/event",
+             f"{cost['completed_us']:.1f} µs/completed turn, {cost['partial_us']:.1f} µs/partial; "
+             f"{cost['per_event_over_encode_validate']:.2f} x encode+validate; "
+             f"{cost['share_of_pipeline_cpu']:.1%} of the pipeline's CPU/event at capacity")]
+
+
 def transactions_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Table rows of the transactions phase: each figure off -> on, and on / off."""
     tx = report.get("transactions")
@@ -1060,6 +1088,7 @@ def print_table(report: dict[str, Any]) -> None:
         ("WAL syncs per turn", f"{s['wal_syncs_per_turn']:.3f}", f"at 50%: {lat['50%']['wal_syncs_per_turn']:.3f}"),
         *_spool_rows(report),
         *_signing_rows(report),
+        *_redaction_rows(report),
         *transactions_rows(report),
         *_peer_rows(report),
         ("unsafe baseline", f"{b['unsafe']['commits_per_session']:.0f} commit/session",
