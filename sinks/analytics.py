@@ -17,6 +17,13 @@ between emit and commit). A figure is incremented only when the keyed row
 that counts it is new: ``analytics_sessions`` for a start, its ``ended_at``
 going from NULL to a value for an end, ``analytics_turns`` for a turn. With the
 offsets in the same transaction, each record's effect lands exactly once.
+
+Erasure: the projection consumes the erasure ledger too (``SinkService``'s
+``forget``: :meth:`AnalyticsProjection.forget`). A forgotten session's turns
+are taken out of the figures they were counted in (each ``analytics_turns``
+row keeps what it added), its start and end out of ``fleet_activity``, and its
+``analytics_sessions`` row is marked ``erased_at`` and kept, without times, so
+that none of its records counts again, whenever they arrive.
 """
 
 from __future__ import annotations
@@ -27,10 +34,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import delete, select, update
 from sqlalchemy.engine import Connection
 
 from turnlog.schemas import Event, SessionEnded, SessionStarted, TurnCompleted, decode_event
+from turnlog.schemas.erasure import Erasure
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.batch import RejectedMessage, SourceMessage, WriteResult, plan_each
 from turnlog.sinks.tables import (
@@ -96,6 +104,54 @@ class AnalyticsProjection:
             self._count_ends(conn, ends)
         return WriteResult(rejected)
 
+    def forget(self, conn: Connection, ledger: Sequence[Erasure]) -> None:
+        """Take the sessions of ``ledger`` out of the figures, in ``conn``'s transaction (the
+        ``forget`` of this projection's ``SinkService``); idempotent."""
+        now = dt.datetime.now(dt.UTC)
+        for erasure in sorted({e.session_id: e for e in ledger}.values(), key=lambda e: e.session_id):
+            row = conn.execute(
+                self.store.lock(select(analytics_sessions).where(analytics_sessions.c.session_id == erasure.session_id))
+            ).first()
+            if row is None:  # nothing counted yet: a marker row, so nothing ever is
+                conn.execute(self.store.insert(analytics_sessions).on_conflict_do_nothing(
+                    index_elements=[analytics_sessions.c.session_id]
+                ), [{"session_id": erasure.session_id, "fleet": erasure.fleet, "started_at": None,
+                     "ended_at": None, "erased_at": now}])
+                continue
+            if row.erased_at is not None:
+                continue
+            ended = row.ended_at is not None
+            self._add_activity(conn, Counter({row.fleet: 1}), active=0 if ended else -1, started=-1,
+                               ended=-1 if ended else 0)
+            self._uncount_turns(conn, erasure.session_id)
+            conn.execute(
+                update(analytics_sessions).where(analytics_sessions.c.session_id == erasure.session_id)
+                .values(erased_at=now, started_at=None, ended_at=None)
+            )
+
+    def _uncount_turns(self, conn: Connection, session_id: str) -> None:
+        t = analytics_turns.c
+        counted = conn.execute(
+            select(t.fleet, t.speaker, t.minute, t.talk_seconds)
+            .where(t.session_id == session_id, t.speaker.is_not(None))
+        ).all()
+        per_minute: Counter[tuple[str, dt.datetime]] = Counter()
+        talk: dict[tuple[str, str], list[Any]] = {}
+        for row in counted:
+            per_minute[(row.fleet, row.minute)] += 1
+            figures = talk.setdefault((row.fleet, row.speaker), [0, 0.0])
+            figures[0] += 1
+            figures[1] += row.talk_seconds
+        m = fleet_turns_per_minute.c
+        for (fleet, minute), n in sorted(per_minute.items()):
+            conn.execute(update(fleet_turns_per_minute).where(m.fleet == fleet, m.minute == minute)
+                         .values(turns=m.turns - n))
+        k = fleet_talk_time.c
+        for (fleet, speaker), (n, seconds) in sorted(talk.items()):
+            conn.execute(update(fleet_talk_time).where(k.fleet == fleet, k.speaker == speaker)
+                         .values(turns=k.turns - n, talk_seconds=k.talk_seconds - seconds))
+        conn.execute(delete(analytics_turns).where(t.session_id == session_id))
+
     def _count_starts(self, conn: Connection, starts: dict[str, SessionStarted]) -> None:
         stmt = self.store.insert(analytics_sessions).on_conflict_do_nothing(
             index_elements=[analytics_sessions.c.session_id]
@@ -112,7 +168,8 @@ class AnalyticsProjection:
         for session_id, event in sorted(ends.items()):
             fleet = conn.execute(
                 update(analytics_sessions)
-                .where(analytics_sessions.c.session_id == session_id, analytics_sessions.c.ended_at.is_(None))
+                .where(analytics_sessions.c.session_id == session_id, analytics_sessions.c.ended_at.is_(None),
+                       analytics_sessions.c.erased_at.is_(None))
                 .values(ended_at=event.ended_at)
                 .returning(analytics_sessions.c.fleet)
             ).scalar()
@@ -141,30 +198,38 @@ class AnalyticsProjection:
         conn.execute(stmt, rows)
 
     def _count_turns(self, conn: Connection, turns: dict[tuple[str, int], TurnCompleted]) -> None:
+        session_ids = sorted({session_id for session_id, _ in turns})
+        known = conn.execute(
+            select(analytics_sessions.c.session_id, analytics_sessions.c.fleet, analytics_sessions.c.erased_at)
+            .where(analytics_sessions.c.session_id.in_(session_ids))
+        ).all()
+        fleets = {row.session_id: row.fleet for row in known}
+        erased = {row.session_id for row in known if row.erased_at is not None}
         stmt = self.store.insert(analytics_turns).on_conflict_do_nothing(
             index_elements=[analytics_turns.c.session_id, analytics_turns.c.turn_index]
         )
-        rows = [{"session_id": s, "turn_index": i} for s, i in sorted(turns)]
-        new = conn.execute(stmt.returning(analytics_turns.c.session_id, analytics_turns.c.turn_index), rows).all()
+        rows = []
+        for (session_id, turn_index), turn in sorted(turns.items()):
+            if session_id in erased:
+                continue
+            rows.append({
+                "session_id": session_id, "turn_index": turn_index, "fleet": fleets.get(session_id, UNKNOWN_FLEET),
+                "speaker": turn.speaker, "minute": turn.ended_at.astimezone(dt.UTC).replace(second=0, microsecond=0),
+                "talk_seconds": max(0.0, (turn.ended_at - turn.started_at).total_seconds()),
+            })
+        if not rows:
+            return
+        t = analytics_turns.c
+        new = conn.execute(stmt.returning(t.fleet, t.speaker, t.minute, t.talk_seconds), rows).all()
         if not new:
             return
-        session_ids = sorted({row.session_id for row in new})
-        fleets = dict(
-            conn.execute(
-                select(analytics_sessions.c.session_id, analytics_sessions.c.fleet).where(
-                    analytics_sessions.c.session_id.in_(session_ids)
-                )
-            ).all()
-        )
         per_minute: Counter[tuple[str, dt.datetime]] = Counter()
         talk: dict[tuple[str, str], list[Any]] = {}
         for row in new:
-            turn = turns[(row.session_id, row.turn_index)]
-            fleet = fleets.get(row.session_id, UNKNOWN_FLEET)
-            per_minute[(fleet, turn.ended_at.astimezone(dt.UTC).replace(second=0, microsecond=0))] += 1
-            figures = talk.setdefault((fleet, turn.speaker), [0, 0.0])
+            per_minute[(row.fleet, row.minute)] += 1
+            figures = talk.setdefault((row.fleet, row.speaker), [0, 0.0])
             figures[0] += 1
-            figures[1] += max(0.0, (turn.ended_at - turn.started_at).total_seconds())
+            figures[1] += row.talk_seconds
         m = fleet_turns_per_minute.c
         minute_stmt = self.store.insert(fleet_turns_per_minute)
         minute_stmt = minute_stmt.on_conflict_do_update(

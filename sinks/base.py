@@ -67,6 +67,7 @@ from sqlalchemy.sql import Select
 
 from turnlog.sinks.batch import SourceMessage, WriteResult
 from turnlog.sinks.claims import SqlResumeClaims
+from turnlog.sinks.erasure import SqlErasures
 from turnlog.sinks.finalization import SqlFinalization, report_finalized
 from turnlog.sinks.interfaces import (
     BatchResult,
@@ -98,7 +99,8 @@ class SqlStore(abc.ABC):
         self.engine = engine
         self.offsets: OffsetTracking = SqlOffsets(self)
         self.finalization: Finalization = SqlFinalization()
-        self.transcript = TranscriptWriter(self, self.finalization)
+        self.erasures = SqlErasures(self)
+        self.transcript = TranscriptWriter(self, self.finalization, erasures=self.erasures)
         self.claims: ResumeClaims = SqlResumeClaims(self)
 
     # -- dialect hooks -----------------------------------------------------

@@ -28,13 +28,15 @@ or peeks it (``peek_event_type``, which answers None for anything undecodable).
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
+from sqlalchemy.engine import Connection
 from tenacity import (
     RetryCallState,
     Retrying,
@@ -51,10 +53,12 @@ from turnlog.dlq import bounded_reason, dlq_headers, reason_class
 from turnlog.faults import fault_point
 from turnlog.readiness import mark_not_ready, mark_ready
 from turnlog.schemas import EventType
+from turnlog.schemas.erasure import Erasure, decode_erasure
 from turnlog.schemas.headers import Headers, record_event_type
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import BatchResult, BatchWriter, SqlStore, report_finalized
-from turnlog.sinks.batch import SourceMessage
+from turnlog.sinks.batch import RejectedMessage, SourceMessage, WriteResult, plan_each
+from turnlog.sinks.erasure_ledger import ErasureDuties
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.exceptions import (
     RecordRejectedError,
@@ -74,6 +78,14 @@ END_OFFSET_TIMEOUT_SECONDS = 5.0
 #: Lookups of the end offsets before stored offsets past them stop the sink, and the wait between them (seconds).
 END_OFFSET_ATTEMPTS = 3
 END_OFFSET_RETRY_SECONDS = 1.0
+
+
+#: How a projection forgets the sessions of erasure ledger records, in the batch's transaction.
+Forget = Callable[[Connection, list[Erasure]], object]
+
+
+def _utcnow() -> dt.datetime:
+    return dt.datetime.now(dt.UTC)
 
 
 def _is_partial(headers: Headers, value: bytes | None) -> bool:
@@ -132,14 +144,20 @@ class SinkService:
         consumer_config: Mapping[str, Any] | None = None,
         on_batch: Callable[[BatchResult], None] | None = None,
         component: str = "sink",
+        forget: Forget | None = None,
     ) -> None:
         self.settings = settings
         self.component = component
         self.store = store
         self.consumer_group = consumer_group or settings.sink_group
-        self._write = write or store.write_transcript
         if write is None and store.transcript.opener is None:
             store.transcript.opener = event_opener(settings)  # KeyMaterialError: refuse to start
+        # The erasure ledger is consumed beside the transcript: each projection forgets its own rows
+        # (the transcript sink: the session's events, turns and row) in the batch's transaction.
+        self._forget: Forget = forget or (lambda conn, ledger: store.erasures.apply(conn, ledger, _utcnow()))
+        self._write: BatchWriter = self._with_ledger(write or store.write_transcript)
+        # The transcript sink also publishes pending erasures and runs the retention sweep.
+        self._duties = ErasureDuties(settings, store) if write is None else None
         # Connection and group.id come from the Kafka layer (kafka.consumer); these are this service's own.
         self._config = {
             "enable.auto.offset.store": False,
@@ -172,13 +190,15 @@ class SinkService:
         consumer = kafka.consumer(self.settings, group_id=self.consumer_group, **self._config)
         self._consumer = consumer
         self._fences = {}
-        consumer.subscribe([self.settings.topics.transcript], on_assign=self._seek_to_stored,
-                           on_revoke=self._revoked)
+        consumer.subscribe([self.settings.topics.transcript, self.settings.topics.erasures],
+                           on_assign=self._seek_to_stored, on_revoke=self._revoked)
         batch: list[SourceMessage] = []
         boundary = False  # the batch holds something other than a partial
         first_at = 0.0
         try:
             while not self.stopping.is_set():
+                if self._duties is not None:
+                    self._duties.run_if_due()
                 records = consumer.consume(self.settings.sink_batch_size - len(batch),
                                            self.settings.sink_batch_wait_seconds)
                 for record in records:
@@ -225,6 +245,29 @@ class SinkService:
             mark_not_ready(self.settings.ready_file)
             if self._dlq is not None:
                 self._dlq.flush(DLQ_FLUSH_TIMEOUT_SECONDS)
+            if self._duties is not None:
+                self._duties.close()
+
+    def _with_ledger(self, write: BatchWriter) -> BatchWriter:
+        """``write`` for the transcript's records, after the batch's erasure ledger records are
+        applied (``forget``) in the same transaction; an unreadable ledger record is rejected
+        (the DLQ) like any record."""
+        ledger_topic = self.settings.topics.erasures
+
+        def write_with_ledger(conn: Connection, messages: Sequence[SourceMessage]) -> WriteResult:
+            ledger = [m for m in messages if m.topic == ledger_topic]
+            if not ledger:
+                return write(conn, messages)
+            rejected: list[RejectedMessage] = []
+            erasures = [erasure for _, erasure in plan_each(ledger, lambda m: decode_erasure(m.value), rejected)]
+            if erasures:
+                self._forget(conn, erasures)
+                fault_point("sink.after_forget")
+                metrics.ERASURES_APPLIED.labels(component=self.component).inc(len(erasures))
+            result = write(conn, [m for m in messages if m.topic != ledger_topic])
+            return WriteResult([*rejected, *result.rejected], result.finalized)
+
+        return write_with_ledger
 
     def apply(self, batch: list[SourceMessage]) -> BatchResult:
         """Apply one batch (retrying while the store is down); dead-letter records the store refuses."""

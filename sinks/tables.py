@@ -203,6 +203,8 @@ analytics_sessions = Table(
     Column("fleet", String(200), nullable=False),
     Column("started_at", UtcDateTime),
     Column("ended_at", UtcDateTime),
+    # Set when the session was forgotten: its figures were taken out, and nothing of it counts again.
+    Column("erased_at", UtcDateTime),
 )
 
 analytics_turns = Table(
@@ -210,6 +212,11 @@ analytics_turns = Table(
     metadata,
     Column("session_id", String(200), primary_key=True),
     Column("turn_index", Integer, primary_key=True),
+    # What the turn added to the figures, so an erasure can take it out (NULL on rows counted before 0007).
+    Column("fleet", String(200)),
+    Column("speaker", String(200)),
+    Column("minute", UtcDateTime),
+    Column("talk_seconds", Float),
 )
 
 fleet_activity = Table(
@@ -238,4 +245,25 @@ fleet_talk_time = Table(
     Column("turns", Integer, nullable=False),
     # Sum of ended_at - started_at over the speaker's completed turns (seconds).
     Column("talk_seconds", Float, nullable=False),
+)
+
+
+# -- erasure (sinks/erasure.py; docs/design.md, "Encryption and erasure") -------
+# One row per forgotten session: who asked, when, why, and how far the erasure
+# got. Never content. It outlives the session's rows: it is what the sink checks
+# before storing anything of the session again.
+
+erasures = Table(
+    "erasures",
+    metadata,
+    Column("session_id", String(200), primary_key=True),
+    Column("fleet", String(200), nullable=False),
+    Column("requested_by", String(200), nullable=False),
+    Column("requested_at", UtcDateTime, nullable=False),
+    Column("reason", String(16), nullable=False),
+    # When the broker acknowledged its ledger record (None: still to publish, the sink retries).
+    Column("published_at", UtcDateTime),
+    # When the session's rows were deleted (None: pending).
+    Column("completed_at", UtcDateTime),
+    Index("ix_erasures_pending_publication", "published_at"),
 )

@@ -43,6 +43,7 @@ from typing import Any, NamedTuple
 from sqlalchemy import and_, bindparam, case, func, or_, select, update
 from sqlalchemy.engine import Connection, RowMapping
 
+from turnlog import metrics
 from turnlog.crypto.envelope import EventOpener
 from turnlog.schemas import SessionStatus
 from turnlog.sinks.batch import (
@@ -57,6 +58,7 @@ from turnlog.sinks.batch import (
     plan_batch,
     ready_to_finalize,
 )
+from turnlog.sinks.erasure import SqlErasures
 from turnlog.sinks.interfaces import Dialect, Finalization
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
@@ -67,9 +69,13 @@ class TranscriptWriter:
     """Writes the transcript's rows (``session_events``, ``sessions``,
     ``transcript_turns``) and hands the sessions they complete to ``finalization``."""
 
-    def __init__(self, dialect: Dialect, finalization: Finalization, opener: EventOpener | None = None) -> None:
+    def __init__(
+        self, dialect: Dialect, finalization: Finalization, opener: EventOpener | None = None, *,
+        erasures: SqlErasures | None = None,
+    ) -> None:
         self._dialect = dialect
         self._finalization = finalization
+        self._erasures = erasures
         #: opens sealed events (None: each sealed record is refused, to the DLQ)
         self.opener = opener
 
@@ -84,6 +90,8 @@ class TranscriptWriter:
         ended before. The decision comes from the decoded events, never from
         the record's bytes; the guarded ``UPDATE`` has the last word.
         """
+        if self._erasures is not None:
+            messages = self._without_erased(conn, messages)
         plan = plan_batch(messages, self.opener)
         event_rows = plan.event_rows
         session_rows: list[dict[str, Any]] = []
@@ -106,6 +114,18 @@ class TranscriptWriter:
             self._mark_interrupted(conn, plan.sessions)
         ready = [row["id"] for row in session_rows if ready_to_finalize(row)]
         return WriteResult(plan.rejected, self._finalization.finalize_ready(conn, ready))
+
+    def _without_erased(self, conn: Connection, messages: Sequence[SourceMessage]) -> Sequence[SourceMessage]:
+        """``messages`` less those of forgotten sessions (by record key: the sequencer admits a
+        record only under its session's id), which are dropped unread and counted."""
+        assert self._erasures is not None
+        ids = {m.key.decode("utf-8", "replace") for m in messages if m.key is not None}
+        erased = self._erasures.erased_among(conn, ids)
+        if not erased:
+            return messages
+        kept = [m for m in messages if m.key is None or m.key.decode("utf-8", "replace") not in erased]
+        metrics.ERASED_RECORDS_SKIPPED.labels(component="sink").inc(len(messages) - len(kept))
+        return kept
 
     # The upsert statements are built once per store: building one (its
     # ``excluded`` columns) costs about as much as executing it for a small batch.

@@ -23,6 +23,13 @@ app = typer.Typer(
 )
 topics_app = typer.Typer(help="Manage turnlog's Kafka topics.", no_args_is_help=True)
 app.add_typer(topics_app, name="topics")
+keys_app = typer.Typer(help="Manage the key encryption keys (KEKs) that wrap each session's data keys.",
+                       no_args_is_help=True)
+app.add_typer(keys_app, name="keys")
+KeyringPath = Annotated[
+    Path | None,
+    typer.Option("--keyring", envvar="TURNLOG_KEYRING_FILE", help="The keyring file (TURNLOG_KEYRING_FILE)."),
+]
 
 DatabaseUrl = Annotated[
     str | None,
@@ -120,6 +127,94 @@ def topics_check(
     raise typer.Exit(0 if result.ok else 1)
 
 
+def _keyring_path(keyring: Path | None) -> Path:
+    if keyring is None:
+        typer.echo("turnlog: give --keyring PATH or set TURNLOG_KEYRING_FILE", err=True)
+        raise typer.Exit(2)
+    return keyring
+
+
+@keys_app.command("init")
+def keys_init(keyring: KeyringPath = None) -> None:
+    """Create a keyring (mode 0600) holding one new KEK; print the public half agents are given."""
+    from turnlog.crypto.keys import KeyMaterialError, create_keyring_file, public_key_text
+
+    path = _keyring_path(keyring)
+    try:
+        public = create_keyring_file(path)
+    except KeyMaterialError as e:
+        typer.echo(f"turnlog: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"created {path} (KEK {public.id}); give agents:")
+    typer.echo(f"TURNLOG_KEK_PUBLIC_KEY={public_key_text(public.key)}")
+
+
+@keys_app.command("rotate")
+def keys_rotate(keyring: KeyringPath = None) -> None:
+    """Put a new KEK first in the keyring; the old ones stay to open what they wrapped. Restart the readers
+    (sink, API, ...) with the new keyring first, then give agents the new public key."""
+    from turnlog.crypto.keys import KeyMaterialError, public_key_text, rotate_keyring_file
+
+    path = _keyring_path(keyring)
+    try:
+        public = rotate_keyring_file(path)
+    except KeyMaterialError as e:
+        typer.echo(f"turnlog: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"rotated {path}: KEK {public.id} is current; give agents:")
+    typer.echo(f"TURNLOG_KEK_PUBLIC_KEY={public_key_text(public.key)}")
+
+
+@keys_app.command("public")
+def keys_public(keyring: KeyringPath = None) -> None:
+    """Print the current KEK's public half (TURNLOG_KEK_PUBLIC_KEY for agents) and every KEK id held."""
+    from turnlog.crypto.keys import FileKekProvider, KeyMaterialError, public_key_text
+
+    try:
+        ring = FileKekProvider(_keyring_path(keyring)).ring()
+    except KeyMaterialError as e:
+        typer.echo(f"turnlog: {e}", err=True)
+        raise typer.Exit(1) from None
+    typer.echo(f"TURNLOG_KEK_PUBLIC_KEY={public_key_text(ring.current.key)}")
+    typer.echo(f"KEKs held (current first): {', '.join(ring.ids)}")
+
+
+@app.command()
+def forget(
+    session_id: Annotated[str, typer.Argument(help="The session to forget everywhere.")],
+    fleet: Annotated[
+        str | None,
+        typer.Option(help="The session's fleet: checked against the store, and used alone if the store is away."),
+    ] = None,
+    wait: Annotated[float, typer.Option(help="Longest wait for the sink to apply it (seconds).")] = 30.0,
+    database_url: DatabaseUrl = None,
+    bootstrap_servers: Bootstrap = None,
+) -> None:
+    """Forget a session: delete its rows, drop it from the log's readers, spools and replays (exit 0: done,
+    3: pending, 1: no such session)."""
+    import getpass
+
+    from turnlog.ops.erasure import ErasureNotFound, request_erasure
+    from turnlog.sinks import open_store
+    from turnlog.sinks.exceptions import StoreUnavailableError
+
+    settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
+    store = open_store(settings.database_url)
+    try:
+        outcome = request_erasure(settings, store, session_id, requested_by=f"cli:{getpass.getuser()}",
+                                  fleets=None if fleet is None else [fleet], fleet=fleet, wait_seconds=wait)
+    except ErasureNotFound:
+        typer.echo(f"turnlog: no session {session_id!r}" + (f" in fleet {fleet!r}" if fleet else ""), err=True)
+        raise typer.Exit(1) from None
+    except StoreUnavailableError as e:
+        typer.echo(f"turnlog: the store is unavailable ({e}); nothing changed. Give --fleet to queue the erasure "
+                   "in the ledger alone.", err=True)
+        raise typer.Exit(2) from None
+    typer.echo(f"{outcome.session_id}: {outcome.status} (fleet {outcome.fleet}, requested by {outcome.requested_by} "
+               f"at {outcome.requested_at.isoformat()}; ledger record {'written' if outcome.published else 'pending'})")
+    raise typer.Exit(0 if outcome.status == "done" else 3)
+
+
 @app.command()
 def migrate(database_url: DatabaseUrl = None) -> None:
     """Bring the store's schema to the newest Alembic revision."""
@@ -192,7 +287,7 @@ def analytics(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = N
     wait_for_head(store.engine)
     projection = AnalyticsProjection(store)
     service = SinkService(settings, store, consumer_group=settings.analytics_group, write=projection.write,
-                          component="analytics")
+                          component="analytics", forget=projection.forget)
     signal.signal(signal.SIGTERM, lambda *_: service.stopping.set())
     signal.signal(signal.SIGINT, lambda *_: service.stopping.set())
     service.run()
@@ -300,7 +395,8 @@ def replay(
         result = replay_events(settings, store, from_time=start, session_ids=session or (), progress=progress)
     typer.echo(
         f"replayed {result.records_read:,} records in {result.seconds:.1f} s ({result.rate:,.0f} records/s): "
-        f"{result.events_applied:,} events applied, {result.duplicates:,} duplicates, {result.rejected:,} rejected; "
+        f"{result.events_applied:,} events applied, {result.duplicates:,} duplicates, {result.rejected:,} rejected, "
+        f"{result.erased:,} of forgotten sessions skipped; "
         f"{result.sessions_seen} sessions ({result.sessions_settled} already settled, left alone), "
         f"{result.sessions_finalized} finalized"
     )
@@ -332,7 +428,7 @@ def verify(
     import tempfile
 
     from turnlog.ops.replay import replay_events
-    from turnlog.ops.verify import compare_digests, session_digests
+    from turnlog.ops.verify import compare_digests, erased_session_ids, session_digests
     from turnlog.sinks import open_store, safe_url
     from turnlog.sinks.migrate import require_head, upgrade_to_head
 
@@ -353,11 +449,15 @@ def verify(
             upgrade_to_head(store_b.engine)
             replayed = replay_events(settings, store_b, session_ids=wanted)
             label = f"{settings.topics.events} ({replayed.records_read:,} records replayed)"
-        digests_a = session_digests(store_a, wanted)
-        digests_b = session_digests(store_b, wanted)
+        # A session forgotten in either store is left out of both: each holds nothing of it, or will.
+        erased = erased_session_ids(store_a, wanted) | erased_session_ids(store_b, wanted)
+        digests_a = {sid: d for sid, d in session_digests(store_a, wanted).items() if sid not in erased}
+        digests_b = {sid: d for sid, d in session_digests(store_b, wanted).items() if sid not in erased}
         differences = compare_digests(digests_a, digests_b)
     typer.echo(f"A: {safe_url(settings.database_url)} ({len(digests_a)} sessions)")
     typer.echo(f"B: {label} ({len(digests_b)} sessions)")
+    if erased:
+        typer.echo(f"{len(erased)} forgotten sessions left out of the comparison")
     for difference in differences:
         typer.echo(f"  {difference.session_id}: {difference.what}")
     typer.echo(f"{len(differences)} differing sessions")

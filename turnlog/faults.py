@@ -47,6 +47,10 @@ POINTS = {
     "sink.after_commit": (
         "a batch's transaction (rows, aggregates and offsets) is committed, the next poll not yet made"
     ),
+    "sink.after_forget": (
+        "a batch's erasure ledger records are applied (rows deleted) in its transaction, nothing committed yet"
+    ),
+    "forget.after_request": "an erasure is recorded as pending in the store, its ledger record not yet written",
     "finalizer.after_update": (
         "the sweep's aggregate UPDATE of one session is committed, the next session's not yet made"
     ),

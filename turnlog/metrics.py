@@ -22,6 +22,8 @@ __all__ = [
     "SPOOL_COMMIT_SECONDS",
     "SPOOL_QUARANTINED",
     "LIVE_RECORDS_SKIPPED",
+    "ERASED_RECORDS_SKIPPED",
+    "ERASURES_APPLIED",
 ]
 
 EVENTS_EMITTED = Counter("turnlog_sequencer_emitted_total", "Events emitted to the ordered transcript.")
@@ -78,4 +80,12 @@ LIVE_RECORDS_SKIPPED = Counter(
     "Transcript records the live hub skipped because decoding or handing them out failed, by reason "
     "(invalid: not a valid event; error: anything else). Followers still read them from the store.",
     ["reason"],
+)
+ERASED_RECORDS_SKIPPED = Counter(
+    "turnlog_erased_records_skipped_total",
+    "Records of forgotten sessions dropped unread (sink, analytics, replay, live hub, spool), by component.",
+    ["component"],
+)
+ERASURES_APPLIED = Counter(
+    "turnlog_erasures_applied_total", "Erasure ledger records applied to the store, by projection.", ["component"]
 )

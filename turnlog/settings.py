@@ -32,9 +32,11 @@ class TopicNames:
         self.events = f"{prefix}.events"
         self.transcript = f"{prefix}.transcript"
         self.dlq = f"{prefix}.dlq"
+        #: the erasure ledger (compacted; docs/design.md, "Encryption and erasure")
+        self.erasures = f"{prefix}.erasures"
 
-    def all(self) -> tuple[str, str, str]:
-        return (self.events, self.transcript, self.dlq)
+    def all(self) -> tuple[str, str, str, str]:
+        return (self.events, self.transcript, self.dlq, self.erasures)
 
 
 class TurnlogSettings(BaseSettings):
@@ -261,6 +263,23 @@ class TurnlogSettings(BaseSettings):
         None,
         description="The KEK keyring (private keys, newest first; mode 0600, `turnlog keys init`): held by the "
         "sink, the API, replay, verify and tail, which open sealed content. Never give it to agents.",
+    )
+    erasure_deadline_days: float = Field(
+        30.0,
+        gt=0,
+        description="Longest any copy of a forgotten session may outlive its erasure (days): the wrapped data "
+        "keys travel in the log, so every topic's retention must be at most this; `turnlog topics check` warns "
+        "otherwise. Also max.compaction.lag.ms of <prefix>.erasures.",
+    )
+    retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="Forget finalized and abandoned sessions that ended longer ago than this (days), by the sink's "
+        "retention sweep (or `turnlog retention-sweep`). Unset: keep them until forgotten on request.",
+    )
+    retention_days_by_fleet: dict[str, float] = Field(
+        default_factory=dict,
+        description="Per-fleet retention (days) as JSON {fleet: days}, over retention_days for those fleets.",
     )
     faust_data_dir: str = Field(
         ".turnlog-faust", description="Folder for Faust's local table files (one subfolder per app)."

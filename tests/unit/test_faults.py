@@ -33,7 +33,7 @@ def test_every_point_is_placed_in_the_code():
     import pathlib
 
     root = pathlib.Path(__file__).resolve().parents[2]
-    sources = "".join(p.read_text() for d in ("producers", "stream_processors", "sinks") for p in (root / d).rglob("*.py"))
+    sources = "".join(p.read_text() for d in ("producers", "stream_processors", "sinks", "turnlog/ops") for p in (root / d).rglob("*.py"))
     for name in POINTS:
         assert f'fault_point("{name}")' in sources, name
 

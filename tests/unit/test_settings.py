@@ -12,7 +12,7 @@ def test_a_bad_environment_value_fails_naming_the_key(monkeypatch):
 
 def test_topic_names_derive_from_the_prefix_and_round_trip_through_the_environment(monkeypatch):
     settings = TurnlogSettings(topic_prefix="acme", partitions=4)
-    assert settings.topics.all() == ("acme.events", "acme.transcript", "acme.dlq")
+    assert settings.topics.all() == ("acme.events", "acme.transcript", "acme.dlq", "acme.erasures")
     for key, value in settings.as_environment().items():
         monkeypatch.setenv(key, value)
     assert TurnlogSettings() == settings

@@ -95,15 +95,15 @@ def _settings(**overrides: Any) -> TurnlogSettings:
 def test_every_topic_gets_the_replication_and_the_record_limit_explicitly():
     specs = topic_specs(_settings(), THREE)
     assert [spec.topic for spec in specs] == [
-        "p.events", "p.transcript", "p.dlq", "p-seq-sequencer-state-changelog", "p-seq-__assignor-__leader",
-        "p-fin-__assignor-__leader",
+        "p.events", "p.transcript", "p.dlq", "p.erasures", "p-seq-sequencer-state-changelog",
+        "p-seq-__assignor-__leader", "p-fin-__assignor-__leader",
     ]
     for spec in specs:
         assert spec.replication_factor == 3, spec.topic
         assert spec.config["min.insync.replicas"] == "2", spec.topic
         assert spec.config["max.message.bytes"] == str(TOPIC_MAX_MESSAGE_BYTES), spec.topic
     assert [spec.topic for spec in specs if spec.co_partitioned] == [
-        "p.events", "p.transcript", "p-seq-sequencer-state-changelog"
+        "p.events", "p.transcript", "p.erasures", "p-seq-sequencer-state-changelog"
     ]
 
 
@@ -113,6 +113,10 @@ def test_turnlogs_topics_have_their_retention_and_faust_s_changelog_is_compacted
     assert [specs[f"p.{name}"].config["retention.ms"] for name in ("events", "transcript", "dlq")] == [
         "1000", "2000", "3000"
     ]
+    ledger = specs["p.erasures"].config  # never deleted; compacted within the erasure deadline
+    assert (ledger["cleanup.policy"], ledger["max.compaction.lag.ms"], "retention.ms" in ledger) == (
+        "compact", str(30 * 24 * 3600 * 1000), False
+    )
     assert {specs[f"p.{name}"].config["cleanup.policy"] for name in ("events", "transcript", "dlq")} == {"delete"}
     changelog = specs["p-seq-sequencer-state-changelog"]
     assert changelog.partitions == 4 and changelog.config["cleanup.policy"] == "compact"

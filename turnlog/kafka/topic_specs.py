@@ -118,7 +118,8 @@ def explicit_topic_config(replication: Replication) -> dict[str, str]:
 
 def topic_specs(settings: TurnlogSettings, replication: Replication) -> list[TopicSpec]:
     """Every topic turnlog and its Faust apps use, with partitions and configs (retention in
-    milliseconds): turnlog's three (events, transcript, DLQ), then Faust's (:func:`faust_topics`)."""
+    milliseconds): turnlog's four (events, transcript, DLQ, the erasure ledger), then Faust's
+    (:func:`faust_topics`)."""
     topics = settings.topics
     explicit = explicit_topic_config(replication)
     retention = {
@@ -134,6 +135,14 @@ def topic_specs(settings: TurnlogSettings, replication: Replication) -> list[Top
         )
         for name, retention_ms in retention.items()
     ]
+    # The erasure ledger: compacted and never deleted (its records are the proof every reader
+    # checks), compacted within the erasure deadline, co-partitioned (key = session id).
+    deadline_ms = int(settings.erasure_deadline_days * 24 * 3600 * 1000)
+    specs.append(TopicSpec(
+        topics.erasures, settings.partitions, replication.replication_factor,
+        {"cleanup.policy": "compact", "max.compaction.lag.ms": str(deadline_ms), **explicit},
+        co_partitioned=True,
+    ))
     specs += [
         TopicSpec(topic.name, topic.partitions, replication.replication_factor, {**topic.config, **explicit},
                   co_partitioned=topic.co_partitioned)

@@ -17,6 +17,11 @@ the store holds as ``finalized`` or ``abandoned`` is left untouched.
 
 The log can rebuild only what it still holds: ``TURNLOG_EVENTS_RETENTION_MS``
 (30 days by default) bounds how far back a replay reaches.
+
+Forgotten sessions stay forgotten: the erasure ledger (``<prefix>.erasures``)
+is read first, every record of a session it names is skipped unread (counted
+in ``ReplayResult.erased``, not an error), and the ledger is applied to the
+target store, which then knows them as erased (and drops what it held of them).
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -35,9 +40,11 @@ from turnlog import kafka
 from turnlog.crypto.config import event_opener
 from turnlog.exceptions import TurnlogError
 from turnlog.kafka.record_headers import UnreadableHeaders, read_headers
+from turnlog.ops.erasure import read_ledger
 from turnlog.producers.partitioning import partition_for
 from turnlog.redact import redact
 from turnlog.schemas import SETTLED_SESSION_STATUSES, EventValidationError, SessionStatus, decode_event
+from turnlog.schemas.erasure import Erasure
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import ProvenanceError, RecordVerifier
 from turnlog.sinks.base import SqlStore
@@ -68,6 +75,8 @@ class ReplayResult:
     events_applied: int = 0
     duplicates: int = 0
     rejected: int = 0
+    #: records of sessions the erasure ledger names, skipped unread
+    erased: int = 0
     sessions_seen: int = 0
     sessions_settled: int = 0
     sessions_finalized: int = 0
@@ -123,6 +132,12 @@ def replay_events(
     result = ReplayResult()
     verifier = record_verifier(settings)
     try:
+        ledger = read_ledger(settings)
+    except kafka.BrokerError as e:
+        raise ReplayError(f"cannot read the erasure ledger {settings.topics.erasures}: {redact(str(e))}") from e
+    if wanted:
+        ledger = {sid: erasure for sid, erasure in ledger.items() if sid in wanted}
+    try:
         total = sum(max(0, ends[p] - starts[p]) for p in ends)
         pending = {p for p in ends if ends[p] > starts[p]}
         if progress:
@@ -146,6 +161,9 @@ def replay_events(
                 result.records_read += 1
                 if offset + 1 >= ends[partition]:
                     pending.discard(partition)
+                if _erased(record, ledger):
+                    result.erased += 1
+                    continue
                 _sequence_record(store, record, states, wanted, emitted, result,
                                  max_buffer=settings.reorder_buffer_size, verifier=verifier,
                                  partitions=settings.partitions)
@@ -154,6 +172,9 @@ def replay_events(
             if progress:
                 progress(result.records_read, total)
         _write(store, emitted, result)
+        if ledger:
+            with store_errors(), store.engine.begin() as conn:
+                store.erasures.apply(conn, list(ledger.values()), dt.datetime.now(dt.UTC))
     finally:
         consumer.close()
     result.sessions_seen = len(states)
@@ -164,6 +185,15 @@ def replay_events(
     result.sessions_finalized += _finalize(store, [sid for sid, state in states.items() if state is not None])
     result.seconds = time.monotonic() - started
     return result
+
+
+def _erased(record: object, ledger: Mapping[str, Erasure]) -> bool:
+    """Whether the record's key names a session of the erasure ledger (decided before anything
+    of the record is decoded: the sequencer admits a record only under its session's id)."""
+    if not ledger:
+        return False
+    key = record.key()  # type: ignore[attr-defined]
+    return key is not None and key.decode("utf-8", "replace") in ledger
 
 
 def _offset_range(

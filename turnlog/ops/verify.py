@@ -33,9 +33,9 @@ from sqlalchemy import select
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.reads import SESSION_FIELDS, TURN_FIELDS
-from turnlog.sinks.tables import session_events, sessions, transcript_turns
+from turnlog.sinks.tables import erasures, session_events, sessions, transcript_turns
 
-__all__ = ["SessionDigest", "Difference", "session_digests", "compare_digests"]
+__all__ = ["SessionDigest", "Difference", "session_digests", "compare_digests", "erased_session_ids"]
 
 logger = logging.getLogger(__name__)
 
@@ -84,6 +84,20 @@ def _digest(
         logger.warning("session %s cannot be digested (%s)", session_id, type(e).__name__)
         return SessionDigest(session_id, fields, turns, "", events, error=type(e).__name__)
     return SessionDigest(session_id, fields, turns, hashlib.sha256(body.encode("utf-8")).hexdigest(), events)
+
+
+def erased_session_ids(store: SqlStore, session_ids: Collection[str] = ()) -> set[str]:
+    """The sessions ``store`` holds as forgotten or being forgotten (its ``erasures`` rows),
+    of ``session_ids`` if given: a comparison leaves them out of both sides.
+
+    Raises:
+        StoreError: the store cannot be read.
+    """
+    query = select(erasures.c.session_id)
+    if session_ids:
+        query = query.where(erasures.c.session_id.in_(sorted(set(session_ids))))
+    with store_errors(), store.engine.connect() as conn:
+        return set(conn.execute(query).scalars())
 
 
 def session_digests(store: SqlStore, session_ids: Collection[str] = ()) -> dict[str, SessionDigest]:

@@ -1,0 +1,137 @@
+"""Writing the erasure ledger (``<prefix>.erasures``) and the sink's periodic erasure duties.
+
+:func:`publish_erasures` produces ledger records (key = session id, on the
+session's partition: the ledger is co-partitioned with the transcript) and
+returns those the broker acknowledged. :class:`ErasureDuties` is what the
+transcript sink runs between batches, at most every ``interval`` seconds:
+publish the erasures the store holds as pending (a request made while the
+broker was away), and the retention sweep (sessions past
+``TURNLOG_RETENTION_DAYS`` get a pending erasure, published the same way).
+Nothing here logs content; log lines name sessions and counts.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+import time
+from collections.abc import Sequence
+
+from confluent_kafka import KafkaError, Message, Producer
+
+from turnlog import kafka
+from turnlog.kafka.partitioning import partition_for
+from turnlog.schemas.erasure import Erasure, encode_erasure
+from turnlog.settings import TurnlogSettings
+from turnlog.sinks.base import SqlStore
+from turnlog.sinks.errors import store_errors
+from turnlog.sinks.exceptions import StoreUnavailableError
+
+__all__ = ["publish_erasures", "ErasureDuties", "retention_cutoffs"]
+
+logger = logging.getLogger(__name__)
+#: How often the sink publishes pending erasures and sweeps for expired sessions (seconds).
+DUTIES_INTERVAL_SECONDS = 5.0
+
+
+def publish_erasures(
+    producer: Producer, settings: TurnlogSettings, ledger: Sequence[Erasure], timeout: float
+) -> list[str]:
+    """Produce ``ledger`` to ``<prefix>.erasures`` and wait up to ``timeout`` seconds for the
+    broker; the session ids it acknowledged (the others stay pending: the caller retries)."""
+    acked: list[str] = []
+
+    def delivered(error: KafkaError | None, message: Message) -> None:
+        if error is None:
+            key = message.key()
+            if key is not None:
+                acked.append(key.decode("utf-8"))
+
+    topic = settings.topics.erasures
+    for erasure in ledger:
+        try:
+            producer.produce(
+                topic, key=erasure.session_id.encode("utf-8"), value=encode_erasure(erasure),
+                partition=partition_for(erasure.session_id, settings.partitions), on_delivery=delivered,
+            )
+        except BufferError:
+            break  # the local queue is full: what was queued is flushed below, the rest stays pending
+    deadline = time.monotonic() + timeout
+    while producer.flush(max(0.0, deadline - time.monotonic())) > 0 and time.monotonic() < deadline:
+        pass
+    return acked
+
+
+def retention_cutoffs(
+    settings: TurnlogSettings, now: dt.datetime
+) -> tuple[dt.datetime | None, dict[str, dt.datetime]]:
+    """``(default cutoff, {fleet: cutoff})``: a settled session that ended before its cutoff
+    is past the retention policy (``retention_days``, ``retention_days_by_fleet``)."""
+    default = None if settings.retention_days is None else now - dt.timedelta(days=settings.retention_days)
+    by_fleet = {fleet: now - dt.timedelta(days=days) for fleet, days in settings.retention_days_by_fleet.items()}
+    return default, by_fleet
+
+
+class ErasureDuties:
+    """The transcript sink's erasure work between batches (module docstring)."""
+
+    def __init__(
+        self, settings: TurnlogSettings, store: SqlStore, *, interval: float = DUTIES_INTERVAL_SECONDS
+    ) -> None:
+        self.settings = settings
+        self.store = store
+        self.interval = interval
+        self._next_at = 0.0
+        self._producer: Producer | None = None
+
+    def run_if_due(self) -> None:
+        """Publish pending erasures and sweep for expired sessions, if ``interval`` has passed.
+        A store or broker outage is logged and left for the next round."""
+        if time.monotonic() < self._next_at:
+            return
+        self._next_at = time.monotonic() + self.interval
+        try:
+            self.sweep_retention()
+            self.publish_pending()
+        except StoreUnavailableError as e:
+            logger.warning("erasure duties: the store is unavailable (%s); next round in %.0f s", e, self.interval)
+
+    def sweep_retention(self, now: dt.datetime | None = None) -> list[str]:
+        """Give every settled session past the retention policy a pending erasure
+        (``requested_by`` and ``reason`` ``retention``); the ids, oldest first."""
+        now = now or dt.datetime.now(dt.UTC)
+        default, by_fleet = retention_cutoffs(self.settings, now)
+        if default is None and not by_fleet:
+            return []
+        with store_errors(), self.store.engine.begin() as conn:
+            expired = self.store.erasures.expired(conn, default, by_fleet)
+            for session_id, fleet in expired:
+                self.store.erasures.request(conn, Erasure(
+                    session_id=session_id, fleet=fleet, requested_by="retention", requested_at=now,
+                    reason="retention",
+                ))
+        if expired:
+            logger.info("retention: %d sessions past the policy, their erasure requested", len(expired))
+        return [session_id for session_id, _ in expired]
+
+    def publish_pending(self) -> int:
+        """Publish the store's unpublished erasures; how many the broker acknowledged."""
+        with store_errors(), self.store.engine.connect() as conn:
+            pending = self.store.erasures.unpublished(conn)
+        if not pending:
+            return 0
+        if self._producer is None:
+            self._producer = kafka.producer(self.settings, client_id=f"{self.settings.sink_group}-erasures")
+        acked = publish_erasures(self._producer, self.settings, pending, timeout=self.settings.ack_wait_seconds * 10)
+        if acked:
+            with store_errors(), self.store.engine.begin() as conn:
+                self.store.erasures.mark_published(conn, acked, dt.datetime.now(dt.UTC))
+        if len(acked) < len(pending):
+            logger.warning("erasures: %d of %d pending ledger records not acknowledged yet (broker away?)",
+                           len(pending) - len(acked), len(pending))
+        return len(acked)
+
+    def close(self) -> None:
+        if self._producer is not None:
+            self._producer.flush(5.0)
+            self._producer = None
