@@ -824,7 +824,7 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
             "replication_factor": CLUSTER_REPLICATION_FACTOR,
             "min_insync_replicas": CLUSTER_REPLICATION_FACTOR - 1,
         }
-    settings = with_run_keys(base.model_copy(update=overrides))
+    settings = with_run_keys(base.model_copy(update=overrides), options.log_dir / run_id)
     database = parse_database_url(settings.database_url)
     if database.get_backend_name() != "postgresql" or database.host not in LOCAL_HOSTS:
         raise ConfigurationError(

@@ -1,12 +1,15 @@
-"""Signing keys for a demo or chaos run: the pipeline runs with write-side isolation on
-(docs/design.md, "Write-side isolation"), as production should."""
+"""Keys for a demo or chaos run: the pipeline runs with write-side isolation on (docs/design.md,
+"Write-side isolation") and with content encrypted (docs/design.md, "Encryption and erasure"), as a new
+deployment does."""
 
 from __future__ import annotations
 
 import secrets
+from pathlib import Path
 
 from pydantic import SecretStr
 
+from turnlog.crypto.keys import create_keyring_file, public_key_text
 from turnlog.settings import TurnlogSettings
 
 __all__ = ["DEMO_FLEET", "with_run_keys"]
@@ -15,9 +18,15 @@ __all__ = ["DEMO_FLEET", "with_run_keys"]
 DEMO_FLEET = "demo"
 
 
-def with_run_keys(settings: TurnlogSettings) -> TurnlogSettings:
-    """``settings`` with fresh random keys for :data:`DEMO_FLEET` and the epoch grants, unless
-    the operator configured fleet keys already (then they are used as given)."""
+def with_run_keys(settings: TurnlogSettings, folder: Path) -> TurnlogSettings:
+    """``settings`` with fresh random keys for :data:`DEMO_FLEET` and the epoch grants, unless the
+    operator configured fleet keys already (then they are used as given); and, unless a KEK is
+    configured or ``encryption=off``, a keyring of the run's own in ``folder`` (its public half is
+    what the agents get: ``kek_public_key``)."""
+    if settings.encryption != "off" and not settings.keyring_file and not settings.kek_public_key:
+        public = create_keyring_file(folder / "keyring")
+        settings = settings.model_copy(update={"keyring_file": str(folder / "keyring"),
+                                               "kek_public_key": public_key_text(public.key)})
     if settings.fleet_keys:
         return settings
     return settings.model_copy(

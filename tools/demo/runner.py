@@ -25,6 +25,7 @@ from pathlib import Path
 import msgspec
 from sqlalchemy import func, select
 
+from turnlog.crypto.keys import parse_public_key
 from turnlog.deploy.local import ensure_local_services
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command, wait_all_ready
 from turnlog.deploy.topics import create_topics
@@ -114,7 +115,7 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     settings = with_run_keys(settings.model_copy(
         update={"flush_interval_seconds": options.flush_interval_seconds,
                 "spool_dir": str(options.log_dir / run_id / "spool")}
-    ))
+    ), options.log_dir / run_id)
     transcripts, paths = load_sessions(options.sessions_dir, run_id)
     files = list(paths.values())
     kills = choose_kills(transcripts, options.kills, options.speed, options.flush_interval_seconds, options.seed)
@@ -126,6 +127,9 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     ensure_local_services(settings)
     store = open_store(settings.database_url)
     print(f"store {safe_url(store.engine.url)}, logs in {log_dir}")
+    if settings.kek_public_key:
+        print(f"content sealed before the spool with KEK {parse_public_key(settings.kek_public_key).id} (agents hold "
+              "its public half only)")
     upgrade_to_head(store.engine)
     create_topics(settings)
     started = time.monotonic()
@@ -134,6 +138,7 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     killed: list[dict[str, object]] = []
     lock = threading.Lock()
     env = settings.as_environment()
+    env.pop("TURNLOG_KEYRING_FILE", None)  # agents seal with the public KEK and open nothing
 
     def spawn(session_id: str, *extra: str) -> AgentProcess:
         argv = turnlog_command(
