@@ -28,6 +28,7 @@ Errors name the session, the epoch and the KEK id, never key bytes or content.
 from __future__ import annotations
 
 import os
+import threading
 import uuid
 from collections import OrderedDict
 from typing import Final
@@ -111,14 +112,15 @@ class EpochSealer:
 class EventOpener:
     """The reader's side: opens sealed events with the private KEKs of ``ring``.
 
-    Thread-safe for the readers' use (a dict operation at a time under the GIL;
-    two threads may unwrap the same key once each).
+    Thread-safe: the cache is used under a lock (two threads may still unwrap the
+    same key once each).
     """
 
     def __init__(self, ring: KekRing, *, cache_entries: int = DATA_KEY_CACHE_ENTRIES) -> None:
         self.ring = ring
         self._cache: OrderedDict[tuple[str, int, str, bytes], AESGCM] = OrderedDict()
         self._cache_entries = cache_entries
+        self._lock = threading.Lock()
 
     def open(self, event: Event) -> Event:
         """``event`` as its writer built it: content back in place, ``sealed`` gone.
@@ -144,10 +146,11 @@ class EventOpener:
 
     def _data_key(self, session_id: str, epoch: int, sealed: Sealed) -> AESGCM:
         cache_key = (session_id, epoch, sealed.kek, sealed.key)
-        aead = self._cache.get(cache_key)
-        if aead is not None:
-            self._cache.move_to_end(cache_key)
-            return aead
+        with self._lock:
+            aead = self._cache.get(cache_key)
+            if aead is not None:
+                self._cache.move_to_end(cache_key)
+                return aead
         private = self.ring.private_key(sealed.kek)
         if private is None:
             raise SealedContentError(
@@ -162,9 +165,11 @@ class EventOpener:
             ) from None
         if len(data_key) != 32:
             raise SealedContentError(f"session {session_id} epoch {epoch}: the data key is not 256 bits")
-        aead = self._cache[cache_key] = AESGCM(data_key)
-        if len(self._cache) > self._cache_entries:
-            self._cache.popitem(last=False)
+        aead = AESGCM(data_key)
+        with self._lock:
+            self._cache[cache_key] = aead
+            if len(self._cache) > self._cache_entries:
+                self._cache.popitem(last=False)
         return aead
 
 
