@@ -33,13 +33,14 @@ text (:meth:`PatternRedactor.redact_partial`):
    corpus, against every longer prefix.
 2. *Mask by shape, without checksums.* Every run of 7 or more digits is masked
    (the completed turn keeps a number that fails its Luhn or phone checks),
-   and an IBAN's shape is masked without its mod-97 check. This also covers
-   a partial that is not a prefix of the completed turn (a speech recognizer
-   rewrites an interim): each partial is redacted in its own right, and an
-   interim that heard a card number with one digit wrong is still masked.
-   What such a rewrite can still show is a digit run of at most 6 digits
-   (fewer than the first six a card may show under PCI DSS 3.4), or text
-   that is no entity's shape.
+   an IBAN's shape without its mod-97 check, and anything with an ``@``
+   between address characters (``jane@example``, no domain needed). This
+   also covers a partial that is not a prefix of the completed turn (a
+   speech recognizer rewrites an interim): each partial is redacted in its
+   own right, and an interim that heard a card number with one digit wrong
+   is still masked. What such a rewrite can still show is a digit run of at
+   most 6 digits (the first six a card may show under PCI DSS 3.4), or an
+   address's parts apart (a name, a domain), or text of no entity's shape.
 
 The held-back tail is dropped, not replaced: a partial's text grows as the
 turn does, one word (or one number) behind; the completed turn has it all.
@@ -132,6 +133,8 @@ _EMAIL_CHARS = r"A-Za-z0-9._%+\-"
 _EMAIL = re.compile(
     rf"(?<![{_EMAIL_CHARS}])[{_EMAIL_CHARS}]{{1,64}}+@(?:[A-Za-z0-9\-]{{1,63}}\.){{1,8}}[A-Za-z]{{2,24}}(?![A-Za-z0-9\-])"
 )
+# A partial masks anything shaped like an address, a domain or not: ``jane@example`` (module docstring).
+_EMAIL_SHAPE = re.compile(rf"(?<![{_EMAIL_CHARS}])[{_EMAIL_CHARS}]{{1,64}}+@[A-Za-z0-9.\-]{{0,600}}+")
 _EMAIL_TAIL = re.compile(rf"(?<![{_EMAIL_CHARS}])[{_EMAIL_CHARS}]{{1,64}}(?:@[A-Za-z0-9.\-]{{0,600}})?\Z")
 
 # A run of digits and separators: "+44 (0)20 7946 0958", "(555) 123-4567", "4111-1111-1111-1111". Between
@@ -210,10 +213,12 @@ class PatternRedactor:
 
     def spans(self, text: str, *, partial: bool = False) -> list[Span]:
         """The stretches of ``text`` to mask, in order, overlapping matches merged (the label of the first
-        in ``EMAIL, IBAN, CARD, PHONE, NUMBER`` order wins). ``partial``: by shape, without checksums."""
+        in ``EMAIL, IBAN, CARD, PHONE, NUMBER`` order wins). ``partial``: by shape, without checksums
+        (module docstring)."""
         found: list[Span] = []
-        for match in _EMAIL.finditer(text):
-            found.append(Span(match.start(), match.end(), EMAIL))
+        if "@" in text:  # every address has one
+            for pattern in (_EMAIL, _EMAIL_SHAPE) if partial else (_EMAIL,):
+                found.extend(Span(match.start(), match.end(), EMAIL) for match in pattern.finditer(text))
         found.extend(_iban_spans(text, partial))
         for match in _DIGIT_RUN.finditer(text):
             found.extend(_digit_run_spans(match.group(), match.start(), partial))

@@ -92,6 +92,8 @@ def test_a_partial_holds_back_what_could_still_grow_and_masks_long_digit_runs_by
     assert REDACT.redact_partial("card 4111 1111 1111 1112, ok ") == "card [CARD], ok "  # no Luhn check in a partial
     assert REDACT.redact_partial("ref 1234567 ok ") == "ref [NUMBER] ok "
     assert REDACT.redact_partial("room 101 ok ") == "room 101 ok "
+    assert REDACT.redact_partial("mail jane@example, ok ") == "mail [EMAIL], ok "  # no domain needed in a partial
+    assert REDACT("mail jane@example, ok ") == "mail jane@example, ok "
     assert REDACT("card 4111 1111 1111 1112, ok ") == "card 4111 1111 1111 1112, ok "
 
 
@@ -116,6 +118,7 @@ CORPUS = [
     "Gb82west12345698765432 lower case, de89 3704 0044 0532 0130 00 too",
     "edge +4 + 44 ( 555 ) - 0 00 0044 0 1 2 3 4 5 6 7 8 9 10 11 12",
     "nearly iban GB82 WEST 1234 5698 7654 3 and then words",
+    "+44 20 7946 0958@a.b-c+tag@mail.example.co.uk and jane@example, no domain",
 ]
 
 
@@ -190,6 +193,12 @@ _GLUE = st.sampled_from(["", " ", "  ", ", ", ". ", "-", "(", ")", "+", "@", "x"
 @given(st.lists(st.tuples(_FRAGMENTS, _GLUE), min_size=1, max_size=6))
 def test_no_partial_shows_what_the_completed_text_masks_over_generated_texts(parts):
     check_every_prefix("".join(fragment + glue for fragment, glue in parts), all_pairs=False)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.text(alphabet="0123456789 .-()+@abxGBDE", max_size=40))
+def test_no_partial_shows_what_a_longer_text_masks_over_texts_of_the_patterns_characters(text):
+    check_every_prefix(text, all_pairs=True)
 
 
 def test_the_held_back_tail_is_bounded_and_the_rule_costs_little_on_long_texts():
