@@ -115,10 +115,11 @@ class SilentTTS(TTSService):
     """A streaming TTS whose audio is silence, ``seconds_per_word`` long per word of each
     piece of text it is given.
 
-    It takes the LLM's text as it streams (``TextAggregationMode.TOKEN``), so each
-    ``LLMTextFrame`` becomes one ``TTSTextFrame``: the sentence mode of Pipecat 1.5 to 1.10
-    (1.14 no longer) splits sentences with NLTK's ``punkt_tab``, which Pipecat downloads when
-    it is imported and the test machines cannot fetch."""
+    It takes the LLM's text as it streams (``TextAggregationMode.TOKEN``): the sentence mode
+    of Pipecat 1.5 to 1.10 (1.14 no longer) splits sentences with NLTK's ``punkt_tab``, which
+    Pipecat downloads on first use and the test machines cannot fetch (1.7 to 1.10 need it in
+    this mode too, to regroup the streamed text: see docs/adapters/pipecat.md). How many
+    ``TTSTextFrame``s a reply's words come in depends on the release."""
 
     def __init__(self, seconds_per_word: float = 0.0, **kwargs) -> None:
         super().__init__(sample_rate=SAMPLE_RATE, text_aggregation_mode=TextAggregationMode.TOKEN, **kwargs)
