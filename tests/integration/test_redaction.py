@@ -2,7 +2,8 @@
 the raw email, card number and phone number a user says reach neither the recorder's spool file, nor the
 events and transcript topics, nor the store, in partials (flushed by the timer, and the one left open at
 the end) or completed turns and their tool calls. A session recorded without redaction, beside it, shows
-that each of those places would hold them."""
+that each of those places would hold them. Both recorders run with encryption off (the pipeline's own
+settings seal content), so what keeps the raw text out here is redaction alone."""
 
 from __future__ import annotations
 
@@ -112,8 +113,9 @@ async def _record(settings, session_id: str) -> tuple[bytes, int]:
 
 async def test_no_raw_email_card_or_phone_reaches_the_spool_the_topics_or_the_store(pipeline, tmp_path):
     redacted_id, clear_id = f"pii-{uuid.uuid4().hex[:8]}", f"clear-{uuid.uuid4().hex[:8]}"
-    redacting = pipeline.settings.model_copy(update={"redaction": "patterns", "spool_dir": str(tmp_path / "redacting")})
-    clear = pipeline.settings.model_copy(update={"spool_dir": str(tmp_path / "clear")})
+    unsealed = {"encryption": "off"}
+    redacting = pipeline.settings.model_copy(update={**unsealed, "redaction": "patterns", "spool_dir": str(tmp_path / "redacting")})
+    clear = pipeline.settings.model_copy(update={**unsealed, "spool_dir": str(tmp_path / "clear")})
 
     redacted_spool, redacted_events = await _record(redacting, redacted_id)
     clear_spool, clear_events = await _record(clear, clear_id)
