@@ -68,6 +68,19 @@ class FleetFigures:
     talk_time: dict[str, tuple[int, float]]
 
 
+def _tally(turns: Sequence[Any]) -> tuple[Counter[tuple[str, dt.datetime]], dict[tuple[str, str], list[Any]]]:
+    """What ``turns`` (rows with ``fleet``, ``speaker``, ``minute``, ``talk_seconds``) add to the
+    figures: ``({(fleet, minute): turns}, {(fleet, speaker): [turns, seconds]})``."""
+    per_minute: Counter[tuple[str, dt.datetime]] = Counter()
+    talk: dict[tuple[str, str], list[Any]] = {}
+    for row in turns:
+        per_minute[(row.fleet, row.minute)] += 1
+        figures = talk.setdefault((row.fleet, row.speaker), [0, 0.0])
+        figures[0] += 1
+        figures[1] += row.talk_seconds
+    return per_minute, talk
+
+
 def _decode(message: SourceMessage) -> Event:
     return decode_event(message.value)
 
@@ -135,13 +148,7 @@ class AnalyticsProjection:
             select(t.fleet, t.speaker, t.minute, t.talk_seconds)
             .where(t.session_id == session_id, t.speaker.is_not(None))
         ).all()
-        per_minute: Counter[tuple[str, dt.datetime]] = Counter()
-        talk: dict[tuple[str, str], list[Any]] = {}
-        for row in counted:
-            per_minute[(row.fleet, row.minute)] += 1
-            figures = talk.setdefault((row.fleet, row.speaker), [0, 0.0])
-            figures[0] += 1
-            figures[1] += row.talk_seconds
+        per_minute, talk = _tally(counted)
         m = fleet_turns_per_minute.c
         for (fleet, minute), n in sorted(per_minute.items()):
             conn.execute(update(fleet_turns_per_minute).where(m.fleet == fleet, m.minute == minute)
@@ -223,13 +230,7 @@ class AnalyticsProjection:
         new = conn.execute(stmt.returning(t.fleet, t.speaker, t.minute, t.talk_seconds), rows).all()
         if not new:
             return
-        per_minute: Counter[tuple[str, dt.datetime]] = Counter()
-        talk: dict[tuple[str, str], list[Any]] = {}
-        for row in new:
-            per_minute[(row.fleet, row.minute)] += 1
-            figures = talk.setdefault((row.fleet, row.speaker), [0, 0.0])
-            figures[0] += 1
-            figures[1] += row.talk_seconds
+        per_minute, talk = _tally(new)
         m = fleet_turns_per_minute.c
         minute_stmt = self.store.insert(fleet_turns_per_minute)
         minute_stmt = minute_stmt.on_conflict_do_update(

@@ -8,13 +8,16 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from pydantic import ValidationError
 from pydantic_settings import SettingsError
 
 from turnlog.settings import SECRET_SETTINGS, TurnlogSettings, load_settings
+
+if TYPE_CHECKING:
+    from turnlog.crypto.envelope import EventOpener
 
 app = typer.Typer(
     help="turnlog: crash-safe, incremental persistence for long-lived agent sessions.",
@@ -127,6 +130,19 @@ def topics_check(
     raise typer.Exit(0 if result.ok else 1)
 
 
+def _opener(settings: TurnlogSettings) -> EventOpener | None:
+    """The reader's opener of sealed events (``turnlog.crypto.config.event_opener``), checked
+    before anything else starts: a keyring that cannot be used, or lacks the agents' KEK, exits 2."""
+    from turnlog.crypto.config import event_opener
+    from turnlog.crypto.keys import KeyMaterialError
+
+    try:
+        return event_opener(settings)
+    except KeyMaterialError as e:
+        typer.echo(f"turnlog: {e}", err=True)
+        raise typer.Exit(2) from None
+
+
 def _keyring_path(keyring: Path | None) -> Path:
     if keyring is None:
         typer.echo("turnlog: give --keyring PATH or set TURNLOG_KEYRING_FILE", err=True)
@@ -134,35 +150,31 @@ def _keyring_path(keyring: Path | None) -> Path:
     return keyring
 
 
-@keys_app.command("init")
-def keys_init(keyring: KeyringPath = None) -> None:
-    """Create a keyring (mode 0600) holding one new KEK; print the public half agents are given."""
-    from turnlog.crypto.keys import KeyMaterialError, create_keyring_file, public_key_text
+def _new_kek(keyring: Path | None, *, rotate: bool) -> None:
+    """Create the keyring, or put a new KEK first in it; print the public half agents are given."""
+    from turnlog.crypto.keys import KeyMaterialError, create_keyring_file, public_key_text, rotate_keyring_file
 
     path = _keyring_path(keyring)
     try:
-        public = create_keyring_file(path)
+        public = rotate_keyring_file(path) if rotate else create_keyring_file(path)
     except KeyMaterialError as e:
         typer.echo(f"turnlog: {e}", err=True)
         raise typer.Exit(1) from None
-    typer.echo(f"created {path} (KEK {public.id}); give agents:")
+    typer.echo(f"{'rotated' if rotate else 'created'} {path}: KEK {public.id} is current; give agents:")
     typer.echo(f"TURNLOG_KEK_PUBLIC_KEY={public_key_text(public.key)}")
+
+
+@keys_app.command("init")
+def keys_init(keyring: KeyringPath = None) -> None:
+    """Create a keyring (mode 0600) holding one new KEK; print the public half agents are given."""
+    _new_kek(keyring, rotate=False)
 
 
 @keys_app.command("rotate")
 def keys_rotate(keyring: KeyringPath = None) -> None:
     """Put a new KEK first in the keyring; the old ones stay to open what they wrapped. Restart the readers
     (sink, API, ...) with the new keyring first, then give agents the new public key."""
-    from turnlog.crypto.keys import KeyMaterialError, public_key_text, rotate_keyring_file
-
-    path = _keyring_path(keyring)
-    try:
-        public = rotate_keyring_file(path)
-    except KeyMaterialError as e:
-        typer.echo(f"turnlog: {e}", err=True)
-        raise typer.Exit(1) from None
-    typer.echo(f"rotated {path}: KEK {public.id} is current; give agents:")
-    typer.echo(f"TURNLOG_KEK_PUBLIC_KEY={public_key_text(public.key)}")
+    _new_kek(keyring, rotate=True)
 
 
 @keys_app.command("public")
@@ -263,9 +275,11 @@ def sink(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = None) 
     from turnlog.sinks.service import SinkService
 
     settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
+    opener = _opener(settings)
     # No liveness check per batch (a round trip each): a batch on a dropped
     # connection fails as StoreUnavailableError and the sink applies it again.
     store = open_store(settings.database_url, pool_pre_ping=False)
+    store.transcript.opener = opener
     wait_for_head(store.engine)
     service = SinkService(settings, store)
     # SIGTERM only shortens the stop; correctness never depends on it.
@@ -310,6 +324,7 @@ def api(
     settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url, api_host=host, api_port=port)
     if not settings.api_tokens:
         logging.getLogger(__name__).warning("TURNLOG_API_TOKENS is empty: every API request will get 401")
+    _opener(settings)  # the live hub opens sealed records: a bad keyring stops the API here
     store = open_store(settings.database_url)
     wait_for_head(store.engine)
     uvicorn.run(
