@@ -559,7 +559,8 @@ def spool_drain(
     from turnlog.producers import SessionRecorder
 
     settings = _settings(bootstrap_servers=bootstrap_servers, spool_dir=str(spool_dir) if spool_dir else None)
-    recorder = SessionRecorder(settings.model_copy(update={"spool_close_timeout_seconds": timeout}),
+    # It delivers what dead recorders spooled (already redacted) and records nothing: no redactor to build.
+    recorder = SessionRecorder(settings.model_copy(update={"spool_close_timeout_seconds": timeout, "redaction": "off"}),
                                producer_id="spool-drain")
 
     async def drain() -> int:
