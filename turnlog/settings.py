@@ -14,7 +14,8 @@ from pydantic import Field, SecretStr, ValidatorFunctionWrapHandler, field_seria
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 __all__ = [
-    "TurnlogSettings", "TopicNames", "load_settings", "KafkaSecurityProtocol", "KafkaSaslMechanism", "SECRET_SETTINGS"
+    "TurnlogSettings", "TopicNames", "load_settings", "KafkaSecurityProtocol", "KafkaSaslMechanism", "SECRET_SETTINGS",
+    "MAX_RETENTION_DAYS", "is_fleet_name",
 ]
 
 #: librdkafka's ``security.protocol`` values turnlog supports (Faust's aiokafka takes the same names).
@@ -23,6 +24,14 @@ KafkaSecurityProtocol = Literal["PLAINTEXT", "SSL", "SASL_PLAINTEXT", "SASL_SSL"
 KafkaSaslMechanism = Literal["PLAIN", "SCRAM-SHA-256", "SCRAM-SHA-512"]
 _SASL_PROTOCOLS = frozenset({"SASL_PLAINTEXT", "SASL_SSL"})
 _TLS_PROTOCOLS = frozenset({"SSL", "SASL_SSL"})
+#: Longest retention policy (days, ~100 years): a cutoff further back would not be a datetime.
+MAX_RETENTION_DAYS = 36_500
+
+
+def is_fleet_name(fleet: str) -> bool:
+    """Whether ``fleet`` can name a fleet in settings keyed by fleet: the event schema's fleet
+    names (1 to 200 characters, no NUL), and not ``'*'`` (every fleet, in api_tokens)."""
+    return 1 <= len(fleet) <= 200 and "\x00" not in fleet and fleet != "*"
 
 
 class TopicNames:
@@ -274,12 +283,14 @@ class TurnlogSettings(BaseSettings):
     retention_days: float | None = Field(
         None,
         gt=0,
+        le=MAX_RETENTION_DAYS,
         description="Forget finalized and abandoned sessions that ended longer ago than this (days), by the sink's "
         "retention sweep (or `turnlog retention-sweep`). Unset: keep them until forgotten on request.",
     )
     retention_days_by_fleet: dict[str, float] = Field(
         default_factory=dict,
-        description="Per-fleet retention (days) as JSON {fleet: days}, over retention_days for those fleets.",
+        description="Per-fleet retention (days) as JSON {fleet: days}, over retention_days for those fleets "
+        f"(each above 0, at most {MAX_RETENTION_DAYS}).",
     )
     faust_data_dir: str = Field(
         ".turnlog-faust", description="Folder for Faust's local table files (one subfolder per app)."
@@ -449,6 +460,19 @@ class TurnlogSettings(BaseSettings):
                 raise ValueError(f"{name}: no such file: {location}")
         return self
 
+    @field_validator("retention_days_by_fleet")
+    @classmethod
+    def _retention_by_fleet_is_valid(cls, value: dict[str, float]) -> dict[str, float]:
+        """Every key is a fleet name (the schema's rule, as for fleet_keys) and every value a number
+        of days in (0, MAX_RETENTION_DAYS]: 0 or less would forget each session as it settles."""
+        for fleet, days in value.items():
+            if not is_fleet_name(fleet):
+                raise ValueError(f"retention_days_by_fleet names an invalid fleet {fleet[:40]!r}")
+            if not 0 < days <= MAX_RETENTION_DAYS:  # NaN fails this too
+                raise ValueError(f"retention_days_by_fleet[{fleet!r}] must be above 0 and at most "
+                                 f"{MAX_RETENTION_DAYS} days")
+        return value
+
     @model_validator(mode="after")
     def _signing_keys_are_strong(self) -> TurnlogSettings:
         """Fail at load on a key too short to sign with (the error names the fleet, never the key)."""
@@ -456,8 +480,8 @@ class TurnlogSettings(BaseSettings):
 
         named: dict[str, SecretStr] = {}
         for fleet, keys in self._fleet_key_lists().items():
-            if not 1 <= len(fleet) <= 200 or "\x00" in fleet or fleet == "*":  # the schema's fleet names; '*' is
-                raise ValueError(f"fleet_keys names an invalid fleet {fleet[:40]!r}")  # every fleet in api_tokens
+            if not is_fleet_name(fleet):
+                raise ValueError(f"fleet_keys names an invalid fleet {fleet[:40]!r}")
             if not keys:
                 raise ValueError(f"fleet_keys[{fleet!r}] has no key")
             named.update({f"fleet_keys[{fleet!r}][{i}]": key for i, key in enumerate(keys)})
