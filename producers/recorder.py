@@ -387,14 +387,11 @@ class SessionRecorder:
     (the agent host needs no database credentials); otherwise it opens the
     store at ``settings.database_url`` (single-host setups), or uses ``store``.
 
-    ``redactor`` (default: ``settings.redaction``, ``TURNLOG_REDACTION``) masks
-    personal data before anything is spooled: every completed turn's text and
-    the string values of its tool calls' arguments and results, and every
-    partial text by the stricter partial rule (``turnlog.producers.pii``).
-    Session metadata, ids and names are not redacted.
-
-    Raises:
-        ImportError: ``TURNLOG_REDACTION=presidio`` without ``turnlog[presidio]`` installed.
+    ``redactor`` (default: made by :meth:`start` from ``settings.redaction``,
+    ``TURNLOG_REDACTION``) masks personal data before anything is spooled:
+    every completed turn's text and the string values of its tool calls'
+    arguments and results, and every partial text by the stricter partial rule
+    (``turnlog.producers.pii``). Session metadata, ids and names are not redacted.
     """
 
     def __init__(
@@ -407,9 +404,10 @@ class SessionRecorder:
         redactor: Redactor | None = None,
     ) -> None:
         self.settings = settings or TurnlogSettings()
-        #: masks personal data in turn text before it is spooled (None: nothing is masked)
-        self.redactor = redactor if redactor is not None else redactor_from_settings(self.settings)
-        self._redact_partial = partial_redaction(self.redactor) if self.redactor is not None else None
+        #: masks personal data in turn text before it is spooled (None: nothing is masked); made from
+        #: ``settings.redaction`` by :meth:`start` unless given
+        self.redactor = redactor
+        self._redact_partial = partial_redaction(redactor) if redactor is not None else None
         self.producer_id = producer_id or f"recorder-{uuid.uuid4()}"
         config = kafka.producer_config(self.settings, client_id=self.producer_id)
         self._drainer = SpoolDrainer(
@@ -444,15 +442,19 @@ class SessionRecorder:
         return self._drainer.pending(session_id)
 
     async def start(self) -> SessionRecorder:
-        """Load the KEK (if any), open the spool (adopting orphaned ones) and start
-        delivery and the timer.
+        """Load the KEK (if any), make the redactor (if ``redaction`` is set and none was given),
+        open the spool (adopting orphaned ones) and start delivery and the timer.
 
         Raises:
             KeyMaterialError: the configured KEK cannot be used, or ``encryption=required``
                 and none is configured (``turnlog.crypto.config.recorder_kek``).
+            ImportError: ``redaction=presidio`` without ``turnlog[presidio]`` installed.
             SpoolError: ``spool_dir`` cannot be used.
         """
         self._kek = await asyncio.to_thread(recorder_kek, self.settings)
+        if self.redactor is None and self.settings.redaction != "off":  # Presidio's takes about a second
+            self.redactor = await asyncio.to_thread(redactor_from_settings, self.settings)
+            self._redact_partial = partial_redaction(self.redactor) if self.redactor is not None else None
         await asyncio.to_thread(self._drainer.start)
         if self._timer is None:
             self._timer = asyncio.create_task(self._flush_partials_forever(), name="turnlog-partial-timer")

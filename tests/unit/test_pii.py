@@ -233,6 +233,26 @@ def test_the_setting_names_the_redactor():
     assert isinstance(redactor_from_settings(TurnlogSettings(redaction="patterns")), PatternRedactor)
 
 
+async def test_the_recorder_makes_its_redactor_from_the_setting_at_start_unless_given_one(tmp_path):
+    settings = TurnlogSettings(
+        redaction="patterns", spool_dir=str(tmp_path / "spool"), bootstrap_servers="127.0.0.1:1", spool_close_timeout_seconds=1
+    )
+    recorder = SessionRecorder(settings)
+    assert recorder.redactor is None  # nothing is built in the constructor
+    async with recorder:
+        assert isinstance(recorder.redactor, PatternRedactor)
+
+    def mine(text: str) -> str:
+        return text
+
+    given = SessionRecorder(settings.model_copy(update={"spool_dir": str(tmp_path / "given")}), redactor=mine)
+    async with given:
+        assert given.redactor is mine
+    off = SessionRecorder(settings.model_copy(update={"redaction": "off", "spool_dir": str(tmp_path / "off")}))
+    async with off:
+        assert off.redactor is None
+
+
 # -- the recorder's hook --------------------------------------------------------------------------
 
 
