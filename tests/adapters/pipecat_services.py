@@ -165,6 +165,8 @@ class ScriptedSTT(STTService):
     def __init__(self, language: Language = Language.EN, **kwargs) -> None:
         super().__init__(sample_rate=SAMPLE_RATE, **kwargs)
         self.language = language
+        #: The transcription frames it pushed, in order.
+        self.transcribed: list[Frame] = []
         self._heard: Speech | None = None
 
     async def process_audio_frame(self, frame, direction: FrameDirection) -> None:  # noqa: ANN001
@@ -177,7 +179,9 @@ class ScriptedSTT(STTService):
             yield None
             return
         kind = TranscriptionFrame if heard.final else InterimTranscriptionFrame
-        yield kind(heard.heard, self._user_id, time_now_iso8601(), self.language)
+        frame = kind(heard.heard, self._user_id, time_now_iso8601(), self.language)
+        self.transcribed.append(frame)
+        yield frame
 
 
 class ScriptedVAD(VADAnalyzer):

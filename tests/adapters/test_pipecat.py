@@ -337,6 +337,50 @@ def test_a_pipecat_agent_killed_mid_reply_resumes_with_its_llm_context_rebuilt_f
     assert (row["epoch"], row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == (1, "completed", 7, 2)
 
 
+def test_a_voice_bot_killed_while_speaking_resumes_with_the_words_the_caller_heard(ready_pipeline, tmp_path):
+    """The voice bot (STT, LLM, TTS, output transport) is SIGKILLed while its output transport
+    plays an answer, after the caller said something Pipecat muted: the words played before the
+    kill are stored (``interrupted``) and given back on resume, the muted words are in neither."""
+    pipeline = ready_pipeline
+    session_id = f"pipecat-voice-crash-{uuid.uuid4().hex[:8]}"
+    said_before = [
+        {"role": "user", "content": "I'd like to change my delivery address."},
+        {"role": "assistant", "content": "Of course. What is the new address?"},
+        {"role": "user", "content": "12 Elm Street, Springfield."},
+    ]
+    heard = {"role": "assistant", "content": "Thanks. I'm updating your order to 12 Elm Street."}
+    env = pipeline.settings.as_environment()
+    first = ScriptProcess("tests.adapters.pipecat_voice_agent", session_id, env=env,
+                          log_path=tmp_path / "first.log", name="pipecat-voice-first")
+    assert first.first_with("resumed", TIMEOUT) == {"resumed": False, "epoch": 0, "context": [SYSTEM]}
+    assert first.first_with("ready", TIMEOUT) == {"ready": True, "open_turns": [3]}
+    first.process.kill()  # the bot is still speaking its answer (turn 3)
+
+    second = ScriptProcess("tests.adapters.pipecat_voice_agent", session_id, env=env,
+                           log_path=tmp_path / "second.log", name="pipecat-voice-second")
+    resumed = second.first_with("resumed", TIMEOUT)
+    assert second.first_with("ended", TIMEOUT) == {"ended": True, "errors": []}
+    assert second.process.popen.wait(timeout=TIMEOUT) == 0
+
+    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the voice session finalized")
+    rows = stored(pipeline, session_id)
+    # The restarted bot's context is the stored conversation, exactly: the words played before
+    # the kill joined as Pipecat joins them (1.14 puts two spaces between a streamed reply's
+    # sentences, in its context too), so the tables below compare word by word.
+    assert resumed["context"] == [SYSTEM, *({"role": s, "content": t} for _, s, t, *_ in rows[:4])]
+    assert [{**m, "content": " ".join(m["content"].split())} for m in resumed["context"]] == [SYSTEM, *said_before, heard]
+    assert (resumed["resumed"], resumed["epoch"]) == (True, 1)
+    assert [(i, s, " ".join(t.split()), *rest) for i, s, t, *rest in rows] == [
+        (0, "user", "I'd like to change my delivery address.", "complete", False, 0, 0),
+        (1, "assistant", "Of course. What is the new address?", "complete", False, 20, 8),
+        (2, "user", "12 Elm Street, Springfield.", "complete", False, 0, 0),
+        (3, "assistant", "Thanks. I'm updating your order to 12 Elm Street.", "interrupted", False, 0, 0),
+        (4, "user", "Did it go through?", "complete", False, 0, 0),
+        (5, "assistant", "Yes, it ships to 12 Elm Street.", "complete", False, 35, 9),
+    ]
+    assert (row["epoch"], row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == (1, "completed", 6, 1)
+
+
 def test_the_example_agent_sigkilled_mid_call_resumes_and_its_llm_sees_the_stored_conversation(ready_pipeline, tmp_path):
     pipeline = ready_pipeline
     session_id = f"pipecat-example-{uuid.uuid4().hex[:8]}"
