@@ -30,6 +30,7 @@ from confluent_kafka.admin import (
 
 from turnlog import kafka
 from turnlog.exceptions import ConfigurationError
+from turnlog.kafka.log_retention import LogOutlivesPolicy, log_outlives_policy
 from turnlog.kafka.replication import Replication, replication_for
 from turnlog.kafka.topic_specs import TOPIC_MAX_MESSAGE_BYTES, TopicSpec, topic_specs
 from turnlog.redact import redact
@@ -99,12 +100,16 @@ class CreatedTopics:
 @dataclass(frozen=True, slots=True)
 class TopicCheck:
     """What ``check_topics`` found and did. ``offline_brokers`` hold replicas of the topics
-    but do not answer; nothing is changed while there are any."""
+    but do not answer; nothing is changed while there are any. ``log_retention``: the topics
+    whose retention (in the settings, or on the broker after the fixes) outlives the store's
+    retention policy or the erasure deadline (``turnlog.kafka.log_retention``); warnings, they
+    do not make the check fail."""
 
     replication: Replication
     topics: tuple[str, ...]
     differences: tuple[TopicDifference, ...]
     offline_brokers: frozenset[int] = field(default_factory=frozenset)
+    log_retention: tuple[LogOutlivesPolicy, ...] = ()
 
     @property
     def ok(self) -> bool:
@@ -210,7 +215,8 @@ def check_topics(settings: TurnlogSettings, *, fix: bool = True, timeout: float 
         elif fix:
             planned = _apply(admin, spec.topic, planned, timeout)
         differences += planned
-    return TopicCheck(replication, tuple(spec.topic for spec in specs), tuple(differences), offline)
+    return TopicCheck(replication, tuple(spec.topic for spec in specs), tuple(differences), offline,
+                      tuple(log_outlives_policy(settings, _retention_after(found, differences))))
 
 
 def delete_topics_with_prefix(settings: TurnlogSettings, prefix: str, *, timeout: float = 30.0) -> list[str]:
@@ -387,6 +393,22 @@ def _describe(
             config=configs[name],
         )
     return found
+
+
+def _retention_after(
+    found: Mapping[str, DescribedTopic], differences: Iterable[TopicDifference]
+) -> dict[str, int]:
+    """Each described topic's ``retention.ms`` on the broker once the check is done: the value
+    set when its difference was fixed, else the one described (an unreadable value is left out)."""
+    retention = {topic: described.config.get("retention.ms") for topic, described in found.items()}
+    for difference in differences:
+        if difference.setting == "retention.ms" and difference.resolved:
+            retention[difference.topic] = difference.wanted
+    parsed: dict[str, int] = {}
+    for topic, value in retention.items():
+        if value is not None and value.strip().lstrip("-").isdigit():
+            parsed[topic] = int(value)
+    return parsed
 
 
 def _co_partitioned(specs: Iterable[TopicSpec], topic: str) -> bool:

@@ -7,6 +7,8 @@ transcript sink runs between batches, at most every ``interval`` seconds:
 publish the erasures the store holds as pending (a request made while the
 broker was away), and the retention sweep (sessions past
 ``TURNLOG_RETENTION_DAYS`` get a pending erasure, published the same way).
+At start it warns about each topic whose retention outlives the store's policy
+or the erasure deadline (:meth:`ErasureDuties.warn_if_log_outlives_policy`).
 Nothing here logs content; log lines name sessions and counts.
 """
 
@@ -20,6 +22,7 @@ from collections.abc import Sequence
 from confluent_kafka import KafkaError, Message, Producer
 
 from turnlog import kafka
+from turnlog.kafka.log_retention import LogOutlivesPolicy, log_outlives_policy
 from turnlog.kafka.partitioning import partition_for
 from turnlog.schemas.erasure import Erasure, encode_erasure
 from turnlog.settings import TurnlogSettings
@@ -83,6 +86,14 @@ class ErasureDuties:
         self.interval = interval
         self._next_at = 0.0
         self._producer: Producer | None = None
+
+    def warn_if_log_outlives_policy(self) -> list[LogOutlivesPolicy]:
+        """Log a warning, with its fix, for each topic whose retention in the settings outlives
+        the retention policy or the erasure deadline (``turnlog.kafka.log_retention``); the findings."""
+        findings = log_outlives_policy(self.settings)
+        for finding in findings:
+            logger.warning("the log outlives the erasure policy: %s", finding)
+        return findings
 
     def run_if_due(self) -> None:
         """Publish pending erasures and sweep for expired sessions, if ``interval`` has passed.

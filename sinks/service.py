@@ -187,6 +187,8 @@ class SinkService:
 
     def run(self) -> None:
         """Consume and apply until :attr:`stopping` is set."""
+        if self._duties is not None:
+            self._duties.warn_if_log_outlives_policy()
         consumer = kafka.consumer(self.settings, group_id=self.consumer_group, **self._config)
         self._consumer = consumer
         self._fences = {}

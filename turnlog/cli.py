@@ -109,8 +109,9 @@ def topics_check(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Only report; change nothing.")] = False,
 ) -> None:
     """Report every topic whose partitions, replication factor, min.insync.replicas, retention.ms, cleanup.policy or
-    max.message.bytes differ from the settings, and fix what a config change can. Exit 0 when every topic is as the
-    settings ask (after the fixes), 1 when something remains."""
+    max.message.bytes differ from the settings, and fix what a config change can; warn where the log keeps content
+    longer than TURNLOG_RETENTION_DAYS or TURNLOG_ERASURE_DEADLINE_DAYS. Exit 0 when every topic is as the settings
+    ask (after the fixes), 1 when something remains (the warnings do not count)."""
     from turnlog.deploy.topics import check_topics
 
     settings = _settings(bootstrap_servers=bootstrap_servers)
@@ -127,6 +128,8 @@ def topics_check(
         typer.echo("every topic is as the settings ask")
     else:
         typer.echo(f"{len(result.differences)} difference(s): {fixed} fixed, {remaining} remaining")
+    for finding in result.log_retention:
+        typer.echo(f"warning: {finding}")
     raise typer.Exit(0 if result.ok else 1)
 
 
@@ -225,6 +228,39 @@ def forget(
     typer.echo(f"{outcome.session_id}: {outcome.status} (fleet {outcome.fleet}, requested by {outcome.requested_by} "
                f"at {outcome.requested_at.isoformat()}; ledger record {'written' if outcome.published else 'pending'})")
     raise typer.Exit(0 if outcome.status == "done" else 3)
+
+
+@app.command("retention-sweep")
+def retention_sweep(
+    wait: Annotated[float, typer.Option(help="Longest wait for the sink to apply the erasures (seconds).")] = 60.0,
+    database_url: DatabaseUrl = None,
+    bootstrap_servers: Bootstrap = None,
+) -> None:
+    """Forget every finalized or abandoned session past TURNLOG_RETENTION_DAYS (per fleet:
+    TURNLOG_RETENTION_DAYS_BY_FLEET) once, as the sink's own sweep does; for cron. Prints counts only.
+    Exit 0: every session it swept is forgotten (or none was due), 3: some still pending (the sink
+    finishes them), 2: no retention policy set, or the store is unavailable."""
+    from turnlog.kafka.log_retention import retention_policy_ms
+    from turnlog.ops.retention import run_retention_sweep
+    from turnlog.sinks import open_store
+    from turnlog.sinks.exceptions import StoreUnavailableError
+
+    settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
+    if retention_policy_ms(settings) is None:
+        typer.echo("turnlog: no retention policy: set TURNLOG_RETENTION_DAYS or TURNLOG_RETENTION_DAYS_BY_FLEET",
+                   err=True)
+        raise typer.Exit(2)
+    store = open_store(settings.database_url)
+    try:
+        swept = run_retention_sweep(settings, store, wait_seconds=wait)
+    except StoreUnavailableError as e:
+        typer.echo(f"turnlog: the store is unavailable ({e}); erasures requested so far stay pending", err=True)
+        raise typer.Exit(2) from None
+    finally:
+        store.engine.dispose()
+    typer.echo(f"retention: {swept.requested} session(s) past the policy, {swept.published} ledger record(s) "
+               f"published, {swept.done} forgotten, {swept.pending} pending")
+    raise typer.Exit(3 if swept.pending else 0)
 
 
 @app.command()
