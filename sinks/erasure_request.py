@@ -1,0 +1,178 @@
+"""Forgetting a session on request: ``turnlog forget`` and ``DELETE /api/sessions/{id}``.
+
+docs/design.md, "Encryption and erasure". :func:`request_erasure`:
+
+1. In the store: the session must exist within the caller's fleets (else
+   :class:`ErasureNotFound`: the API's 404; nothing changes). Its erasure row
+   is inserted as pending, or the one already there is taken (asking twice is
+   one erasure, whoever asked first stays its ``requested_by``).
+2. Its ledger record goes to ``<prefix>.erasures`` and, once acknowledged, the
+   row is marked published. A broker that does not answer leaves it pending:
+   the sink publishes it when the broker is back.
+3. It waits for the sink to have applied it, until ``wait_seconds`` after the call.
+
+A store that does not answer: with the session's fleet given (the CLI's
+``--fleet``) the ledger record is written alone and the sink applies it when
+the store is back; without it, :class:`~turnlog.sinks.exceptions.StoreUnavailableError`
+(nothing changed). Either way the answer says ``pending`` until the store
+holds the erasure done.
+
+It lives with the store (not with the operator tools) because the API, which
+may not import ``turnlog.ops``, runs it too; ``turnlog.ops.erasure`` re-exports it.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import time
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+
+from confluent_kafka import Producer
+from sqlalchemy import select
+
+from turnlog import kafka
+from turnlog.exceptions import TurnlogError
+from turnlog.faults import fault_point
+from turnlog.schemas.erasure import Erasure, ErasureReason
+from turnlog.settings import TurnlogSettings
+from turnlog.sinks.base import SqlStore
+from turnlog.sinks.erasure import ErasureStatus
+from turnlog.sinks.erasure_ledger import publish_erasures
+from turnlog.sinks.errors import store_errors
+from turnlog.sinks.exceptions import StoreUnavailableError
+from turnlog.sinks.tables import sessions
+
+__all__ = ["ErasureNotFound", "ErasureOutcome", "request_erasure"]
+
+#: How often request_erasure looks whether the sink has applied the erasure (seconds).
+_POLL_SECONDS = 0.2
+
+
+class ErasureNotFound(TurnlogError):
+    """No such session within the caller's fleets (and no erasure of it): nothing changed."""
+
+
+@dataclass(frozen=True, slots=True)
+class ErasureOutcome:
+    """Where an erasure stands. ``status``: ``done`` (the store holds nothing of the session)
+    or ``pending``; ``published``: its ledger record was acknowledged by the broker;
+    ``completed_at``: when the store applied it (None while pending)."""
+
+    session_id: str
+    fleet: str
+    status: ErasureStatus
+    published: bool
+    requested_at: dt.datetime
+    requested_by: str
+    completed_at: dt.datetime | None = None
+
+
+def request_erasure(
+    settings: TurnlogSettings,
+    store: SqlStore,
+    session_id: str,
+    *,
+    requested_by: str,
+    fleets: Collection[str] | None = None,
+    fleet: str | None = None,
+    reason: ErasureReason = "request",
+    wait_seconds: float = 10.0,
+    producer: Producer | None = None,
+    on_recorded: Callable[[ErasureOutcome], object] | None = None,
+) -> ErasureOutcome:
+    """Forget ``session_id`` everywhere (module docstring).
+
+    ``fleets``: the fleets the caller may erase in (None: any); ``fleet``: the
+    session's fleet, used only when the store does not answer. ``wait_seconds``
+    counts from the call: it returns by then, or once the ledger record's
+    publication gives up (``max(1, 5 * ack_wait_seconds)`` s) if that is later.
+    ``on_recorded`` is called (in the caller's thread) with the pending outcome as
+    soon as the erasure is queued, in the store or in the ledger, so that a caller
+    that stops waiting knows it will complete (the API's 202).
+
+    Raises:
+        ErasureNotFound: the store has neither the session within ``fleets`` nor an erasure of it.
+        StoreUnavailableError: the store does not answer and ``fleet`` was not given.
+    """
+    now = dt.datetime.now(dt.UTC)
+    deadline = time.monotonic() + wait_seconds
+    store_answered = True
+    try:
+        erasure, published = _recorded(store, session_id, fleets, requested_by, reason, now)
+    except StoreUnavailableError:
+        if fleet is None or (fleets is not None and fleet not in fleets):
+            raise
+        store_answered, published = False, False
+        erasure = Erasure(session_id=session_id, fleet=fleet, requested_by=requested_by, requested_at=now,
+                          reason=reason)
+    else:
+        _tell(on_recorded, erasure, published)
+    fault_point("forget.after_request")
+    if not published:
+        own = producer is None
+        producer = producer or kafka.producer(settings, client_id=f"turnlog-forget-{session_id[:40]}")
+        try:
+            acked = publish_erasures(producer, settings, [erasure], timeout=max(1.0, settings.ack_wait_seconds * 5))
+        finally:
+            if own:
+                producer.flush(0)
+        published = bool(acked)
+        if published and not store_answered:
+            _tell(on_recorded, erasure, published)
+        if published and store_answered:
+            try:
+                with store_errors(), store.engine.begin() as conn:
+                    store.erasures.mark_published(conn, acked, dt.datetime.now(dt.UTC))
+            except StoreUnavailableError:
+                pass  # the sink marks it when it applies the record
+    status: ErasureStatus = "pending"
+    completed_at = None
+    while True:
+        try:
+            with store_errors(), store.engine.connect() as conn:
+                state = store.erasures.state(conn, session_id)
+        except StoreUnavailableError:
+            state = None
+        if state is not None and state.status == "done":
+            status, completed_at = "done", state.completed_at
+            break
+        if time.monotonic() >= deadline:
+            break
+        time.sleep(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
+    return ErasureOutcome(session_id, erasure.fleet, status, published, erasure.requested_at, erasure.requested_by,
+                          completed_at)
+
+
+def _tell(on_recorded: Callable[[ErasureOutcome], object] | None, erasure: Erasure, published: bool) -> None:
+    if on_recorded is not None:
+        on_recorded(ErasureOutcome(erasure.session_id, erasure.fleet, "pending", published, erasure.requested_at,
+                                   erasure.requested_by))
+
+
+def _recorded(
+    store: SqlStore, session_id: str, fleets: Collection[str] | None, requested_by: str, reason: ErasureReason,
+    now: dt.datetime,
+) -> tuple[Erasure, bool]:
+    """The erasure of ``session_id`` as the store holds it (inserted as pending if new) and
+    whether its ledger record was published already.
+
+    Raises:
+        ErasureNotFound, StoreUnavailableError: as :func:`request_erasure`.
+    """
+    with store_errors(), store.engine.begin() as conn:
+        state = store.erasures.state(conn, session_id)
+        if state is not None:
+            if fleets is not None and state.fleet not in fleets:
+                raise ErasureNotFound(f"no session {session_id}")
+            return state.as_erasure(), state.published_at is not None
+        fleet = conn.execute(select(sessions.c.fleet).where(sessions.c.id == session_id)).scalar()
+        if fleet is None or (fleets is not None and fleet not in fleets):
+            raise ErasureNotFound(f"no session {session_id}")
+        erasure = Erasure(session_id=session_id, fleet=fleet, requested_by=requested_by, requested_at=now,
+                          reason=reason)
+        if not store.erasures.request(conn, erasure):  # a concurrent request inserted it first: that one stands
+            raced = store.erasures.state(conn, session_id)
+            if raced is not None:
+                return raced.as_erasure(), raced.published_at is not None
+        return erasure, False
