@@ -17,9 +17,9 @@ turns) and otherwise starts it; then it listens to the session:
   taken), with no text yet; so a realtime model that sends the transcript after
   its reply still has the question indexed before the answer. A turn no words
   were transcribed for gives its index back when the agent's turn opens while
-  the user is silent, and is replaced when the user speaks again after a later
-  turn began (LiveKit holds no words of it; not with a realtime model that
-  transcribes the user, whose transcript may come after its reply).
+  the user is silent (LiveKit holds no words of it, and words said later are
+  committed after the agent's; not with a realtime model that transcribes the
+  user, whose transcript may come after its reply).
 - ``user_input_transcribed``: the user's open turn. An interim transcript covers
   only the current segment; final segments accumulate, so the partial text is
   the final segments so far and the current interim, joined by spaces.
@@ -572,14 +572,8 @@ class LiveKitRecording:
         after its reply (LiveKit back-dates the user message: ``voice/agent_activity.py``,
         ``AgentActivity._on_input_audio_transcription_completed``), and the turn
         index must follow the conversation's order, not the transcript's."""
-        if self._stopping or ev.new_state != "speaking":
+        if self._stopping or ev.new_state != "speaking" or self._user is not None:
             return
-        user = self._user
-        if user is not None and (user.recorded or user.turn_index == self._next_index - 1
-                                 or self._transcribed_by_realtime_model()):
-            return  # the same turn goes on (LiveKit's transcript of it is still open)
-        # Else nothing of the open turn was transcribed and a later turn has begun since:
-        # LiveKit holds no words of it, and the words now spoken come after that later turn.
         self._user = _UserTurn(self._take_index(), _from_epoch(ev.created_at))
 
     def _on_agent_text(self, delta: str) -> None:
