@@ -8,7 +8,7 @@ import signal
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Literal
 
 import typer
 from pydantic import ValidationError
@@ -376,7 +376,8 @@ def tail(
     bootstrap_servers: Bootstrap = None,
     database_url: DatabaseUrl = None,
 ) -> None:
-    """Follow a session in the terminal: its stored turns, then live ones, until it ends."""
+    """Follow a session in the terminal: its stored turns, then live ones, until it ends (exit 0), or it is
+    forgotten (exit 4: nothing more of it is shown)."""
     import asyncio
 
     from turnlog.ops.tail import tail_session
@@ -392,6 +393,9 @@ def tail(
         raise typer.Exit(1)
     if result.skipped:
         typer.echo(f"turnlog: skipped {result.skipped} events that could not be shown (see the warnings)", err=True)
+    if result.erased:
+        typer.echo(f"turnlog: session {session_id!r} is forgotten; the tail ends", err=True)
+        raise typer.Exit(4)
 
 
 @app.command()
@@ -544,9 +548,14 @@ def bench(
         int,
         typer.Option(min=0, help="Pairs of runs (sequencer transactions off, on) of the transactions phase; 0: none."),
     ] = 1,
+    encryption_repetitions: Annotated[
+        int,
+        typer.Option(min=0, help="Pairs of runs (encryption off, on) of the encryption phase; 0: none."),
+    ] = 1,
     only: Annotated[
         str | None,
-        typer.Option("--only", help="Run one phase alone: 'transactions' (sequencer transactions on vs off)."),
+        typer.Option("--only", help="Run one phase alone: 'transactions' (sequencer transactions on vs off) or"
+                     " 'encryption' (envelope encryption on vs off)."),
     ] = None,
     quick: Annotated[
         bool,
@@ -562,14 +571,17 @@ def bench(
         typer.echo("turnlog: bench needs Postgres: --database-url postgresql+psycopg://... (its role must be able to"
                    " CREATE DATABASE)", err=True)
         raise typer.Exit(2)
-    if only not in (None, "transactions"):
-        typer.echo(f"turnlog: bench --only takes 'transactions', not {only!r}", err=True)
+    phases: dict[str | None, Literal["transactions", "encryption"] | None] = {
+        None: None, "transactions": "transactions", "encryption": "encryption"}
+    if only not in phases:
+        typer.echo(f"turnlog: bench --only takes 'transactions' or 'encryption', not {only!r}", err=True)
         raise typer.Exit(2)
     options = BenchOptions(
         sessions_dir=sessions, admin_url=settings.database_url, sessions=concurrency, turns_per_session=turns,
         phase_seconds=phase_seconds, speed=speed, memory_sessions=memory_sessions, report_path=report, plot_path=plot,
         profile_dir=profile_dir, keep=keep, direct=direct, direct_connections=direct_connections,
-        transactions_repetitions=transactions_repetitions, only="transactions" if only else None,
+        transactions_repetitions=transactions_repetitions, encryption_repetitions=encryption_repetitions,
+        only=phases[only],
     )
     run_bench(settings, quick_options(options) if quick else options)
 

@@ -38,6 +38,8 @@ class LoadResult:
     #: Milliseconds each ``complete_turn`` took (its spool fsync and broker ack): a
     #: session's next turn waits for it, so slow acks lower the offered rate.
     complete_ms: list[float] = field(default_factory=list)
+    #: Whether the recorder sealed the sessions' content (it had a KEK: ``SessionRecorder.encrypted``).
+    encrypted: bool = False
 
     @property
     def events_per_second(self) -> float:
@@ -77,6 +79,7 @@ async def run_load(
     stop_at = time.monotonic() + seconds
     stop = stop or asyncio.Event()
     async with SessionRecorder(settings, producer_id=f"bench-{tag}") as recorder:
+        result.encrypted = recorder.encrypted
         async def drive(slot: int, plan: SessionPlan) -> None:
             await asyncio.sleep(slot % 100 / 100)  # spread the starts over the first second
             round_ = 0

@@ -22,6 +22,14 @@ Phases, in order, on a run-private database, topics and consumer groups:
 2c. **Redaction** (``redaction.py``): the pattern redactor's CPU per completed turn and per
    partial on the workload's texts, in this process (the recorder runs it in the agent's),
    and its share of the pipeline's CPU per event at capacity. The load runs without it.
+2d. **Encryption** (``encryption.py``): envelope encryption's CPU per event on and off in this
+   process (the recorder's sealing, a reader's opening with each epoch's first unwrap, the
+   sink's planning) and bytes per event; and, before the run's own pipeline starts (beside
+   1b), the pipeline with a keyring and sealing recorders and without, each a variant of its
+   own, under the same moderate load of about 680 events/s: turn-to-store p50/p95/p99 and
+   each process's CPU per event, on/off ratios; ``encryption_repetitions`` pairs, alternated.
+   ``only="encryption"`` runs this phase alone. The run's own pipeline phases run as
+   configured (``TURNLOG_ENCRYPTION``, ``TURNLOG_KEYRING_FILE``).
 3. **Sustained**: the load generator (``load.py``, the real ``SessionRecorder``)
    offers 0.9 C, then less, until the pipeline's lag stays flat for the whole
    phase; that rate is the sustained maximum M. Postgres commits and WAL syncs
@@ -67,6 +75,7 @@ from turnlog.sinks import open_store
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.tools.bench import baselines as base
 from turnlog.tools.bench.direct import direct_summary, run_direct
+from turnlog.tools.bench.encryption import encryption_cost, run_encryption
 from turnlog.tools.bench.load import plans_for_rate, run_load
 from turnlog.tools.bench.probes import (
     Sample,
@@ -96,6 +105,8 @@ __all__ = ["BenchOptions", "run_bench", "quick_options"]
 FLAT_LAG_SLOPE = 0.02
 #: Longest the pipeline's services may take to write their ready files (seconds).
 PIPELINE_READY_TIMEOUT_SECONDS = 180.0
+#: Encryption on over off, for turn-to-store p99 and CPU per event at moderate load (issue 21).
+ENCRYPTION_TARGET_RATIO = 1.10
 
 
 @dataclass(frozen=True)
@@ -132,8 +143,12 @@ class BenchOptions:
     transactions_repetitions: int = 1
     #: Events/s the transactions phase offers under moderate load.
     transactions_rate: float = MODERATE_RATE
-    #: Run one phase alone (no baselines, no run-wide pipeline): ``"transactions"``.
-    only: Literal["transactions"] | None = None
+    #: Pairs of variants (encryption off and on) in the encryption phase's moderate load; 0 skips it.
+    encryption_repetitions: int = 1
+    #: Events/s the encryption phase offers (the issue's bound: on within 10 % of off there).
+    encryption_rate: float = MODERATE_RATE
+    #: Run one phase alone (no baselines, no run-wide pipeline): ``"transactions"`` or ``"encryption"``.
+    only: Literal["transactions", "encryption"] | None = None
 
 
 def quick_options(options: BenchOptions) -> BenchOptions:
@@ -198,8 +213,8 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
     )
     log_dir = options.log_dir / run
     report: dict[str, Any] = {"run_id": run, "options": {k: str(v) for k, v in asdict(options).items()}}
-    if options.only == "transactions":
-        return _only_transactions(settings, options, report, admin_psycopg)
+    if options.only is not None:
+        return _only_phase(settings, options, report, admin_psycopg)
     with psycopg.connect(admin_psycopg, autocommit=True) as conn:
         conn.execute(f'CREATE DATABASE "{database}"')
     processes: dict[str, ServiceProcess] = {}
@@ -221,6 +236,14 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             except Exception as e:  # the other figures still stand
                 report["transactions"] = {"error": f"{type(e).__name__}: {e}"}
                 print(f"transactions phase failed: {report['transactions']['error']}")
+
+        # -- encryption on and off under load, on pipelines of its own (its cost per event: below) ----
+        if options.encryption_repetitions > 0:
+            try:
+                report["encryption"] = _encryption(settings, options, plans, run, log_dir)
+            except Exception as e:  # the other figures still stand
+                report["encryption"] = {"error": f"{type(e).__name__}: {e}"}
+                print(f"encryption phase failed: {report['encryption']['error']}")
 
         # -- capacity: drain a backlog ------------------------------------------------
         capacity_plans = plan_sessions(options.sessions_dir, options.sessions, options.turns_per_session,
@@ -244,6 +267,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
         # -- signing: write-side isolation's CPU per event, on and off ---------------------
         report["signing"] = _signing(payloads, report)
         report["redaction"] = _redaction(payloads, report)
+        report["encryption_cost"] = _encryption_cost(payloads, report)
 
         # -- sustained ---------------------------------------------------------------------
         counters_before = pg_counters(admin_psycopg, database)
@@ -375,18 +399,22 @@ def _finish(report: dict[str, Any], options: BenchOptions) -> dict[str, Any]:
     return report
 
 
-def _only_transactions(
+def _only_phase(
     settings: TurnlogSettings, options: BenchOptions, report: dict[str, Any], admin_dsn: str
 ) -> dict[str, Any]:
-    """The transactions phase alone (``only="transactions"``): its variants make their own databases
-    and topics, so the run makes none of its own."""
+    """One phase alone (``options.only``: transactions or encryption): its variants make their own
+    databases and topics, so the run makes none of its own."""
     run = report["run_id"]
     require_commit_timestamps(admin_dsn)
     plans = plan_sessions(options.sessions_dir, options.sessions, options.turns_per_session, run_id=run)
     payloads = encoded_events(plans, flush_interval=options.flush_interval, speed=options.speed)
-    print(f"turnlog bench {run}, transactions only: {len(plans)} sessions x {options.turns_per_session} turns ="
+    print(f"turnlog bench {run}, {options.only} only: {len(plans)} sessions x {options.turns_per_session} turns ="
           f" {len(payloads):,} events per pass")
-    report["transactions"] = _transactions(settings, options, plans, payloads, run, options.log_dir / run)
+    if options.only == "transactions":
+        report["transactions"] = _transactions(settings, options, plans, payloads, run, options.log_dir / run)
+    else:
+        report["encryption_cost"] = _encryption_cost(payloads, report)
+        report["encryption"] = _encryption(settings, options, plans, run, options.log_dir / run)
     return _finish(report, options)
 
 
@@ -409,6 +437,25 @@ def _transactions(
           f" {result['on']['moderate_offered_events_per_second']:,.0f} ev/s: sequencer CPU/event"
           f" {r.get('moderate_sequencer_us_per_event', nan):.2f} x, turn-to-store p50"
           f" {r.get('moderate_p50_ms', nan):.2f} x, p99 {r.get('moderate_p99_ms', nan):.2f} x")
+    return result
+
+
+def _encryption(
+    settings: TurnlogSettings, options: BenchOptions, plans, run: str, log_dir: Path
+) -> dict[str, Any]:
+    """The pipeline with encryption on and off under the same moderate load (``encryption.py``)."""
+    result = run_encryption(
+        settings, admin_url=options.admin_url, plans=plans, run=run, log_dir=log_dir,
+        repetitions=max(options.encryption_repetitions, 1), rate=options.encryption_rate,
+        seconds=options.phase_seconds, speed=options.speed, flush_interval=options.flush_interval,
+        ready_timeout=PIPELINE_READY_TIMEOUT_SECONDS, keep=options.keep,
+    )
+    r, nan = result["on_over_off"], float("nan")
+    print(f"encryption on/off ({result['repetitions']} x each, pooled) at"
+          f" {result['on']['moderate_offered_events_per_second']:,.0f} ev/s: turn-to-store p99"
+          f" {r.get('moderate_p99_ms', nan):.2f} x, p50 {r.get('moderate_p50_ms', nan):.2f} x; CPU per event of every"
+          f" process measured {r.get('moderate_measured_us_per_event', nan):.2f} x, of the pipeline"
+          f" {r.get('moderate_pipeline_us_per_event', nan):.2f} x")
     return result
 
 
@@ -1011,6 +1058,67 @@ def _redaction_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
              f"{cost['share_of_pipeline_cpu']:.1%} of the pipeline's CPU/event at capacity")]
 
 
+def _encryption_cost(payloads: list[tuple[str, bytes]], report: dict[str, Any]) -> dict[str, Any]:
+    """Envelope encryption's CPU and bytes per event on and off (``encryption.py``), and the CPU's
+    share of the pipeline's CPU per event at capacity when this run measured it."""
+    cost = encryption_cost(payloads)
+    pipeline = report.get("cpu_at_capacity", {}).get("pipeline_us_per_event", float("nan"))
+    cost["added_share_of_pipeline_cpu"] = cost["added_us_per_event"] / pipeline if pipeline else float("nan")
+    print(f"encryption: recorder {cost['recorder_off_us']:.1f} -> {cost['recorder_on_us']:.1f} µs/event, reader"
+          f" {cost['reader_off_us']:.1f} -> {cost['reader_on_us']:.1f}, sink planning {cost['sink_plan_off_us']:.1f}"
+          f" -> {cost['sink_plan_on_us']:.1f}; wrap {cost['wrap_us_per_epoch']:.0f} / unwrap"
+          f" {cost['unwrap_us_per_epoch']:.0f} µs per session epoch; {cost['plain_bytes_per_event']:,.0f} ->"
+          f" {cost['sealed_bytes_per_event']:,.0f} bytes/event")
+    return cost
+
+
+def encryption_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Table rows of the encryption phase: the in-process cost per event, then the pipeline's
+    turn-to-store p99 and CPU per event off -> on at moderate load, with on / off."""
+    rows, nan = [], float("nan")
+    cost = report.get("encryption_cost")
+    if cost:
+        share = cost.get("added_share_of_pipeline_cpu", nan)
+        rows.append(("encryption on vs off, per event", f"+{cost['added_us_per_event']:.1f} µs CPU/event",
+                     f"recorder {cost['recorder_off_us']:.1f} -> {cost['recorder_on_us']:.1f} µs"
+                     f" ({cost['recorder_on_over_off']:.2f} x); reader decode+open {cost['reader_off_us']:.1f} ->"
+                     f" {cost['reader_on_us']:.1f} µs; sink planning {cost['sink_plan_off_us']:.1f} ->"
+                     f" {cost['sink_plan_on_us']:.1f} µs; wrap {cost['wrap_us_per_epoch']:.0f} / first unwrap"
+                     f" {cost['unwrap_us_per_epoch']:.0f} µs per session epoch"
+                     + ("" if share != share else f"; {share:.1%} of the pipeline's CPU/event at capacity")))
+        rows.append(("encryption on vs off, bytes per event",
+                     f"{cost['plain_bytes_per_event']:,.0f} -> {cost['sealed_bytes_per_event']:,.0f} B",
+                     f"{cost['bytes_on_over_off']:.2f} x (the record value: base64 box and wrapped key)"))
+    enc = report.get("encryption")
+    if not enc:
+        return rows
+    if enc.get("error"):
+        return [*rows, ("encryption on vs off under load", "not measured", enc["error"])]
+    on, off, r = enc["on"], enc["off"], enc["on_over_off"]
+
+    def change(key: str, unit: str, fmt: str = ",.0f") -> str:
+        return (f"{format(off.get(key, nan), fmt)} -> {format(on.get(key, nan), fmt)} {unit}"
+                f" ({r.get(key, nan):.2f} x)")
+
+    runs = f"{enc['repetitions']} run{'s' if enc['repetitions'] > 1 else ''} per mode, pooled"
+    rate = on.get("moderate_offered_events_per_second", nan)
+    broker = f"; broker {change('moderate_broker_us_per_event', 'µs')}" if "moderate_broker_us_per_event" in on else ""
+    rows += [
+        (f"encryption off -> on: at {rate:,.0f} ev/s", f"p99 {change('moderate_p99_ms', 'ms', '.1f')}",
+         f"turn-to-store p50 {change('moderate_p50_ms', 'ms', '.1f')}, p95 {change('moderate_p95_ms', 'ms', '.1f')};"
+         f" complete_turn p99 {change('moderate_complete_turn_p99_ms', 'ms', '.1f')};"
+         f" {on.get('moderate_turns', 0):,} / {off.get('moderate_turns', 0):,} turns (on / off); {runs};"
+         f" target p99 on / off <= {ENCRYPTION_TARGET_RATIO:.2f}"),
+        (f"encryption off -> on: CPU at {rate:,.0f} ev/s", change("moderate_measured_us_per_event", "µs/event"),
+         f"every process measured (Postgres not); pipeline {change('moderate_pipeline_us_per_event', 'µs')};"
+         f" sequencer {change('moderate_sequencer_us_per_event', 'µs')}; sink"
+         f" {change('moderate_sink_us_per_event', 'µs')}; generator (recorder)"
+         f" {change('moderate_generator_us_per_event', 'µs')}{broker}; target on / off <="
+         f" {ENCRYPTION_TARGET_RATIO:.2f}"),
+    ]
+    return rows
+
+
 def transactions_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Table rows of the transactions phase: each figure off -> on, and on / off."""
     tx = report.get("transactions")
@@ -1051,7 +1159,7 @@ def print_table(report: dict[str, Any]) -> None:
     b, s = report.get("baselines", {}), report.get("sustained", {})
     r, m = report.get("ratios", {}), report.get("memory", {})
     if not (b and s and r):  # a run of one phase (only), or one that failed before the ratios
-        _print_rows(transactions_rows(report))
+        _print_rows(transactions_rows(report) + encryption_rows(report))
         return
     lat = report["latency"]
     rows = [
@@ -1090,6 +1198,7 @@ def print_table(report: dict[str, Any]) -> None:
         *_signing_rows(report),
         *_redaction_rows(report),
         *transactions_rows(report),
+        *encryption_rows(report),
         *_peer_rows(report),
         ("unsafe baseline", f"{b['unsafe']['commits_per_session']:.0f} commit/session",
          f"SIGKILL at 50%: {b['unsafe']['turns_said_at_kill']} turns said, "
