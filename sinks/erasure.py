@@ -21,7 +21,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from sqlalchemy import and_, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, delete, func, or_, select, update
 from sqlalchemy.engine import Connection
 
 from turnlog.schemas import SessionStatus
@@ -136,13 +136,21 @@ class SqlErasures:
     ) -> list[tuple[str, str]]:
         """``(session_id, fleet)`` of settled sessions (finalized or abandoned) that ended
         before their fleet's cutoff (``fleet_cutoffs``, else ``default_cutoff``; None: no
-        policy) and have no erasure yet: the retention sweep's candidates, oldest first."""
+        policy) and have no erasure yet: the retention sweep's candidates, oldest first, at
+        most ``limit``. A session whose ``ended_at`` is unset never expires. ``ended_at`` is
+        the agent's word; a session the sink finalized before the cutoff (``finalized_at``,
+        the store's clock) expires too, so an ``ended_at`` in the future (a skewed clock, a
+        hostile agent) cannot keep a session past the policy."""
         settled = sessions.c.status.in_([SessionStatus.FINALIZED, SessionStatus.ABANDONED])
-        by_fleet = [and_(sessions.c.fleet == fleet, sessions.c.ended_at < cutoff)
-                    for fleet, cutoff in sorted(fleet_cutoffs.items())]
+
+        def before(cutoff: dt.datetime) -> ColumnElement[bool]:
+            return and_(sessions.c.ended_at.is_not(None),
+                        or_(sessions.c.ended_at < cutoff, sessions.c.finalized_at < cutoff))
+
+        by_fleet = [and_(sessions.c.fleet == fleet, before(cutoff)) for fleet, cutoff in sorted(fleet_cutoffs.items())]
         if default_cutoff is not None:
             others = sessions.c.fleet.not_in(sorted(fleet_cutoffs)) if fleet_cutoffs else sessions.c.fleet.is_not(None)
-            by_fleet.append(and_(others, sessions.c.ended_at < default_cutoff))
+            by_fleet.append(and_(others, before(default_cutoff)))
         if not by_fleet:
             return []
         not_erased = ~select(erasures.c.session_id).where(erasures.c.session_id == sessions.c.id).exists()

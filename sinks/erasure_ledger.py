@@ -5,7 +5,8 @@ session's partition: the ledger is co-partitioned with the transcript) and
 returns those the broker acknowledged. :class:`ErasureDuties` is what the
 transcript sink runs between batches, at most every ``interval`` seconds:
 publish the erasures the store holds as pending (a request made while the
-broker was away), and the retention sweep (sessions past
+broker was away), and, at most every ``sweep_interval`` seconds (sooner while
+a backlog fills whole batches), the retention sweep (sessions past
 ``TURNLOG_RETENTION_DAYS`` get a pending erasure, published the same way).
 At start it warns about each topic whose retention outlives the store's policy
 or the erasure deadline (:meth:`ErasureDuties.warn_if_log_outlives_policy`).
@@ -33,8 +34,13 @@ from turnlog.sinks.exceptions import StoreUnavailableError
 __all__ = ["publish_erasures", "ErasureDuties", "retention_cutoffs"]
 
 logger = logging.getLogger(__name__)
-#: How often the sink publishes pending erasures and sweeps for expired sessions (seconds).
+#: How often the sink publishes pending erasures (seconds).
 DUTIES_INTERVAL_SECONDS = 5.0
+#: How often the sink sweeps for expired sessions (seconds): a policy counts in days, and each
+#: sweep reads the settled sessions of the store.
+SWEEP_INTERVAL_SECONDS = 60.0
+#: Most sessions one sweep gives an erasure (one transaction); a full batch sweeps again at the next round.
+SWEEP_BATCH = 500
 
 
 def publish_erasures(
@@ -79,12 +85,15 @@ class ErasureDuties:
     """The transcript sink's erasure work between batches (module docstring)."""
 
     def __init__(
-        self, settings: TurnlogSettings, store: SqlStore, *, interval: float = DUTIES_INTERVAL_SECONDS
+        self, settings: TurnlogSettings, store: SqlStore, *, interval: float = DUTIES_INTERVAL_SECONDS,
+        sweep_interval: float = SWEEP_INTERVAL_SECONDS,
     ) -> None:
         self.settings = settings
         self.store = store
         self.interval = interval
+        self.sweep_interval = sweep_interval
         self._next_at = 0.0
+        self._next_sweep_at = 0.0
         self._producer: Producer | None = None
 
     def warn_if_log_outlives_policy(self) -> list[LogOutlivesPolicy]:
@@ -96,26 +105,31 @@ class ErasureDuties:
         return findings
 
     def run_if_due(self) -> None:
-        """Publish pending erasures and sweep for expired sessions, if ``interval`` has passed.
-        A store or broker outage is logged and left for the next round."""
+        """Publish pending erasures if ``interval`` has passed, after a sweep for expired sessions
+        if ``sweep_interval`` has (or the last sweep filled a batch). A store or broker outage is
+        logged and left for the next round."""
         if time.monotonic() < self._next_at:
             return
         self._next_at = time.monotonic() + self.interval
         try:
-            self.sweep_retention()
+            if time.monotonic() >= self._next_sweep_at:
+                swept = self.sweep_retention()
+                self._next_sweep_at = time.monotonic() + (self.interval if len(swept) >= SWEEP_BATCH
+                                                          else self.sweep_interval)
             self.publish_pending()
         except StoreUnavailableError as e:
             logger.warning("erasure duties: the store is unavailable (%s); next round in %.0f s", e, self.interval)
 
     def sweep_retention(self, now: dt.datetime | None = None) -> list[str]:
-        """Give every settled session past the retention policy a pending erasure
-        (``requested_by`` and ``reason`` ``retention``); the ids, oldest first."""
+        """Give settled sessions past the retention policy a pending erasure (``requested_by``
+        and ``reason`` ``retention``), at most :data:`SWEEP_BATCH` in one transaction; the ids,
+        oldest first (a full batch: call again for the rest)."""
         now = now or dt.datetime.now(dt.UTC)
         default, by_fleet = retention_cutoffs(self.settings, now)
         if default is None and not by_fleet:
             return []
         with store_errors(), self.store.engine.begin() as conn:
-            expired = self.store.erasures.expired(conn, default, by_fleet)
+            expired = self.store.erasures.expired(conn, default, by_fleet, limit=SWEEP_BATCH)
             for session_id, fleet in expired:
                 self.store.erasures.request(conn, Erasure(
                     session_id=session_id, fleet=fleet, requested_by="retention", requested_at=now,

@@ -32,13 +32,18 @@ def days_ago(days: float, now: dt.datetime = NOW) -> dt.datetime:
     return now - dt.timedelta(days=days)
 
 
-def add_session(store, session_id: str, fleet: str, status: str, ended_days_ago: float | None) -> None:
-    """A session row as the sink leaves it: started an hour before it ended (or 400 days ago if it never ended)."""
+def add_session(store, session_id: str, fleet: str, status: str, ended_days_ago: float | None,
+                finalized_days_ago: float | None = None) -> None:
+    """A session row as the sink leaves it: started an hour before it ended (or 400 days ago if it
+    never ended), finalized when it ended unless ``finalized_days_ago`` says otherwise."""
     ended = None if ended_days_ago is None else days_ago(ended_days_ago)
     started = (ended or days_ago(400)) - dt.timedelta(hours=1)
+    finalized = days_ago(finalized_days_ago) if finalized_days_ago is not None else ended
     with store.engine.begin() as conn:
-        conn.execute(insert(sessions).values(id=session_id, fleet=fleet, agent_id="a", status=status, epoch=0,
-                                             last_seq=3, started_at=started, ended_at=ended))
+        conn.execute(insert(sessions).values(
+            id=session_id, fleet=fleet, agent_id="a", status=status, epoch=0, last_seq=3, started_at=started,
+            ended_at=ended, finalized_at=finalized if status == "finalized" else None,
+        ))
 
 
 def erasure_rows(store) -> dict[str, tuple[str, str, str]]:
@@ -67,6 +72,8 @@ def test_the_sweep_requests_exactly_the_settled_sessions_past_their_fleets_polic
     }
     for session_id, (fleet, status, ended, _) in sessions_by_id.items():
         add_session(store, session_id, fleet, status, ended)
+    # An agent's clock (or the agent) said the session ends in a year; the sink finalized it 35 days ago.
+    add_session(store, "calls-finalized-35d-ends-next-year", "calls", "finalized", -365, finalized_days_ago=35)
     # Already asked for by a person: its erasure stands, not duplicated nor rewritten by the sweep.
     add_session(store, "calls-finalized-50d-requested", "calls", "finalized", 50)
     with store.engine.begin() as conn:
@@ -77,10 +84,13 @@ def test_the_sweep_requests_exactly_the_settled_sessions_past_their_fleets_polic
     swept = duties.sweep_retention(NOW)
 
     # Oldest first, by ended_at.
-    assert swept == ["long-abandoned-100d", "calls-finalized-40d", "calls-abandoned-31d", "brief-finalized-8d"]
+    assert swept == ["long-abandoned-100d", "calls-finalized-40d", "calls-abandoned-31d", "brief-finalized-8d",
+                     "calls-finalized-35d-ends-next-year"]
+    assert {sid for sid, (*_, expired) in sessions_by_id.items() if expired} == set(swept[:4])
     rows = erasure_rows(store)
     assert rows == {
-        **{sid: ("retention", "retention", sessions_by_id[sid][0]) for sid in swept},
+        **{sid: ("retention", "retention", sessions_by_id[sid][0]) for sid in swept[:4]},
+        "calls-finalized-35d-ends-next-year": ("retention", "retention", "calls"),
         "calls-finalized-50d-requested": ("cli:alice", "request", "calls"),
     }
     with store.engine.connect() as conn:
