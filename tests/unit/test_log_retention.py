@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import logging
+from types import SimpleNamespace
 
 import pytest
 from pydantic import ValidationError
@@ -16,7 +17,7 @@ from turnlog.kafka.log_retention import (
     retention_policy_ms,
 )
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import open_store
+from turnlog.sinks import erasure_ledger, open_store
 from turnlog.sinks.erasure_ledger import ErasureDuties
 
 DAY = MS_PER_DAY
@@ -118,3 +119,21 @@ def test_the_sink_warns_at_start_for_each_finding(tmp_path, caplog):
         findings = duties.warn_if_log_outlives_policy()
     assert [f.topic for f in findings] == ["t.events", "t.transcript", "t.dlq"]
     assert [record.levelno for record in caplog.records] == [logging.WARNING] * 3
+
+
+def test_the_sink_sweeps_once_a_sweep_interval_and_sooner_while_batches_fill(tmp_path, monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(erasure_ledger, "time", SimpleNamespace(monotonic=lambda: clock[0]))
+    duties = ErasureDuties(settings(retention_days=1), open_store(f"sqlite:///{tmp_path / 'store.db'}"),
+                           interval=5, sweep_interval=60)
+    results = iter([["s"] * erasure_ledger.SWEEP_BATCH, ["s"], [], [], []])
+    sweeps: list[float] = []
+    published: list[float] = []
+    monkeypatch.setattr(duties, "sweep_retention", lambda: sweeps.append(clock[0]) or next(results))
+    monkeypatch.setattr(duties, "publish_pending", lambda: published.append(clock[0]) or 0)
+    for second in range(1000, 1200):
+        clock[0] = float(second)
+        duties.run_if_due()
+    # A full batch sweeps again at the next round (5 s); otherwise once a minute.
+    assert sweeps == [1000, 1005, 1065, 1125, 1185]
+    assert published == list(range(1000, 1200, 5))
