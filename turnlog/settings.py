@@ -276,6 +276,7 @@ class TurnlogSettings(BaseSettings):
     erasure_deadline_days: float = Field(
         30.0,
         gt=0,
+        le=MAX_RETENTION_DAYS,  # also refuses inf and NaN, which no retention.ms could say
         description="Longest any copy of a forgotten session may outlive its erasure (days): the wrapped data "
         "keys travel in the log, so every topic's retention must be at most this; `turnlog topics check` warns "
         "otherwise. Also max.compaction.lag.ms of <prefix>.erasures.",

@@ -137,3 +137,10 @@ def test_the_sink_sweeps_once_a_sweep_interval_and_sooner_while_batches_fill(tmp
     # A full batch sweeps again at the next round (5 s); otherwise once a minute.
     assert sweeps == [1000, 1005, 1065, 1125, 1185]
     assert published == list(range(1000, 1200, 5))
+
+
+@pytest.mark.parametrize("days", [0, float("inf"), float("nan"), 36_501])
+def test_the_erasure_deadline_refuses_days_no_topic_config_can_say(days):
+    with pytest.raises(ValidationError) as refused:
+        TurnlogSettings(erasure_deadline_days=days)
+    assert [error["loc"] for error in refused.value.errors()] == [("erasure_deadline_days",)]
