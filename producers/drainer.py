@@ -13,6 +13,16 @@ Order of work for each event (``submit`` from the agent's event loop):
 4. on the broker's acknowledgement, the ticket's ``acked`` future resolves and
    the row is deleted from the spool.
 
+Erasure (docs/design.md, "Encryption and erasure"): :meth:`SpoolDrainer.forget`
+takes sessions named by the erasure ledger (``producers/erasure_watch.py``):
+from then on :meth:`~SpoolDrainer.submit` refuses their events
+(:class:`~turnlog.producers.exceptions.SessionErasedError`), and the thread
+deletes every row of them still held (``SpoolFile.drop_sessions``; counted in
+``turnlog_erased_records_skipped_total{component="spool"}``) before it produces
+anything more. Rows adopted from a dead recorder's spool are not produced
+until the erasure check for their sessions (``erasure_check``) has resolved,
+so a session forgotten while its recorder was dead is never delivered.
+
 A failed delivery (the broker away longer than ``delivery.timeout.ms``, or any
 other error) never gives an event up: the drainer lets the rest of the window
 settle, waits (exponential backoff, capped), and produces everything still in
@@ -28,8 +38,8 @@ import logging
 import queue
 import threading
 import time
-from collections import defaultdict
-from collections.abc import Mapping, Sequence
+from collections import OrderedDict, defaultdict
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,6 +50,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, wait_fixed
 from turnlog.faults import fault_point
 from turnlog.kafka import RecordRefusedError, produce, producer_from_config
 from turnlog.metrics import (
+    ERASED_RECORDS_SKIPPED,
     RECORDER_DEGRADED,
     SPOOL_BYTES,
     SPOOL_COMMIT_SECONDS,
@@ -48,10 +59,10 @@ from turnlog.metrics import (
     SPOOL_OLDEST_SECONDS,
     SPOOL_QUARANTINED,
 )
-from turnlog.producers.exceptions import RecorderError, SpoolError, SpoolFullError
+from turnlog.producers.exceptions import RecorderError, SessionErasedError, SpoolError, SpoolFullError
 from turnlog.producers.spool import SpooledEvent, SpoolFile, SpoolRow, held_by_other_spools
 
-__all__ = ["SpoolDrainer", "Ticket", "MAX_IN_FLIGHT"]
+__all__ = ["SpoolDrainer", "Ticket", "MAX_IN_FLIGHT", "MAX_REMEMBERED_ERASURES"]
 
 logger = logging.getLogger(__name__)
 #: Records produced and not yet acknowledged, at most: below the sequencer's default reorder
@@ -63,6 +74,11 @@ RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.5, 15.0
 _IDLE_WAIT_SECONDS = 0.1
 _BUSY_POLL_SECONDS = 0.002
 _STATS_EVERY_SECONDS = 1.0
+#: Forgotten sessions whose new events :meth:`SpoolDrainer.submit` refuses, at most (the newest kept;
+#: ~100 bytes each). Past it the oldest is let go: its RecordedSession refuses on its own by then.
+MAX_REMEMBERED_ERASURES = 10_000
+#: Answers whether the erasure ledger names any of these sessions: resolves once it was read for them.
+ErasureCheck = Callable[[Collection[str]], "concurrent.futures.Future[None]"]
 
 
 @dataclass(slots=True)
@@ -127,7 +143,10 @@ class SpoolDrainer:
     starts the thread. The caller's ``producer_config`` is copied, never mutated.
     """
 
-    def __init__(self, folder: Path, producer_config: Mapping[str, Any], *, max_bytes: int) -> None:
+    def __init__(
+        self, folder: Path, producer_config: Mapping[str, Any], *, max_bytes: int,
+        erasure_check: ErasureCheck | None = None,
+    ) -> None:
         self.folder = folder
         self.max_bytes = max_bytes
         self._config = dict(producer_config)
@@ -137,6 +156,8 @@ class SpoolDrainer:
         self._lock = threading.Lock()
         self._backlog = _Backlog()
         self._degraded = False
+        self._erasure_check = erasure_check
+        self._erased: OrderedDict[str, None] = OrderedDict()  # under _lock; bounded
         # thread-owned state
         self._producer: Producer | None = None
         self._tickets: dict[int, Ticket] = {}
@@ -152,6 +173,7 @@ class SpoolDrainer:
         self._closed = False
         self._pending_appends: list[tuple[list[SpooledEvent], list[Ticket]]] = []  # a failed commit, retried first
         self._write_retry_at = 0.0
+        self._holds: list[tuple[concurrent.futures.Future[None], int]] = []  # (erasure check, first row held)
 
     @property
     def path(self) -> Path | None:
@@ -190,6 +212,9 @@ class SpoolDrainer:
         with self._lock:
             if self._closed:
                 raise RecorderError("the recorder is closed; nothing more can be recorded")
+            for e in events:
+                if e.session_id in self._erased:
+                    raise SessionErasedError(e.session_id)
             if self._backlog.bytes + size > self.max_bytes:
                 raise SpoolFullError(
                     f"the spool {self.path} holds {self._backlog.bytes} bytes; {size} more would pass the limit "
@@ -213,6 +238,25 @@ class SpoolDrainer:
                 raise RecorderError("the recorder is closed")
             self._commands.put(("adopt", done))
         return done
+
+    def forget(self, session_ids: Collection[str]) -> None:
+        """The erasure ledger names ``session_ids``: refuse their events from now on, and drop
+        every row of them the spool holds before anything more is produced (any thread)."""
+        if not session_ids:
+            return
+        with self._lock:
+            for session_id in session_ids:
+                self._erased[session_id] = None
+                self._erased.move_to_end(session_id)
+            while len(self._erased) > MAX_REMEMBERED_ERASURES:
+                self._erased.popitem(last=False)
+            if not self._closed:
+                self._commands.put(("forget", frozenset(session_ids)))
+
+    def holds(self, session_id: str) -> bool:
+        """True while the spool holds events of ``session_id`` not yet acknowledged (any thread)."""
+        with self._lock:
+            return session_id in self._backlog.per_session
 
     def pending(self, session_id: str | None = None) -> int:
         """Events held and not yet acknowledged (of ``session_id``, or all)."""
@@ -297,9 +341,11 @@ class SpoolDrainer:
                     self._publish_stats()
                 except SpoolError as e:  # metrics must never stop delivery
                     logger.warning("spool metrics not updated: %s", e)
-            appends, adopt_waiters = self._next_commands()
+            appends, adopt_waiters, forgotten = self._next_commands()
             try:
                 self._write(appends)  # on the stop too: what was queued before it is spooled
+                if forgotten:  # after the appends queued before it: they are dropped too
+                    self._drop_sessions(forgotten)
                 for waiter in adopt_waiters:
                     self._adopt_now(waiter)
             except Exception:
@@ -314,10 +360,12 @@ class SpoolDrainer:
 
     def _next_commands(
         self,
-    ) -> tuple[list[tuple[list[SpooledEvent], list[Ticket]]], list[concurrent.futures.Future[int]]]:
+    ) -> tuple[list[tuple[list[SpooledEvent], list[Ticket]]], list[concurrent.futures.Future[int]], set[str]]:
         appends: list[tuple[list[SpooledEvent], list[Ticket]]] = []
         adopt_waiters: list[concurrent.futures.Future[int]] = []
-        to_send = self._cursor <= self._last_id and not self._failed  # while failed, the retry round waits
+        forgotten: set[str] = set()
+        # while failed, the retry round waits; rows held for an erasure check wait for it
+        to_send = self._cursor <= min(self._last_id, self._hold_limit() - 1) and not self._failed
         busy = bool(self._in_flight or self._acked or to_send)
         try:
             if busy:
@@ -333,13 +381,15 @@ class SpoolDrainer:
                     appends.append(payload)
                 elif kind == "adopt":
                     adopt_waiters.append(payload)
+                elif kind == "forget":
+                    forgotten.update(payload)
                 else:
                     self._stopping = True
                     break  # submit() refuses after the stop: nothing can follow it
                 command = self._commands.get_nowait()
         except queue.Empty:
             pass
-        return appends, adopt_waiters
+        return appends, adopt_waiters, forgotten
 
     def _write(self, appends: list[tuple[list[SpooledEvent], list[Ticket]]]) -> None:
         """Commit the queued appends (after any whose commit failed before) in one fsync.
@@ -397,18 +447,80 @@ class SpoolDrainer:
             _settle(waiter, sum(counted))
 
     def _take_in(self, rows: list[SpoolRow]) -> None:
+        """Count adopted rows as held, and hold them (and all after them) back from delivery
+        until the erasure ledger was read for their sessions."""
         if not rows:
             return
         with self._lock:
             for row in rows:
                 self._backlog.add(row.event.session_id, len(row.event.value))
+        if self._erasure_check is not None:
+            self._holds.append((self._erasure_check({row.event.session_id for row in rows}), rows[0].id))
         self._last_id = max(self._last_id, rows[-1].id)
         self._cursor = min(self._cursor, rows[0].id)
+
+    def _is_erased(self, session_id: str) -> bool:
+        with self._lock:
+            return session_id in self._erased
+
+    def _hold_limit(self) -> float:
+        """The first row id not to produce yet (inf: none held): the oldest row adopted whose
+        erasure check has not resolved. A check that failed or was cancelled holds nothing."""
+        if not self._holds:
+            return float("inf")
+        self._holds = [(check, first) for check, first in self._holds if not check.done()]
+        return min((first for _, first in self._holds), default=float("inf"))
+
+    def _drop_sessions(self, session_ids: set[str]) -> None:
+        """Delete what the spool holds of forgotten sessions; fail their tickets with
+        :class:`SessionErasedError`. Rows of them produced and not acknowledged yet may still
+        wait in the producer's queue (the broker away): the producer is purged and replaced,
+        and the rest of the spool is produced again, in order (duplicates the sequencer drops).
+        What already reached the broker cannot be called back; every reader drops it by the ledger."""
+        assert self._spool is not None
+        erased = {session_id: SessionErasedError(session_id) for session_id in session_ids}
+        kept_appends = []
+        for events, tickets in self._pending_appends:  # queued, never committed: refused here
+            kept: tuple[list[SpooledEvent], list[Ticket]] = ([], [])
+            for event, ticket in zip(events, tickets, strict=True):
+                if event.session_id in erased:
+                    with self._lock:
+                        self._backlog.remove(event.session_id, len(event.value))
+                    _settle(ticket.spooled, error=erased[event.session_id])
+                    _settle(ticket.acked, error=erased[event.session_id])
+                else:
+                    kept[0].append(event)
+                    kept[1].append(ticket)
+            if kept[0]:
+                kept_appends.append(kept)
+        self._pending_appends = kept_appends
+        rows, quarantined = self._spool.drop_sessions(session_ids)
+        acked = set(self._acked)
+        skipped = quarantined
+        in_flight = False
+        with self._lock:
+            for row_id, session_id, size in rows:
+                if row_id in acked:
+                    continue  # acknowledged: out of the backlog already, its delete is now a no-op
+                in_flight |= self._in_flight.pop(row_id, None) is not None
+                skipped += 1
+                self._backlog.remove(session_id, size)
+        for row_id, session_id, _ in rows:
+            waiting = self._tickets.pop(row_id, None)
+            if waiting is not None:
+                _settle(waiting.acked, error=erased[session_id])
+        if skipped:
+            ERASED_RECORDS_SKIPPED.labels(component="spool").inc(skipped)
+        logger.warning("spool: %d sessions forgotten (%s); %d of their undelivered events dropped from %s",
+                       len(session_ids), ", ".join(sorted(session_ids)[:5]), skipped, self.path)
+        if in_flight:
+            self._replace_producer("events of a forgotten session were waiting in the producer's queue")
+        self._recovered_if_empty()
 
     def _produce_more(self) -> None:
         assert self._spool is not None and self._producer is not None
         if self._fatal and not self._failed:
-            self._replace_producer()
+            self._replace_producer("fatal producer error")
         if self._failed:
             if self._in_flight:
                 return  # let the rest of the window settle first
@@ -428,12 +540,19 @@ class SpoolDrainer:
                 self._spool.delete(self._acked)
                 self._acked = []
             self._cursor = 0  # everything still held, from the oldest, in order
-        while self._cursor <= self._last_id and len(self._in_flight) < MAX_IN_FLIGHT:
+        limit = self._hold_limit()
+        while self._cursor <= self._last_id and self._cursor < limit and len(self._in_flight) < MAX_IN_FLIGHT:
             rows = self._spool.rows_from(self._cursor, MAX_IN_FLIGHT - len(self._in_flight))
             if not rows:
                 self._cursor = self._last_id + 1
                 break
             for row in rows:
+                if row.id >= limit:
+                    self._cursor = row.id
+                    return
+                if self._is_erased(row.event.session_id):  # its forget command is on its way: never sent
+                    self._cursor = row.id + 1
+                    continue
                 if not self._produce(row):
                     return
                 self._cursor = row.id + 1
@@ -494,15 +613,20 @@ class SpoolDrainer:
         ticket = self._tickets.pop(row_id, None)
         if ticket is not None:
             _settle(ticket.acked)
-        if empty and self._degraded:
-            with self._lock:
-                self._degraded = False
-                RECORDER_DEGRADED.set(0)
-            logger.warning("recorder recovered: the broker acknowledged every spooled event")
+        if empty:
+            self._recovered_if_empty()
 
-    def _replace_producer(self) -> None:
+    def _recovered_if_empty(self) -> None:
+        with self._lock:
+            if not self._degraded or self._backlog.events:
+                return
+            self._degraded = False
+            RECORDER_DEGRADED.set(0)
+        logger.warning("recorder recovered: the broker acknowledged every spooled event")
+
+    def _replace_producer(self, why: str) -> None:
         assert self._producer is not None
-        logger.error("spool: fatal producer error; replacing the producer and sending the spool again")
+        logger.error("spool: %s; replacing the producer and sending the spool again", why)
         self._producer.purge(in_queue=True, in_flight=True)
         self._producer.poll(0)
         self._in_flight.clear()

@@ -8,6 +8,7 @@ __all__ = [
     "RecorderError",
     "InvalidTurnError",
     "SessionClosedError",
+    "SessionErasedError",
     "SessionNotFoundError",
     "ResumeBarrierTimeout",
     "ResumeApiError",
@@ -27,6 +28,20 @@ class InvalidTurnError(RecorderError, ValueError):
 
 class SessionClosedError(RecorderError):
     """The session has ended (or was never opened here); nothing was sent."""
+
+
+class SessionErasedError(SessionClosedError):
+    """The session was forgotten (``turnlog forget``, ``DELETE /api/sessions/{id}``, the
+    retention sweep: its record in the erasure ledger ``<prefix>.erasures``): nothing more of it
+    is recorded, and what this host's spool held of it undelivered was dropped. The message
+    names the session, never content; ``session_id`` is the session."""
+
+    def __init__(self, session_id: str) -> None:
+        super().__init__(
+            f"session {session_id} was forgotten (erasure ledger); nothing more of it is recorded, and its "
+            "undelivered events were dropped from this host's spool"
+        )
+        self.session_id = session_id
 
 
 class SessionNotFoundError(RecorderError):

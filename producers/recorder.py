@@ -29,11 +29,18 @@ recorder writes gets a fresh data key, and every event's content (turn text,
 tool calls, metadata) is sealed before it reaches the spool: the spool, the
 broker and every topic hold only ciphertext of what was said. The event is
 checked in clear first, so the recorder refuses exactly what it did unsealed.
+
+Erasure (docs/design.md, "Encryption and erasure"): the recorder follows the
+erasure ledger ``<prefix>.erasures`` (``producers/erasure_watch.py``). Once it
+reads the record of a session it records, or whose events its spool holds, the
+spool drops that session's undelivered events and every further write to it
+raises :class:`~turnlog.producers.exceptions.SessionErasedError`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 import signal
@@ -51,11 +58,13 @@ from turnlog.crypto.config import recorder_kek
 from turnlog.crypto.envelope import EpochSealer
 from turnlog.crypto.keys import KekPublicKey
 from turnlog.producers.drainer import SpoolDrainer, Ticket
+from turnlog.producers.erasure_watch import ErasureWatch
 from turnlog.producers.exceptions import (
     InvalidTurnError,
     RecorderError,
     ResumeBarrierTimeout,
     SessionClosedError,
+    SessionErasedError,
     SessionNotFoundError,
 )
 from turnlog.producers.grant import ResumeGrant, StoredTurn
@@ -72,6 +81,7 @@ from turnlog.schemas import (
     decode_event,
     encode_event,
 )
+from turnlog.schemas.erasure import Erasure
 from turnlog.schemas.events import EARLIEST_YEAR, LATEST_YEAR
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import RecordSigner
@@ -145,6 +155,8 @@ class RecordedSession:
         self._open: dict[int, _OpenTurn] = {}
         self._completed: set[int] = set()
         self.closed = False
+        #: True once the erasure ledger named this session: every write raises SessionErasedError
+        self.erased = False
         #: this epoch's data key (None: content is written in clear)
         self._sealer = EpochSealer(kek, session_id, epoch) if kek is not None else None
 
@@ -261,7 +273,13 @@ class RecordedSession:
         await self._recorder._settle(ticket)
 
     async def flush_partial(self) -> None:
-        """Spool every open turn's newest text now, if it changed, and wait as :meth:`complete_turn` does."""
+        """Spool every open turn's newest text now, if it changed, and wait as :meth:`complete_turn` does.
+
+        Raises:
+            SessionErasedError: the session was forgotten.
+        """
+        if self.erased:
+            raise SessionErasedError(self.session_id)
         for ticket in self._emit_partials():
             await self._recorder._settle(ticket)
 
@@ -355,6 +373,8 @@ class RecordedSession:
         return ticket
 
     def _check_open(self) -> None:
+        if self.erased:
+            raise SessionErasedError(self.session_id)
         if self.closed:
             raise SessionClosedError(f"session {self.session_id} has ended; no more events can be recorded")
 
@@ -410,15 +430,18 @@ class SessionRecorder:
         self._redact_partial = partial_redaction(redactor) if redactor is not None else None
         self.producer_id = producer_id or f"recorder-{uuid.uuid4()}"
         config = kafka.producer_config(self.settings, client_id=self.producer_id)
+        #: the erasure ledger, followed from start() to close()
+        self._erasures = ErasureWatch(self.settings, relevant=self._matters, on_erased=self._on_erased)
         self._drainer = SpoolDrainer(
             Path(self.settings.spool_dir), {**config, **(producer_config or {})},
-            max_bytes=self.settings.spool_max_bytes
+            max_bytes=self.settings.spool_max_bytes, erasure_check=self._erasures.check,
         )
         self._store = store
         self._signer = RecordSigner(self.settings.fleet_key_rings())
         self._barrier: Any | None = None  # ResumeBarrier, made at the first direct-store resume
         self._sessions: dict[str, RecordedSession] = {}
         self._timer: asyncio.Task[None] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # start()'s, where erasures are applied to sessions
         self._kek: KekPublicKey | None = None  # loaded by start()
         self.terminating = asyncio.Event()
 
@@ -455,7 +478,9 @@ class SessionRecorder:
         if self.redactor is None and self.settings.redaction != "off":  # Presidio's takes about a second
             self.redactor = await asyncio.to_thread(redactor_from_settings, self.settings)
             self._redact_partial = partial_redaction(self.redactor) if self.redactor is not None else None
+        self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self._drainer.start)
+        self._erasures.start()  # after the drainer adopted orphans: the first pass reads the ledger for them
         if self._timer is None:
             self._timer = asyncio.create_task(self._flush_partials_forever(), name="turnlog-partial-timer")
         return self
@@ -614,6 +639,7 @@ class SessionRecorder:
             except RecorderError as e:
                 logger.error("session %s: partial not spooled at close: %s", session.session_id, e)
         await asyncio.to_thread(self._drainer.close, self.settings.spool_close_timeout_seconds)
+        await asyncio.to_thread(self._erasures.close)
         if self._barrier is not None:
             self._barrier.close()
             self._barrier = None
@@ -736,6 +762,33 @@ class SessionRecorder:
             self._barrier = ResumeBarrier(self.settings, self._store)
         return await asyncio.to_thread(self._barrier.grant, session_id, timeout)
 
+    def _matters(self, session_id: str) -> bool:
+        """Whether an erasure of ``session_id`` concerns this recorder: it records the session, or
+        its spool holds events of it (the erasure watch's thread asks)."""
+        return session_id in self._sessions or self._drainer.holds(session_id)
+
+    def _on_erased(self, erasures: list[Erasure]) -> None:
+        """The erasure ledger names sessions that matter here (on the erasure watch's thread): the
+        drainer refuses their events and drops what the spool holds of them, then their sessions
+        refuse every write (in that order: an event emitted in between is dropped with the rest)."""
+        self._drainer.forget({erasure.session_id for erasure in erasures})
+        for erasure in erasures:
+            session = self._sessions.get(erasure.session_id)
+            if session is None or session.erased:
+                continue
+            session.erased = True
+            loop = self._loop
+            if loop is not None and not loop.is_closed():
+                with contextlib.suppress(RuntimeError):  # the loop closed meanwhile: nothing left to tell
+                    loop.call_soon_threadsafe(self._drop_erased, session, erasure.reason)
+
+    def _drop_erased(self, session: RecordedSession, reason: str) -> None:
+        """Stop flushing a forgotten session's partials; logged once (its id and why, never content)."""
+        session._open.clear()
+        self._forget(session)
+        logger.warning("session %s was forgotten (erasure ledger, reason %s): its undelivered events were dropped "
+                       "from the spool and further writes raise SessionErasedError", session.session_id, reason)
+
     def _forget(self, session: RecordedSession) -> None:
         if self._sessions.get(session.session_id) is session:
             del self._sessions[session.session_id]
@@ -745,6 +798,8 @@ class SessionRecorder:
         while True:
             await asyncio.sleep(interval)
             for session in list(self._sessions.values()):
+                if session.erased:
+                    continue  # refused, and logged once by _drop_erased
                 try:
                     session._emit_partials()
                 except RecorderError as e:  # one session's problem (a full spool) must not stop the others' flushes

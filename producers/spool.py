@@ -38,7 +38,7 @@ import sqlite3
 import stat
 import time
 import uuid
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Collection, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
@@ -156,6 +156,40 @@ class SpoolFile:
             self._db.execute("PRAGMA synchronous=NORMAL")
             with self._db:
                 self._delete(ids)
+
+    def drop_sessions(self, session_ids: Collection[str]) -> tuple[list[tuple[int, str, int]], int]:
+        """Delete every row of ``session_ids`` (forgotten sessions), from the delivery order and the
+        ``quarantined`` table, in one fsynced transaction, with SQLite's ``secure_delete`` (the
+        freed bytes are zeroed) and then a WAL checkpoint that truncates the ``-wal`` file, so the
+        file no longer holds the rows' bytes (best effort: a reader of the file, such as another
+        recorder's ``held_by_other_spools``, can make the checkpoint wait for the next one).
+
+        Returns ``([(row id, session id, value bytes) of the delivery-order rows], quarantined rows)``.
+        """
+        ids = sorted(set(session_ids))
+        if not ids:
+            return [], 0
+        marks = ", ".join("?" * len(ids))
+        with self._errors("drop forgotten sessions from"):
+            self._db.execute("PRAGMA synchronous=FULL")
+            self._db.execute("PRAGMA secure_delete=ON")
+            try:
+                with self._db:
+                    returning = "RETURNING id, session_id, length(value)"
+                    dropped = [
+                        (row_id, session_id, size) for row_id, session_id, size in self._db.execute(
+                            f"DELETE FROM spooled WHERE session_id IN ({marks}) {returning}", ids  # noqa: S608
+                        )
+                    ]
+                    quarantined = self._db.execute(
+                        f"DELETE FROM quarantined WHERE session_id IN ({marks})", ids  # noqa: S608
+                    ).rowcount
+            finally:
+                self._db.execute("PRAGMA secure_delete=OFF")
+            busy = self._db.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()[0]
+        if busy:
+            logger.info("spool %s: the WAL is read by another process; truncated at a later checkpoint", self.path)
+        return sorted(dropped), max(0, quarantined)
 
     def _delete(self, ids: Iterable[int]) -> None:
         self._db.executemany("DELETE FROM spooled WHERE id = ?", ((i,) for i in ids))

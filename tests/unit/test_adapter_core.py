@@ -172,3 +172,31 @@ def test_the_conversation_is_user_and_assistant_turns_with_text_in_turn_order() 
 )
 def test_after_latest_match(known: list[str], sequence: list[str], expected: int | None) -> None:
     assert after_latest_match(known, sequence) == expected
+
+
+async def test_a_forgotten_session_is_logged_once_and_the_writer_goes_on_to_the_end(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    from turnlog.producers import SessionErasedError
+
+    applied: list[str] = []
+    stopped: list[bool] = []
+
+    async def apply(item: str) -> None:
+        applied.append(item)
+        if item != "before":
+            raise SessionErasedError("s-erased")
+
+    async def on_stop() -> None:
+        stopped.append(True)
+
+    writer: OrderedWriter[str] = OrderedWriter("s-erased", apply, name="test-writer", on_stop=on_stop)
+    with caplog.at_level(logging.DEBUG, logger="turnlog.adapters._core"):
+        for item in ("before", *[f"after-{i}" for i in range(50)]):
+            writer.put(item)
+        writer.put("end", last=True)
+        assert await writer.wait_closed(10)
+    assert applied[0] == "before" and len(applied) == 52 and stopped == [True]
+    assert writer.erased and [type(e) for e in writer.errors] == [SessionErasedError]
+    assert writer.failures == 51
+    assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1

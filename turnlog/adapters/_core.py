@@ -27,7 +27,14 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from turnlog.producers import RecordedSession, RecorderError, SessionNotFoundError, SessionRecorder, StoredTurn
+from turnlog.producers import (
+    RecordedSession,
+    RecorderError,
+    SessionErasedError,
+    SessionNotFoundError,
+    SessionRecorder,
+    StoredTurn,
+)
 from turnlog.schemas import ToolCall, TurnStatus
 
 __all__ = [
@@ -107,6 +114,12 @@ class OrderedWriter(Generic[Item]):
     too, and the writer goes on, so one bad event does not lose the rest of
     the conversation.
 
+    A session forgotten while it is recorded (:class:`SessionErasedError`: the
+    erasure ledger names it) refuses every later item alike: that is logged
+    once, kept once in :attr:`errors`, and :attr:`erased` is set; the items
+    after it are still applied (the adapter's own bookkeeping runs) and their
+    refusals are not logged or kept again.
+
     :meth:`put` with ``last=True`` queues the final item: the writer applies it,
     then runs ``on_stop`` (e.g. closes a recorder the adapter made) and stops;
     items put after it are dropped. The task starts at the first :meth:`put`
@@ -127,6 +140,8 @@ class OrderedWriter(Generic[Item]):
         self.errors: list[RecorderError] = []
         #: Items not recorded: recorder errors and adapter bugs.
         self.failures = 0
+        #: True once the session was found forgotten (SessionErasedError).
+        self.erased = False
         self._apply = apply
         self._name = name
         self._on_stop = on_stop
@@ -185,6 +200,13 @@ class OrderedWriter(Generic[Item]):
                 item, last = await self._queue.get()
                 try:
                     await self._apply(item)
+                except SessionErasedError as e:  # every item after it is refused alike: told once
+                    self.failures += 1
+                    if not self.erased:
+                        self.erased = True
+                        self.errors.append(e)
+                        logger.warning("session %s was forgotten: %s and every later item not recorded",
+                                       self.session_id, type(item).__name__)
                 except RecorderError as e:  # its message names values and sizes, never content
                     self.errors.append(e)
                     self.failures += 1
