@@ -5,15 +5,17 @@ session is identical, and a SIGKILL between the steps of a forget is finished on
 from __future__ import annotations
 
 import subprocess
+import time
 import uuid
 
+import pytest
 from sqlalchemy import func, select
 
 from turnlog.deploy.processes import turnlog_command
 from turnlog.ops.erasure import ErasureNotFound, request_erasure
 from turnlog.ops.replay import replay_events
 from turnlog.ops.verify import compare_digests, session_digests
-from turnlog.producers import SessionRecorder
+from turnlog.producers import SessionErasedError, SessionRecorder
 from turnlog.sinks import open_store
 from turnlog.sinks.analytics import AnalyticsProjection
 from turnlog.sinks.migrate import upgrade_to_head
@@ -90,10 +92,16 @@ async def test_forgotten_sessions_leave_no_word_in_the_store_or_any_replay_and_o
             outcome = request_erasure(settings, store, session_id, requested_by="test", fleets=["tests"],
                                       wait_seconds=TIMEOUT)
             assert (outcome.status, outcome.published, outcome.fleet) == ("done", True, "tests")
-        # The live session's recorder goes on; the sink drops what comes of it.
-        await say(live, 2, FORGOTTEN_WORDS)
-        await live.end("hangup")
-        assert await live.wait_acknowledged(TIMEOUT)
+        # The live session's recorder goes on until it has read the ledger (the sink drops what it
+        # wrote meanwhile); from then on every write raises SessionErasedError.
+        turn, deadline = 2, time.monotonic() + TIMEOUT
+        with pytest.raises(SessionErasedError):
+            while time.monotonic() < deadline:
+                await say(live, turn, FORGOTTEN_WORDS[:1])
+                turn += 1
+        with pytest.raises(SessionErasedError):
+            await live.end("hangup")
+        assert recorder.spooled_events(live_id) == 0
 
     try:
         request_erasure(settings, store, kept_id, requested_by="test", fleets=["another-fleet"], wait_seconds=0)
