@@ -23,7 +23,7 @@ from sqlalchemy import Select, select
 from sqlalchemy.engine import Connection
 
 from turnlog.schemas import SessionStatus
-from turnlog.sinks.tables import session_events, sessions, transcript_turns
+from turnlog.sinks.tables import erasures, session_events, sessions, transcript_turns
 
 __all__ = ["StoredEvent", "EventPage", "TurnPage", "list_sessions", "get_session", "get_turns", "turn_page",
            "events_after", "SESSION_FIELDS", "SESSION_SUMMARY_FIELDS", "TURN_FIELDS", "ROW_OVERHEAD_BYTES",
@@ -163,10 +163,13 @@ def list_sessions(
 
     ``fleets`` is the caller's scope (None: all); ``fleet`` a filter inside it.
     ``started_after`` is inclusive, ``started_before`` exclusive (UTC). Without
-    ``include_metadata`` the rows have :data:`SESSION_SUMMARY_FIELDS`.
+    ``include_metadata`` the rows have :data:`SESSION_SUMMARY_FIELDS`. A session
+    with an erasure (pending or done) is never listed (docs/design.md, "Encryption
+    and erasure").
     """
     fields = SESSION_FIELDS if include_metadata else SESSION_SUMMARY_FIELDS
-    query = select(*_columns(sessions, fields)).order_by(sessions.c.id)
+    being_forgotten = select(erasures.c.session_id).where(erasures.c.session_id == sessions.c.id).exists()
+    query = select(*_columns(sessions, fields)).where(~being_forgotten).order_by(sessions.c.id)
     if fleets is not None:
         query = query.where(sessions.c.fleet.in_(sorted(fleets)))
     if fleet is not None:

@@ -171,7 +171,7 @@ async def test_tail_skips_an_event_it_cannot_show_and_counts_it(monkeypatch, cap
             yield event
 
     class Hub:
-        def __init__(self, settings):
+        def __init__(self, settings, *, store=None):
             pass
 
         def start(self):

@@ -167,7 +167,7 @@ def test_the_hub_says_when_it_follows_the_topic(monkeypatch):
     monkeypatch.setattr(follow.kafka, "consumer", lambda settings, **config: HubConsumer())
     hub = follow.TranscriptHub(TurnlogSettings(), on_following=lambda: calls.append(("following", 0)))
     hub._run()
-    assert calls == [("assign", 2), ("following", 0)]
+    assert calls == [("assign", 4), ("following", 0)]  # the transcript's two partitions and the ledger's two
 
 
 def test_the_api_without_a_hub_is_ready_at_start_up_and_not_after_shutdown(tmp_path):

@@ -25,6 +25,23 @@ Routes (all under ``/api`` need ``Authorization: Bearer <token>``, see ``auth.py
   ``{"reason": "slow_client", "last_event_id": "<seq>"}``, no ``id``) when the
   client reads slower than the session writes; reconnecting with
   ``Last-Event-ID`` resumes exactly.
+  Ends with a ``session.erased`` event (``data``: ``{"session_id": ...}``, no
+  ``id``) when the session is forgotten while followed, in every API process.
+- ``DELETE /api/sessions/{id}?wait=<seconds>``: forget the session everywhere
+  (``turnlog.sinks.erasure_request``), audited as ``requested_by`` =
+  ``api:<token id>`` (``auth.Scope.token_id``, never the token). 200
+  ``{"session_id", "status": "done", "requested_at", "requested_by",
+  "erased_at"}`` once the store holds nothing of it; 202 (``"status":
+  "pending"``, ``erased_at`` null) when it is queued and not yet applied by
+  ``wait`` (0..30, default 5; the broker or the sink away: it completes when
+  they return); asking again is the same erasure. 404: no such session, or
+  another fleet's (nothing changed); 503 with ``Retry-After``: the store did
+  not answer (nothing queued; or the answer did not come in time: ask
+  again); 429 with ``Retry-After`` past ``ERASURES_PER_TOKEN`` running.
+- After it, ``GET /api/sessions/{id}`` and its ``transcript``, ``events`` and
+  ``resume`` answer 410 ``{"session_id", "status": "erased"|"pending",
+  "erased_at"}`` to a token of the session's fleet (404 to any other), and
+  the session list leaves it out.
 - ``GET /api/fleets/{fleet}/analytics``: the analytics projection's figures.
 - ``POST /api/sessions/{id}/resume?timeout=<seconds>``: passes the resume
   barrier, claims the session's next epoch and returns the grant with the
@@ -58,7 +75,7 @@ import re
 import threading
 import time
 from collections.abc import AsyncIterator, Callable, Collection
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from importlib import resources
 from typing import Annotated, Any, Protocol
@@ -74,7 +91,7 @@ from starlette.types import Scope as AsgiScope
 from turnlog.api.auth import Scope, TokenTable
 from turnlog.api.headers import SecurityHeaders
 from turnlog.api.limits import SlotLimiter
-from turnlog.follow import FollowerFellBehind, TranscriptHub, follow_session, store_fetch
+from turnlog.follow import FollowerFellBehind, SessionErased, TranscriptHub, follow_session, store_fetch
 from turnlog.kafka import BrokerUnavailableError
 from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.grant import MAX_RESUME_TIMEOUT_SECONDS, RESUME_TURN_PAGE, ResumeGrant, encode_grant
@@ -84,11 +101,13 @@ from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.analytics import AnalyticsProjection
 from turnlog.sinks.base import SqlStore
+from turnlog.sinks.erasure import ErasureState
+from turnlog.sinks.erasure_request import ErasureNotFound, ErasureOutcome, request_erasure
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.exceptions import StoreUnavailableError
 from turnlog.sinks.reads import MAX_TURN_INDEX, get_session, list_sessions, turn_page
 
-__all__ = ["create_app", "CUTOFF_EVENT", "MAX_SEQ"]
+__all__ = ["create_app", "CUTOFF_EVENT", "ERASED_EVENT", "MAX_SEQ"]
 
 SESSION_STATUSES = tuple(status.value for status in SessionStatus)
 SSE_PING_SECONDS = 15
@@ -104,6 +123,18 @@ RESUME_GRACE_SECONDS = 1.0
 STREAMS_BUSY_RETRY_AFTER_SECONDS = 5
 #: The SSE event that ends a stream whose client fell behind (it carries no ``id``).
 CUTOFF_EVENT = "stream.cutoff"
+#: The SSE event that ends a stream whose session is forgotten (it carries no ``id``).
+ERASED_EVENT = "session.erased"
+#: Erasures one token may have running or queued (a DELETE past it: 429).
+ERASURES_PER_TOKEN = 2
+#: Threads that run erasure requests (each blocks on the store, the broker and the sink).
+ERASURE_WORKERS = 4
+#: A DELETE's default and longest wait for the sink to apply the erasure (seconds).
+ERASURE_WAIT_DEFAULT_SECONDS, ERASURE_WAIT_MAX_SECONDS = 5.0, 30.0
+#: How long past its wait a DELETE waits for an erasure not yet queued in the store (seconds).
+ERASURE_GRACE_SECONDS = 2.0
+#: ``Retry-After`` of a 429 past the erasure limit, and of a 503 when no answer came in time (seconds).
+ERASURE_RETRY_AFTER_SECONDS = 2
 #: Highest seq a request may name (the store's seq column is a signed 64-bit integer).
 MAX_SEQ = 2**63 - 1
 #: Longest id the store holds (session, fleet: 200 characters); a longer one names nothing.
@@ -115,6 +146,19 @@ _SEQ_TEXT = re.compile(r"-?[0-9]{1,19}")
 _DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc")
 
 logger = logging.getLogger(__name__)
+
+
+class SessionGone(Exception):
+    """A session the caller may see is forgotten (``state.status`` done) or being forgotten: 410."""
+
+    def __init__(self, state: ErasureState) -> None:
+        super().__init__(f"session {state.session_id} is forgotten")
+        self.state = state
+
+    def body(self) -> dict[str, Any]:
+        status = "erased" if self.state.status == "done" else "pending"
+        erased_at = self.state.completed_at.isoformat() if self.state.completed_at is not None else None
+        return {"session_id": self.state.session_id, "status": status, "erased_at": erased_at}
 
 
 class Barrier(Protocol):
@@ -150,12 +194,17 @@ def create_app(
             "TURNLOG_EPOCH_GRANT_KEY is not set: resumes are granted without a signed epoch grant, which a "
             "sequencer with TURNLOG_FLEET_KEYS refuses (fine in open mode; docs/design.md, 'Write-side isolation')"
         )
-    hub = TranscriptHub(settings, on_following=lambda: mark_ready(settings.ready_file, "api")) if live else None
+    hub = (
+        TranscriptHub(settings, store=store, on_following=lambda: mark_ready(settings.ready_file, "api"))
+        if live else None
+    )
     resume_barrier: Barrier = barrier if barrier is not None else ResumeBarrier(settings, store)
     resume_workers = ThreadPoolExecutor(max_workers=settings.api_resume_workers, thread_name_prefix="turnlog-resume")
     # Running or queued resumes; their number is bounded per token, so all of them by the token count.
     resumes = SlotLimiter(settings.api_resume_per_token * max(1, len(tokens)), settings.api_resume_per_token)
     streams = SlotLimiter(settings.api_max_streams, settings.api_max_streams_per_token)
+    erasure_workers = ThreadPoolExecutor(max_workers=ERASURE_WORKERS, thread_name_prefix="turnlog-erasure")
+    erasure_slots = SlotLimiter(ERASURES_PER_TOKEN * max(1, len(tokens)), ERASURES_PER_TOKEN)
     static = {
         name: resources.files("turnlog.api").joinpath(f"static/{name}").read_text("utf-8")
         for name in ("live.html", "live.js", "live.css")
@@ -171,6 +220,7 @@ def create_app(
             yield
         finally:
             resume_workers.shutdown(wait=False, cancel_futures=True)
+            erasure_workers.shutdown(wait=False, cancel_futures=True)
             resume_barrier.close()
             if hub is not None:
                 await asyncio.to_thread(hub.stop)
@@ -201,6 +251,10 @@ def create_app(
     async def store_unavailable(_: Request, error: StoreUnavailableError) -> JSONResponse:
         return unavailable("store", error)
 
+    @app.exception_handler(SessionGone)
+    async def session_gone(_: Request, gone: SessionGone) -> JSONResponse:
+        return JSONResponse(gone.body(), status_code=410, headers={"Cache-Control": "no-store"})
+
     @app.exception_handler(BrokerUnavailableError)
     async def broker_unavailable(_: Request, error: BrokerUnavailableError) -> JSONResponse:
         return unavailable("broker", error)
@@ -225,10 +279,20 @@ def create_app(
     Scoped = Annotated[Scope, Depends(scope)]
     Include = Annotated[str | None, Query(pattern="^metadata$", description="`metadata`: include each session's")]
 
+    def refuse_if_erased(conn: Any, session_id: str, granted: Scope) -> None:
+        """Raises SessionGone (410) for a forgotten session of the token's fleets, HTTPException(404)
+        for another fleet's; nothing for a session without an erasure."""
+        erased = store.erasures.state(conn, session_id)
+        if erased is not None:
+            if granted.allows(erased.fleet):
+                raise SessionGone(erased)
+            raise HTTPException(404, f"no session {session_id!r}")
+
     def visible_session(session_id: str, granted: Scope, *, include_metadata: bool = True) -> dict[str, Any]:
         if not _may_exist(session_id):
             raise HTTPException(404, "no such session")
         with store.engine.connect() as conn:
+            refuse_if_erased(conn, session_id, granted)
             session = get_session(conn, session_id, fleets=granted.fleets, include_metadata=include_metadata)
         if session is None:  # also outside the token's fleets: never confirm it exists
             raise HTTPException(404, f"no session {session_id!r}")
@@ -319,7 +383,11 @@ def create_app(
         try:
             await asyncio.to_thread(visible_session, session_id, granted, include_metadata=False)
             fetch = store_fetch(store, max_bytes=settings.api_page_bytes)
-            first = await fetch(session_id, resume_after)
+            try:
+                first = await fetch(session_id, resume_after)
+            except SessionErased:  # forgotten since the look above: answered as that look would now
+                await asyncio.to_thread(visible_session, session_id, granted, include_metadata=False)
+                raise
         except BaseException:
             release()
             raise
@@ -348,6 +416,9 @@ def create_app(
                             "writes", session_id, behind.last_seq)
                 cutoff = {"reason": "slow_client", "last_event_id": str(behind.last_seq)}
                 yield ServerSentEvent(data=json.dumps(cutoff), event=CUTOFF_EVENT)
+            except SessionErased:
+                logger.info("live stream of %s ended: the session is forgotten", session_id)
+                yield ServerSentEvent(data=json.dumps({"session_id": session_id}), event=ERASED_EVENT)
 
         return _BoundedEventStream(
             stream(),
@@ -402,6 +473,8 @@ def create_app(
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ResumeBarrierTimeout(f"resume of {session_id}: no free resume worker within {wait:g}s")
+            with store.engine.connect() as conn:  # a forgotten session is never claimed again
+                refuse_if_erased(conn, session_id, granted)
             return resume_barrier.grant(
                 session_id, left, fleets=granted.fleets, turn_limit=RESUME_TURN_PAGE, max_bytes=settings.api_page_bytes
             )
@@ -447,6 +520,99 @@ def create_app(
         logger.info("resume of %s granted: epoch %d, %d stored turns in its first page%s", session_id, grant.epoch,
                     len(grant.turns), "" if grant.next_after_turn is None else " (more follow)")
         return Response(encode_grant(grant), media_type="application/json", headers={"Cache-Control": "no-store"})
+
+    @app.delete("/api/sessions/{session_id}")
+    async def session_forget(
+        session_id: str,
+        granted: Scoped,
+        wait: Annotated[float | None, Query(ge=0, le=ERASURE_WAIT_MAX_SECONDS)] = None,
+    ) -> JSONResponse:
+        """Forget a session everywhere (docs/design.md, "Encryption and erasure"): its rows in
+        the store, its figures, its live streams in every API process, and what every reader
+        of the log, spool and replay would give of it.
+
+        The request (``turnlog.sinks.erasure_request.request_erasure``) runs on one of
+        ``ERASURE_WORKERS`` threads, scoped by the token's fleets and audited as
+        ``requested_by`` = ``api:<token id>`` (``Scope.token_id``; never the token).
+        ``wait``: seconds (0..``ERASURE_WAIT_MAX_SECONDS``, default
+        ``ERASURE_WAIT_DEFAULT_SECONDS``) to wait for the sink to apply it; the answer
+        comes by ``wait`` plus ``ERASURE_GRACE_SECONDS``.
+
+        200 ``{"session_id", "status": "done", "requested_at", "requested_by",
+        "erased_at"}``: the store holds nothing of it. 202, the same with ``"status":
+        "pending"`` and ``erased_at`` null: queued (in the store; its ledger record
+        written, or left for the sink to write when the broker is back), not applied
+        yet. Asking again is the same erasure (the first request's ``requested_by``
+        and ``requested_at`` stand). 404: no such session or another fleet's, alike;
+        nothing changed. 503 with ``Retry-After``: the store did not answer (nothing
+        queued), or no answer came in time (ask again to learn where it stands). 429
+        with ``Retry-After``: the token has ``ERASURES_PER_TOKEN`` erasures running or
+        queued.
+        """
+        if not _may_exist(session_id):
+            raise HTTPException(404, "no such session")
+        deadline = time.monotonic() + (ERASURE_WAIT_DEFAULT_SECONDS if wait is None else wait)
+        key = granted.token_number
+        if not erasure_slots.try_acquire(key):
+            raise HTTPException(
+                429, f"this token already has {ERASURES_PER_TOKEN} erasures in progress; retry later",
+                headers={"Retry-After": str(ERASURE_RETRY_AFTER_SECONDS)},
+            )
+        requested_by = f"api:{granted.token_id}"
+        recorded: Future[ErasureOutcome] = Future()  # set once the erasure is queued: it will complete
+
+        def forget() -> ErasureOutcome:
+            return request_erasure(settings, store, session_id, requested_by=requested_by, fleets=granted.fleets,
+                                   wait_seconds=max(0.0, deadline - time.monotonic()),
+                                   on_recorded=recorded.set_result)
+
+        try:
+            work = erasure_workers.submit(forget)
+        except RuntimeError:  # the executor is shut down: the API is stopping
+            erasure_slots.release(key)
+            raise HTTPException(
+                503, "the API is stopping; retry", headers={"Retry-After": str(ERASURE_RETRY_AFTER_SECONDS)}
+            ) from None
+        work.add_done_callback(lambda _: erasure_slots.release(key))
+        answer = asyncio.wrap_future(work)
+        answer.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, even once nobody waits
+        try:
+            done, _ = await asyncio.wait(
+                {answer}, timeout=max(0.0, deadline - time.monotonic()) + ERASURE_GRACE_SECONDS
+            )
+        except asyncio.CancelledError:  # the client went away: a queued request need not run
+            work.cancel()
+            raise
+        outcome: ErasureOutcome | None = None
+        if done:
+            try:
+                outcome = answer.result()
+            except ErasureNotFound:
+                raise HTTPException(404, f"no session {session_id!r}") from None
+            except Exception as error:
+                if not recorded.done():
+                    raise  # nothing queued: the store's outage is a 503 (its handler), anything else a 500
+                logger.warning("erasure of %s: queued, then %s; the sink completes it", session_id,
+                               type(error).__name__)
+        elif work.cancel() or not recorded.done():
+            # Never started (every erasure worker busy), or the store has not answered yet: the
+            # erasure may or may not be queued; asking again is safe and tells.
+            raise HTTPException(
+                503, "the erasure could not be confirmed in time; ask again",
+                headers={"Retry-After": str(ERASURE_RETRY_AFTER_SECONDS)},
+            )
+        if outcome is None:
+            outcome = recorded.result()
+        logger.info("erasure of %s requested by %s: %s", session_id, outcome.requested_by, outcome.status)
+        body = {
+            "session_id": outcome.session_id,
+            "status": outcome.status,
+            "requested_at": outcome.requested_at.isoformat(),
+            "requested_by": outcome.requested_by,
+            "erased_at": outcome.completed_at.isoformat() if outcome.completed_at is not None else None,
+        }
+        return JSONResponse(body, status_code=200 if outcome.status == "done" else 202,
+                            headers={"Cache-Control": "no-store"})
 
     @app.get("/api/fleets/{fleet}/analytics")
     def fleet_analytics(

@@ -8,6 +8,10 @@ An event that cannot be shown (its payload is not JSON, is nested deeper than
 any event may be, or lacks a field its line needs) is skipped: a warning names
 its session and seq (never its content), and the count comes back in
 :class:`TailResult` (the command prints it).
+
+A session forgotten while it is tailed (or before) ends the tail at once:
+nothing more of it is printed, an open partial line is wiped, and
+:class:`TailResult` says ``erased``.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from typing import Any, TextIO
 
 import msgspec
 
-from turnlog.follow import TranscriptHub, follow_session, store_fetch
+from turnlog.follow import SessionErased, TranscriptHub, follow_session, store_fetch
 from turnlog.schemas import EventValidationError
 from turnlog.schemas.events import MAX_EVENT_DEPTH, nesting_exceeds
 from turnlog.settings import TurnlogSettings
@@ -36,10 +40,11 @@ logger = logging.getLogger(__name__)
 @dataclass(frozen=True, slots=True)
 class TailResult:
     """What a tail did: ``found`` False if the store had no such session; ``skipped``:
-    events that could not be shown."""
+    events that could not be shown; ``erased``: it ended because the session is forgotten."""
 
     found: bool
     skipped: int = 0
+    erased: bool = False
 
 
 # C0 and C1 control characters (ESC, BEL, CR, ...): shown escaped, never sent to the terminal.
@@ -107,7 +112,8 @@ async def tail_session(
     redraw = out.isatty()
     open_partial = False
     skipped = 0
-    hub = TranscriptHub(settings)
+    erased = False
+    hub = TranscriptHub(settings, store=store)
     hub.start()
     try:
         async for event in follow_session(store_fetch(store), hub, session_id, after_seq,
@@ -128,6 +134,11 @@ async def tail_session(
                 out.write(line + "\n")
                 open_partial = False
             out.flush()
+    except SessionErased:
+        erased = True
+        if redraw and open_partial:
+            out.write("\r\x1b[2K")  # the forgotten session's last partial does not stay on screen
+            out.flush()
     finally:
         await asyncio.to_thread(hub.stop)
-    return TailResult(found=True, skipped=skipped)
+    return TailResult(found=True, skipped=skipped, erased=erased)
