@@ -55,17 +55,19 @@ def _create_misconfigured_dlq(settings: TurnlogSettings) -> str:
 def _wanted(settings: TurnlogSettings) -> dict[str, str]:
     """The DLQ's settings as asked, on the broker the tests run against (a single broker: min ISR 1)."""
     min_insync = str(max(1, min(3, live_broker_count(settings)) - 1))
-    return {"retention.ms": str(settings.dlq_retention_ms), "cleanup.policy": "delete", "min.insync.replicas": min_insync}
+    return {"retention.ms": str(settings.dlq_retention_ms), "cleanup.policy": "delete", "min.insync.replicas": min_insync,
+            "segment.ms": str(min(settings.dlq_retention_ms, 24 * 3600 * 1000))}
 
 
 def test_create_reports_an_existing_topic_that_differs_and_changes_nothing(settings: TurnlogSettings):
     dlq = _create_misconfigured_dlq(settings)
+    before = _configs(settings, dlq)
     result = create_topics(settings)
-    assert dlq not in result.created and len(result.created) == 5  # the other two of turnlog's, Faust's three
+    assert dlq not in result.created and len(result.created) == 6  # the other three of turnlog's, Faust's three
     wanted = _wanted(settings)
     expected = {
-        TopicDifference(dlq, name, WRONG[name], wanted[name], Outcome.WOULD_FIX)
-        for name in WRONG if WRONG[name] != wanted[name]
+        TopicDifference(dlq, name, before[name], wanted[name], Outcome.WOULD_FIX)
+        for name in wanted if before[name] != wanted[name]
     }
     assert set(result.differences) == expected
     assert {name: _configs(settings, dlq)[name] for name in WRONG} == WRONG
@@ -76,7 +78,7 @@ def test_check_reports_fixes_and_then_finds_everything_as_asked(settings: Turnlo
     create_topics(settings)
 
     dry = check_topics(settings, fix=False)
-    assert not dry.ok and len(dry.topics) == 6
+    assert not dry.ok and len(dry.topics) == 7
     assert {(d.topic, d.setting) for d in dry.differences} >= {(dlq, "retention.ms"), (dlq, "cleanup.policy")}
     assert {d.outcome for d in dry.differences} == {Outcome.WOULD_FIX}
     assert _configs(settings, dlq)["retention.ms"] == WRONG["retention.ms"]  # a dry run changes nothing

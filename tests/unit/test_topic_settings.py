@@ -113,6 +113,13 @@ def test_turnlogs_topics_have_their_retention_and_faust_s_changelog_is_compacted
     assert [specs[f"p.{name}"].config["retention.ms"] for name in ("events", "transcript", "dlq")] == [
         "1000", "2000", "3000"
     ]
+    # A segment is deleted once its newest record is past retention: segments roll daily at most.
+    assert [specs[f"p.{name}"].config["segment.ms"] for name in ("events", "transcript", "dlq")] == [
+        "1000", "2000", "3000"
+    ]
+    forever = {spec.topic: spec for spec in topic_specs(_settings(events_retention_ms=-1), THREE)}
+    assert "segment.ms" not in forever["p.events"].config
+    assert forever["p.transcript"].config["segment.ms"] == str(24 * 3600 * 1000)
     ledger = specs["p.erasures"].config  # never deleted; compacted within the erasure deadline
     assert (ledger["cleanup.policy"], ledger["max.compaction.lag.ms"], "retention.ms" in ledger) == (
         "compact", str(30 * 24 * 3600 * 1000), False

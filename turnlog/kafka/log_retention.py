@@ -14,8 +14,10 @@ The sink logs each as a warning at start; ``turnlog topics check`` prints them.
 
 Kafka deletes a whole segment once its newest record is older than
 ``retention.ms``, so a record can outlive it by up to the topic's
-``segment.ms`` (the broker's ``log.roll.ms``, 7 days by default): the findings
-compare ``retention.ms`` alone, the bound an operator sets.
+``segment.ms``: turnlog sets it to at most a day on these topics
+(``topic_specs.MAX_SEGMENT_MS``; the broker's own default is 7 days). The
+findings compare ``retention.ms`` alone, the bound an operator sets; the day
+of slack is documented with the erasure deadline.
 """
 
 from __future__ import annotations

@@ -116,6 +116,17 @@ def explicit_topic_config(replication: Replication) -> dict[str, str]:
     return {**replication.topic_config(), "max.message.bytes": str(TOPIC_MAX_MESSAGE_BYTES)}
 
 
+#: Longest a segment of a retention-bound topic stays open (ms): Kafka deletes a segment only once
+#: its newest record is past retention.ms, so this bounds how long a record outlives it (the
+#: broker's default log.roll.ms is 7 days; docs/design.md, "Encryption and erasure").
+MAX_SEGMENT_MS = 24 * 3600 * 1000
+
+
+def _segment(retention_ms: int) -> dict[str, str]:
+    """``segment.ms`` of a topic with this ``retention.ms``: at most a day, at most the retention."""
+    return {} if retention_ms < 0 else {"segment.ms": str(max(1, min(retention_ms, MAX_SEGMENT_MS)))}
+
+
 def topic_specs(settings: TurnlogSettings, replication: Replication) -> list[TopicSpec]:
     """Every topic turnlog and its Faust apps use, with partitions and configs (retention in
     milliseconds): turnlog's four (events, transcript, DLQ, the erasure ledger), then Faust's
@@ -130,7 +141,7 @@ def topic_specs(settings: TurnlogSettings, replication: Replication) -> list[Top
     specs = [
         TopicSpec(
             name, settings.partitions, replication.replication_factor,
-            {"cleanup.policy": "delete", "retention.ms": str(retention_ms), **explicit},
+            {"cleanup.policy": "delete", "retention.ms": str(retention_ms), **_segment(retention_ms), **explicit},
             co_partitioned=name != topics.dlq,
         )
         for name, retention_ms in retention.items()
