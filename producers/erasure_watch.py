@@ -45,7 +45,7 @@ logger = logging.getLogger(__name__)
 #: How often the ledger topic's metadata is asked again (seconds): a topic created later, or more partitions.
 TOPIC_RECHECK_SECONDS = 30.0
 #: Waits after a broker error (seconds): doubling from the first, capped.
-RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.5, 15.0
+RETRY_FIRST_SECONDS, RETRY_MAX_SECONDS = 0.5, 5.0
 _METADATA_TIMEOUT_SECONDS = 5.0
 _POLL_SECONDS = 0.2
 _BATCH = 500
