@@ -24,4 +24,8 @@ def test_every_read_answers_503_with_retry_after_while_the_database_is_away():
             answer = client.get(path, headers=headers)
             assert answer.status_code == 503, (path, answer.status_code, answer.text)
             assert answer.headers["Retry-After"] == str(UNAVAILABLE_RETRY_AFTER_SECONDS)
+        # An erasure cannot be checked against the store nor queued in it: 503, nothing changed.
+        answer = client.delete("/api/sessions/some-session", headers=headers, params={"wait": 0})
+        assert answer.status_code == 503, answer.text
+        assert answer.headers["Retry-After"] == str(UNAVAILABLE_RETRY_AFTER_SECONDS)
     store.engine.dispose()
