@@ -150,6 +150,27 @@ async def test_live_page_shows_turns_partials_and_survives_a_forced_disconnect(p
     assert page.url.endswith(f"/live#session={session_id}")
 
 
+async def test_live_page_wipes_a_session_forgotten_while_shown_and_does_not_reconnect(page_pipeline, page):
+    pipeline = page_pipeline
+    session_id = f"gone-{uuid.uuid4().hex[:6]}"
+    base = f"http://127.0.0.1:{pipeline.settings.api_port}"
+    async with SessionRecorder(pipeline.settings) as recorder:
+        session = await recorder.start_session(session_id, fleet="fleet-page", agent_id="agent-1")
+        await session.complete_turn(0, "user", "My address is 12 Wolverhampton Road")
+        await until(lambda: stored_turns(pipeline, session_id), "turn 0 committed to the store")
+        await sign_in(page, f"{base}/live#session={session_id}", "page-token")
+        await page.wait_for_function("() => document.querySelector('#turn-0 .text')?.textContent.includes('Wolverhampton')")
+        async with httpx.AsyncClient(base_url=base, headers={"Authorization": "Bearer page-token"}) as client:
+            answer = await client.delete(f"/api/sessions/{session_id}", params={"wait": 30}, timeout=60)
+        assert answer.status_code == 200, answer.text
+        await page.wait_for_function("() => document.querySelector('#state').dataset.state === 'erased'")
+    assert await page.locator("#turns .turn").count() == 0 and await page.text_content("#meta") == ""
+    assert await page.evaluate("() => window.turnlog.connections") == 1  # ended, not reconnecting
+    await page.reload()  # opened again: 410, shown as forgotten at once
+    await page.wait_for_function("() => document.querySelector('#state').dataset.state === 'erased'")
+    assert await page.locator("#turns .turn").count() == 0
+
+
 async def test_live_page_reports_a_refused_token(page_pipeline, page):
     url = f"http://127.0.0.1:{page_pipeline.settings.api_port}/live#session=anything"
     async with httpx.AsyncClient() as client:  # the page itself needs no token: it holds no data

@@ -11,6 +11,7 @@ const TOKEN_KEY = "turnlog-token";
 const RETRY_MS = 1000;
 const SESSIONS_PAGE = 100; // the API's largest page of sessions
 const CUTOFF_EVENT = "stream.cutoff"; // the API ends a stream with it when this page reads too slowly
+const ERASED_EVENT = "session.erased"; // the API ends a stream with it when the session is forgotten
 const view = {
   seen: [],          // seqs received in this page, in order (tests read it)
   connections: 0,    // streams opened (1 + reconnects)
@@ -18,6 +19,7 @@ const view = {
   cutoffs: 0,        // streams the API ended because this page fell behind
   lastEventId: null, // the resume point sent on reconnect
   ended: false,
+  erased: false,     // the session was forgotten: nothing of it stays on the page
 };
 window.turnlog = view;
 let controller = null;
@@ -90,6 +92,14 @@ function apply(seq, type, data) {
   }
 }
 
+// The session was forgotten (a session.erased event, or 410 Gone): wipe what the page shows of it.
+function forget() {
+  $("turns").replaceChildren();
+  $("meta").textContent = "";
+  view.erased = true;
+  view.ended = true;
+}
+
 // The text/event-stream format, fed one network chunk at a time. A line ends at
 // "\r\n", "\n" or "\r"; a chunk may end between the "\r" and the "\n" of one
 // line end, so a trailing "\r" waits for the next chunk before its line counts.
@@ -136,6 +146,7 @@ async function stream(sessionId, signal) {
   const response = await fetch(`/api/sessions/${encodeURIComponent(sessionId)}/events`,
                                { headers, signal, referrerPolicy: "no-referrer" });
   if (response.status === 204) { view.ended = true; return; } // resumed at the end: nothing will follow
+  if (response.status === 410) { forget(); return; } // forgotten: never reconnect
   if (response.status === 401 || response.status === 404) throw Object.assign(new Error("HTTP " + response.status), { fatal: true });
   if (!response.ok) throw new Error("HTTP " + response.status);
   view.connections += 1;
@@ -144,6 +155,7 @@ async function stream(sessionId, signal) {
   const reader = response.body.pipeThrough(new TextDecoderStream()).getReader();
   const push = eventParser((id, type, data) => {
     if (type === CUTOFF_EVENT) { view.cutoffs += 1; return; } // the stream ends next; reconnect from lastEventId
+    if (type === ERASED_EVENT) { forget(); return; }
     if (id === null || view.ended) return;
     const seq = Number(id);
     if (view.lastEventId !== null && seq <= Number(view.lastEventId)) return; // never apply twice
@@ -162,7 +174,7 @@ async function follow(sessionId) {
   if (controller) controller.abort();
   controller = new AbortController();
   const { signal } = controller;
-  Object.assign(view, { seen: [], connections: 0, chunks: 0, cutoffs: 0, lastEventId: null, ended: false });
+  Object.assign(view, { seen: [], connections: 0, chunks: 0, cutoffs: 0, lastEventId: null, ended: false, erased: false });
   $("turns").replaceChildren();
   $("meta").textContent = "";
   showFragment(new URLSearchParams({ session: sessionId }));
@@ -177,7 +189,7 @@ async function follow(sessionId) {
     setState("reconnecting"); // dropped or cut off: resume after the last seq seen
     await new Promise((resolve) => setTimeout(resolve, RETRY_MS));
   }
-  if (view.ended && !signal.aborted) setState("ended"); // (aborted: another session owns the view now)
+  if (view.ended && !signal.aborted) setState(view.erased ? "erased" : "ended"); // (aborted: another session owns the view now)
 }
 
 function start() {
