@@ -124,10 +124,13 @@ async def test_the_hub_remembers_a_bounded_number_of_forgotten_ids(monkeypatch):
 async def test_the_hub_consume_loop_routes_ledger_records_beside_the_transcript(monkeypatch):
     records = [transcript_record("s-1", 0), ledger_record("s-1"), transcript_record("s-1", 1)]
     assigned: list[tuple[str, int]] = []
+    first_read = threading.Event()  # the ledger record comes once the test has the first event
 
     class Consumer:
         def poll(self, timeout: float):
-            return records.pop(0) if records else None
+            if not records or (len(records) == 2 and not first_read.wait(timeout)):
+                return None
+            return records.pop(0)
 
         def assign(self, partitions) -> None:
             assigned.extend((tp.topic, tp.partition) for tp in partitions)
@@ -150,6 +153,7 @@ async def test_the_hub_consume_loop_routes_ledger_records_beside_the_transcript(
     try:
         first = await subscription.next(10)
         assert first is not None and first.seq == 0
+        first_read.set()
         for _ in range(1000):
             if subscription.erased:
                 break
