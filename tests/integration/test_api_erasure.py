@@ -247,8 +247,10 @@ def test_with_the_broker_away_the_erasure_is_pending_then_the_sink_completes_it(
     pipeline, store = apis.pipeline, apis.pipeline.store
     session_ids = [finished_session(apis, "fleet-a") for _ in range(ERASURES_PER_TOKEN + 1)]
     # An API whose broker does not answer (nothing listens on port 1): the ledger record cannot be
-    # written; each request's publication waits 5 * ack_wait_seconds = 10 s before it gives up.
-    away = pipeline.settings.model_copy(update={"bootstrap_servers": "127.0.0.1:1", "ack_wait_seconds": 2.0})
+    # written; each request's publication waits 5 * ack_wait_seconds = 10 s before it gives up (the
+    # record itself would be retried for delivery_timeout_seconds, longer).
+    away = pipeline.settings.model_copy(update={"bootstrap_servers": "127.0.0.1:1", "ack_wait_seconds": 2.0,
+                                                "delivery_timeout_seconds": 60.0})
     with TestClient(create_app(away, store, live=False)) as client:
         answers = [client.delete(f"/api/sessions/{sid}", headers=auth("tok-a"), params={"wait": 0})
                    for sid in session_ids[:ERASURES_PER_TOKEN]]
