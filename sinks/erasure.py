@@ -17,6 +17,7 @@ transaction (``sinks/analytics.py``). Nothing here reads or logs content.
 from __future__ import annotations
 
 import datetime as dt
+import logging
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
@@ -27,6 +28,8 @@ from sqlalchemy.engine import Connection
 from turnlog.schemas import SessionStatus
 from turnlog.schemas.erasure import Erasure
 from turnlog.sinks.tables import erasures, session_events, sessions, transcript_turns
+
+logger = logging.getLogger(__name__)
 
 if TYPE_CHECKING:
     from turnlog.sinks.base import SqlStore
@@ -114,6 +117,10 @@ class SqlErasures:
         stored = conn.execute(select(sessions.c.id, sessions.c.fleet).where(sessions.c.id.in_(ids)))
         stored_fleets = {row.id: row.fleet for row in stored}
         applied = [sid for sid in ids if stored_fleets.get(sid) in (None, wanted[sid].fleet)]
+        for sid in sorted(set(ids) - set(applied)):
+            logger.warning("erasure of %s refused: it names fleet %s, the stored session is fleet %s's (the request "
+                           "was scoped to the wrong fleet; ask again with the right one)", sid, wanted[sid].fleet,
+                           stored_fleets[sid])
         if not applied:
             return []
         conn.execute(delete(session_events).where(session_events.c.session_id.in_(applied)))

@@ -80,11 +80,14 @@ def request_erasure(
     wait_seconds: float = 10.0,
     producer: Producer | None = None,
     on_recorded: Callable[[ErasureOutcome], object] | None = None,
+    unstored: bool = False,
 ) -> ErasureOutcome:
     """Forget ``session_id`` everywhere (module docstring).
 
     ``fleets``: the fleets the caller may erase in (None: any); ``fleet``: the
-    session's fleet, used only when the store does not answer. ``wait_seconds``
+    session's fleet, used when the store does not answer, and, with ``unstored``,
+    when the store does not hold the session (it may be only in agents' spools or
+    in flight: the CLI's ``--fleet``; the API never does this). ``wait_seconds``
     counts from the call: it returns by then, or once the ledger record's
     publication gives up (``max(1, 5 * ack_wait_seconds)`` s) if that is later.
     ``on_recorded`` is called (in the caller's thread) with the pending outcome as
@@ -99,7 +102,8 @@ def request_erasure(
     deadline = time.monotonic() + wait_seconds
     store_answered = True
     try:
-        erasure, published = _recorded(store, session_id, fleets, requested_by, reason, now)
+        erasure, published = _recorded(store, session_id, fleets, requested_by, reason, now,
+                                       unstored_fleet=fleet if unstored else None)
     except StoreUnavailableError:
         if fleet is None or (fleets is not None and fleet not in fleets):
             raise
@@ -152,10 +156,11 @@ def _tell(on_recorded: Callable[[ErasureOutcome], object] | None, erasure: Erasu
 
 def _recorded(
     store: SqlStore, session_id: str, fleets: Collection[str] | None, requested_by: str, reason: ErasureReason,
-    now: dt.datetime,
+    now: dt.datetime, *, unstored_fleet: str | None = None,
 ) -> tuple[Erasure, bool]:
     """The erasure of ``session_id`` as the store holds it (inserted as pending if new) and
-    whether its ledger record was published already.
+    whether its ledger record was published already. A session the store does not hold is
+    :class:`ErasureNotFound`, unless ``unstored_fleet`` names its fleet (within ``fleets``).
 
     Raises:
         ErasureNotFound, StoreUnavailableError: as :func:`request_erasure`.
@@ -166,7 +171,8 @@ def _recorded(
             if fleets is not None and state.fleet not in fleets:
                 raise ErasureNotFound(f"no session {session_id}")
             return state.as_erasure(), state.published_at is not None
-        fleet = conn.execute(select(sessions.c.fleet).where(sessions.c.id == session_id)).scalar()
+        stored = conn.execute(select(sessions.c.id, sessions.c.fleet).where(sessions.c.id == session_id)).first()
+        fleet: str | None = unstored_fleet if stored is None else stored.fleet
         if fleet is None or (fleets is not None and fleet not in fleets):
             raise ErasureNotFound(f"no session {session_id}")
         erasure = Erasure(session_id=session_id, fleet=fleet, requested_by=requested_by, requested_at=now,

@@ -199,7 +199,8 @@ def forget(
     session_id: Annotated[str, typer.Argument(help="The session to forget everywhere.")],
     fleet: Annotated[
         str | None,
-        typer.Option(help="The session's fleet: checked against the store, and used alone if the store is away."),
+        typer.Option(help="The session's fleet: checked against the store; with it, a session the store does not "
+                     "hold (only in agents' spools or in flight) is forgotten too, and the store may be away."),
     ] = None,
     wait: Annotated[float, typer.Option(help="Longest wait for the sink to apply it (seconds).")] = 30.0,
     database_url: DatabaseUrl = None,
@@ -217,7 +218,8 @@ def forget(
     store = open_store(settings.database_url)
     try:
         outcome = request_erasure(settings, store, session_id, requested_by=f"cli:{getpass.getuser()}",
-                                  fleets=None if fleet is None else [fleet], fleet=fleet, wait_seconds=wait)
+                                  fleets=None if fleet is None else [fleet], fleet=fleet, wait_seconds=wait,
+                                  unstored=fleet is not None)
     except ErasureNotFound:
         typer.echo(f"turnlog: no session {session_id!r}" + (f" in fleet {fleet!r}" if fleet else ""), err=True)
         raise typer.Exit(1) from None

@@ -4,6 +4,7 @@ session is identical, and a SIGKILL between the steps of a forget is finished on
 
 from __future__ import annotations
 
+import contextlib
 import subprocess
 import time
 import uuid
@@ -186,3 +187,32 @@ async def test_a_forget_killed_before_its_ledger_record_and_a_sink_killed_mid_er
     again = subprocess.run(turnlog_command("forget", session_id, "--wait", "5"), env=settings.as_environment(),
                            capture_output=True, text=True, timeout=120)
     assert again.returncode == 0 and f"{session_id}: done" in again.stdout, again.stdout + again.stderr
+
+
+async def test_a_session_the_store_never_held_is_forgotten_with_its_fleet_named_and_the_api_path_refuses_it(
+    new_pipeline
+):
+    pipeline = new_pipeline(("sequencer", "sink"))
+    settings, store = pipeline.settings, pipeline.store
+    session_id = f"spooled-only-{uuid.uuid4().hex[:8]}"  # e.g. only in a dead agent's spool, broker away
+    try:
+        request_erasure(settings, store, session_id, requested_by="api:x", fleets=["tests"], fleet="tests",
+                        wait_seconds=0)
+        raise AssertionError("a session the store does not hold was forgotten without unstored=True")
+    except ErasureNotFound:
+        pass
+    outcome = request_erasure(settings, store, session_id, requested_by="cli:test", fleets=["tests"], fleet="tests",
+                              unstored=True, wait_seconds=TIMEOUT)
+    assert (outcome.status, outcome.fleet, outcome.published) == ("done", "tests", True)
+    # Its events, if they ever arrive, are dropped: the store holds it as forgotten.
+    async with SessionRecorder(settings.model_copy(update={"spool_dir": str(pipeline.log_dir / "late")})) as recorder:
+        # The recorder may learn of the erasure from the ledger first and refuse: either way nothing is stored.
+        with contextlib.suppress(SessionErasedError):
+            late = await recorder.start_session(session_id, fleet="tests", agent_id="a")
+            await late.end("hangup")
+            await late.wait_acknowledged(TIMEOUT)
+    async with SessionRecorder(settings) as recorder:
+        marker = await recorder.start_session(f"after-{uuid.uuid4().hex[:8]}", fleet="tests", agent_id="a")
+        await marker.end("hangup")
+    wait_until(lambda: status_of(store, marker.session_id) == "finalized", timeout=TIMEOUT, what="marker stored")
+    assert rows_of(store, session_id) == {"sessions": 0, "session_events": 0, "transcript_turns": 0}
