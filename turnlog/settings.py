@@ -273,6 +273,12 @@ class TurnlogSettings(BaseSettings):
         description="The KEK keyring (private keys, newest first; mode 0600, `turnlog keys init`): held by the "
         "sink, the API, replay, verify and tail, which open sealed content. Never give it to agents.",
     )
+    keyring: SecretStr | None = Field(
+        None,
+        repr=False,
+        description="The keyring's text itself (its lines: x25519-private:..., newest first), for secrets "
+        "injected as environment variables; instead of keyring_file, never with it.",
+    )
     erasure_deadline_days: float = Field(
         30.0,
         gt=0,
@@ -496,6 +502,12 @@ class TurnlogSettings(BaseSettings):
             if value in seen:  # a shared key would let one fleet sign as another, or mint epochs
                 raise ValueError(f"{name} is the same key as {seen[value]}; every key must be distinct")
             seen[value] = name
+        return self
+
+    @model_validator(mode="after")
+    def _one_keyring(self) -> TurnlogSettings:
+        if self.keyring is not None and self.keyring_file is not None:
+            raise ValueError("keyring and keyring_file both set: give the readers' keyring one way")
         return self
 
     def fleet_key_rings(self) -> dict[str, list[str]]:

@@ -8,11 +8,22 @@ import stat
 import subprocess
 
 import pytest
+from pydantic import SecretStr
 
 from turnlog.crypto.config import event_opener, recorder_kek
-from turnlog.crypto.keys import FileKekProvider, KeyMaterialError, create_keyring_file, public_key_text
+from turnlog.crypto.envelope import EpochSealer
+from turnlog.crypto.keys import (
+    FileKekProvider,
+    KeyMaterialError,
+    create_keyring_file,
+    generate_private_key,
+    private_key_text,
+    public_key_text,
+)
 from turnlog.deploy.processes import turnlog_command
 from turnlog.settings import TurnlogSettings
+
+from tests.support import EventFactory
 
 
 def keys(*args: str, keyring) -> subprocess.CompletedProcess[str]:
@@ -67,3 +78,17 @@ def test_required_encryption_without_keys_refuses_and_auto_writes_plain():
 def test_off_never_seals_even_with_a_kek(tmp_path):
     public = create_keyring_file(tmp_path / "k")
     assert recorder_kek(TurnlogSettings(encryption="off", kek_public_key=public_key_text(public.key))) is None
+
+
+def test_a_keyring_given_as_a_secret_environment_variable_opens_what_its_kek_sealed(tmp_path):
+    public = create_keyring_file(tmp_path / "k")
+    text = (tmp_path / "k").read_text()
+    settings = TurnlogSettings(keyring=SecretStr(text))
+    assert "x25519-private" not in repr(settings) and recorder_kek(settings).id == public.id
+    sealed = EpochSealer(public, "s-env", 0).seal(EventFactory("s-env").partial(1, 0, "from the environment"))
+    assert event_opener(settings).open(sealed).text == "from the environment"
+    assert settings.as_environment()["TURNLOG_KEYRING"] == text  # a child process gets the secret itself
+    with pytest.raises(KeyMaterialError, match="TURNLOG_KEYRING: keyring line 1"):
+        event_opener(TurnlogSettings(keyring=SecretStr("x25519-private:short")))
+    with pytest.raises(ValueError, match="keyring and keyring_file both set"):
+        TurnlogSettings(keyring=SecretStr(private_key_text(generate_private_key())), keyring_file=str(tmp_path / "k"))

@@ -7,8 +7,9 @@
   public half of ``keyring_file`` (a single-host setup, where the agent may
   read the keyring); ``off`` never seals;
 * a reader (sink, API, replay, verify, tail) opens sealed events with the
-  keyring of ``keyring_file``; without one, each sealed record is refused
-  with a reason (the DLQ), never read as empty;
+  keyring of ``keyring_file`` (or ``keyring``, its text in a secret
+  environment variable); without one, each sealed record is refused with a
+  reason (the DLQ), never read as empty;
 * ``required`` makes a process without its key refuse to start.
 """
 
@@ -17,7 +18,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from turnlog.crypto.envelope import EventOpener
-from turnlog.crypto.keys import FileKekProvider, KekPublicKey, KeyMaterialError, parse_public_key
+from turnlog.crypto.keys import (
+    FileKekProvider,
+    KekProvider,
+    KekPublicKey,
+    KeyMaterialError,
+    TextKekProvider,
+    parse_public_key,
+)
 from turnlog.settings import TurnlogSettings
 
 __all__ = ["recorder_kek", "event_opener"]
@@ -37,8 +45,9 @@ def recorder_kek(settings: TurnlogSettings) -> KekPublicKey | None:
             return parse_public_key(settings.kek_public_key)
         except KeyMaterialError as e:
             raise KeyMaterialError(f"TURNLOG_KEK_PUBLIC_KEY: {e}") from None
-    if settings.keyring_file:
-        return FileKekProvider(Path(settings.keyring_file)).public_key()
+    provider = _keyring(settings)
+    if provider is not None:
+        return provider.public_key()
     if settings.encryption == "required":
         raise KeyMaterialError(
             "TURNLOG_ENCRYPTION=required and no KEK: set TURNLOG_KEK_PUBLIC_KEY (`turnlog keys public` prints it)"
@@ -54,16 +63,29 @@ def event_opener(settings: TurnlogSettings) -> EventOpener | None:
             malformed), it does not hold ``kek_public_key`` (set too: the agents' KEK), or
             ``encryption=required`` and it is not set.
     """
-    if settings.keyring_file:
-        ring = FileKekProvider(Path(settings.keyring_file)).ring()
+    provider = _keyring(settings)
+    if provider is not None:
+        ring = provider.ring()
         if settings.kek_public_key:
             agents = recorder_kek(settings)
             if agents is not None and ring.private_key(agents.id) is None:
+                where = settings.keyring_file or "TURNLOG_KEYRING"
                 raise KeyMaterialError(
-                    f"TURNLOG_KEK_PUBLIC_KEY is KEK {agents.id}, which the keyring {settings.keyring_file} does not "
+                    f"TURNLOG_KEK_PUBLIC_KEY is KEK {agents.id}, which the keyring {where} does not "
                     f"hold (it holds {', '.join(ring.ids)}): what agents write could not be opened here"
                 )
         return EventOpener(ring)
     if settings.encryption == "required":
-        raise KeyMaterialError("TURNLOG_ENCRYPTION=required and no TURNLOG_KEYRING_FILE to open sealed content with")
+        raise KeyMaterialError(
+            "TURNLOG_ENCRYPTION=required and no TURNLOG_KEYRING_FILE (or TURNLOG_KEYRING) to open sealed content with"
+        )
+    return None
+
+
+def _keyring(settings: TurnlogSettings) -> KekProvider | None:
+    """The private keyring of ``keyring_file`` or ``keyring`` (settings refuse both), or None."""
+    if settings.keyring_file:
+        return FileKekProvider(Path(settings.keyring_file))
+    if settings.keyring is not None:
+        return TextKekProvider(settings.keyring.get_secret_value())
     return None

@@ -17,8 +17,8 @@ newest first.
 
 Key providers: :class:`KekProvider` is the interface (a KMS is a later
 implementation); :class:`FileKekProvider` reads a keyring file (mode 0600, this
-user's: anything looser is refused), :func:`kek_ring_from_text` a keyring given
-in an environment variable. Rotation (:func:`rotate_keyring_file`) puts a new
+user's: anything looser is refused), :class:`TextKekProvider` a keyring given
+in an environment variable (``TURNLOG_KEYRING``). Rotation (:func:`rotate_keyring_file`) puts a new
 key pair first; the old private keys stay to read what they wrapped until the
 log and the store no longer hold it.
 
@@ -46,6 +46,7 @@ __all__ = [
     "KekRing",
     "KekProvider",
     "FileKekProvider",
+    "TextKekProvider",
     "kek_id",
     "generate_private_key",
     "public_key_text",
@@ -225,6 +226,27 @@ class FileKekProvider:
             self._ring = kek_ring_from_text(text)
         except KeyMaterialError as e:
             raise KeyMaterialError(f"{path}: {e}") from None
+
+    def public_key(self) -> KekPublicKey:
+        return self._ring.current
+
+    def ring(self) -> KekRing:
+        return self._ring
+
+
+class TextKekProvider:
+    """KEKs from keyring text given directly (:func:`kek_ring_from_text`'s format): an
+    environment variable holding a secret (``TURNLOG_KEYRING``).
+
+    Raises:
+        KeyMaterialError: (constructor) the text is not a keyring.
+    """
+
+    def __init__(self, text: str, *, source: str = "TURNLOG_KEYRING") -> None:
+        try:
+            self._ring = kek_ring_from_text(text)
+        except KeyMaterialError as e:
+            raise KeyMaterialError(f"{source}: {e}") from None
 
     def public_key(self) -> KekPublicKey:
         return self._ring.current
