@@ -9,7 +9,7 @@ from confluent_kafka.admin import AlterConfigOpType, ConfigEntry, ConfigResource
 from turnlog import kafka
 from turnlog.deploy.topics import Outcome, TopicDifference, check_topics, create_topics
 from turnlog.kafka.replication import Replication, live_broker_count
-from turnlog.kafka.topic_specs import TOPIC_MAX_MESSAGE_BYTES
+from turnlog.kafka.topic_specs import MAX_SEGMENT_MS, TOPIC_MAX_MESSAGE_BYTES
 from turnlog.settings import TurnlogSettings
 
 from tests.support import wait_until
@@ -36,7 +36,7 @@ def test_by_default_every_topic_has_three_replicas_and_min_isr_two(kafka_cluster
     settings = kafka_cluster.settings(replication_factor=None)
     result = create_topics(settings)
     assert result.replication == Replication(replication_factor=3, min_insync_replicas=2, live_brokers=3)
-    assert len(result.created) == 6 and result.differences == ()
+    assert len(result.created) == 7 and result.differences == ()  # turnlog's four, Faust's three
     for topic in result.created:
         assert _replica_counts(settings, topic) == {3}, topic
         assert _config(settings, topic, "min.insync.replicas") == "2", topic
@@ -48,6 +48,7 @@ def test_a_topic_with_one_replica_needs_a_reassignment_and_its_min_isr_waits_for
     events = settings.topics.events
     admin = kafka.admin(settings)
     as_asked_but_replication = {"cleanup.policy": "delete", "retention.ms": str(settings.events_retention_ms),
+                                "segment.ms": str(min(settings.events_retention_ms, MAX_SEGMENT_MS)),
                                 "max.message.bytes": str(TOPIC_MAX_MESSAGE_BYTES), "min.insync.replicas": "1"}
     admin.create_topics([NewTopic(events, settings.partitions, 1, config=as_asked_but_replication)])[
         events
