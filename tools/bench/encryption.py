@@ -52,13 +52,13 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
 from turnlog.sinks.batch import SourceMessage, plan_batch
 from turnlog.sinks.migrate import upgrade_to_head
-from turnlog.tools.bench import baselines as base
 from turnlog.tools.bench.load import plans_for_rate, run_load
 from turnlog.tools.bench.probes import turn_latencies_ms
 from turnlog.tools.bench.transactions import MODERATE_RATE
 from turnlog.tools.bench.variants import (
     APPLY_TIMEOUT_SECONDS,
     free_port,
+    latency_figures,
     local_broker_pid,
     on_over_off,
     phase_figures,
@@ -330,18 +330,7 @@ def _variant(
         moderate["records"] = done.applied - began.applied
         moderate["transactions"] = transcript_end(variant) - ends_before - moderate["records"]
         samples = turn_latencies_ms(dsn, f"bench-{run}-%-{name}-")
-        moderate.update({
-            "offered_events_per_second": load.events_per_second,
-            "load_seconds": load.seconds,
-            "turns": load.turns,
-            "turns_stored": len(samples),
-            "p50_ms": base.percentile(samples, 50),
-            "p95_ms": base.percentile(samples, 95),
-            "p99_ms": base.percentile(samples, 99),
-            "complete_turn_p99_ms": base.percentile(load.complete_ms, 99),
-            "samples_ms": samples,
-            "complete_ms": load.complete_ms,
-        })
+        moderate.update(latency_figures(load, samples))
         out["moderate"] = moderate
         out["load_average"].append(os.getloadavg()[0])
     finally:

@@ -56,6 +56,7 @@ from turnlog.tools.bench.probes import turn_latencies_ms
 from turnlog.tools.bench.variants import (
     APPLY_TIMEOUT_SECONDS,
     free_port,
+    latency_figures,
     local_broker_pid,
     on_over_off,
     phase_figures,
@@ -201,18 +202,7 @@ def _variant(
         moderate["records"] = done.applied - applied_before
         moderate["transactions"] = transcript_end(variant) - ends_before - moderate["records"]
         samples = turn_latencies_ms(dsn, f"bench-{run}-%-{name}-")
-        moderate.update({
-            "offered_events_per_second": load.events_per_second,
-            "load_seconds": load.seconds,
-            "turns": load.turns,
-            "turns_stored": len(samples),
-            "p50_ms": base.percentile(samples, 50),
-            "p95_ms": base.percentile(samples, 95),
-            "p99_ms": base.percentile(samples, 99),
-            "complete_turn_p99_ms": base.percentile(load.complete_ms, 99),
-            "samples_ms": samples,
-            "complete_ms": load.complete_ms,
-        })
+        moderate.update(latency_figures(load, samples))
         out["moderate"] = moderate
         out["load_average"].append(os.getloadavg()[0])
         # The mode asked for is the mode that ran: transactions leave one marker each in the transcript.

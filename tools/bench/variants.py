@@ -27,7 +27,8 @@ from turnlog.tools.bench.probes import cpu_seconds, sink_batches
 
 __all__ = [
     "Reading", "variant_order", "per_event_us", "pool_runs", "on_over_off", "take_reading", "wait_applied",
-    "phase_figures", "transcript_end", "local_broker_pid", "free_port", "SERVICES", "APPLY_TIMEOUT_SECONDS",
+    "phase_figures", "latency_figures", "transcript_end", "local_broker_pid", "free_port", "SERVICES",
+    "APPLY_TIMEOUT_SECONDS",
 ]
 
 #: Longest a variant's first record may take to be applied, and its load's tail (seconds).
@@ -187,6 +188,23 @@ def phase_figures(first: Reading, last: Reading, *, events: int, generator: bool
         "cpu_seconds": cpu,
         "us_per_event": per_event_us(cpu, events),
         "cores": {name: used / seconds if seconds > 0 else float("nan") for name, used in cpu.items()},
+    }
+
+
+def latency_figures(load: Any, samples: list[float]) -> dict[str, Any]:
+    """A moderate-load run's latencies: ``load`` (a ``LoadResult``: what the generator sent and each
+    ``complete_turn``'s milliseconds) and ``samples`` (each stored turn's turn-to-store milliseconds)."""
+    return {
+        "offered_events_per_second": load.events_per_second,
+        "load_seconds": load.seconds,
+        "turns": load.turns,
+        "turns_stored": len(samples),
+        "p50_ms": base.percentile(samples, 50),
+        "p95_ms": base.percentile(samples, 95),
+        "p99_ms": base.percentile(samples, 99),
+        "complete_turn_p99_ms": base.percentile(load.complete_ms, 99),
+        "samples_ms": samples,
+        "complete_ms": load.complete_ms,
     }
 
 
