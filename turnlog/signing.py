@@ -52,6 +52,7 @@ __all__ = [
     "VerifiedRecord",
     "KeyRing",
     "issue_epoch_grant",
+    "framed",
     "provenance_headers",
     "verify_epoch_grant",
 ]
@@ -79,13 +80,13 @@ class ProvenanceError(ValueError):
         self.reason = reason
 
 
-def _framed(*parts: bytes) -> bytes:
+def framed(*parts: bytes) -> bytes:
     """``parts`` each prefixed by its length (8 bytes, big-endian), so no two tuples frame alike."""
     return b"".join(len(part).to_bytes(8, "big") + part for part in parts)
 
 
 def _mac(key: bytes, domain: bytes, *parts: bytes) -> bytes:
-    return hmac.new(key, _framed(domain, *parts), hashlib.sha256).digest()
+    return hmac.new(key, framed(domain, *parts), hashlib.sha256).digest()
 
 
 #: A fleet's keys: one key, or a ring whose first key signs and whose every key verifies (rotation).

@@ -40,6 +40,7 @@ from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
 from turnlog.crypto.keys import KekPublicKey, KekRing
 from turnlog.schemas.events import Event, Sealed, content_of, with_content, without_content
 from turnlog.schemas.exceptions import EventValidationError
+from turnlog.signing import framed
 
 __all__ = [
     "EpochSealer", "EventOpener", "SealedContentError", "open_sealed", "is_sealed", "DATA_KEY_CACHE_ENTRIES",
@@ -61,17 +62,12 @@ class SealedContentError(EventValidationError):
     bad record (the DLQ), never as its own failure."""
 
 
-def _framed(*parts: bytes) -> bytes:
-    """``parts`` each prefixed by its length (8 bytes, big-endian): no two tuples frame alike."""
-    return b"".join(len(part).to_bytes(8, "big") + part for part in parts)
-
-
 def _key_info(session_id: str, epoch: int) -> bytes:
-    return _framed(_KEY_DOMAIN, session_id.encode("utf-8"), str(epoch).encode("ascii"))
+    return framed(_KEY_DOMAIN, session_id.encode("utf-8"), str(epoch).encode("ascii"))
 
 
 def _associated_data(tag: str, session_id: str, epoch: int, seq: int, event_id: uuid.UUID) -> bytes:
-    return _framed(
+    return framed(
         _CONTENT_DOMAIN, tag.encode("utf-8"), session_id.encode("utf-8"), str(epoch).encode("ascii"),
         str(seq).encode("ascii"), event_id.bytes,
     )
