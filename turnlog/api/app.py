@@ -78,7 +78,7 @@ from collections.abc import AsyncIterator, Callable, Collection
 from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import asynccontextmanager
 from importlib import resources
-from typing import Annotated, Any, Protocol
+from typing import Annotated, Any, Protocol, TypeVar
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
@@ -146,6 +146,7 @@ _SEQ_TEXT = re.compile(r"-?[0-9]{1,19}")
 _DOCS_PATHS = ("/docs", "/docs/oauth2-redirect", "/redoc")
 
 logger = logging.getLogger(__name__)
+T = TypeVar("T")
 
 
 class SessionGone(Exception):
@@ -479,17 +480,8 @@ def create_app(
                 session_id, left, fleets=granted.fleets, turn_limit=RESUME_TURN_PAGE, max_bytes=settings.api_page_bytes
             )
 
-        try:
-            work = resume_workers.submit(claim)
-        except RuntimeError:  # the executor is shut down: the API is stopping
-            resumes.release(key)
-            raise HTTPException(
-                503, "the API is stopping; retry", headers={"Retry-After": str(RESUME_RETRY_AFTER_SECONDS)}
-            ) from None
         # The slot is the worker's until it finishes, or, while queued, until it is cancelled below.
-        work.add_done_callback(lambda _: resumes.release(key))
-        outcome = asyncio.wrap_future(work)
-        outcome.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, even once nobody waits
+        work, outcome = _run_in_slot(resume_workers, claim, resumes, key, RESUME_RETRY_AFTER_SECONDS)
         try:
             done, _ = await asyncio.wait({outcome}, timeout=max(0.0, deadline - time.monotonic()))
             if not done and not work.cancel():
@@ -566,16 +558,7 @@ def create_app(
                                    wait_seconds=max(0.0, deadline - time.monotonic()),
                                    on_recorded=recorded.set_result)
 
-        try:
-            work = erasure_workers.submit(forget)
-        except RuntimeError:  # the executor is shut down: the API is stopping
-            erasure_slots.release(key)
-            raise HTTPException(
-                503, "the API is stopping; retry", headers={"Retry-After": str(ERASURE_RETRY_AFTER_SECONDS)}
-            ) from None
-        work.add_done_callback(lambda _: erasure_slots.release(key))
-        answer = asyncio.wrap_future(work)
-        answer.add_done_callback(lambda f: f.cancelled() or f.exception())  # read, even once nobody waits
+        work, answer = _run_in_slot(erasure_workers, forget, erasure_slots, key, ERASURE_RETRY_AFTER_SECONDS)
         try:
             done, _ = await asyncio.wait(
                 {answer}, timeout=max(0.0, deadline - time.monotonic()) + ERASURE_GRACE_SECONDS
@@ -667,6 +650,28 @@ def _once(action: Callable[[], None]) -> Callable[[], None]:
         action()
 
     return run
+
+
+def _run_in_slot(
+    workers: ThreadPoolExecutor, work: Callable[[], T], slots: SlotLimiter, key: int, retry_after: int
+) -> tuple[Future[T], asyncio.Future[T]]:
+    """Run ``work`` on ``workers`` in a slot of ``slots`` already acquired for ``key``: the slot
+    is released when it finishes, or is cancelled while queued. Returns the worker's future and
+    its awaitable, whose outcome is read even once nobody waits for it.
+
+    Raises:
+        HTTPException: 503 with ``Retry-After: retry_after``: the executor is shut down (the
+            API is stopping); the slot is released.
+    """
+    try:
+        future = workers.submit(work)
+    except RuntimeError:
+        slots.release(key)
+        raise HTTPException(503, "the API is stopping; retry", headers={"Retry-After": str(retry_after)}) from None
+    future.add_done_callback(lambda _: slots.release(key))
+    awaitable = asyncio.wrap_future(future)
+    awaitable.add_done_callback(lambda f: f.cancelled() or f.exception())
+    return future, awaitable
 
 
 def _may_exist(identifier: str) -> bool:
