@@ -1,4 +1,13 @@
-"""Prometheus metrics of the pipeline, served on ``TURNLOG_METRICS_PORT`` when it is set."""
+"""Prometheus metrics of the pipeline, served on ``TURNLOG_METRICS_PORT`` when it is set.
+
+One naming scheme: ``turnlog_<component>_<what>_<unit>``, seconds and bytes as
+base units, counters end in ``_total``. Every metric a service exports is
+declared here (the consumer-lag gauges are declared here and filled by the lag
+collector, ``turnlog/kafka/lag.py``), and ``docs/observability.md`` lists them
+all in one table; ``tests/unit/test_observability_docs.py`` keeps the two in step.
+Labels are bounded: topic, partition, consumer group, stage, reason class,
+outcome, component; never a session id.
+"""
 
 from __future__ import annotations
 
@@ -24,7 +33,23 @@ __all__ = [
     "LIVE_RECORDS_SKIPPED",
     "ERASED_RECORDS_SKIPPED",
     "ERASURES_APPLIED",
+    "CONSUMER_LAG_RECORDS",
+    "CONSUMER_LAG_SECONDS",
+    "TURN_TO_STORE_SECONDS",
+    "REORDER_BUFFER_EVENTS",
+    "GAPS_OPEN",
+    "SPOOL_MAX_BYTES",
+    "RECORDER_SESSIONS_OPEN",
+    "RESUME_SECONDS",
+    "API_LIVE_STREAMS",
+    "FINALIZATION_DELAY_SECONDS",
+    "SESSIONS_UNFINALIZED",
+    "UNFINALIZED_OLDEST_SECONDS",
+    "LATENCY_BUCKETS",
 ]
+
+#: Buckets (seconds) of the latency histograms: turn-to-store, resume, finalization delay.
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
 
 EVENTS_EMITTED = Counter("turnlog_sequencer_emitted_total", "Events emitted to the ordered transcript.")
 DUPLICATES_DROPPED = Counter("turnlog_sequencer_duplicates_total", "Events dropped as duplicates by (session_id, seq).")
@@ -88,4 +113,65 @@ ERASED_RECORDS_SKIPPED = Counter(
 )
 ERASURES_APPLIED = Counter(
     "turnlog_erasures_applied_total", "Erasure ledger records applied to the store, by projection.", ["component"]
+)
+
+# Consumer lag per group and partition, read from outside the consumers (a paused or frozen consumer
+# cannot report its own): the lag collector (turnlog/kafka/lag.py) in `turnlog lag-exporter` and `turnlog api`.
+CONSUMER_LAG_RECORDS = Gauge(
+    "turnlog_consumer_lag_records",
+    "Records of a partition its consumer group has not processed: the partition's end offset (last stable offset) "
+    "minus the group's committed offset (the sink's: its sink_offsets row); 0 when only transaction markers remain.",
+    ["group", "topic", "partition"],
+)
+CONSUMER_LAG_SECONDS = Gauge(
+    "turnlog_consumer_lag_seconds",
+    "Age of the oldest record of a partition its consumer group has not processed (now minus that record's "
+    "timestamp, seconds); 0 when the group is caught up.",
+    ["group", "topic", "partition"],
+)
+
+# The sink: a turn's journey, from its event's emitted_at to the commit of the batch that stored it.
+TURN_TO_STORE_SECONDS = Histogram(
+    "turnlog_sink_turn_to_store_seconds",
+    "Completed turns: the turn.completed event's emitted_at to the commit of the sink batch that stored it (seconds).",
+    buckets=LATENCY_BUCKETS,
+)
+
+# The sequencer's reorder buffer (stream_processors/sequencing.py), this worker's assigned partitions.
+REORDER_BUFFER_EVENTS = Gauge(
+    "turnlog_sequencer_reorder_buffer_events",
+    "Events the sequencer holds back, waiting for a missing seq of their session (this worker's partitions).",
+)
+GAPS_OPEN = Gauge(
+    "turnlog_sequencer_gaps_open",
+    "Sessions waiting for a missing seq on this worker's partitions.",
+)
+
+SPOOL_MAX_BYTES = Gauge(
+    "turnlog_spool_max_bytes",
+    "The spool's capacity (TURNLOG_SPOOL_MAX_BYTES): turnlog_spool_bytes over it is how full.",
+)
+RECORDER_SESSIONS_OPEN = Gauge(
+    "turnlog_recorder_sessions_open", "Sessions this process is recording (started or resumed, not yet ended)."
+)
+RESUME_SECONDS = Histogram(
+    "turnlog_resume_seconds",
+    "Resumes (the barrier's wait and grant), wall time by outcome: granted, timeout, erased, refused, error (seconds).",
+    ["outcome"],
+    buckets=LATENCY_BUCKETS,
+)
+API_LIVE_STREAMS = Gauge("turnlog_api_live_streams", "Live transcript streams (SSE) the API holds open.")
+
+FINALIZATION_DELAY_SECONDS = Histogram(
+    "turnlog_finalization_delay_seconds",
+    "Sessions finalized: the session.ended event's ended_at to the commit that finalized it (seconds).",
+    buckets=LATENCY_BUCKETS,
+)
+SESSIONS_UNFINALIZED = Gauge(
+    "turnlog_finalizer_sessions_unfinalized",
+    "Sessions ended in the store but not finalized, as the finalizer's last sweep found them.",
+)
+UNFINALIZED_OLDEST_SECONDS = Gauge(
+    "turnlog_finalizer_unfinalized_oldest_seconds",
+    "How long ago the oldest ended but unfinalized session ended, at the finalizer's last sweep (seconds; 0 if none).",
 )
