@@ -364,6 +364,21 @@ class TurnlogSettings(BaseSettings):
         description="Serve the API's OpenAPI schema and its browsable docs (/openapi.json, /docs, /redoc) without a "
         "token. Off: they do not exist (404).",
     )
+    ops_prometheus_url: str | None = Field(
+        None,
+        pattern=r"^https?://[^\s]+$",
+        max_length=2000,
+        description="The Prometheus server (http or https base URL, e.g. http://prometheus:9090) the API's "
+        "operations page (/ops) asks for turn-to-store percentiles, DLQ records by reason, degraded recorders and "
+        "spool fullness, with fixed queries. Unset: the page shows those as not configured.",
+    )
+    ops_refresh_seconds: float = Field(
+        2.0,
+        ge=0.5,
+        le=60.0,
+        description="How often the operations page's figures (/api/ops) are read from Kafka, the store and "
+        "Prometheus, at most: one read per interval shared by every client (seconds).",
+    )
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="Serve Prometheus metrics on this port (services only; unset: off)."
     )
