@@ -85,6 +85,7 @@ from turnlog.schemas.erasure import Erasure
 from turnlog.schemas.events import EARLIEST_YEAR, LATEST_YEAR
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import RecordSigner
+from turnlog.tracing import NO_TRACING, TraceContext, TraceSpan, Tracing, producer_attributes, service_tracing
 
 __all__ = ["SessionRecorder", "RecordedSession"]
 
@@ -94,6 +95,15 @@ MAX_TURN_INDEX = 2**31 - 1  # the schema's (and the store's integer column's) bo
 #: Largest encoded event (bytes): under the producer's and the broker's default record
 #: limit (1,000,000 bytes), so no spooled event can be refused by Kafka for its size.
 MAX_EVENT_BYTES = 900_000
+#: Framework attributes on one span, at most (a turn's and the session's together), and their bytes
+#: (keys and values, UTF-8); a key is at most MAX_TRACE_KEY_CHARS, a str value MAX_TRACE_VALUE_BYTES.
+MAX_TRACE_ATTRIBUTES = 16
+MAX_TRACE_ATTRIBUTES_BYTES = 2048
+MAX_TRACE_KEY_CHARS = 64
+MAX_TRACE_VALUE_BYTES = 256
+#: Attribute names turnlog sets itself: a framework's attribute may not start with these.
+RESERVED_TRACE_PREFIXES = ("turnlog.", "messaging.")
+TraceAttributes = Mapping[str, str | int | bool]
 _SPOOL_POLL_SECONDS = 0.05
 _OTHER_SPOOLS_POLL_SECONDS = 0.25  # each poll opens every spool file of the folder
 
@@ -159,6 +169,8 @@ class RecordedSession:
         self.erased = False
         #: this epoch's data key (None: content is written in clear)
         self._sealer = EpochSealer(kek, session_id, epoch) if kek is not None else None
+        #: the framework's ids put on every span of this session (set_trace_attributes; never sent to Kafka)
+        self._trace_attributes: dict[str, str | int | bool] = {}
 
     @property
     def next_seq(self) -> int:
@@ -174,6 +186,27 @@ class RecordedSession:
     def open_turns(self) -> tuple[int, ...]:
         """Indexes of the turns open now (with partial text), ascending."""
         return tuple(sorted(self._open))
+
+    @property
+    def trace_attributes(self) -> Mapping[str, str | int | bool]:
+        """The session-wide span attributes set by :meth:`set_trace_attributes` (a read-only view)."""
+        return dict(self._trace_attributes)
+
+    def set_trace_attributes(self, attributes: TraceAttributes) -> None:
+        """Put ``attributes`` (e.g. Pipecat's ``conversation.id``) on every span this session's later
+        turns and its end make, merged over those set before (a key set again is replaced). Span-only:
+        never written to the spool or Kafka, so a framework id may be anything the trace backend may see.
+
+        Bounds (with a turn's own ``trace_attributes``, per span): at most ``MAX_TRACE_ATTRIBUTES``
+        attributes and ``MAX_TRACE_ATTRIBUTES_BYTES`` of keys and values; a key a non-empty str of at
+        most ``MAX_TRACE_KEY_CHARS`` printable ASCII characters, not starting with ``turnlog.`` or
+        ``messaging.`` (turnlog's own); a value a str (at most ``MAX_TRACE_VALUE_BYTES`` UTF-8 bytes),
+        an int (64-bit) or a bool. Checked whether tracing is on or not.
+
+        Raises:
+            InvalidTurnError: a key or value breaks the rules above; nothing is changed.
+        """
+        self._trace_attributes = _trace_attributes({**self._trace_attributes, **_trace_attributes(attributes)})
 
     # -- turns ---------------------------------------------------------------
     def update_partial(
@@ -215,6 +248,7 @@ class RecordedSession:
         output_tokens: int = 0,
         tool_calls: Iterable[ToolCall | Mapping[str, Any]] | None = None,
         barged_in: bool = False,
+        trace_attributes: TraceAttributes | None = None,
     ) -> None:
         """Record the finished turn: return once the broker acknowledged it, or
         once it is fsynced in the spool if the broker does not answer within
@@ -226,6 +260,11 @@ class RecordedSession:
         that (stored as a completed turn flagged ``barged_in``, unlike a turn
         left ``interrupted`` by a crash). ``started_at`` defaults to the open
         partial's start (or now); token counts are integers >= 0.
+
+        ``trace_attributes``: the framework's own ids for this turn (e.g. LiveKit's
+        ``speech_id``), put on the turn's span only, with the session's
+        (:meth:`set_trace_attributes`; the same bounds, counted together): never
+        written to the spool or Kafka. With tracing off they are checked and dropped.
 
         Raises:
             InvalidTurnError, SessionClosedError: as :meth:`update_partial`, or a tool call's
@@ -241,6 +280,9 @@ class RecordedSession:
                 raise InvalidTurnError(f"{name} must be an int >= 0, got {value!r}")
         if not isinstance(barged_in, bool):
             raise InvalidTurnError(f"barged_in must be a bool, got {barged_in!r}")
+        span_attributes = self._trace_attributes
+        if trace_attributes is not None:
+            span_attributes = _trace_attributes({**self._trace_attributes, **_trace_attributes(trace_attributes)})
         open_turn = self._open.get(turn_index)
         if open_turn is not None and speaker != open_turn.speaker:
             raise InvalidTurnError(f"turn {turn_index} is spoken by {open_turn.speaker!r}, not {speaker!r}")
@@ -255,8 +297,11 @@ class RecordedSession:
             text = self._recorder._redacted(self.session_id, turn_index, text)
             if calls:
                 calls = [self._recorder._redacted_call(self.session_id, turn_index, call) for call in calls]
+        span = self._recorder._turn_span(self, "complete_turn", span_attributes, turn_index=turn_index,
+                                         speaker=speaker)
         ticket = self._emit(
             TurnCompleted,
+            span,
             turn_index=turn_index,
             speaker=speaker,
             text=text,
@@ -270,7 +315,7 @@ class RecordedSession:
         self._open.pop(turn_index, None)
         self._completed.add(turn_index)
         self._next_turn_index = max(self._next_turn_index, turn_index + 1)
-        await self._recorder._settle(ticket)
+        await self._recorder._settle(ticket, span)
 
     async def flush_partial(self) -> None:
         """Spool every open turn's newest text now, if it changed, and wait as :meth:`complete_turn` does.
@@ -291,8 +336,10 @@ class RecordedSession:
         _check_name("reason", reason)
         self._emit_partials()
         last = self._next_turn_index - 1
+        span = self._recorder._turn_span(self, "end_session", self._trace_attributes, reason=reason)
         ticket = self._emit(
             SessionEnded,
+            span,
             ended_at=_checked_time(ended_at, "ended_at") if ended_at else _utcnow(),
             reason=reason,
             last_turn_index=last if last >= 0 else None,
@@ -300,7 +347,7 @@ class RecordedSession:
         self.closed = True
         self._open.clear()
         self._recorder._forget(self)
-        await self._recorder._settle(ticket)
+        await self._recorder._settle(ticket, span)
 
     async def wait_acknowledged(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (None: no limit) until the broker acknowledged
@@ -324,7 +371,7 @@ class RecordedSession:
                 if text != turn.sent:
                     tickets.append(
                         self._emit(
-                            TurnPartial, turn_index=turn_index, speaker=turn.speaker, text=text,
+                            TurnPartial, None, turn_index=turn_index, speaker=turn.speaker, text=text,
                             started_at=turn.started_at
                         )
                     )
@@ -332,14 +379,26 @@ class RecordedSession:
                 turn.dirty = False
         return tickets
 
-    def _emit(self, event_type: type[Event], **fields: Any) -> Ticket:
-        """Build, check and spool one event.
+    def _emit(self, event_type: type[Event], span: TraceSpan | None = None, **fields: Any) -> Ticket:
+        """Build, check and spool one event; with ``span`` (a traced turn), its record carries the
+        span's context in a ``traceparent`` header, and a refusal ends the span as failed.
 
         The check is the readers' own: the event is encoded and decoded with
         :func:`~turnlog.schemas.decode_event`, so the recorder refuses exactly what
         the sequencer and the sink would (ranges, the raw nesting bound, the
         free-form values' depth and size), whatever the caller's stack depth.
         """
+        try:
+            ticket = self._emit_checked(event_type, span.context if span is not None else None, fields)
+        except BaseException as e:
+            if span is not None:
+                span.fail(type(e).__name__)
+                span.end()
+            raise
+        self._next_seq += 1
+        return ticket
+
+    def _emit_checked(self, event_type: type[Event], trace: TraceContext | None, fields: dict[str, Any]) -> Ticket:
         tag = event_type.__struct_config__.tag
         try:
             event = event_type(
@@ -368,9 +427,7 @@ class RecordedSession:
                 f"{event_type.__struct_config__.tag}: the event is {len(payload)} bytes encoded; the limit is "
                 f"{MAX_EVENT_BYTES} (Kafka's record size): shorten the text, tool calls or metadata"
             )
-        ticket = self._recorder._spool(self, payload)  # raises SpoolFullError
-        self._next_seq += 1
-        return ticket
+        return self._recorder._spool(self, payload, trace)  # raises SpoolFullError
 
     def _check_open(self) -> None:
         if self.erased:
@@ -443,6 +500,8 @@ class SessionRecorder:
         self._timer: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # start()'s, where erasures are applied to sessions
         self._kek: KekPublicKey | None = None  # loaded by start()
+        #: spans of turns (service_tracing: NO_TRACING unless TURNLOG_TRACING=on), set by start()
+        self._tracing: Tracing = NO_TRACING
         self.terminating = asyncio.Event()
 
     @property
@@ -472,8 +531,10 @@ class SessionRecorder:
             KeyMaterialError: the configured KEK cannot be used, or ``encryption=required``
                 and none is configured (``turnlog.crypto.config.recorder_kek``).
             ImportError: ``redaction=presidio`` without ``turnlog[presidio]`` installed.
+            ConfigurationError: ``tracing`` is on without ``turnlog[otel]`` installed.
             SpoolError: ``spool_dir`` cannot be used.
         """
+        self._tracing = service_tracing(self.settings, "recorder")
         self._kek = await asyncio.to_thread(recorder_kek, self.settings)
         if self.redactor is None and self.settings.redaction != "off":  # Presidio's takes about a second
             self.redactor = await asyncio.to_thread(redactor_from_settings, self.settings)
@@ -519,6 +580,7 @@ class SessionRecorder:
         )
         ticket = session._emit(
             SessionStarted,
+            None,
             fleet=fleet,
             agent_id=agent_id,
             started_at=_checked_time(started_at, "started_at") if started_at else _utcnow(),
@@ -643,6 +705,7 @@ class SessionRecorder:
         if self._barrier is not None:
             self._barrier.close()
             self._barrier = None
+        await asyncio.to_thread(self._tracing.flush)
 
     # -- internals -----------------------------------------------------------
     def _require_started(self) -> None:
@@ -694,20 +757,61 @@ class SessionRecorder:
         except ValueError as e:  # the schema's bounds, if the placeholders made a value longer
             raise InvalidTurnError(f"a tool call's {e}") from e
 
-    def _spool(self, session: RecordedSession, payload: bytes) -> Ticket:
+    def _turn_span(
+        self, session: RecordedSession, name: str, framework: Mapping[str, str | int | bool], **attributes: Any
+    ) -> TraceSpan | None:
+        """The PRODUCER span of the event ``session`` is about to emit (None: tracing off or not sampled).
+        Its attributes name the session, seq and epoch (never content), and the framework's ids."""
+        if not self._tracing.enabled:
+            return None
+        attrs: dict[str, Any] = {
+            **framework, **producer_attributes(self.settings.topics.events), "messaging.operation.name": name,
+            "turnlog.session_id": session.session_id, "turnlog.seq": session.next_seq, "turnlog.epoch": session.epoch,
+        }
+        attrs.update((f"turnlog.{key}", value) for key, value in attributes.items())
+        return self._tracing.start(name, kind="producer", attributes=attrs)
+
+    def _spool(self, session: RecordedSession, payload: bytes, trace: TraceContext | None = None) -> Ticket:
         key = session.session_id.encode("utf-8")
         headers: tuple[tuple[str, bytes], ...] = ()
         if self._signer.enabled and session.fleet is not None:
             headers = tuple(self._signer.headers(session.fleet, key, payload, session._epoch_grant))
+        if trace is not None:  # kept in the spool row with the signature: an adopting recorder sends it too
+            headers = (*headers, *trace.headers())
         event = SpooledEvent(
             self.settings.topics.events, key, payload, session.session_id, session.next_seq, headers=headers
         )
         [ticket] = self._drainer.submit([event])
         return ticket
 
-    async def _settle(self, ticket: Ticket) -> None:
+    async def _settle(self, ticket: Ticket, span: TraceSpan | None = None) -> None:
         """Wait until ``ticket`` is spooled, then for its ack up to ``ack_wait_seconds``
-        (not at all while degraded)."""
+        (not at all while degraded). ``span`` (a traced turn) gets the events ``spool.fsync``
+        and ``broker.ack`` at the times they happened, or ``turnlog.degraded`` when the
+        turn returned on the spool alone, and ends here."""
+        if span is None:
+            await self._settle_untraced(ticket)
+            return
+        # The futures resolve on the drainer's thread: each callback notes when, the span is told here.
+        marks: dict[str, int] = {}
+        ticket.spooled.add_done_callback(lambda _: marks.setdefault("spool.fsync", time.time_ns()))
+        ticket.acked.add_done_callback(lambda _: marks.setdefault("broker.ack", time.time_ns()))
+        failed = False
+        try:
+            await self._settle_untraced(ticket)
+        except BaseException as e:
+            failed = True
+            span.fail(type(e).__name__)
+            raise
+        finally:
+            noted = dict(marks)  # one copy: the ack of a degraded turn may still arrive meanwhile
+            for name, at_ns in sorted(noted.items(), key=lambda mark: mark[1]):
+                span.event(name, at_ns=at_ns)
+            if not failed and "broker.ack" not in noted:
+                span.set({"turnlog.degraded": True})  # returned on the spool alone
+            span.end()
+
+    async def _settle_untraced(self, ticket: Ticket) -> None:
         await asyncio.shield(asyncio.wrap_future(ticket.spooled))  # raises SpoolError
         if self._drainer.degraded:
             return
@@ -814,6 +918,50 @@ def _utf8_size(name: str, value: str) -> int:
         return len(value.encode("utf-8"))
     except UnicodeEncodeError as e:
         raise InvalidTurnError(f"{name} is not valid Unicode text: {e.reason} at {e.start}") from e
+
+
+def _trace_attributes(attributes: object) -> dict[str, str | int | bool]:
+    """``attributes`` checked against :meth:`RecordedSession.set_trace_attributes`'s bounds, as a dict.
+
+    Raises:
+        InvalidTurnError: a bound or a type is broken.
+    """
+    if not isinstance(attributes, Mapping):
+        raise InvalidTurnError(f"trace attributes must be a mapping, got {type(attributes).__name__}")
+    if len(attributes) > MAX_TRACE_ATTRIBUTES:
+        raise InvalidTurnError(f"{len(attributes)} trace attributes; the limit is {MAX_TRACE_ATTRIBUTES} per span")
+    checked: dict[str, str | int | bool] = {}
+    size = 0
+    for key, value in attributes.items():
+        if not (isinstance(key, str) and 0 < len(key) <= MAX_TRACE_KEY_CHARS and key.isascii() and key.isprintable()
+                and " " not in key):
+            raise InvalidTurnError(
+                f"a trace attribute name must be 1 to {MAX_TRACE_KEY_CHARS} printable ASCII characters without"
+                f" spaces, got {key!r:.80}"
+            )
+        if key.startswith(RESERVED_TRACE_PREFIXES):
+            raise InvalidTurnError(f"trace attribute {key!r}: names starting with turnlog. or messaging. are turnlog's")
+        if isinstance(value, str):
+            length = _utf8_size(f"trace attribute {key!r}", value)
+            if length > MAX_TRACE_VALUE_BYTES:
+                raise InvalidTurnError(
+                    f"trace attribute {key!r} is {length} bytes; the limit is {MAX_TRACE_VALUE_BYTES}"
+                )
+        elif isinstance(value, bool):
+            length = 1
+        elif isinstance(value, int):
+            if not -(2**63) <= value < 2**63:
+                raise InvalidTurnError(f"trace attribute {key!r} is outside the 64-bit integers")
+            length = 8
+        else:
+            raise InvalidTurnError(f"trace attribute {key!r} must be a str, int or bool, got {type(value).__name__}")
+        size += len(key) + length
+        checked[key] = value
+    if size > MAX_TRACE_ATTRIBUTES_BYTES:
+        raise InvalidTurnError(
+            f"the trace attributes are {size} bytes; the limit is {MAX_TRACE_ATTRIBUTES_BYTES} per span"
+        )
+    return checked
 
 
 def _check_name(name: str, value: object) -> None:

@@ -382,6 +382,20 @@ class TurnlogSettings(BaseSettings):
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="Serve Prometheus metrics on this port (services only; unset: off)."
     )
+    tracing: bool = Field(
+        False,
+        description="Export OpenTelemetry traces of each turn (recorder, sequencer, sink, finalizer; "
+        "turnlog/tracing.py) by OTLP/HTTP to OTEL_EXPORTER_OTLP_ENDPOINT (OTel's own variables; default "
+        "http://localhost:4318). Needs turnlog[otel]: a service refuses to start without it. Off: no span, no "
+        "header.",
+    )
+    trace_sample_ratio: float = Field(
+        1.0,
+        ge=0.0,
+        le=1.0,
+        description="With tracing on, the share of turns traced (0..1): the recorder samples each turn's trace "
+        "by its trace id; the sequencer and the sink follow the turn's decision (parent-based).",
+    )
     ready_file: Path | None = Field(
         None,
         description="A service (sequencer, finalizer, sink, analytics, api) writes this file when it is ready "

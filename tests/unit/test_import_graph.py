@@ -170,6 +170,7 @@ LAYERS: dict[str, str] = {
     "turnlog.signing": "foundation",
     "turnlog.redact": "foundation",
     "turnlog.polling": "foundation",
+    "turnlog.tracing": "foundation",
     "turnlog.schemas": "schemas",
     "turnlog.crypto": "crypto",
     "turnlog.kafka": "kafka",

@@ -270,14 +270,17 @@ class SpoolingRecorder:
         self._redact_partial = partial_redaction(redactor) if redactor is not None else None
         self.sent = []
 
-    def _spool(self, session, payload):
+    def _turn_span(self, *_args, **_kwargs):
+        return None  # tracing off
+
+    def _spool(self, session, payload, trace=None):
         self.sent.append(decode_event(payload))
         ticket = Ticket()
         ticket.spooled.set_result(None)
         ticket.acked.set_result(None)
         return ticket
 
-    async def _settle(self, ticket):
+    async def _settle(self, ticket, span=None):
         await asyncio.wrap_future(ticket.spooled)
 
     def _forget(self, session):

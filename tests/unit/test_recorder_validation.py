@@ -21,14 +21,17 @@ class RecordingSend:
         self.redactor = None  # nothing masked (tests/unit/test_pii.py covers the recorder's redaction)
         self.sent = []
 
-    def _spool(self, session, payload):
+    def _turn_span(self, *_args, **_kwargs):
+        return None  # tracing off
+
+    def _spool(self, session, payload, trace=None):
         self.sent.append(payload)
         ticket = Ticket()
         ticket.spooled.set_result(None)
         ticket.acked.set_result(None)
         return ticket
 
-    async def _settle(self, ticket):
+    async def _settle(self, ticket, span=None):
         await asyncio.wrap_future(ticket.spooled)
 
     def _forget(self, session):

@@ -1,0 +1,236 @@
+"""Traces (turnlog/tracing.py) without a broker: the W3C header rules, the recorder's turn span and
+its header, the framework attributes' bounds, the spool keeping a turn's context, the links' cap."""
+
+from __future__ import annotations
+
+import sys
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ParentBased
+from opentelemetry.trace import SpanKind
+
+from turnlog import tracing
+from turnlog.exceptions import ConfigurationError
+from turnlog.producers import InvalidTurnError
+from turnlog.producers.drainer import Ticket
+from turnlog.producers.recorder import MAX_TRACE_ATTRIBUTES, RecordedSession, SessionRecorder
+from turnlog.producers.spool import SpooledEvent, SpoolFile
+from turnlog.settings import TurnlogSettings
+from turnlog.tracing import MAX_HEADERS_SCANNED, MAX_LINKS, TraceContext, Tracing, context_from_headers
+
+GOOD = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+
+
+def in_memory_tracing(ratio: float = 1.0) -> tuple[Tracing, InMemorySpanExporter]:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider(sampler=ParentBased(root=tracing._root_sampler(ratio)))
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    return Tracing(provider, "test"), exporter
+
+
+# -- the header -------------------------------------------------------------------------------
+def test_a_good_traceparent_and_tracestate_are_read():
+    context = context_from_headers([("turnlog-type", b"turn.completed"), ("traceparent", GOOD), ("tracestate", b"k=v")])
+    assert context == TraceContext(0x0AF7651916CD43DD8448EB211C80319C, 0xB7AD6B7169203331, 1, "k=v")
+    assert context.headers() == (("traceparent", GOOD), ("tracestate", b"k=v"))
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [
+        [("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-0")],  # short
+        [("traceparent", GOOD + b"0")],  # long
+        [("traceparent", GOOD.upper())],  # upper-case hex
+        [("traceparent", b"01-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")],  # unknown version
+        [("traceparent", b"00-00000000000000000000000000000000-b7ad6b7169203331-01")],  # zero trace id
+        [("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-0000000000000000-01")],  # zero span id
+        [("traceparent", b"\xff" * 55)],  # not ASCII
+        [("traceparent", b"x" * 1_000_000)],  # huge
+        [("traceparent", None)],
+        [("traceparent", GOOD), ("traceparent", GOOD)],  # two: ambiguous (W3C)
+        [("x", b"")] * MAX_HEADERS_SCANNED + [("traceparent", GOOD)],  # past the headers looked at
+        [(b"\xff\xfe", b"v"), ("traceparent", 7)],  # a non-UTF-8 name, a value of another type
+        ["not a pair"],
+        42,
+    ],
+)
+def test_a_malformed_or_hostile_trace_header_is_ignored(headers):
+    assert context_from_headers(headers) is None
+
+
+def test_a_bad_or_oversized_tracestate_is_dropped_and_the_parent_kept():
+    for state in (b"k=" + b"v" * tracing.MAX_TRACESTATE_BYTES, b"k=\xff", b"k=\nv"):
+        context = context_from_headers([("traceparent", GOOD), ("tracestate", state)])
+        assert context is not None and context.tracestate == ""
+
+
+def test_headers_from_aiokafka_and_a_mapping_are_read():
+    assert context_from_headers((("traceparent", GOOD),)) is not None
+    assert context_from_headers({"traceparent": GOOD}) is not None
+
+
+# -- the recorder -----------------------------------------------------------------------------
+class FakeDrainer:
+    """The drainer's face to the recorder: submitted events are kept, spooled and acknowledged at once."""
+
+    degraded = False
+
+    def __init__(self, ack: bool = True):
+        self.events: list[SpooledEvent] = []
+        self.ack = ack
+
+    def submit(self, events):
+        self.events.extend(events)
+        ticket = Ticket()
+        ticket.spooled.set_result(None)
+        if self.ack:
+            ticket.acked.set_result(None)
+        return [ticket]
+
+    def note_slow_ack(self, waited):
+        self.degraded = True
+
+
+def recorder_session(tracer: Tracing, *, ack: bool = True) -> tuple[RecordedSession, FakeDrainer]:
+    recorder = SessionRecorder(TurnlogSettings(ack_wait_seconds=0.05))
+    drainer = FakeDrainer(ack)
+    recorder._drainer = drainer  # type: ignore[assignment]
+    recorder._tracing = tracer
+    return RecordedSession(recorder, "s-1", fleet="f", epoch=2, next_seq=5, next_turn_index=0), drainer
+
+
+def headers_named(event: SpooledEvent, name: str) -> list[bytes]:
+    return [value for key, value in event.headers if key == name]
+
+
+async def test_tracing_off_writes_no_trace_header():
+    session, drainer = recorder_session(tracing.NO_TRACING)
+    session.set_trace_attributes({"conversation.id": "c-9"})
+    await session.complete_turn(0, "user", "hello", trace_attributes={"livekit.speech_id": "sp-1"})
+    await session.end()
+    assert len(drainer.events) == 2
+    assert all(not headers_named(event, "traceparent") for event in drainer.events)
+
+
+async def test_a_traced_turn_has_a_producer_span_its_header_and_the_framework_ids():
+    tracer, exporter = in_memory_tracing()
+    session, drainer = recorder_session(tracer)
+    session.set_trace_attributes({"conversation.id": "c-9"})
+    await session.complete_turn(0, "user", "my secret words", trace_attributes={"livekit.speech_id": "sp-1"})
+    [span] = exporter.get_finished_spans()
+    assert span.name == "complete_turn" and span.kind is SpanKind.PRODUCER
+    attributes = dict(span.attributes or {})
+    assert attributes["livekit.speech_id"] == "sp-1" and attributes["conversation.id"] == "c-9"
+    assert attributes["turnlog.session_id"] == "s-1" and attributes["turnlog.seq"] == 5
+    assert attributes["turnlog.epoch"] == 2 and attributes["turnlog.turn_index"] == 0
+    assert attributes["messaging.system"] == "kafka" and attributes["messaging.destination.name"] == "turnlog.events"
+    assert "turnlog.degraded" not in attributes
+    assert not any("secret" in str(value) for value in attributes.values())
+    assert [event.name for event in span.events] == ["spool.fsync", "broker.ack"]
+    [header] = headers_named(drainer.events[0], "traceparent")
+    context = tracing.parse_traceparent(header)
+    assert context is not None and context.trace_id == span.context.trace_id and context.span_id == span.context.span_id
+
+
+async def test_a_turn_that_returns_on_the_spool_alone_says_it_is_degraded():
+    tracer, exporter = in_memory_tracing()
+    session, _ = recorder_session(tracer, ack=False)
+    await session.complete_turn(0, "user", "hi")
+    [span] = exporter.get_finished_spans()
+    assert span.attributes["turnlog.degraded"] is True
+    assert [event.name for event in span.events] == ["spool.fsync"]
+
+
+async def test_an_unsampled_turn_has_no_span_and_no_header():
+    tracer, exporter = in_memory_tracing(ratio=0.0)
+    session, drainer = recorder_session(tracer)
+    await session.complete_turn(0, "user", "hi")
+    assert exporter.get_finished_spans() == ()
+    assert not headers_named(drainer.events[0], "traceparent")
+
+
+@pytest.mark.parametrize(
+    ("attributes", "match"),
+    [
+        ({"": "x"}, "printable ASCII"),
+        ({"a b": "x"}, "printable ASCII"),
+        ({"k" * 65: "x"}, "printable ASCII"),
+        ({7: "x"}, "printable ASCII"),
+        ({"turnlog.session_id": "x"}, "turnlog's"),
+        ({"messaging.system": "x"}, "turnlog's"),
+        ({"id": 1.5}, "str, int or bool"),
+        ({"id": None}, "str, int or bool"),
+        ({"id": 2**63}, "64-bit"),
+        ({"id": "v" * 257}, "257 bytes"),
+        ({"id": "a\x00b"}, "NUL"),
+        ({f"k{i}": i for i in range(MAX_TRACE_ATTRIBUTES + 1)}, "the limit is 16"),
+        ({f"k{i}": "v" * 250 for i in range(9)}, "bytes; the limit is 2048"),
+        (["id"], "must be a mapping"),
+    ],
+)
+async def test_bad_trace_attributes_are_refused_and_nothing_is_recorded(attributes, match):
+    session, drainer = recorder_session(tracing.NO_TRACING)
+    with pytest.raises(InvalidTurnError, match=match):
+        await session.complete_turn(0, "user", "hi", trace_attributes=attributes)
+    with pytest.raises(InvalidTurnError, match=match):
+        session.set_trace_attributes(attributes)
+    assert drainer.events == [] and session.trace_attributes == {} and session.next_seq == 5
+
+
+async def test_the_session_and_turn_attributes_are_bounded_together():
+    session, drainer = recorder_session(tracing.NO_TRACING)
+    session.set_trace_attributes({f"s{i}": i for i in range(MAX_TRACE_ATTRIBUTES)})
+    with pytest.raises(InvalidTurnError, match="the limit is 16"):
+        await session.complete_turn(0, "user", "hi", trace_attributes={"one.more": True})
+    with pytest.raises(InvalidTurnError, match="the limit is 16"):
+        session.set_trace_attributes({"one.more": True})
+    session.set_trace_attributes({"s0": "replaced"})  # a key set again replaces: still 16
+    assert session.trace_attributes["s0"] == "replaced" and drainer.events == []
+
+
+# -- the spool --------------------------------------------------------------------------------
+def test_the_spool_keeps_a_turns_context_for_the_recorder_that_adopts_it(tmp_path):
+    context = TraceContext(0x1234, 0x5678, 1, "k=v")
+    first = SpoolFile(tmp_path)
+    first.append([SpooledEvent("t.events", b"s-1", b"{}", "s-1", 0, headers=(("turnlog-fleet", b"f"),
+                                                                             *context.headers()))])
+    first.close(remove_if_empty=False)  # its recorder is gone: the file is an orphan
+    second = SpoolFile(tmp_path)
+    adopted = []
+    assert second.adopt_orphans(adopted.extend) == 1
+    [row] = second.rows_from(0, 10)
+    assert context_from_headers(row.event.headers) == context
+    assert row.event.headers[0] == ("turnlog-fleet", b"f")
+    second.close(remove_if_empty=False)
+
+
+# -- links and configuration ------------------------------------------------------------------
+def test_a_span_links_to_at_most_max_links_and_counts_the_rest():
+    tracer, exporter = in_memory_tracing(ratio=0.0)  # a root with a sampled link is sampled whatever the ratio
+    links = [TraceContext(i + 1, i + 1) for i in range(10_000)]
+    span = tracer.start("process turnlog.transcript", kind="consumer", links=links)
+    assert span is not None
+    span.end()
+    [finished] = exporter.get_finished_spans()
+    assert len(finished.links) == MAX_LINKS
+    assert finished.attributes["turnlog.links_dropped"] == 10_000 - MAX_LINKS
+
+
+def test_a_root_span_without_a_sampled_link_follows_the_ratio():
+    tracer, exporter = in_memory_tracing(ratio=0.0)
+    assert tracer.start("batch", links=[TraceContext(1, 1, flags=0)]) is None
+    assert exporter.get_finished_spans() == ()
+
+
+def test_tracing_is_off_unless_asked_for():
+    assert tracing.service_tracing(TurnlogSettings(), "recorder") is tracing.NO_TRACING
+    assert tracing.NO_TRACING.start("x") is None and not tracing.NO_TRACING.enabled
+
+
+def test_tracing_asked_for_without_the_extra_is_a_clear_error(monkeypatch):
+    monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
+    with pytest.raises(ConfigurationError, match=r"turnlog\[otel\]"):
+        tracing.service_tracing(TurnlogSettings(tracing=True, trace_sample_ratio=0.5), "no-extra")

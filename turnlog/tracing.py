@@ -1,0 +1,432 @@
+"""OpenTelemetry traces of a turn's journey (optional extra ``turnlog[otel]``).
+
+One trace per turn (docs/design.md, "Observability", "Traces"): the recorder's
+``complete_turn`` span (PRODUCER) starts it; its W3C context travels in the
+``traceparent`` (and ``tracestate``) header of the event's record, through the
+spool, to the sequencer, whose CONSUMER span (child of it) puts its own context
+on the transcript record it emits; the sink's batch span (CONSUMER) links to
+every record's context (one batch serves many turns: links, not parents, as
+OTel's messaging conventions say) and holds a ``finalize`` span per session it
+finalizes, linked to the session's ``session.ended`` record.
+
+Off and free by default: without ``TURNLOG_TRACING=on`` every service gets
+:data:`NO_TRACING`, whose ``enabled`` is False; callers test that one attribute
+and do nothing else per event (no header, no span, no allocation). With it on
+and the extra missing, :func:`service_tracing` raises
+:class:`~turnlog.exceptions.ConfigurationError` at start-up.
+
+Configuration: ``TURNLOG_TRACE_SAMPLE_RATIO`` (0..1) samples the recorder's turn
+traces (parent-based TraceIdRatio: the sequencer's and the sink's spans follow
+the turn's decision; the sink's batch span is recorded when one of its links is
+sampled). The exporter is OTLP/HTTP protobuf and reads OTel's own environment
+variables (``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``,
+default ``http://localhost:4318/v1/traces``; ``OTEL_EXPORTER_OTLP_HEADERS``,
+``..._TIMEOUT``, ...); the service name is ``OTEL_SERVICE_NAME`` if set, else
+``turnlog-<component>``. Spans go through a ``BatchSpanProcessor`` and are
+flushed by :meth:`Tracing.flush` on a clean stop (and at interpreter exit).
+
+Hostile headers: a record's headers are read by :func:`context_from_headers`,
+which looks at no more than :data:`MAX_HEADERS_SCANNED` headers, accepts a
+``traceparent`` only in the W3C version-00 form (55 ASCII bytes, non-zero ids)
+and only when exactly one is present, and a ``tracestate`` of at most
+:data:`MAX_TRACESTATE_BYTES`. Anything else is ignored: the record is processed
+untraced, never refused for its trace headers.
+"""
+
+from __future__ import annotations
+
+import atexit
+import contextlib
+import contextvars
+import logging
+import os
+import re
+import threading
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
+
+from turnlog.exceptions import ConfigurationError
+from turnlog.settings import TurnlogSettings
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
+
+__all__ = [
+    "TraceContext", "Tracing", "TraceSpan", "NO_TRACING", "service_tracing", "context_from_headers",
+    "parse_traceparent", "TRACEPARENT", "TRACESTATE", "MAX_HEADERS_SCANNED", "MAX_TRACESTATE_BYTES",
+    "MAX_LINKS", "SpanKindName", "AttributeValue", "flush_all",
+]
+
+logger = logging.getLogger(__name__)
+
+TRACEPARENT = "traceparent"
+TRACESTATE = "tracestate"
+#: Headers of one record looked at for a trace context, at most (a record may carry thousands).
+MAX_HEADERS_SCANNED = 32
+#: Longest ``tracestate`` carried on (W3C: 32 members of at most 256 characters; 512 is what it
+#: asks every vendor to propagate at least).
+MAX_TRACESTATE_BYTES = 512
+#: Links on one span, at most (a sink batch of 10,000 records links to the first ones; the
+#: rest are counted in ``turnlog.links_dropped``).
+MAX_LINKS = 64
+_TRACEPARENT_BYTES = 55  # "00-" 32 hex "-" 16 hex "-" 2 hex
+_TRACEPARENT = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
+_SAMPLED = 0x01
+
+SpanKindName = Literal["producer", "consumer", "internal"]
+AttributeValue = str | int | bool | float
+
+
+@dataclass(frozen=True, slots=True)
+class TraceContext:
+    """A W3C trace context: 128-bit trace id, 64-bit span id, trace flags, and the
+    ``tracestate`` text (empty: none). Plain data: no OpenTelemetry import needed."""
+
+    trace_id: int
+    span_id: int
+    flags: int = _SAMPLED
+    tracestate: str = ""
+
+    @property
+    def sampled(self) -> bool:
+        return bool(self.flags & _SAMPLED)
+
+    @property
+    def traceparent(self) -> str:
+        return f"00-{self.trace_id:032x}-{self.span_id:016x}-{self.flags:02x}"
+
+    def headers(self) -> tuple[tuple[str, bytes], ...]:
+        """The record headers that carry this context (``traceparent``, and ``tracestate`` if any)."""
+        parent = (TRACEPARENT, self.traceparent.encode("ascii"))
+        return (parent, (TRACESTATE, self.tracestate.encode("ascii"))) if self.tracestate else (parent,)
+
+
+def parse_traceparent(value: bytes | str | None, tracestate: bytes | str | None = None) -> TraceContext | None:
+    """The context of a W3C ``traceparent`` value (version 00, lower-case hex, ids not all
+    zero), with ``tracestate`` if it is printable ASCII of at most ``MAX_TRACESTATE_BYTES``
+    (else dropped); None for anything else. Never raises for what the value holds."""
+    if isinstance(value, str):
+        if len(value) != _TRACEPARENT_BYTES or not value.isascii():
+            return None
+        value = value.encode("ascii")
+    if not isinstance(value, bytes | bytearray) or len(value) != _TRACEPARENT_BYTES:
+        return None
+    match = _TRACEPARENT.fullmatch(value)
+    if match is None:
+        return None
+    trace_id, span_id = int(match[1], 16), int(match[2], 16)
+    if not trace_id or not span_id:
+        return None
+    return TraceContext(trace_id, span_id, int(match[3], 16), _tracestate(tracestate))
+
+
+def _tracestate(value: bytes | str | None) -> str:
+    if isinstance(value, bytes | bytearray):
+        if len(value) > MAX_TRACESTATE_BYTES:
+            return ""
+        try:
+            value = bytes(value).decode("ascii")
+        except UnicodeDecodeError:
+            return ""
+    if not isinstance(value, str) or len(value) > MAX_TRACESTATE_BYTES or not value.isascii():
+        return ""
+    return value if value.isprintable() else ""
+
+
+def context_from_headers(headers: Any) -> TraceContext | None:
+    """The trace context a record's headers carry, or None.
+
+    ``headers``: confluent-kafka's list of ``(name, value)`` pairs, aiokafka's tuple of
+    them, a mapping, or None; names may be str or bytes (an unreadable name is skipped).
+    At most :data:`MAX_HEADERS_SCANNED` headers are looked at; two ``traceparent``
+    headers are ambiguous and give None (W3C). Never raises for what the record holds."""
+    if not headers:
+        return None
+    try:
+        pairs = headers.items() if isinstance(headers, Mapping) else headers
+        parent: Any = None
+        state: Any = None
+        for index, pair in enumerate(pairs):
+            if index >= MAX_HEADERS_SCANNED:
+                break
+            name, value = pair
+            if isinstance(name, bytes):
+                name = name.decode("ascii", "replace")
+            if name == TRACEPARENT:
+                if parent is not None:
+                    return None
+                parent = value
+            elif name == TRACESTATE and state is None:
+                state = value
+        return parse_traceparent(parent, state) if parent is not None else None
+    except Exception:  # a hostile or odd shape: untraced, never a failure of the record
+        return None
+
+
+class TraceSpan:
+    """One recording span, in turnlog's words (the OpenTelemetry span stays inside this module).
+
+    Thread-safe as OpenTelemetry's SDK span is; :meth:`end` is idempotent."""
+
+    __slots__ = ("_span",)
+
+    def __init__(self, span: Any) -> None:
+        self._span = span
+
+    @property
+    def context(self) -> TraceContext:
+        """This span's context, to carry on in a record's headers."""
+        ctx = self._span.get_span_context()
+        state = ",".join(f"{k}={v}" for k, v in ctx.trace_state.items()) if ctx.trace_state else ""
+        return TraceContext(ctx.trace_id, ctx.span_id, int(ctx.trace_flags), state)
+
+    def event(self, name: str, attributes: Mapping[str, AttributeValue] | None = None,
+              at_ns: int | None = None) -> None:
+        """A span event ``name`` at ``at_ns`` (``time.time_ns()``; default now)."""
+        self._span.add_event(name, dict(attributes or {}), timestamp=at_ns)
+
+    def set(self, attributes: Mapping[str, AttributeValue]) -> None:
+        self._span.set_attributes(dict(attributes))
+
+    def fail(self, description: str) -> None:
+        """Mark the span's status as an error; ``description`` names what failed (never content)."""
+        from opentelemetry.trace import Status, StatusCode
+
+        self._span.set_status(Status(StatusCode.ERROR, description[:200]))
+
+    def end(self, at_ns: int | None = None) -> None:
+        if self._span.is_recording():
+            self._span.end(end_time=at_ns)
+
+
+class Tracing:
+    """A service's tracer. :data:`NO_TRACING` (``enabled`` False) does nothing; one made by
+    :func:`service_tracing` records spans and exports them by OTLP/HTTP."""
+
+    def __init__(self, provider: TracerProvider | None = None, component: str = "") -> None:
+        self._provider = provider
+        self._tracer = provider.get_tracer("turnlog", _version()) if provider is not None else None
+        #: True when spans are recorded and exported; callers test it before any tracing work
+        self.enabled = provider is not None
+        self.component = component
+
+    def start(
+        self,
+        name: str,
+        *,
+        kind: SpanKindName = "internal",
+        parent: TraceContext | TraceSpan | None = None,
+        links: Iterable[TraceContext] = (),
+        attributes: Mapping[str, AttributeValue] | None = None,
+        at_ns: int | None = None,
+    ) -> TraceSpan | None:
+        """Start a span (None when tracing is off or the sampler dropped it). ``parent``: a
+        remote context (a record's) or a local span; ``links`` are capped at :data:`MAX_LINKS`
+        (the number left out goes in the attribute ``turnlog.links_dropped``)."""
+        if self._tracer is None:
+            return None
+        from opentelemetry import trace
+        from opentelemetry.trace import Link, SpanKind
+
+        context = None
+        if isinstance(parent, TraceSpan):
+            context = trace.set_span_in_context(parent._span)
+        elif parent is not None:
+            context = trace.set_span_in_context(trace.NonRecordingSpan(_span_context(parent)))
+        chosen: list[Link] = []
+        dropped = 0
+        for link in links:
+            if len(chosen) < MAX_LINKS:
+                chosen.append(Link(_span_context(link)))
+            else:
+                dropped += 1
+        attrs = dict(attributes or {})
+        if dropped:
+            attrs["turnlog.links_dropped"] = dropped
+        span = self._tracer.start_span(
+            name, context=context, kind=_KINDS[kind](SpanKind), attributes=attrs, links=chosen, start_time=at_ns,
+        )
+        return TraceSpan(span) if span.is_recording() else None
+
+    def flush(self, timeout_seconds: float = 5.0) -> bool:
+        """Export every ended span now (a clean stop calls it); True if all were exported in time."""
+        if self._provider is None:
+            return True
+        return bool(self._provider.force_flush(int(timeout_seconds * 1000)))
+
+
+#: Tracing off: the default of every service.
+NO_TRACING = Tracing()
+
+_KINDS = {
+    "producer": lambda kinds: kinds.PRODUCER,
+    "consumer": lambda kinds: kinds.CONSUMER,
+    "internal": lambda kinds: kinds.INTERNAL,
+}
+_providers: dict[tuple[str, ...], Tracing] = {}
+_providers_lock = threading.Lock()
+
+
+def service_tracing(settings: TurnlogSettings, component: str) -> Tracing:
+    """The tracer of ``component`` (``recorder``, ``sequencer``, ``sink``, ``finalizer``):
+    :data:`NO_TRACING` unless ``settings.tracing``; one per component, exporter endpoint
+    and sample ratio in a process (services run in one process share it).
+
+    Raises:
+        ConfigurationError: tracing is on and ``turnlog[otel]`` is not installed.
+    """
+    if not settings.tracing:
+        return NO_TRACING
+    endpoint = (os.environ.get("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT") or os.environ.get("OTEL_EXPORTER_OTLP_ENDPOINT")
+                or "")
+    service = os.environ.get("OTEL_SERVICE_NAME") or f"turnlog-{component}"
+    key = (component, service, endpoint, repr(settings.trace_sample_ratio))
+    with _providers_lock:
+        tracing = _providers.get(key)
+        if tracing is None:
+            tracing = _providers[key] = Tracing(_provider(service, settings.trace_sample_ratio), component)
+    return tracing
+
+
+def _provider(service: str, ratio: float) -> TracerProvider:
+    try:
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+        from opentelemetry.sdk.trace.sampling import ParentBased
+    except ImportError as e:
+        raise ConfigurationError(
+            f"TURNLOG_TRACING is on but OpenTelemetry is not installed ({e.name}): pip install 'turnlog[otel]',"
+            " or set TURNLOG_TRACING=off"
+        ) from e
+    provider = TracerProvider(
+        sampler=ParentBased(root=_root_sampler(ratio)),
+        resource=Resource.create({"service.name": service}),
+        shutdown_on_exit=False,  # flush_all at exit, once for every provider
+    )
+    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
+    return provider
+
+
+def _root_sampler(ratio: float) -> Any:
+    """A root span is sampled when one of its links is (a sink batch serving a sampled turn),
+    else by its trace id at ``ratio``."""
+    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult, TraceIdRatioBased
+
+    by_ratio = TraceIdRatioBased(ratio)
+
+    class LinkedOrRatio(Sampler):
+        def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
+                          attributes: Any = None, links: Any = None, trace_state: Any = None) -> SamplingResult:
+            if links and any(link.context.trace_flags.sampled for link in links):
+                return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
+            return by_ratio.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
+
+        def get_description(self) -> str:
+            return f"LinkedOrRatio{{{ratio}}}"
+
+    return LinkedOrRatio()
+
+
+def _span_context(context: TraceContext) -> Any:
+    from opentelemetry.trace import SpanContext, TraceFlags, TraceState
+
+    state = TraceState.from_header([context.tracestate]) if context.tracestate else None
+    return SpanContext(context.trace_id, context.span_id, is_remote=True, trace_flags=TraceFlags(context.flags),
+                       trace_state=state)
+
+
+def flush_all(timeout_seconds: float = 5.0) -> None:
+    """Flush and shut down every tracer of this process (registered to run at exit)."""
+    with _providers_lock:
+        tracings = list(_providers.values())
+        _providers.clear()
+    for tracing in tracings:
+        if tracing._provider is not None:
+            tracing._provider.force_flush(int(timeout_seconds * 1000))
+            tracing._provider.shutdown()
+
+
+atexit.register(flush_all)
+
+
+def _version() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("turnlog")
+    except PackageNotFoundError:
+        return "0"
+
+
+# -- a batch's scope: finalization spans inside the sink's transaction ---------------------------
+@dataclass(slots=True)
+class _BatchScope:
+    tracing: Tracing
+    span: TraceSpan
+    #: session id -> the context of its session.ended record in this batch
+    ended: dict[str, TraceContext]
+
+
+_batch: contextvars.ContextVar[_BatchScope | None] = contextvars.ContextVar("turnlog_trace_batch", default=None)
+
+
+@contextlib.contextmanager
+def batch_scope(tracing: Tracing, span: TraceSpan | None, ended: dict[str, TraceContext]) -> Iterator[None]:
+    """Within it (the sink's batch transaction), :func:`finalization_span` makes spans that are
+    children of ``span`` and link to the session's ``session.ended`` context from ``ended``."""
+    if span is None:
+        yield
+        return
+    token = _batch.set(_BatchScope(tracing, span, ended))
+    try:
+        yield
+    finally:
+        _batch.reset(token)
+
+
+@contextlib.contextmanager
+def finalization_span(session_id: str) -> Iterator[TraceSpan | None]:
+    """A ``finalize`` span around one session's guarded finalize, inside a traced batch
+    (:func:`batch_scope`); yields None (and costs one context-variable read) elsewhere."""
+    scope = _batch.get()
+    if scope is None:
+        yield None
+        return
+    ended = scope.ended.get(session_id)
+    span = scope.tracing.start(
+        "finalize", parent=scope.span, links=(ended,) if ended is not None else (),
+        attributes={"turnlog.session_id": session_id},
+    )
+    try:
+        yield span
+    finally:
+        if span is not None:
+            span.end()
+
+
+def now_ns() -> int:
+    """``time.time_ns()``: the clock span timestamps use."""
+    return time.time_ns()
+
+
+def producer_attributes(topic: str) -> dict[str, AttributeValue]:
+    """OTel messaging attributes of a record sent to ``topic``."""
+    return {"messaging.system": "kafka", "messaging.destination.name": topic, "messaging.operation.type": "send"}
+
+
+def consumer_attributes(topic: str, partition: int, offset: int | None = None,
+                        group: str | None = None) -> dict[str, AttributeValue]:
+    """OTel messaging attributes of processing a record (or a batch: ``offset`` None) of ``topic``."""
+    attrs: dict[str, AttributeValue] = {
+        "messaging.system": "kafka", "messaging.destination.name": topic,
+        "messaging.destination.partition.id": str(partition), "messaging.operation.type": "process",
+    }
+    if offset is not None:
+        attrs["messaging.kafka.offset"] = offset
+    if group is not None:
+        attrs["messaging.consumer.group.name"] = group
+    return attrs
