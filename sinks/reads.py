@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import msgspec
-from sqlalchemy import Select, select
+from sqlalchemy import Select, func, select
 from sqlalchemy.engine import Connection
 
 from turnlog.schemas import SessionStatus
@@ -27,7 +27,7 @@ from turnlog.sinks.tables import erasures, session_events, sessions, transcript_
 
 __all__ = ["StoredEvent", "EventPage", "TurnPage", "list_sessions", "get_session", "get_turns", "turn_page",
            "events_after", "SESSION_FIELDS", "SESSION_SUMMARY_FIELDS", "TURN_FIELDS", "ROW_OVERHEAD_BYTES",
-           "MAX_TURN_INDEX"]
+           "MAX_TURN_INDEX", "count_open_sessions"]
 
 #: The ``sessions`` columns a reader sees (not the resume bookkeeping ``claimed_epoch``).
 SESSION_FIELDS = (
@@ -183,6 +183,17 @@ def list_sessions(
     if after_id is not None:
         query = query.where(sessions.c.id > after_id)
     return _bounded_rows(conn, query, limit, max_bytes, _session_bytes)
+
+
+def count_open_sessions(conn: Connection) -> int:
+    """How many sessions are open: status ``active`` (started, not ended) and not being
+    forgotten, in every fleet. One ``count(*)`` over the ``status`` index: the operations
+    page's figure (``turnlog.api.ops``), never a list."""
+    being_forgotten = select(erasures.c.session_id).where(erasures.c.session_id == sessions.c.id).exists()
+    query = select(func.count()).select_from(sessions).where(
+        sessions.c.status == SessionStatus.ACTIVE.value, ~being_forgotten
+    )
+    return int(conn.execute(query).scalar_one())
 
 
 def get_session(

@@ -43,6 +43,10 @@ Routes (all under ``/api`` need ``Authorization: Bearer <token>``, see ``auth.py
   "erased_at"}`` to a token of the session's fleet (404 to any other), and
   the session list leaves it out.
 - ``GET /api/fleets/{fleet}/analytics``: the analytics projection's figures.
+- ``GET /api/ops``: the operations page's figures (``turnlog.api.ops``): lag per
+  group and partition, throughput, sessions open, and Prometheus' turn-to-store
+  p50/p99, DLQ by reason, degraded recorders and spool fullness. They span every
+  fleet, so only a token granting ``"*"`` reads them (403 for any other).
 - ``POST /api/sessions/{id}/resume?timeout=<seconds>``: passes the resume
   barrier, claims the session's next epoch and returns the grant with the
   first page of stored turns (``turnlog.producers.grant``): how agents resume
@@ -58,7 +62,8 @@ while queued; live streams are capped globally and per token
 bounded in rows and bytes (``api_page_bytes``).
 
 Unauthenticated: ``GET /live`` with ``/live.js`` and ``/live.css`` (the live
-transcript page; static, it holds no data and sends the token itself),
+transcript page; static, it holds no data and sends the token itself), ``GET /ops``
+with ``/ops.js`` and ``/ops.css`` (the operations page, alike),
 ``GET /healthz``, and, only with ``api_docs``, ``/docs``, ``/redoc`` and
 ``/openapi.json``. Every response carries the headers of ``headers.py``.
 """
@@ -91,6 +96,7 @@ from starlette.types import Scope as AsgiScope
 from turnlog.api.auth import Scope, TokenTable
 from turnlog.api.headers import SecurityHeaders
 from turnlog.api.limits import SlotLimiter
+from turnlog.api.ops import OpsBoard
 from turnlog.follow import FollowerFellBehind, SessionErased, TranscriptHub, follow_session, store_fetch
 from turnlog.kafka import BrokerUnavailableError
 from turnlog.producers.exceptions import ResumeBarrierTimeout
@@ -179,11 +185,17 @@ class Barrier(Protocol):
 
 
 def create_app(
-    settings: TurnlogSettings, store: SqlStore, *, live: bool = True, barrier: Barrier | None = None
+    settings: TurnlogSettings,
+    store: SqlStore,
+    *,
+    live: bool = True,
+    barrier: Barrier | None = None,
+    ops: OpsBoard | None = None,
 ) -> FastAPI:
     """The API over ``store``. ``live=False`` runs without the transcript hub
     (followers then see new events from the store, ``api_poll_seconds`` late).
-    ``barrier`` replaces the resume barrier over ``settings`` and ``store`` (tests).
+    ``barrier`` replaces the resume barrier over ``settings`` and ``store`` (tests);
+    ``ops`` the operations page's board (``OpsBoard.for_settings``; tests pass their own).
 
     With ``settings.ready_file`` set, the ready file (:mod:`turnlog.readiness`,
     component ``api``) is written once the hub follows the transcript topic
@@ -208,8 +220,9 @@ def create_app(
     erasure_slots = SlotLimiter(ERASURES_PER_TOKEN * max(1, len(tokens)), ERASURES_PER_TOKEN)
     static = {
         name: resources.files("turnlog.api").joinpath(f"static/{name}").read_text("utf-8")
-        for name in ("live.html", "live.js", "live.css")
+        for name in ("live.html", "live.js", "live.css", "ops.html", "ops.js", "ops.css")
     }
+    board = ops if ops is not None else OpsBoard.for_settings(settings, store)
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
@@ -223,6 +236,7 @@ def create_app(
             resume_workers.shutdown(wait=False, cancel_futures=True)
             erasure_workers.shutdown(wait=False, cancel_futures=True)
             resume_barrier.close()
+            board.close()
             if hub is not None:
                 await asyncio.to_thread(hub.stop)
             mark_not_ready(settings.ready_file)  # after the hub's thread, which may mark it ready
@@ -320,6 +334,31 @@ def create_app(
     @app.get("/live.css", include_in_schema=False)
     def live_style() -> Response:
         return Response(static["live.css"], media_type="text/css; charset=utf-8", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/ops", include_in_schema=False)
+    def ops_page() -> Response:
+        return Response(static["ops.html"], media_type="text/html; charset=utf-8",
+                        headers={"Cache-Control": "no-cache"})
+
+    @app.get("/ops.js", include_in_schema=False)
+    def ops_script() -> Response:
+        return Response(static["ops.js"], media_type="text/javascript; charset=utf-8",
+                        headers={"Cache-Control": "no-cache"})
+
+    @app.get("/ops.css", include_in_schema=False)
+    def ops_style() -> Response:
+        return Response(static["ops.css"], media_type="text/css; charset=utf-8", headers={"Cache-Control": "no-cache"})
+
+    @app.get("/api/ops")
+    async def ops_figures(granted: Scoped) -> JSONResponse:
+        """The operations page's figures (``turnlog.api.ops.OpsBoard``; each with a ``state``).
+        Read at most once per ``ops_refresh_seconds`` whatever the number of clients; answered
+        within about ``OPS_SOURCE_TIMEOUT_SECONDS`` even when Kafka, the store or Prometheus
+        hangs (then with that figure's ``state`` ``timeout``). 403: the token does not grant
+        every fleet (``"*"``): these figures span all of them."""
+        if granted.fleets is not None:
+            raise HTTPException(403, "the operations figures span every fleet: they need a token granting \"*\"")
+        return JSONResponse(await board.figures(), headers={"Cache-Control": "no-store"})
 
     @app.get("/api/sessions")
     def sessions_list(
