@@ -645,7 +645,7 @@ def replay_agent(
 
     from turnlog.tools.demo.agent import replay_transcript
 
-    settings = _settings()
+    settings = _service_settings()  # the recorder's metrics (spool, degraded, resume) on TURNLOG_METRICS_PORT
     base = dt.datetime.fromisoformat(base_time)
     asyncio.run(
         replay_transcript(
@@ -653,6 +653,16 @@ def replay_agent(
             latency_log=latency_log,
         )
     )
+
+
+PrometheusTargets = Annotated[
+    Path | None,
+    typer.Option(
+        "--prometheus-targets",
+        help="A Prometheus file_sd folder (deploy/prometheus.sh: $TURNLOG_STATE_DIR/prometheus/targets): every"
+        " service and agent gets a metrics port, all listed in one targets file there for the run's length.",
+    ),
+]
 
 
 @app.command()
@@ -668,6 +678,7 @@ def demo(
     seed: Annotated[int, typer.Option(help="Seed for choosing the killed agents and moments.")] = 7,
     timeout: Annotated[float, typer.Option(help="Longest wait for finalization after the replay (seconds).")] = 180.0,
     flush_interval: Annotated[float, typer.Option(help="Agents' partial flush timer (seconds, replay time).")] = 0.2,
+    prometheus_targets: PrometheusTargets = None,
 ) -> None:
     """Replay real transcripts as concurrent agents, SIGKILL some mid-turn, resume them, verify the store."""
     from turnlog.tools.demo.runner import DemoOptions, run_demo
@@ -675,7 +686,7 @@ def demo(
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     options = DemoOptions(
         sessions_dir=sessions, speed=speed, kills=kills, seed=seed, report_path=report, timeout=timeout,
-        flush_interval_seconds=flush_interval,
+        flush_interval_seconds=flush_interval, prometheus_targets=prometheus_targets,
     )
     ok = run_demo(settings, options)
     raise typer.Exit(0 if ok else 1)
@@ -711,6 +722,7 @@ def chaos(
             " Default: TURNLOG_STATE_DIR, the cluster the tests use.",
         ),
     ] = None,
+    prometheus_targets: PrometheusTargets = None,
 ) -> None:
     """SIGKILL every component at random under the demo workload; report losses, duplicates, order, aggregates,
     recovery, and complete_turn latency per fault kind."""
@@ -724,7 +736,8 @@ def chaos(
         raise ConfigurationError("--cluster-state-dir goes with --cluster")
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     ok = run_chaos(settings, ChaosOptions(sessions_dir=sessions, duration=duration, seed=seed, kills=kills,
-                                          report_path=report, cluster=cluster, cluster_state_dir=cluster_state_dir))
+                                          report_path=report, cluster=cluster, cluster_state_dir=cluster_state_dir,
+                                          prometheus_targets=prometheus_targets))
     raise typer.Exit(0 if ok else 1)
 
 

@@ -134,6 +134,7 @@ from turnlog.tools.demo.schedule import (
     build_cluster_schedule,
     build_schedule,
 )
+from turnlog.tools.demo.scrape_targets import ScrapeTargets
 from turnlog.tools.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session, problem_totals
 
 __all__ = [
@@ -191,6 +192,9 @@ class ChaosOptions:
     #: the cluster's state root (``TURNLOG_STATE_DIR`` of its ``deploy/kafka.sh``); None: ``state_dir``. Its
     #: ports are the script's (``TURNLOG_KAFKA_CLUSTER_PORT``, ``TURNLOG_KAFKA_CLUSTER_CONTROLLER_PORT``).
     cluster_state_dir: Path | None = None
+    #: a Prometheus file_sd folder: every process gets a metrics port, listed in ``turnlog-chaos.json`` there
+    #: (tools/demo/scrape_targets.py); None: no metrics ports
+    prometheus_targets: Path | None = None
 
 
 # -- the run -------------------------------------------------------------------------
@@ -240,6 +244,7 @@ class _Run:
         #: the consumer groups' members, asked from a child process (an admin request can abort this one)
         self.group_probe = GroupProbe(settings.as_environment(), self.log_dir / "group-probe.log")
         self.env = settings.as_environment()
+        self.scrape_targets = ScrapeTargets(options.prometheus_targets, "turnlog-chaos")
         self.transcripts, self.paths = load_sessions(options.sessions_dir, run_id)
         longest = max(max(t.end_s for t in turns) - turns[0].start_s for turns in self.transcripts.values())
         self.speed = longest / (options.duration * OUTAGE_WINDOW[1])
@@ -316,7 +321,8 @@ class _Run:
             "--base-time", self.base_time.isoformat(),
             "--latency-log", str(self.latency.folder / f"{file_name}.jsonl"), *extra,
         )
-        process = ServiceProcess(name, argv, self.env, self.log_dir / f"{file_name}.log", stdout_pipe=True)
+        env = self.env | self.scrape_targets.environment("agent", session_id)  # a resumed agent keeps the port
+        process = ServiceProcess(name, argv, env, self.log_dir / f"{file_name}.log", stdout_pipe=True)
         started = AgentProcess(process, self.on_line)
         with self.lock:
             agent.process = started
@@ -457,7 +463,7 @@ class _Run:
                     worker = workers[0] if len(workers) == 1 else self.fault_rng.choice(workers)
                     killed = self.services[worker].pid
                     self.services[worker].kill()
-                    self.services[worker] = self.start_service(component, f"{worker}-{int(at)}")
+                    self.services[worker] = self.start_service(component, f"{worker}-{int(at)}", worker)
                     target = f"pid {killed} (replaced by pid {self.services[worker].pid})"
                     if len(workers) > 1:
                         target = f"{worker} {target}"
@@ -589,8 +595,10 @@ class _Run:
                     print(f"  {self.now():6.1f}s {service} {what} by someone else", flush=True)
                     known[service] = pid
 
-    def start_service(self, component: str, log_name: str) -> ServiceProcess:
-        return ServiceProcess(component, turnlog_command(component), self.env, self.log_dir / f"{log_name}.log",
+    def start_service(self, component: str, log_name: str, worker: str) -> ServiceProcess:
+        """Start a process of ``component`` as ``worker`` (its replacement keeps the worker's metrics port)."""
+        env = self.env | self.scrape_targets.environment(component, worker)
+        return ServiceProcess(component, turnlog_command(component), env, self.log_dir / f"{log_name}.log",
                               ready_path=self.log_dir / f"{log_name}.ready")
 
     def supervise_services(self) -> None:
@@ -604,7 +612,8 @@ class _Run:
                         continue
                     restarted[worker] = at
                     exit_code = process.popen.returncode
-                    self.services[worker] = self.start_service(self.components[worker], f"{worker}-restarted-{int(at)}")
+                    self.services[worker] = self.start_service(self.components[worker], f"{worker}-restarted-{int(at)}",
+                                                              worker)
                     self.service_exits.append(
                         {"at_seconds": round(at, 1), "component": worker, "exit": exit_code,
                          "log": str(process.log_path)}
@@ -848,7 +857,9 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
 
     workers = CLUSTER_WORKERS if cluster else {service: service for service in SERVICES}
     run.components = dict(workers)
-    run.services = {worker: run.start_service(service, worker) for worker, service in workers.items()}
+    run.services = {worker: run.start_service(service, worker, worker) for worker, service in workers.items()}
+    if run.scrape_targets.path is not None:
+        print(f"  Prometheus targets (every worker and agent): {run.scrape_targets.path}", flush=True)
     try:
         # The schedule hits a running pipeline, not one starting up (a Faust worker takes a while on 2 cores).
         began = time.monotonic()
@@ -902,6 +913,7 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
         for agent in run.agents.values():
             if agent.process is not None:
                 agent.process.process.stop(5)
+        run.scrape_targets.close()
         if cluster is not None:
             _ensure_cluster_up(cluster)
         _ensure_services_up(options.state_dir, settings, store, broker=cluster is None)

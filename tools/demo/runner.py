@@ -35,6 +35,7 @@ from turnlog.sinks import SqlStore, open_store, safe_url
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import session_events, sessions
 from turnlog.tools.demo.keys import with_run_keys
+from turnlog.tools.demo.scrape_targets import ScrapeTargets
 from turnlog.tools.demo.spools import drain_orphaned_spools
 from turnlog.tools.demo.transcripts import InputTurn, check_replayable, find_transcripts, load_transcript
 from turnlog.tools.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session
@@ -59,6 +60,9 @@ class DemoOptions:
     timeout: float = 180.0
     flush_interval_seconds: float = 0.2
     log_dir: Path = Path(".turnlog-demo")
+    #: a Prometheus file_sd folder: every process gets a metrics port, listed in ``turnlog-demo.json`` there
+    #: (tools/demo/scrape_targets.py); None: no metrics ports
+    prometheus_targets: Path | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,7 +137,13 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     upgrade_to_head(store.engine)
     create_topics(settings)
     started = time.monotonic()
-    services = start_pipeline(settings, log_dir)
+    scrape_targets = ScrapeTargets(options.prometheus_targets, "turnlog-demo")
+    services: dict[str, ServiceProcess] = {}
+    for service in ("sequencer", "sink", "finalizer"):  # one call each: each its own metrics port
+        services |= start_pipeline(settings, log_dir, services=(service,),
+                                   extra_env=scrape_targets.environment(service, service))
+    if scrape_targets.path is not None:
+        print(f"Prometheus targets (every service and agent): {scrape_targets.path}")
     agents: list[AgentProcess] = []
     killed: list[dict[str, object]] = []
     lock = threading.Lock()
@@ -146,7 +156,8 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
             "--base-time", base_time.isoformat(), *extra,
         )
         name = f"agent-{session_id}" + ("-resumed" if extra else "")
-        process = ServiceProcess(name, argv, env, log_dir / f"{name}.log", stdout_pipe=True)
+        agent_env = env | scrape_targets.environment("agent", session_id)  # a resumed agent keeps the port
+        process = ServiceProcess(name, argv, agent_env, log_dir / f"{name}.log", stdout_pipe=True)
         agent = AgentProcess(process, on_progress)
         with lock:
             agents.append(agent)
@@ -186,6 +197,7 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
         stop_all(services)
         for agent in agents:
             agent.process.stop(5)
+        scrape_targets.close()
     wall = time.monotonic() - started
 
     kills_by_session = {k["session_id"]: 1 for k in killed}
