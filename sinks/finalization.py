@@ -37,6 +37,7 @@ from turnlog import metrics
 from turnlog.faults import fault_point
 from turnlog.schemas import SessionStatus, TurnStatus
 from turnlog.sinks.tables import SecondsBetween, sessions, transcript_turns
+from turnlog.tracing import finalization_span
 
 __all__ = ["SqlFinalization", "report_finalized"]
 
@@ -61,10 +62,19 @@ class SqlFinalization:
         # When, not what: finalized_at is the one wall-clock value; the
         # aggregates come from the persisted rows and event timestamps.
         finalized_at = dt.datetime.now(dt.UTC)
-        done = tuple(sid for sid in session_ids if self.finalize_session(conn, sid, finalized_at))
+        done = tuple(sid for sid in session_ids if self._finalize_traced(conn, sid, finalized_at))
         if done:
             fault_point("sink.after_finalize")
         return done
+
+    def _finalize_traced(self, conn: Connection, session_id: str, finalized_at: dt.datetime) -> bool:
+        """:meth:`finalize_session` inside a ``finalize`` span when the sink's batch is traced
+        (``turnlog.tracing.finalization_span``: linked to the session's ``session.ended`` record)."""
+        with finalization_span(session_id) as span:
+            done = self.finalize_session(conn, session_id, finalized_at)
+            if span is not None:
+                span.set({"turnlog.finalized": done})
+            return done
 
     def finalize_session(self, conn: Connection, session_id: str, finalized_at: dt.datetime) -> bool:
         """Compute a session's aggregates from its persisted rows, exactly once.

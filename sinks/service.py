@@ -68,6 +68,15 @@ from turnlog.sinks.exceptions import (
     StoreUnavailableError,
 )
 from turnlog.sinks.offsets import offsets_past_end
+from turnlog.tracing import (
+    TraceContext,
+    TraceSpan,
+    batch_scope,
+    batch_span,
+    consumer_attributes,
+    context_from_headers,
+    service_tracing,
+)
 
 __all__ = ["SinkService"]
 
@@ -125,6 +134,11 @@ class SinkService:
     the same batching, offsets-in-transaction, retries and dead-lettering.
     ``on_batch`` (optional) is called after each committed batch with its result.
 
+    Traces (``settings.tracing``, ``turnlog.tracing``): a batch holding records with a sampled
+    ``traceparent`` gets one CONSUMER span, linked to each such record's context (links, not a
+    parent: one batch serves many turns; at most ``MAX_LINKS``), with the transaction's commit
+    as an event and a ``finalize`` child span per session finalized in it.
+
     With ``settings.ready_file`` set, it writes that file as ``component``
     (:mod:`turnlog.readiness`) once the consumer has an assignment, seeked to the
     stored offsets (an empty one too: a member with no partition is in the group
@@ -171,6 +185,7 @@ class SinkService:
         self._on_batch = on_batch
         self._dlq: Producer | None = None
         self.stopping = threading.Event()
+        self._tracing = service_tracing(settings, component)  # ConfigurationError: on without turnlog[otel]
         self._consumer: Consumer | None = None
         # The fencing tokens claimed for the assigned partitions (sinks/offsets.py); None outside run().
         self._fences: dict[tuple[str, int], int] | None = None
@@ -195,6 +210,7 @@ class SinkService:
         consumer.subscribe([self.settings.topics.transcript, self.settings.topics.erasures],
                            on_assign=self._seek_to_stored, on_revoke=self._revoked)
         batch: list[SourceMessage] = []
+        traced: list[tuple[SourceMessage, TraceContext, bool]] = []  # (record, its context, is session.ended)
         boundary = False  # the batch holds something other than a partial
         first_at = 0.0
         try:
@@ -212,10 +228,17 @@ class SinkService:
                     value = record.value()
                     if not batch:
                         first_at = time.monotonic()
-                    boundary = boundary or not _is_partial(record.headers(), value)
+                    headers = record.headers()
+                    boundary = boundary or not _is_partial(headers, value)
                     # Set on every record without an error (a None value would be a tombstone: never written).
-                    batch.append(SourceMessage(cast(str, record.topic()), cast(int, record.partition()),
-                                               cast(int, record.offset()), cast(bytes, value), record.key()))
+                    message = SourceMessage(cast(str, record.topic()), cast(int, record.partition()),
+                                            cast(int, record.offset()), cast(bytes, value), record.key())
+                    batch.append(message)
+                    if self._tracing.enabled:
+                        context = context_from_headers(headers)
+                        if context is not None and context.sampled:
+                            ended = record_event_type(headers, value) is EventType.SESSION_ENDED
+                            traced.append((message, context, ended))
                 if not batch:
                     continue
                 # Completed turns and session events are written at once; partials alone
@@ -225,17 +248,17 @@ class SinkService:
                 if full or boundary or time.monotonic() - first_at >= self.settings.sink_partial_wait_seconds:
                     fault_point("sink.after_poll")
                     try:
-                        result = self.apply(batch)
+                        result = self.apply(batch, traced)
                     except SinkFencedError as e:
                         # A zombie: the group moved partitions while this sink was frozen or cut off.
                         # Nothing was written; the other partitions of the batch are read again from
                         # the store's offsets, the fenced ones are revoked at the next rebalance.
                         logger.warning("fenced, dropped a batch of %d records: %s", len(batch), e)
                         metrics.SINK_FENCED_BATCHES.inc()
-                        batch, boundary = [], False
+                        batch, traced, boundary = [], [], False
                         self._seek_back(consumer)
                         continue
-                    batch, boundary = [], False
+                    batch, traced, boundary = [], [], False
                     if self._paused:
                         self._seek_back(consumer)
                     if self._on_batch is not None:
@@ -249,6 +272,7 @@ class SinkService:
                 self._dlq.flush(DLQ_FLUSH_TIMEOUT_SECONDS)
             if self._duties is not None:
                 self._duties.close()
+            self._tracing.flush()
 
     def _with_ledger(self, write: BatchWriter) -> BatchWriter:
         """``write`` for the transcript's records, after the batch's erasure ledger records are
@@ -271,16 +295,44 @@ class SinkService:
 
         return write_with_ledger
 
-    def apply(self, batch: list[SourceMessage]) -> BatchResult:
-        """Apply one batch (retrying while the store is down); dead-letter records the store refuses."""
-        with metrics.SINK_BATCH_SECONDS.time():
-            result = self._apply_or_split(batch)
+    def apply(
+        self, batch: list[SourceMessage], traced: Sequence[tuple[SourceMessage, TraceContext, bool]] = ()
+    ) -> BatchResult:
+        """Apply one batch (retrying while the store is down); dead-letter records the store refuses.
+        ``traced``: its records that carry a sampled trace context (the batch span links to them)."""
+        span = self._batch_span(batch, traced) if traced else None
+        ended = {m.key.decode("utf-8", "replace"): context for m, context, is_end in traced if is_end and m.key}
+        try:
+            with metrics.SINK_BATCH_SECONDS.time(), batch_scope(self._tracing, span, ended):
+                result = self._apply_or_split(batch)
+        except BaseException as e:
+            if span is not None:
+                span.fail(type(e).__name__)
+                span.end()
+            raise
+        if span is not None:
+            span.set({"turnlog.applied": result.applied, "turnlog.stale": result.stale,
+                      "turnlog.rejected": result.rejected})
+            span.end()
         if result.stale:
             logger.info("skipped %d records below the stored offsets (another sink wrote them)", result.stale)
         metrics.SINK_RECORDS.labels("applied").inc(result.applied)
         metrics.SINK_RECORDS.labels("stale").inc(result.stale)
         metrics.SINK_RECORDS.labels("rejected").inc(result.rejected)
         return result
+
+    def _batch_span(
+        self, batch: list[SourceMessage], traced: Sequence[tuple[SourceMessage, TraceContext, bool]]
+    ) -> TraceSpan | None:
+        first = batch[0]
+        return self._tracing.start(
+            f"process {self.settings.topics.transcript}", kind="consumer",
+            links=(context for _, context, _ in traced),
+            attributes={
+                **consumer_attributes(first.topic, first.partition, group=self.consumer_group),
+                "messaging.batch.message_count": len(batch), "turnlog.traced_records": len(traced),
+            },
+        )
 
     def _apply_or_split(self, batch: list[SourceMessage]) -> BatchResult:
         try:
@@ -403,6 +455,9 @@ class SinkService:
                 conn, self.consumer_group, batch, self._write, on_rejected=self._dead_letter, fences=self._fences
             )
             fault_point("sink.after_write")
+        span = batch_span()
+        if span is not None:
+            span.event("commit", {"turnlog.records": len(batch), "turnlog.finalized": len(result.finalized)})
         fault_point("sink.after_commit")
         report_finalized(result.finalized)  # finalized in the batch's transaction, now committed
         return result

@@ -38,6 +38,7 @@ from turnlog.sinks import SqlStore, StoreError, open_store
 from turnlog.sinks.base import report_finalized
 from turnlog.sinks.errors import store_errors
 from turnlog.stream_processors.app import make_app
+from turnlog.tracing import NO_TRACING, Tracing, service_tracing
 
 __all__ = ["build_finalizer", "finalize_now", "sweep_once"]
 
@@ -46,21 +47,33 @@ logger = logging.getLogger(__name__)
 SWEEP_PAGE = 100
 
 
-def finalize_now(store: SqlStore, session_id: str) -> bool:
+def finalize_now(store: SqlStore, session_id: str, tracing: Tracing = NO_TRACING) -> bool:
     """Try the guarded finalize once, in its own transaction; True if this call finalized it.
+    With ``tracing`` on, inside a ``finalize`` span of its own (a root, sampled at the ratio: the
+    sweep has no ``session.ended`` record whose context it could link to).
 
     Raises:
         StoreUnavailableError: the database did not answer (retryable).
     """
-    with store_errors(), store.engine.begin() as conn:
-        done = store.finalize_session(conn, session_id, dt.datetime.now(dt.UTC))
+    span = tracing.start("finalize", attributes={"turnlog.session_id": session_id, "turnlog.sweep": True})
+    try:
+        with store_errors(), store.engine.begin() as conn:
+            done = store.finalize_session(conn, session_id, dt.datetime.now(dt.UTC))
+    except BaseException as e:
+        if span is not None:
+            span.fail(type(e).__name__)
+            span.end()
+        raise
+    if span is not None:
+        span.set({"turnlog.finalized": done})
+        span.end()
     if done:
         fault_point("finalizer.after_update")
         report_finalized([session_id])
     return done
 
 
-def sweep_once(store: SqlStore, *, page: int = SWEEP_PAGE) -> list[str]:
+def sweep_once(store: SqlStore, *, page: int = SWEEP_PAGE, tracing: Tracing = NO_TRACING) -> list[str]:
     """Finalize every session that is ended and complete in the store but not
     finalized; return the ids this call finalized.
 
@@ -71,7 +84,7 @@ def sweep_once(store: SqlStore, *, page: int = SWEEP_PAGE) -> list[str]:
     while True:
         with store_errors(), store.engine.connect() as conn:
             ready = store.finalizable_sessions(conn, limit=page)
-        finalized = [session_id for session_id in ready if finalize_now(store, session_id)]
+        finalized = [session_id for session_id in ready if finalize_now(store, session_id, tracing)]
         done.extend(finalized)
         # A short page is the last; a page of which nothing matched was finalized
         # meanwhile by someone else (the sink): stop rather than list it again.
@@ -82,7 +95,12 @@ def sweep_once(store: SqlStore, *, page: int = SWEEP_PAGE) -> list[str]:
 
 
 def build_finalizer(settings: TurnlogSettings, store: SqlStore | None = None) -> faust.App:
-    """The finalizer app (consumer group ``settings.finalizer_group``): the sweep timer only."""
+    """The finalizer app (consumer group ``settings.finalizer_group``): the sweep timer only.
+
+    Raises:
+        ConfigurationError: ``settings.tracing`` is on without ``turnlog[otel]`` installed.
+    """
+    tracing = service_tracing(settings, "finalizer")
     app = make_app(settings, settings.finalizer_group)
     holder: dict[str, SqlStore] = {}
 
@@ -94,7 +112,7 @@ def build_finalizer(settings: TurnlogSettings, store: SqlStore | None = None) ->
     @app.timer(interval=settings.finalizer_sweep_seconds)
     async def sweep() -> None:
         try:
-            await asyncio.to_thread(sweep_once, get_store())
+            await asyncio.to_thread(sweep_once, get_store(), tracing=tracing)
         except StoreError as e:
             logger.warning("sweep skipped: %s", e)
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from turnlog.schemas.headers import EventType
 from turnlog.stream_processors.sequencing import Buffered
+from turnlog.tracing import TraceSpan
 
 __all__ = ["Outgoing", "Outbox"]
 
@@ -41,6 +42,8 @@ class Outgoing:
     reason: str | None = None
     #: a DLQ reference: it stands for a record that could not be sent (its value is empty)
     reference: bool = False
+    #: the transcript: the trace headers (``traceparent``) of the sequencer's span of this event, if traced
+    trace: tuple[tuple[str, bytes], ...] = ()
 
     def unread(self) -> Buffered | None:
         """The buffered event whose bytes must be read again from the log, if any."""
@@ -57,12 +60,14 @@ class Outbox:
     """
 
     items: list[Outgoing] = field(default_factory=list)
+    #: the spans of the batch's traced records, ended once the batch is delivered (or failed)
+    spans: list[TraceSpan] = field(default_factory=list)
 
     def transcript(
         self, topic: str, *, key: bytes, value: bytes | Buffered, partition: int, source_offset: int,
-        kind: EventType | None,
+        kind: EventType | None, trace: tuple[tuple[str, bytes], ...] = (),
     ) -> None:
-        self.items.append(Outgoing(topic, key, value, partition, source_offset, kind=kind))
+        self.items.append(Outgoing(topic, key, value, partition, source_offset, kind=kind, trace=trace))
 
     def dlq(
         self, topic: str, *, key: bytes | None, value: bytes | Buffered | None, partition: int, source_offset: int,

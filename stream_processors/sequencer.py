@@ -87,6 +87,7 @@ from turnlog.stream_processors.gap_repair import LogRangeReader, LogRecord, offs
 from turnlog.stream_processors.outbox import Outbox, Outgoing
 from turnlog.stream_processors.sequencing import DEFAULT_MAX_BUFFER_BYTES, Buffered, SessionSequence, sequence
 from turnlog.stream_processors.transactions import PartitionTransactions, transactional_id
+from turnlog.tracing import NO_TRACING, Tracing, consumer_attributes, context_from_headers, service_tracing
 
 __all__ = ["build_sequencer", "Sequencer", "SourceRecord", "TABLE_NAME", "BATCH_SIZE", "BATCH_WAIT_SECONDS"]
 
@@ -148,6 +149,10 @@ class Sequencer:
     ``max_buffer_bytes`` of them; a state record at most ``max_state_bytes``; a record sent
     at most ``max_record_bytes`` (key, value and headers). ``held_read_timeout`` (seconds):
     how long reading buffered events again waits through a broker outage.
+
+    ``tracing`` (``turnlog.tracing``): a record carrying a sampled ``traceparent`` gets a
+    CONSUMER span, child of it, from its decision until its batch is delivered; the transcript
+    record of that event carries the span's context on (when it fits under ``max_record_bytes``).
     """
 
     def __init__(
@@ -165,7 +170,11 @@ class Sequencer:
         max_state_bytes: int = MAX_STATE_BYTES,
         max_record_bytes: int = MAX_RECORD_BYTES,
         held_read_timeout: float = HELD_READ_TIMEOUT_SECONDS,
+        tracing: Tracing = NO_TRACING,
+        group: str | None = None,
     ) -> None:
+        self._tracing = tracing
+        self._group = group
         self._max_buffer_bytes = max_buffer_bytes
         self._max_state_bytes = max_state_bytes
         self._max_record_bytes = max_record_bytes
@@ -214,6 +223,22 @@ class Sequencer:
                 events to release, an offset jump); nothing of the batch was sent or stored.
         """
         outbox = Outbox()
+        if not self._tracing.enabled:
+            await self._process(outbox, records, recheck)
+            return
+        try:
+            await self._process(outbox, records, recheck)
+        except BaseException as e:
+            for span in outbox.spans:
+                span.fail(f"batch not delivered: {type(e).__name__}")
+            raise
+        finally:
+            for span in outbox.spans:
+                span.end()
+
+    async def _process(
+        self, outbox: Outbox, records: list[SourceRecord], recheck: dict[bytes, int] | None
+    ) -> None:
         touched: dict[bytes, tuple[SessionSequence, SourceRecord]] = {}
         for key, partition in (recheck or {}).items():
             try:
@@ -317,14 +342,39 @@ class Sequencer:
             metrics.GAPS_OPENED.inc()
             logger.info("gap in %s: waiting for seq %d (got %d)", event.session_id, state.next_seq, event.seq)
         touched[key] = (state, record)
+        trace = self._traced(batch, record, event, decision) if self._tracing.enabled else ()
         for out in decision.emit:
-            # The turnlog-type header: this event's type; an event released from the gap buffer behind it is peeked.
+            # The turnlog-type header: this event's type; an event released from the gap buffer behind it is
+            # peeked. The trace goes with this record's own event (a released one's context is not kept).
+            buffered = isinstance(out, Buffered)
             offset, kind = (out.offset, None) if isinstance(out, Buffered) else (record.offset, event_type(event))
             batch.transcript(
-                self._topics.transcript, key=key, value=out, partition=record.partition, source_offset=offset, kind=kind
+                self._topics.transcript, key=key, value=out, partition=record.partition, source_offset=offset,
+                kind=kind, trace=() if buffered else trace,
             )
         for held, reason in decision.dlq:
             self._reject(batch, record, held, reason)
+
+    def _traced(self, batch: Outbox, record: SourceRecord, event: Any, decision: Any) -> tuple[tuple[str, bytes], ...]:
+        """Start the CONSUMER span of ``record`` when its headers carry a sampled trace context
+        (hostile headers are ignored: ``turnlog.tracing.context_from_headers``); returns the
+        headers that carry the span on to its transcript record (none if untraced)."""
+        parent = context_from_headers(record.headers)
+        if parent is None or not parent.sampled:
+            return ()
+        span = self._tracing.start(
+            f"process {self._topics.events}", kind="consumer", parent=parent,
+            attributes={
+                **consumer_attributes(self._topics.events, record.partition, record.offset, self._group),
+                "turnlog.session_id": event.session_id, "turnlog.seq": event.seq, "turnlog.epoch": event.epoch,
+                "turnlog.event_type": event_type(event).value, "turnlog.emitted": len(decision.emit),
+                "turnlog.duplicate": bool(decision.duplicate), "turnlog.gap_opened": bool(decision.gap_opened),
+            },
+        )
+        if span is None:
+            return ()
+        batch.spans.append(span)
+        return span.context.headers()
 
     def _reject(self, batch: Outbox, record: SourceRecord, raw: bytes | Buffered | None, reason: str) -> None:
         """Route ``raw`` (``record``'s value, or a buffered event of its session) to the DLQ."""
@@ -468,6 +518,10 @@ class Sequencer:
             value = value.raw or b""
         if item.reason is None:
             headers = type_headers(item.kind if item.kind is not None else peek_event_type(value))
+            if item.trace:  # the trace goes on only where the event still fits
+                traced = [*(headers or ()), *item.trace]
+                if record_bytes(item.key, value, traced) <= self._max_record_bytes:
+                    headers = traced
         else:
             headers = dlq_headers(item.reason, self._topics.events, item.partition, item.source_offset)
         size = record_bytes(item.key, value, headers)
@@ -605,7 +659,12 @@ async def _whole_or_stop(settings: TurnlogSettings, work: Coroutine[Any, Any, No
 
 
 def build_sequencer(settings: TurnlogSettings) -> faust.App:
-    """The sequencer app (consumer group ``settings.sequencer_group``)."""
+    """The sequencer app (consumer group ``settings.sequencer_group``).
+
+    Raises:
+        ConfigurationError: ``settings.tracing`` is on without ``turnlog[otel]`` installed.
+    """
+    tracing = service_tracing(settings, "sequencer")
     app = make_app(settings, settings.sequencer_group, commit_interval_seconds=COMMIT_INTERVAL_SECONDS)
     topics = settings.topics
     events = raw_topic(app, topics.events)
@@ -660,6 +719,8 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         max_buffer_bytes=settings.reorder_buffer_bytes,
         verifier=record_verifier(settings),
         partitions=settings.partitions,
+        tracing=tracing,
+        group=settings.sequencer_group,
     )
 
     # The agent's batches and the gap retries never interleave: both read and write session states.
@@ -702,5 +763,6 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
     @app.on_before_shutdown.connect  # type: ignore[arg-type]
     async def close_emissions(_app: Any, **_: Any) -> None:
         await emissions.close()
+        await asyncio.to_thread(tracing.flush)
 
     return app

@@ -56,7 +56,8 @@ if TYPE_CHECKING:
 __all__ = [
     "TraceContext", "Tracing", "TraceSpan", "NO_TRACING", "service_tracing", "context_from_headers",
     "parse_traceparent", "TRACEPARENT", "TRACESTATE", "MAX_HEADERS_SCANNED", "MAX_TRACESTATE_BYTES",
-    "MAX_LINKS", "SpanKindName", "AttributeValue", "flush_all",
+    "MAX_LINKS", "SpanKindName", "AttributeValue", "flush_all", "batch_scope", "batch_span", "finalization_span",
+    "producer_attributes", "consumer_attributes", "now_ns",
 ]
 
 logger = logging.getLogger(__name__)
@@ -386,6 +387,12 @@ def batch_scope(tracing: Tracing, span: TraceSpan | None, ended: dict[str, Trace
         yield
     finally:
         _batch.reset(token)
+
+
+def batch_span() -> TraceSpan | None:
+    """The span of the traced batch being applied (:func:`batch_scope`), or None."""
+    scope = _batch.get()
+    return scope.span if scope is not None else None
 
 
 @contextlib.contextmanager
