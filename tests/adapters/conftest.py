@@ -1,9 +1,10 @@
 """Adapter tests drive each framework with its own fakes against the real broker and Postgres."""
 
 import importlib.util
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -26,3 +27,41 @@ def import_example(monkeypatch: pytest.MonkeyPatch) -> Callable[[str], ModuleTyp
         return module
 
     return load
+
+
+class RecorderSpans:
+    """The spans the recorders of this test made, kept in memory (an OpenTelemetry SDK
+    ``InMemorySpanExporter`` behind turnlog's own :class:`~turnlog.tracing.Tracing`)."""
+
+    def __init__(self, exporter: Any) -> None:
+        self.exporter = exporter
+
+    def turns(self, session_id: str) -> dict[int, dict[str, Any]]:
+        """The attributes of each ``complete_turn`` span of ``session_id``, by turn index
+        (the last span of an index: a turn is completed once)."""
+        return {
+            span.attributes["turnlog.turn_index"]: dict(span.attributes)
+            for span in self.exporter.get_finished_spans()
+            if span.name == "complete_turn" and span.attributes.get("turnlog.session_id") == session_id
+        }
+
+
+@pytest.fixture
+def recorder_spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecorderSpans]:
+    """Tracing on, every span sampled, for the recorders started in this process from now on:
+    a recorder takes its tracer from ``service_tracing`` at ``start()``, which gives it one
+    exporting to memory (``RecorderSpans``) instead of OTLP."""
+    pytest.importorskip("opentelemetry.sdk")
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    import turnlog.producers.recorder as recorder_module
+    from turnlog.tracing import Tracing
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))  # exported as each span ends
+    monkeypatch.setattr(recorder_module, "service_tracing", lambda settings, component: Tracing(provider, component))
+    yield RecorderSpans(exporter)
+    provider.shutdown()

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Callable, Sequence
 from types import TracebackType
+from typing import Any
 
 from pipecat.frames.frames import EndFrame, Frame
 from pipecat.pipeline.pipeline import Pipeline
@@ -62,6 +63,7 @@ class Call:
     """``pipeline`` run by a ``PipelineWorker`` (and ``WorkerRunner``) with ``observer``
     attached to it and to ``aggregators``, as a bot's code does.
 
+    ``worker_options`` go to the ``PipelineWorker`` (e.g. its ``conversation_id``).
     ``async with Call(...) as call:`` starts it and waits for ``on_pipeline_started``;
     :meth:`send` queues frames at the pipeline's start (the input transport's place);
     :meth:`until` polls a probe with a deadline; :meth:`end` queues an ``EndFrame``
@@ -69,8 +71,9 @@ class Call:
     """
 
     def __init__(self, pipeline: Pipeline, observer: TurnlogObserver, aggregators: LLMContextAggregatorPair,
-                 params: PipelineParams | None = None) -> None:
-        self.worker = PipelineWorker(pipeline, params=params or PipelineParams(), cancel_on_idle_timeout=False)
+                 params: PipelineParams | None = None, **worker_options: Any) -> None:
+        self.worker = PipelineWorker(pipeline, params=params or PipelineParams(), cancel_on_idle_timeout=False,
+                                     **worker_options)
         observer.attach(self.worker, aggregators)
         self._started = asyncio.Event()
         self._run: asyncio.Task[None] | None = None

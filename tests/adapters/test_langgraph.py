@@ -101,6 +101,31 @@ async def test_the_mirror_records_the_conversation_partials_tokens_and_tool_call
     ]
 
 
+async def test_the_turn_spans_carry_the_graphs_thread_id_as_langsmith_does(pipeline, recorder_spans):
+    """With turnlog's tracing on, every turn's span carries the thread id LangGraph puts in its
+    runs' metadata, under the key LangSmith's OpenTelemetry exporter gives it
+    (``langsmith.metadata.thread_id``)."""
+    thread = f"lg-trace-{uuid.uuid4().hex[:8]}"
+    call = {"name": "order_status", "args": {"order": "42"}, "id": "call-1", "type": "tool_call"}
+    model = ScriptedChat(replies=iter([
+        reply("ai-1", tool_calls=[call]),
+        reply("ai-2", "Your order 42 ships tomorrow."),
+    ]), seen=[])
+    graph = chat_graph(model, InMemorySaver())
+    in_metadata = set()
+    async with SessionRecorder(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="support")
+        async for mode, chunk in mirror.astream(graph, {"messages": [("user", "Where is order 42?")]}, config(thread)):
+            if mode == "messages":
+                in_metadata.add(chunk[1].get("thread_id"))  # LangGraph's run metadata
+        await mirror.end("completed")
+
+    assert in_metadata == {thread}
+    spans = recorder_spans.turns(thread)
+    assert [(index, spans[index]["turnlog.speaker"], spans[index].get("langsmith.metadata.thread_id"))
+            for index in sorted(spans)] == [(0, "user", thread), (1, "assistant", thread)]
+
+
 async def test_a_stream_cut_short_keeps_the_words_seen_as_a_barged_in_turn(pipeline):
     thread = f"lg-cut-{uuid.uuid4().hex[:8]}"
     model = ScriptedChat(replies=iter([reply("ai-1", "Let me read you all the terms and conditions.", output_tokens=9)]), seen=[])

@@ -527,6 +527,34 @@ async def test_an_llm_calls_tokens_go_to_the_turn_of_the_speech_livekit_made_it_
     assert [(index, tokens) for index, _, _, _, _, *tokens in stored] == [(0, [0, 0]), (1, [12, 9]), (2, [0, 0]), (3, [12, 9])]
 
 
+async def test_the_turn_spans_carry_livekits_speech_id_and_the_jobs_room_and_job_ids(pipeline, recorder_spans):
+    """With turnlog's tracing on, the span of an assistant turn carries the ``lk.speech_id``
+    of the speech that spoke it (the key of LiveKit's ``agent_turn`` span), and every turn of
+    a job's session the job's ``lk.room_sid``, ``lk.job_id`` and ``gen_ai.conversation.id``
+    (LiveKit's keys), so a join with LiveKit's own spans is an equality."""
+    session_id = f"lk-trace-{uuid.uuid4().hex[:6]}"
+    session, agent = new_session(ScriptedLLM(REPLIES)), Agent(instructions="You are a test agent.")
+    speeches = []
+    session.on("speech_created", lambda ev: speeches.append(ev.speech_handle.id))
+    with fake_job_context() as job:
+        recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-trace",
+                                         settings=pipeline.settings)
+        await session.start(agent)
+        await session.run(user_input="Hello")
+        await session.say("Goodbye!", add_to_chat_ctx=False)  # completed at its speech's end, not by a message
+        await session.aclose()
+        assert await recording.wait_closed(TIMEOUT) and recording.failures == 0
+    room_sid, job_id = job.job.room.sid, job.job.id
+
+    spans = recorder_spans.turns(session_id)
+    assert sorted(spans) == [0, 1, 2]
+    assert room_sid and job_id
+    ids = {"lk.room_sid": room_sid, "lk.job_id": job_id, "gen_ai.conversation.id": room_sid}
+    assert [{key: spans[index].get(key) for key in ids} for index in (0, 1, 2)] == [ids] * 3
+    assert "lk.speech_id" not in spans[0]  # the user's turn is no speech of LiveKit's
+    assert len(speeches) == 2 and [spans[1]["lk.speech_id"], spans[2]["lk.speech_id"]] == speeches
+
+
 async def test_a_realtime_models_tokens_reported_after_its_turn_completed_go_to_the_next_assistant_turn(pipeline):
     """A realtime model reports a response's usage when the provider sends it, which for a
     response cut short may be after LiveKit committed its message; LiveKit's metrics do not

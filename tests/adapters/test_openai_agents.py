@@ -14,7 +14,18 @@ require_extra("agents.memory", "openai-agents")
 
 from types import SimpleNamespace
 
-from agents import Agent, OpenAIChatCompletionsModel, Runner, SQLiteSession, function_tool, set_tracing_disabled
+from agents import (
+    Agent,
+    OpenAIChatCompletionsModel,
+    RunConfig,
+    Runner,
+    SQLiteSession,
+    function_tool,
+    set_trace_processors,
+    set_tracing_disabled,
+)
+from agents.tracing import TracingProcessor
+from agents.tracing.processors import default_processor
 
 from turnlog.adapters.openai_agents import TurnlogSession
 from turnlog.producers import SessionRecorder
@@ -85,6 +96,72 @@ async def test_runner_run_records_user_and_assistant_turns_with_tokens_and_tool_
     assert texts(items) == [("user", "Where is order 42?"), ("assistant", "Your order 42 ships tomorrow."), ("user", "Thanks!"), ("assistant", "You're welcome!")]
     assert [i.get("type") for i in items if i.get("type") in ("function_call", "function_call_output")] == ["function_call", "function_call_output"]
     assert texts(model.calls[2]) == texts(items)[:3]
+
+
+class SdkTraces(TracingProcessor):
+    """The SDK's own traces, as its tracing processors see them: (trace id, group id) of each
+    trace started. Nothing is exported."""
+
+    def __init__(self) -> None:
+        self.started: list[tuple[str, str | None]] = []
+
+    def on_trace_start(self, trace) -> None:
+        self.started.append((trace.trace_id, trace.export()["group_id"]))
+
+    def on_trace_end(self, trace) -> None:
+        pass
+
+    def on_span_start(self, span) -> None:
+        pass
+
+    def on_span_end(self, span) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        pass
+
+    def force_flush(self) -> None:
+        pass
+
+
+async def test_the_turn_spans_carry_the_sdks_trace_group_and_response_ids(pipeline, recorder_spans):
+    """With turnlog's tracing on and the SDK's too, each turn's span carries the trace id and
+    group id of the SDK's trace of the run that saved it, and an assistant turn's span the id of
+    the model response that produced it (a plain run, then a streamed one)."""
+    session_id = f"oa-trace-{uuid.uuid4().hex[:8]}"
+    group_id = f"thread-{uuid.uuid4().hex[:8]}"
+    model = FakeModel([
+        Reply(call=("order_status", '{"order": "42"}')),  # resp_1: tool calls only, no turn
+        Reply(text="Your order 42 ships tomorrow."),  # resp_2
+        Reply(text="You're welcome!"),  # resp_3, streamed
+    ])
+    agent = Agent(name="support", instructions="Help with orders.", model=model, tools=[order_status])
+    traces = SdkTraces()
+    set_trace_processors([traces])
+    set_tracing_disabled(False)
+    try:
+        async with SessionRecorder(pipeline.settings) as recorder:
+            session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="support")
+            run_config = RunConfig(group_id=group_id)
+            await Runner.run(agent, "Where is order 42?", session=session, hooks=session.hooks, run_config=run_config)
+            streamed = Runner.run_streamed(agent, "Thanks!", session=session, hooks=session.hooks, run_config=run_config)
+            async for _ in session.stream(streamed):
+                pass
+            await session.end("completed")
+    finally:
+        set_tracing_disabled(True)
+        set_trace_processors([default_processor()])
+
+    [(first, first_group), (second, second_group)] = traces.started
+    assert first != second and first_group == second_group == group_id
+    spans = recorder_spans.turns(session_id)
+    ids = ("openai.agents.trace_id", "openai.agents.group_id", "gen_ai.response.id")
+    assert [(index, *(spans[index].get(key) for key in ids)) for index in sorted(spans)] == [
+        (0, first, group_id, None),
+        (1, first, group_id, "resp_2"),
+        (2, second, group_id, None),
+        (3, second, group_id, "resp_3"),
+    ]
 
 
 async def test_run_streamed_records_the_partial_then_completes_the_same_turn(pipeline):

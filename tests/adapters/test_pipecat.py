@@ -197,6 +197,34 @@ async def test_a_reply_cut_off_by_a_cancelled_pipeline_is_kept_interrupted_not_b
     assert context.messages[1:] == [{"role": s, "content": t} for _, s, t, *_ in stored(pipeline, session_id)]
 
 
+async def test_the_turn_spans_carry_pipecats_conversation_id(ready_pipeline, recorder_spans):
+    """With turnlog's tracing on, the span of every turn carries the worker's conversation id
+    under ``conversation.id``, the key of Pipecat's own ``conversation`` and ``turn`` spans."""
+    pipeline = ready_pipeline
+    session_id = f"pipecat-trace-{uuid.uuid4().hex[:8]}"
+    conversation_id = f"conversation-{uuid.uuid4()}"
+    llm = ScriptedLLM([Reply(("Sure,", " what is", " the order number?"))])
+    speaker = Speaker()
+    async with SessionRecorder(pipeline.settings) as recorder:
+        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        context = LLMContext([SYSTEM])
+        aggregators = voice_pair(context)
+        user, assistant = aggregators
+        bot = Pipeline([ScriptedSTT(), user, llm, SilentTTS(seconds_per_word=0.05), speaker, assistant])
+        async with Call(bot, observer, aggregators, conversation_id=conversation_id) as call:
+            await call.send(*says("I need help with my order."))
+            await call.until(said(context, speaker, 2), "the reply played")
+            await call.end()
+        await observer.wait_closed(TIMEOUT)
+        assert observer.errors == [] and observer.failures == 0
+
+    spans = recorder_spans.turns(session_id)
+    assert [(index, spans[index]["turnlog.speaker"], spans[index].get("conversation.id")) for index in sorted(spans)] == [
+        (0, "user", conversation_id),
+        (1, "assistant", conversation_id),
+    ]
+
+
 async def test_with_stt_llm_and_tts_muted_speech_is_not_recorded_and_tokens_are_gross_of_the_cache(ready_pipeline):
     """Issue 20, Pipecat 1 and 4: transcripts the user aggregator's mute filter drops while the
     output transport plays the bot's reply are not a turn (today's tree opened one, left

@@ -15,6 +15,7 @@ from turnlog.adapters._core import (
     after_latest_match,
     arguments_object,
     conversation,
+    framework_ids,
 )
 from turnlog.producers import InvalidTurnError, StoredTurn
 from turnlog.schemas import ToolCall
@@ -200,3 +201,19 @@ async def test_a_forgotten_session_is_logged_once_and_the_writer_goes_on_to_the_
     assert writer.erased and [type(e) for e in writer.errors] == [SessionErasedError]
     assert writer.failures == 51
     assert len([r for r in caplog.records if r.levelno >= logging.WARNING]) == 1
+
+
+# -- the framework's ids on the recorder's spans -------------------------------------------
+def test_framework_ids_keep_what_a_span_attribute_may_hold_and_leave_out_the_rest() -> None:
+    """Only non-empty valid text of at most 256 UTF-8 bytes (the recorder's bound on a trace
+    attribute's value): anything else would make the recorder refuse the turn, so it is left out."""
+    ids = framework_ids({
+        "lk.speech_id": "SH_abc123",
+        "at.the.bound": "é" * 128,  # 256 bytes
+        "over.the.bound": "é" * 128 + "x",  # 257 bytes
+        "missing": None,
+        "empty": "",
+        "a.number": 7,
+        "a.lone.surrogate": "\ud800",
+    })
+    assert ids == {"lk.speech_id": "SH_abc123", "at.the.bound": "é" * 128}

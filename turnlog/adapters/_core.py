@@ -9,6 +9,8 @@ token and tool-call accumulation, and the pieces of a rebuilt history.
 - :class:`PendingUsage` and :class:`PendingToolCalls`: an LLM call's tokens
   and tool calls wait for the assistant turn they belong to (the next one
   completed).
+- :func:`framework_ids`: a framework's own turn or conversation ids as trace
+  attributes of the recorder's spans (bounded, empty ones left out).
 - :func:`conversation` and :func:`after_latest_match`: which stored turns
   make up the conversation a framework is given back after a resume, and
   where a framework's own copy of it (an inner session, a checkpointer's
@@ -35,6 +37,7 @@ from turnlog.producers import (
     SessionRecorder,
     StoredTurn,
 )
+from turnlog.producers.recorder import MAX_TRACE_VALUE_BYTES
 from turnlog.schemas import ToolCall, TurnStatus
 
 __all__ = [
@@ -46,7 +49,9 @@ __all__ = [
     "PendingUsage",
     "after_latest_match",
     "arguments_object",
+    "MAX_FRAMEWORK_ID_BYTES",
     "conversation",
+    "framework_ids",
     "open_or_resume",
 ]
 
@@ -291,6 +296,35 @@ def arguments_object(raw: Any) -> dict[str, Any]:
     except ValueError:
         return {"raw": raw}
     return value if isinstance(value, dict) else {"value": value}
+
+
+# -- the framework's ids on the recorder's spans ------------------------------------------
+#: The longest framework id put on a span (UTF-8 bytes): the recorder's bound on a trace
+#: attribute's value. A longer one is left out, not cut (a cut id would join nothing). The
+#: ids the adapters read are far shorter (LiveKit's ``SH_<12>``, a room sid, a uuid,
+#: ``trace_<32 hex>``); a LangGraph ``thread_id`` is the caller's.
+MAX_FRAMEWORK_ID_BYTES = MAX_TRACE_VALUE_BYTES
+
+
+def framework_ids(ids: Mapping[str, object]) -> dict[str, str]:
+    """``ids`` (attribute key -> a framework's id) as the trace attributes an adapter passes to
+    :meth:`RecordedSession.complete_turn` (``trace_attributes``) or
+    :meth:`RecordedSession.set_trace_attributes`: each value that is a non-empty ``str`` of
+    valid Unicode of at most :data:`MAX_FRAMEWORK_ID_BYTES` UTF-8 bytes; any other value
+    (None, empty, too long, a lone surrogate, another type) is left out, so the recorder
+    never refuses a turn for a framework's id. The keys are the ones the framework puts on
+    its own spans, so a join with them is a plain equality."""
+    chosen: dict[str, str] = {}
+    for key, value in ids.items():
+        if not isinstance(value, str) or not value:
+            continue
+        try:
+            size = len(value.encode("utf-8"))
+        except UnicodeEncodeError:
+            continue
+        if size <= MAX_FRAMEWORK_ID_BYTES:
+            chosen[key] = value
+    return chosen
 
 
 # -- the rebuilt history ---------------------------------------------------------------

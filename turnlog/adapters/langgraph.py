@@ -72,6 +72,14 @@ to finish empties the others' open turns, and their messages are recorded
 at fresh indexes when written (an emptied turn no later turn reused is left
 ``interrupted``, with no text).
 
+**Traces.** Each turn's span carries the graph's thread id (``config["configurable"]["thread_id"]``
+of the :meth:`LangGraphMirror.astream` that recorded it) under
+``langsmith.metadata.thread_id``: LangGraph copies ``thread_id`` into every
+run's metadata (``langgraph/_internal/_config.py``), and LangSmith's
+OpenTelemetry exporter writes a run's metadata as ``langsmith.metadata.<key>``,
+so the graph's spans carry the same attribute. A no-op when turnlog's tracing
+is off.
+
 **Resume.** :meth:`LangGraphMirror.open` resumes the session (thread) if
 turnlog has it (``SessionRecorder.resume``: the resume barrier, a new epoch)
 and starts it otherwise; :attr:`LangGraphMirror.history` holds the stored
@@ -111,13 +119,18 @@ from turnlog.adapters._core import (
     PendingUsage,
     after_latest_match,
     conversation,
+    framework_ids,
     open_or_resume,
 )
 from turnlog.producers import RecordedSession, SessionRecorder
 
-__all__ = ["LangGraphMirror", "USER", "ASSISTANT"]
+__all__ = ["ASSISTANT", "THREAD_ID_ATTRIBUTE", "USER", "LangGraphMirror"]
 
 logger = logging.getLogger(__name__)
+
+#: The trace attribute of a turn's span that holds the graph's thread id: the key LangSmith's
+#: OpenTelemetry exporter gives the ``thread_id`` LangGraph puts in every run's metadata.
+THREAD_ID_ATTRIBUTE = "langsmith.metadata.thread_id"
 
 _MODES = ("messages", "updates")
 
@@ -168,6 +181,7 @@ class LangGraphMirror:
         self._calls = PendingToolCalls()  # by tool call id, for the next assistant turn (or the preamble)
         self._usage = PendingUsage()  # tokens of tool-calling messages, for the next assistant turn
         self._preamble: _Preamble | None = None
+        self._trace_ids: dict[str, str] | None = None  # the thread id of the latest astream, for the spans
         # compare turnlog with the checkpointer, until a stream after the resume finishes
         self._resumed = recorded.epoch > 0 if resumed is None else resumed
 
@@ -229,6 +243,7 @@ class LangGraphMirror:
             raise ValueError(
                 "LangGraphMirror reads the v1 stream without subgraphs: no subgraphs=True, no version='v2'"
             )
+        self._trace_ids = framework_ids({THREAD_ID_ATTRIBUTE: _thread_id(config)}) or None
         input = await self._reconcile(graph, input, config)
         input, new = self._input_messages(input)
         for message in new:
@@ -347,7 +362,8 @@ class LangGraphMirror:
             else:
                 del self._streamed[message_id]
                 self._seen.add(message_id)
-                await self.recorded.complete_turn(streamed.turn_index, ASSISTANT, streamed.text, barged_in=True)
+                await self.recorded.complete_turn(streamed.turn_index, ASSISTANT, streamed.text, barged_in=True,
+                                                  trace_attributes=self._trace_ids)
 
     def _drop_unwritten(self, node: str) -> None:
         """``node`` finished: what it streamed and did not write is not part of the conversation."""
@@ -387,7 +403,8 @@ class LangGraphMirror:
             await self._tool_result(message)
         elif isinstance(message, HumanMessage):
             await self._finish_preamble()
-            await self.recorded.complete_turn(self.recorded.next_turn_index, USER, _text(message))
+            await self.recorded.complete_turn(self.recorded.next_turn_index, USER, _text(message),
+                                              trace_attributes=self._trace_ids)
         elif isinstance(message, AIMessage):
             await self._assistant(message, node)
 
@@ -410,7 +427,7 @@ class LangGraphMirror:
         input_tokens, output_tokens = self._usage.take()
         await self.recorded.complete_turn(
             index, ASSISTANT, text, tool_calls=self._calls.take() or None,
-            input_tokens=input_tokens, output_tokens=output_tokens,
+            input_tokens=input_tokens, output_tokens=output_tokens, trace_attributes=self._trace_ids,
         )
 
     async def _tool_result(self, message: ToolMessage) -> None:
@@ -428,8 +445,14 @@ class LangGraphMirror:
         input_tokens, output_tokens = preamble.tokens
         await self.recorded.complete_turn(
             preamble.turn_index, ASSISTANT, preamble.text, tool_calls=self._calls.take() or None,
-            input_tokens=input_tokens, output_tokens=output_tokens,
+            input_tokens=input_tokens, output_tokens=output_tokens, trace_attributes=self._trace_ids,
         )
+
+
+def _thread_id(config: Mapping[str, Any] | None) -> Any:
+    """``config["configurable"]["thread_id"]``, or None."""
+    configurable = config.get("configurable") if isinstance(config, Mapping) else None
+    return configurable.get("thread_id") if isinstance(configurable, Mapping) else None
 
 
 def _as_list(raw: Any) -> list[BaseMessage]:

@@ -62,6 +62,13 @@ turns) and otherwise starts it; then it listens to the session:
   completed no turn); a speech still running keeps its own for its turn.
 - ``speech_created``: which speeches are running (and which may commit a user
   turn LiveKit ended).
+- traces: the recorder's spans carry LiveKit's own ids, under the keys LiveKit's
+  spans use (``livekit/agents/telemetry/trace_types.py``): an assistant turn
+  its speech's ``lk.speech_id`` (``SpeechHandle.id``, on LiveKit's
+  ``agent_turn`` span and in ``LLMMetrics``/``TTSMetrics.speech_id``); every turn
+  of a job's session the job's ``lk.room_sid`` and ``lk.job_id`` and
+  ``gen_ai.conversation.id`` (the room sid: what LiveKit stamps on its spans
+  in a job). A no-op when turnlog's tracing is off.
 - ``close``: the session ends in turnlog (reason ``participant_disconnected``,
   ``user_initiated`` or ``task_completed``), except when LiveKit closes it for
   ``job_shutdown`` or ``error``, or when the ``user_initiated`` close is the
@@ -107,14 +114,26 @@ from livekit.agents.metrics.usage import LLMModelUsage
 from livekit.agents.voice.io import TextOutput
 from livekit.agents.voice.speech_handle import SpeechHandle
 
-from turnlog.adapters._core import ASSISTANT, USER, OrderedWriter, PendingUsage, conversation, open_or_resume
+from turnlog.adapters._core import (
+    ASSISTANT,
+    USER,
+    OrderedWriter,
+    PendingUsage,
+    conversation,
+    framework_ids,
+    open_or_resume,
+)
 from turnlog.producers import RecordedSession, SessionRecorder, StoredTurn
 from turnlog.schemas import TurnStatus
 from turnlog.settings import TurnlogSettings
 
 __all__ = [
     "AGENT_SPEAKER",
+    "CONVERSATION_ID_ATTRIBUTE",
     "ENDING_REASONS",
+    "JOB_ID_ATTRIBUTE",
+    "ROOM_SID_ATTRIBUTE",
+    "SPEECH_ID_ATTRIBUTE",
     "USER_SPEAKER",
     "LiveKitRecording",
     "chat_context_from_turns",
@@ -135,6 +154,17 @@ _ROLES = {USER_SPEAKER: "user", AGENT_SPEAKER: "assistant"}
 #: :func:`_closed_by_job_shutdown`).
 ENDING_REASONS = frozenset({CloseReason.PARTICIPANT_DISCONNECTED, CloseReason.USER_INITIATED,
                             CloseReason.TASK_COMPLETED})
+#: The trace attributes this adapter puts on the recorder's spans: LiveKit's own keys
+#: (``livekit/agents/telemetry/trace_types.py``), so a join with LiveKit's spans is an equality.
+#: An assistant turn's speech (``SpeechHandle.id``; LiveKit's ``agent_turn`` span).
+SPEECH_ID_ATTRIBUTE = "lk.speech_id"
+#: The job's room sid (LiveKit's ``job_entrypoint`` and ``agent_session`` spans).
+ROOM_SID_ATTRIBUTE = "lk.room_sid"
+#: The job's id (the same spans).
+JOB_ID_ATTRIBUTE = "lk.job_id"
+#: The conversation: the room sid, which LiveKit puts on every span of a job under this
+#: GenAI key (``telemetry/gen_ai.py``, ``_conversation_id``).
+CONVERSATION_ID_ATTRIBUTE = "gen_ai.conversation.id"
 #: The name of the task LiveKit's job process runs a job in, shutdown included
 #: (``livekit/agents/ipc/job_proc_lazy_main.py``, ``_JobProc._start_job``).
 _JOB_TASK_NAME = "job_task"
@@ -192,12 +222,24 @@ async def record_session(
         if owned:
             await recorder.close()
         raise
+    recorded.set_trace_attributes(_job_ids())
     recording = LiveKitRecording(session, recorded, recorder, owns_recorder=owned, resumed=resumed, restored=restored)
     recording._attach()
     return recording
 
 
 _ID_PREFIX = "turnlog_"
+
+
+def _job_ids() -> dict[str, str]:
+    """The running job's room sid and job id as trace attributes (none outside a job)."""
+    job_context = get_job_context(required=False)
+    if job_context is None:
+        return {}
+    job = job_context.job
+    room_sid = getattr(getattr(job, "room", None), "sid", None)
+    return framework_ids({ROOM_SID_ATTRIBUTE: room_sid, CONVERSATION_ID_ATTRIBUTE: room_sid,
+                          JOB_ID_ATTRIBUTE: getattr(job, "id", None)})
 
 
 def chat_context_from_turns(turns: Iterable[StoredTurn], *, base: ChatContext | None = None) -> ChatContext:
@@ -253,6 +295,8 @@ class _Complete:
     input_tokens: int = 0
     output_tokens: int = 0
     barged_in: bool = False
+    #: the speech of an assistant turn (LiveKit's ``SpeechHandle.id``), for its span
+    speech_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -607,7 +651,7 @@ class LiveKitRecording:
         text, barged_in = ("", True) if speech.interrupted else (turn.text, False)
         self._submit(
             _Complete(turn.turn_index, AGENT_SPEAKER, text, turn.started_at, _now(), input_tokens, output_tokens,
-                      barged_in)
+                      barged_in, speech_id=speech.id)
         )
 
     def _on_agent_flush(self) -> None:
@@ -648,7 +692,7 @@ class LiveKitRecording:
             input_tokens, output_tokens = self._take_usage(agent.speech_id if agent is not None else None)
             self._submit(
                 _Complete(index, AGENT_SPEAKER, text, started, ended, input_tokens, output_tokens,
-                          barged_in=item.interrupted)
+                          barged_in=item.interrupted, speech_id=agent.speech_id if agent is not None else None)
             )
 
     def _on_metrics_collected(self, ev: MetricsCollectedEvent) -> None:
@@ -801,6 +845,7 @@ class LiveKitRecording:
                 input_tokens=operation.input_tokens,
                 output_tokens=operation.output_tokens,
                 barged_in=operation.barged_in,
+                trace_attributes=framework_ids({SPEECH_ID_ATTRIBUTE: operation.speech_id}) or None,
             )
         elif isinstance(operation, _SpoolPartials):
             await session.flush_partial()

@@ -47,6 +47,16 @@ What it records, and from where:
   that message after all, it is not recorded again (until the next user
   message, which starts a new run).
 
+Traces: each turn's span carries the SDK's ids of the run that saved it (the
+SDK's trace has no OpenTelemetry keys of its own; these are the keys
+OpenTelemetry bridges of its traces use): ``openai.agents.trace_id`` (the run's
+trace, ``trace_<32 hex>`` as in OpenAI's Traces dashboard),
+``openai.agents.group_id`` (``RunConfig.group_id``, the conversation the SDK
+groups traces by) when set, and on an assistant turn ``gen_ai.response.id``
+(the model response that produced it, ``ModelResponse.response_id``; with
+:attr:`TurnlogSession.hooks` only). None of them when the SDK's tracing is
+disabled (its no-op trace); a no-op when turnlog's tracing is off.
+
 ``get_items``, ``pop_item`` and ``clear_session`` go to the inner session
 (any ``Session`` of the SDK: SQLite, SQLAlchemy, Redis...). turnlog is
 append-only: a popped or cleared item stays recorded, and an item the Runner
@@ -111,6 +121,7 @@ from agents.items import ModelResponse, TResponseInputItem
 from agents.memory import OpenAIConversationsSession
 from agents.result import RunResultStreaming
 from agents.stream_events import RawResponsesStreamEvent, StreamEvent
+from agents.tracing import get_current_trace
 from openai.types.responses import ResponseCompletedEvent, ResponseTextDeltaEvent
 
 from turnlog.adapters._core import (
@@ -121,16 +132,32 @@ from turnlog.adapters._core import (
     after_latest_match,
     arguments_object,
     conversation,
+    framework_ids,
     open_or_resume,
 )
 from turnlog.producers import RecordedSession, SessionRecorder
 from turnlog.schemas import ToolCall
 
-__all__ = ["TurnlogSession", "TurnlogRunHooks", "USER", "ASSISTANT"]
+__all__ = [
+    "ASSISTANT",
+    "GROUP_ID_ATTRIBUTE",
+    "RESPONSE_ID_ATTRIBUTE",
+    "TRACE_ID_ATTRIBUTE",
+    "USER",
+    "TurnlogRunHooks",
+    "TurnlogSession",
+]
 
 logger = logging.getLogger(__name__)
 
 _GENERATION_HOOKS = ("_get_items_with_generation", "_add_items_with_generation")
+#: The trace attributes of a turn's span: the SDK's trace id and group id of the run that saved
+#: it (the keys OpenTelemetry bridges of the SDK's traces use), and the model response's id
+#: (OpenTelemetry's GenAI key, as those bridges put it on a response's span).
+TRACE_ID_ATTRIBUTE = "openai.agents.trace_id"
+GROUP_ID_ATTRIBUTE = "openai.agents.group_id"
+RESPONSE_ID_ATTRIBUTE = "gen_ai.response.id"
+_NO_OP_TRACE_ID = "no-op"  # the SDK's NoOpTrace.trace_id: tracing disabled
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
 
 
@@ -167,17 +194,20 @@ class _Turn:
     tool_calls: tuple[ToolCall, ...]
     input_tokens: int
     output_tokens: int
+    trace_attributes: dict[str, str] | None = None
 
 
 class TurnlogRunHooks(RunHooks[Any]):
     """``RunHooks`` giving each model response's token usage to ``session``
-    (``on_llm_end``: ``response.usage.input_tokens`` and ``output_tokens``, whole tokens)."""
+    (``on_llm_end``: ``response.usage.input_tokens`` and ``output_tokens``, whole tokens),
+    and its ``response_id`` for the span of the assistant turn it produced."""
 
     def __init__(self, session: TurnlogSession) -> None:
         self._session = session
 
     async def on_llm_end(self, context: Any, agent: Any, response: ModelResponse) -> None:
         self._session._usage.add(response.usage.input_tokens, response.usage.output_tokens)
+        self._session._response_id = getattr(response, "response_id", None)
 
 
 class TurnlogSession:
@@ -207,6 +237,7 @@ class TurnlogSession:
         self.session_id: str = inner.session_id
         self.hooks = TurnlogRunHooks(self)
         self._usage = PendingUsage()
+        self._response_id: str | None = None  # the latest model response's, for the next assistant turn
         self._lock = asyncio.Lock()  # FIFO: writes reach turnlog and the inner session in call order
         self._writes: set[asyncio.Task[None]] = set()
         self._tool_calls = PendingToolCalls()
@@ -351,6 +382,7 @@ class TurnlogSession:
                     await self.recorded.complete_turn(
                         streamed.turn_index, ASSISTANT, streamed.text, barged_in=True,
                         input_tokens=input_tokens, output_tokens=output_tokens,
+                        trace_attributes=self._trace_ids(ASSISTANT, getattr(result, "trace", None)),
                     )
 
     # -- the turnlog session -------------------------------------------------
@@ -398,6 +430,7 @@ class TurnlogSession:
                     await self.recorded.complete_turn(
                         turn.index, turn.speaker, turn.text, tool_calls=turn.tool_calls or None,
                         input_tokens=turn.input_tokens, output_tokens=turn.output_tokens,
+                        trace_attributes=turn.trace_attributes,
                     )
             except Exception as e:  # raised below, once the inner session has the items too
                 failure = e
@@ -447,7 +480,20 @@ class TurnlogSession:
         streamed = _take_match(self._streamed, message, lambda s: True) if message.speaker == ASSISTANT else None
         index = streamed.turn_index if streamed is not None else self._fresh_index()
         input_tokens, output_tokens = self._usage.take() if message.speaker == ASSISTANT else (0, 0)
-        return _Turn(index, message.speaker, message.text, message.tool_calls, input_tokens, output_tokens)
+        return _Turn(index, message.speaker, message.text, message.tool_calls, input_tokens, output_tokens,
+                     self._trace_ids(message.speaker, get_current_trace()))
+
+    def _trace_ids(self, speaker: str, trace: Any) -> dict[str, str] | None:
+        """A turn span's attributes: ``trace``'s id and group id (the SDK's trace of the run
+        saving the turn; none for its no-op trace) and, for an assistant turn, the latest
+        model response's id (taken: the next assistant turn waits for a new one)."""
+        trace_id = getattr(trace, "trace_id", None)
+        ids: dict[str, object] = {}
+        if trace_id != _NO_OP_TRACE_ID:
+            ids = {TRACE_ID_ATTRIBUTE: trace_id, GROUP_ID_ATTRIBUTE: getattr(trace, "group_id", None)}
+        if speaker == ASSISTANT:
+            ids[RESPONSE_ID_ATTRIBUTE], self._response_id = self._response_id, None
+        return framework_ids(ids) or None
 
     async def _rebuild(self) -> None:
         # A barged-in turn is the words the user saw of an answer the run never saved: the

@@ -47,6 +47,11 @@ since 1.0, so this is an observer plus the aggregators' events):
   enable_usage_metrics=True)``): input tokens gross of the prompt cache (see
   :func:`input_tokens`) and ``completion_tokens``, summed over the LLM calls
   since the last assistant turn, recorded on the next completed assistant turn.
+- **Traces.** Every completed turn's span carries Pipecat's conversation id
+  under Pipecat's own key ``conversation.id`` (its ``conversation`` and ``turn``
+  spans, ``pipecat/utils/tracing/turn_trace_observer.py``): the worker's
+  ``conversation_id``, else the one Pipecat made up when the worker has
+  ``enable_tracing=True``. A no-op when turnlog's tracing is off.
 - **The end.** The worker's ``on_pipeline_finished`` ends the session when its
   frame is one of ``end_on`` (default :class:`EndFrame` -> ``"completed"``,
   :class:`CancelFrame` -> ``"cancelled"``). A :class:`StopFrame`, or a process
@@ -100,10 +105,27 @@ try:  # OpenAI Realtime's event types (pydantic models; no network client needed
 except ImportError:  # pragma: no cover - a Pipecat without the module
     _DELTA_EVENTS = ()
 
-from turnlog.adapters._core import ASSISTANT, USER, OrderedWriter, PendingUsage, conversation, open_or_resume
+from turnlog.adapters._core import (
+    ASSISTANT,
+    USER,
+    OrderedWriter,
+    PendingUsage,
+    conversation,
+    framework_ids,
+    open_or_resume,
+)
 from turnlog.producers import RecordedSession, RecorderError, SessionRecorder, StoredTurn
 
-__all__ = ["ASSISTANT", "END_REASONS", "USER", "TurnlogObserver", "history_messages", "input_tokens"]
+__all__ = [
+    "ASSISTANT",
+    "CONVERSATION_ID_ATTRIBUTE",
+    "END_REASONS",
+    "USER",
+    "TurnlogObserver",
+    "conversation_id",
+    "history_messages",
+    "input_tokens",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +134,24 @@ END_REASONS: Mapping[type[Frame], str] = {EndFrame: "completed", CancelFrame: "c
 #: The frames Pipecat's user aggregator drops while the user is muted
 #: (``LLMUserAggregator._maybe_mute_frame``) that this adapter records from.
 _MUTED_FRAMES = (InterimTranscriptionFrame, TranscriptionFrame, UserStartedSpeakingFrame)
+#: The trace attribute of the recorder's turn spans that holds Pipecat's conversation id: the
+#: key Pipecat's own ``conversation`` and ``turn`` spans use (``TurnTraceObserver``).
+CONVERSATION_ID_ATTRIBUTE = "conversation.id"
+
+
+def conversation_id(worker: Any) -> str | None:
+    """Pipecat's conversation id of ``worker`` (a ``PipelineWorker``, or a ``PipelineTask``
+    of an older Pipecat): the ``conversation_id`` it was given, else the one its turn trace
+    observer made up when the pipeline started (``enable_tracing=True``); None if neither
+    (tracing off and no id given, or not started yet). Both are read with ``getattr``:
+    Pipecat keeps the given id in a private attribute (``_conversation_id``, as 1.14's
+    ``PipelineWorker`` does), and a release that keeps it elsewhere gives None, never an error."""
+    given = getattr(worker, "_conversation_id", None)
+    if isinstance(given, str) and given:
+        return given
+    observer = getattr(worker, "turn_trace_observer", None)
+    made_up = getattr(observer, "_conversation_id", None)
+    return made_up if isinstance(made_up, str) and made_up else None
 
 
 def input_tokens(usage: LLMTokenUsage) -> int:
@@ -239,6 +279,8 @@ class TurnlogObserver(BaseObserver):
         self._end_on = tuple(end_on)
         self._user_aggregator: object | None = None
         self._assistant_aggregator: object | None = None
+        self._worker: object | None = None
+        self._conversation_id: str | None = None  # Pipecat's, once known (see _trace_ids)
         self._writer: OrderedWriter[_Item] = OrderedWriter(
             session.session_id, self._write, name="turnlog-pipecat-writer"
         )
@@ -318,6 +360,7 @@ class TurnlogObserver(BaseObserver):
         """
         user, assistant = aggregators
         self._user_aggregator, self._assistant_aggregator = user, assistant
+        self._worker = worker
         user.add_event_handler("on_user_turn_message_added", self._on_user_turn_message_added)
         assistant.add_event_handler("on_assistant_turn_stopped", self._on_assistant_turn_stopped)
         worker.add_event_handler("on_pipeline_finished", self._on_pipeline_finished)
@@ -422,6 +465,14 @@ class TurnlogObserver(BaseObserver):
     def _put(self, item: _Item) -> None:
         self._writer.put(item, last=isinstance(item, _Finished))
 
+    def _trace_ids(self) -> dict[str, str] | None:
+        """Pipecat's conversation id as a turn span's attributes (None while unknown). Kept once
+        read: Pipecat forgets an id it made up when the conversation's tracing ends, and the
+        last turns may be written after that."""
+        if self._conversation_id is None and self._worker is not None:
+            self._conversation_id = conversation_id(self._worker)
+        return framework_ids({CONVERSATION_ID_ATTRIBUTE: self._conversation_id}) or None
+
     def _fresh_index(self) -> int:
         index = max(self._next_index, self.session.next_turn_index)
         self._next_index = index + 1
@@ -457,7 +508,8 @@ class TurnlogObserver(BaseObserver):
             self._user_finals, self._user_interim, self._user_started = [], None, False
             if index is None and not item.content:
                 return
-            await session.complete_turn(index if index is not None else self._fresh_index(), USER, item.content)
+            await session.complete_turn(index if index is not None else self._fresh_index(), USER, item.content,
+                                        trace_attributes=self._trace_ids())
         elif isinstance(item, _AssistantText):
             self._assistant_parts.append(item.part)
             if self._assistant_turn is None:
@@ -479,7 +531,7 @@ class TurnlogObserver(BaseObserver):
             tokens_in, tokens_out = self._usage.take()
             await session.complete_turn(
                 index, ASSISTANT, item.content, barged_in=item.interrupted,
-                input_tokens=tokens_in, output_tokens=tokens_out,
+                input_tokens=tokens_in, output_tokens=tokens_out, trace_attributes=self._trace_ids(),
             )
         elif isinstance(item, _Usage):
             self._usage.add(item.prompt_tokens, item.completion_tokens)
