@@ -1,4 +1,5 @@
-"""Every query of the Grafana dashboard and of the alert rules names a metric the services export.
+"""Every query of the Grafana dashboard, of the alert rules and of the operations page (``/ops``'s
+fixed Prometheus queries) names a metric the services export.
 
 The exported names are those of the metrics declared in :mod:`turnlog.metrics` as Prometheus
 serves them (a counter ``x`` as ``x_total``; a histogram ``x`` as ``x_bucket``, ``x_sum``,
@@ -100,7 +101,14 @@ def rule_queries() -> Iterator[tuple[str, str]]:
             yield f"alert {rule.get('alert') or rule.get('record')}", rule["expr"]
 
 
-QUERIES = [*dashboard_queries(), *rule_queries()]
+def ops_queries() -> Iterator[tuple[str, str]]:
+    from turnlog.api.ops import PROMETHEUS_QUERIES
+
+    for name, expr in PROMETHEUS_QUERIES.items():
+        yield f"/ops query {name}", expr
+
+
+QUERIES = [*dashboard_queries(), *rule_queries(), *ops_queries()]
 
 
 def unknown_names(expr: str) -> set[str]:
