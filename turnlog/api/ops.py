@@ -67,6 +67,9 @@ T = TypeVar("T")
 #: Longest one source (lag, store, Prometheus) may take in one refresh (seconds); a request
 #: waits at most about this long for a refresh in flight.
 OPS_SOURCE_TIMEOUT_SECONDS = 3.0
+#: How long past its own deadline a source's read may take to return before it counts as ``timeout``
+#: (its client's last round trip, closing a fetch); a request waits for a refresh this much longer again.
+OPS_SOURCE_GRACE_SECONDS = 0.5
 #: Most lag rows (group x topic x partition) one answer holds; the rest are counted as ``omitted``.
 MAX_LAG_ROWS = 1024
 #: Most rows one Prometheus figure (DLQ reasons, degraded recorders, spool fullness) holds.
@@ -328,7 +331,7 @@ class OpsBoard:
         older than the interval; waits at most for the refresh in flight."""
         refresh = self._refresh_if_due()
         if refresh is not None:
-            await asyncio.wait({asyncio.wrap_future(refresh)}, timeout=self._timeout + 1.0)
+            await asyncio.wait({asyncio.wrap_future(refresh)}, timeout=self._timeout + 2 * OPS_SOURCE_GRACE_SECONDS)
         with self._lock:
             snapshot, at = self._snapshot, self._snapshot_at
         age = time.monotonic() - at
@@ -370,7 +373,7 @@ class OpsBoard:
     def _refresh(self) -> None:
         started = {name: source.start(self._timeout) for name, source in self._sources.items()}
         futures = [future for future, _ in started.values() if future is not None]
-        wait_futures(futures, timeout=self._timeout)
+        wait_futures(futures, timeout=self._timeout + OPS_SOURCE_GRACE_SECONDS)
         outcomes = {name: _outcome(name, future, fresh) for name, (future, fresh) in started.items()}
         snapshot = {
             "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
