@@ -345,6 +345,44 @@ def analytics(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = N
     service.run()
 
 
+@app.command("lag-exporter")
+def lag_exporter(
+    bootstrap_servers: Bootstrap = None,
+    database_url: DatabaseUrl = None,
+    port: Annotated[int | None, typer.Option(help="Serve /metrics on this port (TURNLOG_METRICS_PORT).")] = None,
+    interval: Annotated[
+        float | None, typer.Option(help="Seconds between reads (TURNLOG_LAG_REFRESH_SECONDS).")
+    ] = None,
+) -> None:
+    """Serve every consumer group's lag per partition (records and seconds) on /metrics, read from
+    outside the consumers: the sequencer's commits in Kafka, the sink's and analytics' rows in the store."""
+    import functools
+    import threading
+
+    from prometheus_client import start_http_server
+
+    from turnlog.kafka.lag import LagMonitor, pipeline_groups, publish_every
+    from turnlog.sinks import open_store
+    from turnlog.sinks.offsets import stored_group_offsets
+
+    settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url, metrics_port=port,
+                         lag_refresh_seconds=interval)
+    if settings.metrics_port is None:
+        typer.echo("turnlog lag-exporter: set --port or TURNLOG_METRICS_PORT", err=True)
+        raise typer.Exit(2)
+    store = open_store(settings.database_url)
+    groups = pipeline_groups(settings, stored_offsets=functools.partial(stored_group_offsets, store.engine))
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    start_http_server(settings.metrics_port)
+    logging.getLogger(__name__).info("consumer lag on :%d/metrics, read every %g s", settings.metrics_port,
+                                     settings.lag_refresh_seconds)
+    with LagMonitor(settings, committed_sources=groups, refresh_seconds=settings.lag_refresh_seconds) as monitor:
+        publish_every(monitor, settings.lag_refresh_seconds, stopping)
+    store.engine.dispose()
+
+
 @app.command()
 def api(
     bootstrap_servers: Bootstrap = None,
@@ -554,10 +592,13 @@ def bench(
         int,
         typer.Option(min=0, help="Pairs of runs (encryption off, on) of the encryption phase; 0: none."),
     ] = 1,
+    tracing_repetitions: Annotated[
+        int, typer.Option(min=1, help="Pairs of runs (tracing off, on) of the tracing phase (--only tracing).")
+    ] = 1,
     only: Annotated[
         str | None,
-        typer.Option("--only", help="Run one phase alone: 'transactions' (sequencer transactions on vs off) or"
-                     " 'encryption' (envelope encryption on vs off)."),
+        typer.Option("--only", help="Run one phase alone: 'transactions' (sequencer transactions on vs off),"
+                     " 'encryption' (envelope encryption on vs off) or 'tracing' (traces, 10 % sampled, on vs off)."),
     ] = None,
     quick: Annotated[
         bool,
@@ -573,17 +614,17 @@ def bench(
         typer.echo("turnlog: bench needs Postgres: --database-url postgresql+psycopg://... (its role must be able to"
                    " CREATE DATABASE)", err=True)
         raise typer.Exit(2)
-    phases: dict[str | None, Literal["transactions", "encryption"] | None] = {
-        None: None, "transactions": "transactions", "encryption": "encryption"}
+    phases: dict[str | None, Literal["transactions", "encryption", "tracing"] | None] = {
+        None: None, "transactions": "transactions", "encryption": "encryption", "tracing": "tracing"}
     if only not in phases:
-        typer.echo(f"turnlog: bench --only takes 'transactions' or 'encryption', not {only!r}", err=True)
+        typer.echo(f"turnlog: bench --only takes 'transactions', 'encryption' or 'tracing', not {only!r}", err=True)
         raise typer.Exit(2)
     options = BenchOptions(
         sessions_dir=sessions, admin_url=settings.database_url, sessions=concurrency, turns_per_session=turns,
         phase_seconds=phase_seconds, speed=speed, memory_sessions=memory_sessions, report_path=report, plot_path=plot,
         profile_dir=profile_dir, keep=keep, direct=direct, direct_connections=direct_connections,
         transactions_repetitions=transactions_repetitions, encryption_repetitions=encryption_repetitions,
-        only=phases[only],
+        tracing_repetitions=tracing_repetitions, only=phases[only],
     )
     run_bench(settings, quick_options(options) if quick else options)
 

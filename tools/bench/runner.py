@@ -30,6 +30,11 @@ Phases, in order, on a run-private database, topics and consumer groups:
    each process's CPU per event, on/off ratios; ``encryption_repetitions`` pairs, alternated.
    ``only="encryption"`` runs this phase alone. The run's own pipeline phases run as
    configured (``TURNLOG_ENCRYPTION``, ``TURNLOG_KEYRING_FILE``).
+2e. **Tracing** (``tracing.py``), ``only="tracing"`` alone (not in a full run): the pipeline and
+   the load's recorders with OpenTelemetry traces on (10 % of turns sampled, exported by OTLP to
+   a receiver that discards) and off, each a variant of its own under the same moderate load:
+   each process's CPU per event and turn-to-store p50/p99, on/off ratios;
+   ``tracing_repetitions`` pairs, alternated.
 3. **Sustained**: the load generator (``load.py``, the real ``SessionRecorder``)
    offers 0.9 C, then less, until the pipeline's lag stays flat for the whole
    phase; that rate is the sustained maximum M. Postgres commits and WAL syncs
@@ -96,6 +101,7 @@ from turnlog.tools.bench.redaction import redaction_cost
 from turnlog.tools.bench.resume_probe import resume_summary, run_probe_process
 from turnlog.tools.bench.signing import signing_cost
 from turnlog.tools.bench.stages import turn_stage_latencies
+from turnlog.tools.bench.tracing import run_tracing
 from turnlog.tools.bench.transactions import MODERATE_RATE, run_transactions
 from turnlog.tools.bench.workload import BENCH_FLEET, encoded_events, events_per_second, plan_sessions
 
@@ -147,8 +153,11 @@ class BenchOptions:
     encryption_repetitions: int = 1
     #: Events/s the encryption phase offers (the issue's bound: on within 10 % of off there).
     encryption_rate: float = MODERATE_RATE
-    #: Run one phase alone (no baselines, no run-wide pipeline): ``"transactions"`` or ``"encryption"``.
-    only: Literal["transactions", "encryption"] | None = None
+    #: Pairs of variants (tracing off and on) in the tracing phase (``only="tracing"``).
+    tracing_repetitions: int = 1
+    #: Run one phase alone (no baselines, no run-wide pipeline): ``"transactions"``, ``"encryption"`` or
+    #: ``"tracing"`` (run only so).
+    only: Literal["transactions", "encryption", "tracing"] | None = None
 
 
 def quick_options(options: BenchOptions) -> BenchOptions:
@@ -412,6 +421,8 @@ def _only_phase(
           f" {len(payloads):,} events per pass")
     if options.only == "transactions":
         report["transactions"] = _transactions(settings, options, plans, payloads, run, options.log_dir / run)
+    elif options.only == "tracing":
+        report["tracing"] = _tracing(settings, options, plans, run, options.log_dir / run)
     else:
         report["encryption_cost"] = _encryption_cost(payloads, report)
         report["encryption"] = _encryption(settings, options, plans, run, options.log_dir / run)
@@ -456,6 +467,24 @@ def _encryption(
           f" {r.get('moderate_p99_ms', nan):.2f} x, p50 {r.get('moderate_p50_ms', nan):.2f} x; CPU per event of every"
           f" process measured {r.get('moderate_measured_us_per_event', nan):.2f} x, of the pipeline"
           f" {r.get('moderate_pipeline_us_per_event', nan):.2f} x")
+    return result
+
+
+def _tracing(settings: TurnlogSettings, options: BenchOptions, plans, run: str, log_dir: Path) -> dict[str, Any]:
+    """The pipeline with traces on (10 % sampled) and off under the same moderate load (``tracing.py``)."""
+    result = run_tracing(
+        settings, admin_url=options.admin_url, plans=plans, run=run, log_dir=log_dir,
+        repetitions=max(options.tracing_repetitions, 1), rate=options.encryption_rate,
+        seconds=options.phase_seconds, speed=options.speed, flush_interval=options.flush_interval,
+        ready_timeout=PIPELINE_READY_TIMEOUT_SECONDS, keep=options.keep,
+    )
+    r, nan = result["on_over_off"], float("nan")
+    print(f"tracing on/off ({result['repetitions']} x each, pooled, {result['sample_ratio']:.0%} sampled) at"
+          f" {result['on']['moderate_offered_events_per_second']:,.0f} ev/s: CPU per event of every process measured"
+          f" {r.get('moderate_measured_us_per_event', nan):.3f} x, of the pipeline"
+          f" {r.get('moderate_pipeline_us_per_event', nan):.3f} x, of the recorder (generator)"
+          f" {r.get('moderate_generator_us_per_event', nan):.3f} x; turn-to-store p99"
+          f" {r.get('moderate_p99_ms', nan):.2f} x, p50 {r.get('moderate_p50_ms', nan):.2f} x")
     return result
 
 
@@ -1119,6 +1148,29 @@ def encryption_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     return rows
 
 
+def tracing_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
+    """Table rows of the tracing phase: turn-to-store and CPU per event off -> on, and on / off."""
+    trc, nan = report.get("tracing"), float("nan")
+    if not trc:
+        return []
+    on, off, r = trc["on"], trc["off"], trc["on_over_off"]
+
+    def change(key: str, unit: str, fmt: str = ",.0f") -> str:
+        return (f"{format(off.get(key, nan), fmt)} -> {format(on.get(key, nan), fmt)} {unit}"
+                f" ({r.get(key, nan):.3f} x)")
+
+    rate = on.get("moderate_offered_events_per_second", nan)
+    return [
+        (f"tracing off -> on ({trc['sample_ratio']:.0%}): at {rate:,.0f} ev/s",
+         f"p99 {change('moderate_p99_ms', 'ms', '.1f')}",
+         f"turn-to-store p50 {change('moderate_p50_ms', 'ms', '.1f')}; complete_turn p99"
+         f" {change('moderate_complete_turn_p99_ms', 'ms', '.1f')}; {trc['repetitions']} run(s) per mode"),
+        (f"tracing off -> on: CPU at {rate:,.0f} ev/s", change("moderate_measured_us_per_event", "µs/event"),
+         f"every process measured (Postgres not); pipeline {change('moderate_pipeline_us_per_event', 'µs')};"
+         f" generator (recorder) {change('moderate_generator_us_per_event', 'µs')}; target on / off <= 1.05"),
+    ]
+
+
 def transactions_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Table rows of the transactions phase: each figure off -> on, and on / off."""
     tx = report.get("transactions")
@@ -1159,7 +1211,7 @@ def print_table(report: dict[str, Any]) -> None:
     b, s = report.get("baselines", {}), report.get("sustained", {})
     r, m = report.get("ratios", {}), report.get("memory", {})
     if not (b and s and r):  # a run of one phase (only), or one that failed before the ratios
-        _print_rows(transactions_rows(report) + encryption_rows(report))
+        _print_rows(transactions_rows(report) + encryption_rows(report) + tracing_rows(report))
         return
     lat = report["latency"]
     rows = [
