@@ -64,6 +64,17 @@ def test_a_replacement_keeps_its_workers_port(tmp_path: Path) -> None:
     assert targets.path is not None and len(read_targets(targets.path)) == 2
 
 
+def test_an_ended_agent_is_taken_off_the_list_and_its_port_not_handed_out_again(tmp_path: Path) -> None:
+    targets = ScrapeTargets(tmp_path, "turnlog-demo", first_port=TEST_FIRST_PORT)
+    ended = targets.environment("agent", "s1")["TURNLOG_METRICS_PORT"]
+    targets.environment("sink", "sink")
+    targets.remove("s1")
+    targets.remove("never-listed")
+    assert targets.path is not None
+    assert [group["labels"]["job"] for group in read_targets(targets.path)] == ["turnlog-sink"]
+    assert targets.environment("agent", "s2")["TURNLOG_METRICS_PORT"] != ended
+
+
 def test_a_port_in_use_is_skipped(tmp_path: Path) -> None:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
         taken.bind(("127.0.0.1", TEST_FIRST_PORT + 50))
@@ -113,6 +124,32 @@ def test_the_chaos_run_gives_every_service_worker_and_agent_a_listed_metrics_por
     jobs = {group["targets"][0]: group["labels"]["job"] for group in read_targets(folder / "turnlog-chaos.json")}
     assert jobs == {f"127.0.0.1:{port[sink]}": "turnlog-sink", f"127.0.0.1:{port[sequencer]}": "turnlog-sequencer",
                     f"127.0.0.1:{port[agent]}": "turnlog-agent"}
+
+
+def test_the_chaos_run_takes_an_agent_off_the_list_when_its_session_is_done(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from turnlog.settings import load_settings
+
+    monkeypatch.setattr(chaos, "ServiceProcess", FakeProcess)
+    monkeypatch.setattr(chaos, "AgentProcess", lambda process, on_line: process)
+    sessions = Path(__file__).resolve().parents[2] / "data" / "sessions"
+    options = chaos.ChaosOptions(sessions, log_dir=tmp_path, prometheus_targets=tmp_path / "targets")
+    run = chaos._Run(load_settings(), options, "done-test", store=None)
+    monkeypatch.setattr(run.scrape_targets, "_next_port", TEST_FIRST_PORT)
+    monkeypatch.setattr(run, "background", lambda *args: None)
+    first, second = list(run.transcripts)[:2]
+    run.spawn(first)
+    agent = run.spawn(second)
+    assert len(read_targets(tmp_path / "targets" / "turnlog-chaos.json")) == 2
+
+    class Lines:  # what AgentProcess hands on_line: the process, its name "agent<generation>:<session>"
+        process = agent
+
+    run.on_line(Lines(), {"type": "done"})  # type: ignore[arg-type]
+    [left] = read_targets(tmp_path / "targets" / "turnlog-chaos.json")
+    assert left["labels"] == {"job": "turnlog-agent"}
+    assert left["targets"] == [f"127.0.0.1:{run.agents[first].process.env['TURNLOG_METRICS_PORT']}"]
 
 
 def test_a_chaos_run_without_a_folder_gives_no_metrics_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

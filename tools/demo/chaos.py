@@ -344,6 +344,7 @@ class _Run:
                 agent.open_turns -= 1
             elif kind in ("done", "terminated"):
                 agent.state = "done"
+                self.scrape_targets.remove(session_id)  # its session ended: no longer a target
             self.lock.notify_all()
 
     def watch_agent(self, session_id: str, process: AgentProcess, generation: int) -> None:

@@ -166,6 +166,8 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     plans = {plan.session_id: plan for plan in kills}
 
     def on_progress(agent: AgentProcess, line: dict[str, object]) -> None:
+        if line.get("type") in ("done", "terminated"):  # its session ended: no longer a target
+            scrape_targets.remove(agent.process.name.removeprefix("agent-").removesuffix("-resumed"))
         plan = plans.get(agent.process.name.removeprefix("agent-"))
         if plan is None or line.get("type") != "turn" or line.get("input_turn") != plan.input_turn:
             return

@@ -9,10 +9,11 @@ one job per kind (``turnlog-sequencer``, ``turnlog-sink``, ``turnlog-finalizer``
     [{"targets": ["127.0.0.1:19100"], "labels": {"job": "turnlog-sink", "worker": "sink"}}, ...]
 
 A worker replaced after a kill, or an agent resumed in a new process, keeps its port, so
-Prometheus sees the same target go down and come back. Agents are listed by port alone (no
-session id: label values stay a bounded set). The file is rewritten atomically at each new
-target and removed by :meth:`ScrapeTargets.close`. Without a folder nothing is written and no
-process gets a metrics port.
+Prometheus sees the same target go down and come back; an agent that finished its session is
+taken off the list (:meth:`ScrapeTargets.remove`), so an ended agent is not a target down.
+Agents are listed by port alone (no session id: label values stay a bounded set). The file is
+rewritten atomically at each change and removed by :meth:`ScrapeTargets.close`. Without a
+folder nothing is written and no process gets a metrics port.
 """
 
 from __future__ import annotations
@@ -53,6 +54,7 @@ class ScrapeTargets:
         self.path = None if folder is None else folder / f"{name}.json"
         self._next_port = first_port
         self._targets: dict[str, tuple[str, int]] = {}  # worker -> (kind, port)
+        self._removed: set[str] = set()  # workers taken off the list (their ports stay theirs)
         self._lock = threading.Lock()
         if folder is not None:
             folder.mkdir(parents=True, exist_ok=True)
@@ -74,6 +76,15 @@ class ScrapeTargets:
                 self._write()
             return {"TURNLOG_METRICS_PORT": str(self._targets[worker][1])}
 
+    def remove(self, worker: str) -> None:
+        """Take ``worker`` off the list (its process ended for good); nothing if it is not listed."""
+        if self.path is None:
+            return
+        with self._lock:
+            if worker in self._targets and worker not in self._removed:
+                self._removed.add(worker)
+                self._write()
+
     def close(self) -> None:
         """Remove the file: the run's processes are gone."""
         if self.path is not None:
@@ -92,7 +103,7 @@ class ScrapeTargets:
         groups = [
             {"targets": [f"{HOST}:{port}"], "labels": {"job": f"turnlog-{kind}"} | ({} if kind == "agent" else
                                                                                     {"worker": worker})}
-            for worker, (kind, port) in self._targets.items()
+            for worker, (kind, port) in self._targets.items() if worker not in self._removed
         ]
         # Not *.json until complete: Prometheus watches the folder and must never read half a file.
         partial = self.path.with_name(f".{self.path.name}.partial")
