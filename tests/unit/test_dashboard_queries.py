@@ -74,7 +74,8 @@ def exported_names() -> set[str]:
     for metric in vars(turnlog.metrics).values():
         if not isinstance(metric, MetricWrapperBase):
             continue
-        name, kind = metric._name, metric._type  # the names prometheus_client serves come from these two
+        [family] = metric.describe()  # its name as served, less a counter's _total; its type
+        name, kind = family.name, family.type
         names |= {
             "counter": {f"{name}_total"},
             "gauge": {name},

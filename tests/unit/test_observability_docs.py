@@ -26,8 +26,9 @@ def declared() -> dict[str, tuple[str, tuple[str, ...]]]:
     metrics = {}
     for metric in vars(turnlog.metrics).values():
         if isinstance(metric, MetricWrapperBase):
-            name = metric._name + ("_total" if metric._type == "counter" else "")
-            metrics[name] = (metric._type, tuple(metric._labelnames))
+            [family] = metric.describe()  # its name as served, less a counter's _total; its type
+            name = family.name + ("_total" if family.type == "counter" else "")
+            metrics[name] = (family.type, tuple(metric._labelnames))  # no public accessor for the label names
     return metrics
 
 
