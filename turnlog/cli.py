@@ -345,6 +345,44 @@ def analytics(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = N
     service.run()
 
 
+@app.command("lag-exporter")
+def lag_exporter(
+    bootstrap_servers: Bootstrap = None,
+    database_url: DatabaseUrl = None,
+    port: Annotated[int | None, typer.Option(help="Serve /metrics on this port (TURNLOG_METRICS_PORT).")] = None,
+    interval: Annotated[
+        float | None, typer.Option(help="Seconds between reads (TURNLOG_LAG_REFRESH_SECONDS).")
+    ] = None,
+) -> None:
+    """Serve every consumer group's lag per partition (records and seconds) on /metrics, read from
+    outside the consumers: the sequencer's commits in Kafka, the sink's and analytics' rows in the store."""
+    import functools
+    import threading
+
+    from prometheus_client import start_http_server
+
+    from turnlog.kafka.lag import LagMonitor, pipeline_groups, publish_every
+    from turnlog.sinks import open_store
+    from turnlog.sinks.offsets import stored_group_offsets
+
+    settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url, metrics_port=port,
+                         lag_refresh_seconds=interval)
+    if settings.metrics_port is None:
+        typer.echo("turnlog lag-exporter: set --port or TURNLOG_METRICS_PORT", err=True)
+        raise typer.Exit(2)
+    store = open_store(settings.database_url)
+    groups = pipeline_groups(settings, stored_offsets=functools.partial(stored_group_offsets, store.engine))
+    stopping = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stopping.set())
+    signal.signal(signal.SIGINT, lambda *_: stopping.set())
+    start_http_server(settings.metrics_port)
+    logging.getLogger(__name__).info("consumer lag on :%d/metrics, read every %g s", settings.metrics_port,
+                                     settings.lag_refresh_seconds)
+    with LagMonitor(settings, committed_sources=groups, refresh_seconds=settings.lag_refresh_seconds) as monitor:
+        publish_every(monitor, settings.lag_refresh_seconds, stopping)
+    store.engine.dispose()
+
+
 @app.command()
 def api(
     bootstrap_servers: Bootstrap = None,

@@ -382,6 +382,13 @@ class TurnlogSettings(BaseSettings):
     metrics_port: int | None = Field(
         None, ge=1, le=65535, description="Serve Prometheus metrics on this port (services only; unset: off)."
     )
+    lag_refresh_seconds: float = Field(
+        15.0,
+        ge=1.0,
+        le=600.0,
+        description="How often `turnlog lag-exporter` reads the consumer groups' lag (seconds); also the longest "
+        "one read may take. Scrapes in between are served the last read.",
+    )
     tracing: bool = Field(
         False,
         description="Export OpenTelemetry traces of each turn (recorder, sequencer, sink, finalizer; "

@@ -8,19 +8,22 @@ from __future__ import annotations
 import functools
 import math
 import signal
+import urllib.request
 import uuid
 
 from confluent_kafka import Consumer, TopicPartition
+from prometheus_client.parser import text_string_to_metric_families
 from sqlalchemy import select
 
 from turnlog import kafka
+from turnlog.deploy.processes import ServiceProcess, stop_all, turnlog_command
 from turnlog.kafka.lag import LagMonitor, pipeline_groups
 from turnlog.metrics import CONSUMER_LAG_RECORDS, CONSUMER_LAG_SECONDS
 from turnlog.schemas import encode_event
 from turnlog.sinks.offsets import stored_group_offsets
 from turnlog.sinks.tables import sink_offsets
 
-from tests.support import EventFactory, wait_until
+from tests.support import EventFactory, free_port, wait_until
 
 TIMEOUT = 90
 SESSIONS = 6
@@ -153,3 +156,38 @@ def test_a_group_that_never_ran_is_not_reported_and_stale_series_are_removed(new
         assert labels not in {tuple(s.labels.values()) for m in CONSUMER_LAG_RECORDS.collect() for s in m.samples}
     finally:
         monitor.close()
+
+
+def scraped_lag(port: int, group: str) -> dict[str, float]:
+    """``{partition: turnlog_consumer_lag_records}`` of ``group``'s transcript series on the exporter's /metrics."""
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+    except OSError:
+        return {}
+    found = {}
+    for family in text_string_to_metric_families(text):
+        for sample in family.samples:
+            if sample.name == "turnlog_consumer_lag_records" and sample.labels["group"] == group \
+                    and sample.labels["topic"].endswith(".transcript"):
+                found[sample.labels["partition"]] = sample.value
+    return found
+
+
+def test_the_lag_exporter_serves_the_lag_of_every_group(new_pipeline, tmp_path):
+    pipeline = new_pipeline(("sequencer", "sink"))
+    pipeline.wait_ready()
+    settings = pipeline.settings
+    record_sessions(settings, 2)
+    port = free_port()
+    exporter = ServiceProcess("lag-exporter", turnlog_command("lag-exporter", "--port", str(port), "--interval", "1"),
+                              settings.as_environment(), tmp_path / "lag-exporter.log")
+    try:
+        # Caught up: every transcript partition of the sink at 0, served by the exporter's own read.
+        lags = wait_until(lambda: (found := scraped_lag(port, settings.sink_group)) and len(found) == settings.partitions
+                          and all(v == 0 for v in found.values()) and found,
+                          timeout=TIMEOUT, what="the sink's lag served at 0")
+        assert set(lags) == {str(p) for p in range(settings.partitions)}
+        assert scraped_lag(port, settings.analytics_group) == {}  # no analytics projection runs
+    finally:
+        stop_all([exporter])
+    assert exporter.popen.returncode == 0

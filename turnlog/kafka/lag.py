@@ -29,11 +29,12 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from turnlog.kafka.clients import consumer as consumer_for
 from turnlog.kafka.errors import broker_errors
+from turnlog.kafka.exceptions import BrokerError
 from turnlog.kafka.offsets import OffsetReader
 from turnlog.metrics import CONSUMER_LAG_RECORDS, CONSUMER_LAG_SECONDS
 from turnlog.settings import TurnlogSettings
 
-__all__ = ["PartitionLag", "CommittedSource", "StoredOffsets", "LagMonitor", "pipeline_groups"]
+__all__ = ["PartitionLag", "CommittedSource", "StoredOffsets", "LagMonitor", "pipeline_groups", "publish_every"]
 
 logger = logging.getLogger(__name__)
 
@@ -312,3 +313,16 @@ class _NoneLeft:
 
 
 _NONE_LEFT = _NoneLeft()
+
+
+def publish_every(monitor: LagMonitor, interval: float, stopping: threading.Event) -> None:
+    """Refresh and publish ``monitor``'s lag every ``interval`` seconds until ``stopping`` is set
+    (``turnlog lag-exporter``'s loop). A read the broker did not answer is logged and tried
+    again at the next interval; the series keep their last values meanwhile."""
+    while not stopping.is_set():
+        started = time.monotonic()
+        try:
+            monitor.refresh(timeout=interval)
+        except BrokerError as e:
+            logger.warning("consumer lag not read: %s", e)
+        stopping.wait(max(0.0, interval - (time.monotonic() - started)))
