@@ -217,3 +217,24 @@ def test_framework_ids_keep_what_a_span_attribute_may_hold_and_leave_out_the_res
         "a.lone.surrogate": "\ud800",
     })
     assert ids == {"lk.speech_id": "SH_abc123", "at.the.bound": "é" * 128}
+
+
+def test_framework_ids_leave_out_what_would_take_the_span_past_the_recorders_bounds() -> None:
+    """With the attributes the span has already (the session's, some the application's), an id
+    that would break the recorder's bounds per span (16 attributes, 2048 bytes of names and
+    values) is left out, so the turn is never refused; what is kept passes the recorder's check."""
+    from turnlog.producers import recorder
+
+    fifteen = {f"app.{i}": "v" for i in range(15)}
+    ids = {"lk.speech_id": "SH_1", "lk.job_id": "AJ_1"}
+    assert framework_ids(ids, beside=fifteen) == {"lk.speech_id": "SH_1"}  # the 16th attribute, not a 17th
+    fourteen = {f"app.{i}": "v" for i in range(14)}
+    assert framework_ids(ids, beside={**fourteen, "lk.job_id": "old"}) == ids  # one replaced: 16 in all
+
+    large = {f"app.{i}": "x" * 250 for i in range(7)}  # 1785 bytes: 263 left
+    thread = {"langsmith.metadata.thread_id": "t" * 230, "lk.speech_id": "SH_1"}  # 258 bytes, then 16
+    assert framework_ids(thread, beside=large) == {"langsmith.metadata.thread_id": "t" * 230}
+    for beside, chosen in ((fifteen, framework_ids(ids, beside=fifteen)), (large, framework_ids(thread, beside=large))):
+        assert recorder._trace_attributes({**beside, **chosen})  # raises InvalidTurnError if a bound is broken
+    with pytest.raises(InvalidTurnError):  # what the bound is there for
+        recorder._trace_attributes({**large, **thread})

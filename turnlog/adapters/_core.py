@@ -37,7 +37,7 @@ from turnlog.producers import (
     SessionRecorder,
     StoredTurn,
 )
-from turnlog.producers.recorder import MAX_TRACE_VALUE_BYTES
+from turnlog.producers.recorder import MAX_TRACE_ATTRIBUTES, MAX_TRACE_ATTRIBUTES_BYTES, MAX_TRACE_VALUE_BYTES
 from turnlog.schemas import ToolCall, TurnStatus
 
 __all__ = [
@@ -306,14 +306,23 @@ def arguments_object(raw: Any) -> dict[str, Any]:
 MAX_FRAMEWORK_ID_BYTES = MAX_TRACE_VALUE_BYTES
 
 
-def framework_ids(ids: Mapping[str, object]) -> dict[str, str]:
+def framework_ids(ids: Mapping[str, object], *, beside: Mapping[str, object] | None = None) -> dict[str, str]:
     """``ids`` (attribute key -> a framework's id) as the trace attributes an adapter passes to
     :meth:`RecordedSession.complete_turn` (``trace_attributes``) or
-    :meth:`RecordedSession.set_trace_attributes`: each value that is a non-empty ``str`` of
-    valid Unicode of at most :data:`MAX_FRAMEWORK_ID_BYTES` UTF-8 bytes; any other value
-    (None, empty, too long, a lone surrogate, another type) is left out, so the recorder
-    never refuses a turn for a framework's id. The keys are the ones the framework puts on
-    its own spans, so a join with them is a plain equality."""
+    :meth:`RecordedSession.set_trace_attributes`, so the recorder never refuses a turn for a
+    framework's id: each value that is a non-empty ``str`` of valid Unicode of at most
+    :data:`MAX_FRAMEWORK_ID_BYTES` UTF-8 bytes; any other value (None, empty, too long, a
+    lone surrogate, another type) is left out.
+
+    ``beside``: the attributes the span has already (the session's,
+    ``RecordedSession.trace_attributes``, some perhaps set by the application). An id that
+    would take the span past the recorder's bounds with them (``MAX_TRACE_ATTRIBUTES``
+    attributes, ``MAX_TRACE_ATTRIBUTES_BYTES`` of names and values, counted as the recorder
+    counts them) is left out too, in the order of ``ids``.
+
+    The keys are the ones the framework puts on its own spans, so a join with them is a
+    plain equality."""
+    merged = dict(beside or {})
     chosen: dict[str, str] = {}
     for key, value in ids.items():
         if not isinstance(value, str) or not value:
@@ -322,9 +331,28 @@ def framework_ids(ids: Mapping[str, object]) -> dict[str, str]:
             size = len(value.encode("utf-8"))
         except UnicodeEncodeError:
             continue
-        if size <= MAX_FRAMEWORK_ID_BYTES:
+        if size > MAX_FRAMEWORK_ID_BYTES:
+            continue
+        trial = {**merged, key: value}
+        if len(trial) <= MAX_TRACE_ATTRIBUTES and _attributes_bytes(trial) <= MAX_TRACE_ATTRIBUTES_BYTES:
+            merged = trial
             chosen[key] = value
     return chosen
+
+
+def _attributes_bytes(attributes: Mapping[str, object]) -> int:
+    """Span attributes' size as the recorder counts it: each name's length and its value's
+    (UTF-8 bytes of a str, 1 for a bool, 8 for an int)."""
+    size = 0
+    for key, value in attributes.items():
+        if isinstance(value, str):
+            length = len(value.encode("utf-8", "surrogatepass"))
+        elif isinstance(value, bool):
+            length = 1
+        else:
+            length = 8
+        size += len(key) + length
+    return size
 
 
 # -- the rebuilt history ---------------------------------------------------------------

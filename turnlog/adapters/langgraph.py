@@ -181,7 +181,7 @@ class LangGraphMirror:
         self._calls = PendingToolCalls()  # by tool call id, for the next assistant turn (or the preamble)
         self._usage = PendingUsage()  # tokens of tool-calling messages, for the next assistant turn
         self._preamble: _Preamble | None = None
-        self._trace_ids: dict[str, str] | None = None  # the thread id of the latest astream, for the spans
+        self._thread_id: Any = None  # config["configurable"]["thread_id"] of the latest astream, for the spans
         # compare turnlog with the checkpointer, until a stream after the resume finishes
         self._resumed = recorded.epoch > 0 if resumed is None else resumed
 
@@ -243,7 +243,7 @@ class LangGraphMirror:
             raise ValueError(
                 "LangGraphMirror reads the v1 stream without subgraphs: no subgraphs=True, no version='v2'"
             )
-        self._trace_ids = framework_ids({THREAD_ID_ATTRIBUTE: _thread_id(config)}) or None
+        self._thread_id = _thread_id(config)
         input = await self._reconcile(graph, input, config)
         input, new = self._input_messages(input)
         for message in new:
@@ -363,7 +363,7 @@ class LangGraphMirror:
                 del self._streamed[message_id]
                 self._seen.add(message_id)
                 await self.recorded.complete_turn(streamed.turn_index, ASSISTANT, streamed.text, barged_in=True,
-                                                  trace_attributes=self._trace_ids)
+                                                  trace_attributes=self._trace_ids())
 
     def _drop_unwritten(self, node: str) -> None:
         """``node`` finished: what it streamed and did not write is not part of the conversation."""
@@ -374,6 +374,10 @@ class LangGraphMirror:
         streamed = self._streamed.pop(message_id)
         self.recorded.update_partial(streamed.turn_index, ASSISTANT, "")
         self._vacant.add(streamed.turn_index)
+
+    def _trace_ids(self) -> dict[str, str] | None:
+        """The thread id as a turn span's attributes (None if the config had none)."""
+        return framework_ids({THREAD_ID_ATTRIBUTE: self._thread_id}, beside=self.recorded.trace_attributes) or None
 
     def _assistant_index(self) -> int:
         """A fresh turn index for an assistant turn: an emptied one if no turn came after it."""
@@ -404,7 +408,7 @@ class LangGraphMirror:
         elif isinstance(message, HumanMessage):
             await self._finish_preamble()
             await self.recorded.complete_turn(self.recorded.next_turn_index, USER, _text(message),
-                                              trace_attributes=self._trace_ids)
+                                              trace_attributes=self._trace_ids())
         elif isinstance(message, AIMessage):
             await self._assistant(message, node)
 
@@ -427,7 +431,7 @@ class LangGraphMirror:
         input_tokens, output_tokens = self._usage.take()
         await self.recorded.complete_turn(
             index, ASSISTANT, text, tool_calls=self._calls.take() or None,
-            input_tokens=input_tokens, output_tokens=output_tokens, trace_attributes=self._trace_ids,
+            input_tokens=input_tokens, output_tokens=output_tokens, trace_attributes=self._trace_ids(),
         )
 
     async def _tool_result(self, message: ToolMessage) -> None:
@@ -445,7 +449,7 @@ class LangGraphMirror:
         input_tokens, output_tokens = preamble.tokens
         await self.recorded.complete_turn(
             preamble.turn_index, ASSISTANT, preamble.text, tool_calls=self._calls.take() or None,
-            input_tokens=input_tokens, output_tokens=output_tokens, trace_attributes=self._trace_ids,
+            input_tokens=input_tokens, output_tokens=output_tokens, trace_attributes=self._trace_ids(),
         )
 
 

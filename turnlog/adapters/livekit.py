@@ -222,7 +222,7 @@ async def record_session(
         if owned:
             await recorder.close()
         raise
-    recorded.set_trace_attributes(_job_ids())
+    recorded.set_trace_attributes(_job_ids(recorded))
     recording = LiveKitRecording(session, recorded, recorder, owns_recorder=owned, resumed=resumed, restored=restored)
     recording._attach()
     return recording
@@ -231,7 +231,7 @@ async def record_session(
 _ID_PREFIX = "turnlog_"
 
 
-def _job_ids() -> dict[str, str]:
+def _job_ids(recorded: RecordedSession) -> dict[str, str]:
     """The running job's room sid and job id as trace attributes (none outside a job)."""
     job_context = get_job_context(required=False)
     if job_context is None:
@@ -239,7 +239,7 @@ def _job_ids() -> dict[str, str]:
     job = job_context.job
     room_sid = getattr(getattr(job, "room", None), "sid", None)
     return framework_ids({ROOM_SID_ATTRIBUTE: room_sid, CONVERSATION_ID_ATTRIBUTE: room_sid,
-                          JOB_ID_ATTRIBUTE: getattr(job, "id", None)})
+                          JOB_ID_ATTRIBUTE: getattr(job, "id", None)}, beside=recorded.trace_attributes)
 
 
 def chat_context_from_turns(turns: Iterable[StoredTurn], *, base: ChatContext | None = None) -> ChatContext:
@@ -845,7 +845,8 @@ class LiveKitRecording:
                 input_tokens=operation.input_tokens,
                 output_tokens=operation.output_tokens,
                 barged_in=operation.barged_in,
-                trace_attributes=framework_ids({SPEECH_ID_ATTRIBUTE: operation.speech_id}) or None,
+                trace_attributes=framework_ids({SPEECH_ID_ATTRIBUTE: operation.speech_id},
+                                               beside=session.trace_attributes) or None,
             )
         elif isinstance(operation, _SpoolPartials):
             await session.flush_partial()

@@ -493,7 +493,7 @@ class TurnlogSession:
             ids = {TRACE_ID_ATTRIBUTE: trace_id, GROUP_ID_ATTRIBUTE: getattr(trace, "group_id", None)}
         if speaker == ASSISTANT:
             ids[RESPONSE_ID_ATTRIBUTE], self._response_id = self._response_id, None
-        return framework_ids(ids) or None
+        return framework_ids(ids, beside=self.recorded.trace_attributes) or None
 
     async def _rebuild(self) -> None:
         # A barged-in turn is the words the user saw of an answer the run never saved: the

@@ -471,7 +471,8 @@ class TurnlogObserver(BaseObserver):
         last turns may be written after that."""
         if self._conversation_id is None and self._worker is not None:
             self._conversation_id = conversation_id(self._worker)
-        return framework_ids({CONVERSATION_ID_ATTRIBUTE: self._conversation_id}) or None
+        return framework_ids({CONVERSATION_ID_ATTRIBUTE: self._conversation_id},
+                             beside=self.session.trace_attributes) or None
 
     def _fresh_index(self) -> int:
         index = max(self._next_index, self.session.next_turn_index)
