@@ -390,7 +390,7 @@ def api(
     host: Annotated[str | None, typer.Option(help="Listen address (TURNLOG_API_HOST).")] = None,
     port: Annotated[int | None, typer.Option(help="Listen port (TURNLOG_API_PORT).")] = None,
 ) -> None:
-    """Serve the HTTP API, the SSE live streams and the live transcript page (/live)."""
+    """Serve the HTTP API, the SSE live streams, the live transcript page (/live) and the operations page (/ops)."""
     import uvicorn
 
     from turnlog.api import create_app
@@ -764,6 +764,14 @@ def chaos(
         ),
     ] = None,
     prometheus_targets: PrometheusTargets = None,
+    ops_port: Annotated[
+        int | None,
+        typer.Option(
+            "--ops-port", min=1, max=65535,
+            help="Serve `turnlog api` on this loopback port for the run, never killed: watch it on /ops with a"
+            ' "*" token of TURNLOG_API_TOKENS (Prometheus figures with TURNLOG_OPS_PROMETHEUS_URL).',
+        ),
+    ] = None,
 ) -> None:
     """SIGKILL every component at random under the demo workload; report losses, duplicates, order, aggregates,
     recovery, and complete_turn latency per fault kind."""
@@ -778,7 +786,7 @@ def chaos(
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     ok = run_chaos(settings, ChaosOptions(sessions_dir=sessions, duration=duration, seed=seed, kills=kills,
                                           report_path=report, cluster=cluster, cluster_state_dir=cluster_state_dir,
-                                          prometheus_targets=prometheus_targets))
+                                          prometheus_targets=prometheus_targets, ops_port=ops_port))
     raise typer.Exit(0 if ok else 1)
 
 

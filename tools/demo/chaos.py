@@ -195,6 +195,10 @@ class ChaosOptions:
     #: a Prometheus file_sd folder: every process gets a metrics port, listed in ``turnlog-chaos.json`` there
     #: (tools/demo/scrape_targets.py); None: no metrics ports
     prometheus_targets: Path | None = None
+    #: serve ``turnlog api`` (its operations page, ``/ops``) on this port for the run's length, never killed by
+    #: the schedule; its tokens are ``TURNLOG_API_TOKENS`` (one granting "*" reads /ops), its Prometheus
+    #: ``TURNLOG_OPS_PROMETHEUS_URL``. None: no API
+    ops_port: int | None = None
 
 
 # -- the run -------------------------------------------------------------------------
@@ -793,8 +797,11 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
 
     Raises:
         ConfigurationError: the local cluster (``options.cluster``), the broker or Postgres
-            could not be started, or the pipeline did not get ready.
+            could not be started, or the pipeline did not get ready; ``options.ops_port`` without
+            a token granting every fleet.
     """
+    if options.ops_port is not None and not any("*" in fleets for fleets in base.api_tokens.values()):
+        raise ConfigurationError('--ops-port: /ops needs a token granting every fleet ("*") in TURNLOG_API_TOKENS')
     run_id = uuid.uuid4().hex[:8]
     cluster: LocalCluster | None = None
     if options.cluster:
@@ -861,6 +868,7 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
     run.services = {worker: run.start_service(service, worker, worker) for worker, service in workers.items()}
     if run.scrape_targets.path is not None:
         print(f"  Prometheus targets (every worker and agent): {run.scrape_targets.path}", flush=True)
+    ops_api = _start_ops_api(run, options.ops_port) if options.ops_port is not None else None
     try:
         # The schedule hits a running pipeline, not one starting up (a Faust worker takes a while on 2 cores).
         began = time.monotonic()
@@ -915,6 +923,8 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
             if agent.process is not None:
                 agent.process.process.stop(5)
         run.scrape_targets.close()
+        if ops_api is not None:
+            ops_api.stop(5)
         if cluster is not None:
             _ensure_cluster_up(cluster)
         _ensure_services_up(options.state_dir, settings, store, broker=cluster is None)
@@ -923,6 +933,18 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
     clean = _report(run, schedule, run_id, wall)
     _drop_run_topics(settings, keep=not clean)
     return clean
+
+
+def _start_ops_api(run: _Run, port: int) -> ServiceProcess:
+    """``turnlog api`` over the run's topics, groups and store on ``port`` (loopback), for watching the
+    run on ``/ops`` (``run_chaos`` checked that a token grants every fleet). Not one of the run's
+    services: no fault hits it and nobody restarts it."""
+    env = run.env | {"TURNLOG_API_HOST": "127.0.0.1", "TURNLOG_API_PORT": str(port)}
+    process = ServiceProcess("api", turnlog_command("api"), env, run.log_dir / "ops-api.log",
+                             ready_path=run.log_dir / "ops-api.ready")
+    prometheus = run.settings.ops_prometheus_url or "not configured (TURNLOG_OPS_PROMETHEUS_URL)"
+    print(f"  operations page: http://127.0.0.1:{port}/ops (Prometheus: {prometheus})", flush=True)
+    return process
 
 
 def _drop_run_topics(settings: TurnlogSettings, *, keep: bool) -> None:
