@@ -164,3 +164,25 @@ def test_a_chaos_run_without_a_folder_gives_no_metrics_port(tmp_path: Path, monk
     [sink] = FakeProcess.started
     assert "TURNLOG_METRICS_PORT" not in sink.env
     assert list(tmp_path.glob("**/*.json")) == []
+
+
+def test_a_run_with_targets_starts_a_listed_lag_exporter_and_none_without(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from turnlog.settings import load_settings
+    from turnlog.tools.demo import runner
+
+    monkeypatch.setattr(runner, "ServiceProcess", FakeProcess)
+    FakeProcess.started = []
+    settings = load_settings()
+    assert runner.start_lag_exporter(settings, tmp_path, ScrapeTargets(None, "turnlog-demo")) is None
+    assert FakeProcess.started == []
+
+    targets = ScrapeTargets(tmp_path / "targets", "turnlog-demo", first_port=TEST_FIRST_PORT)
+    exporter = runner.start_lag_exporter(settings, tmp_path, targets)
+    assert isinstance(exporter, FakeProcess)
+    assert exporter.argv[-1] == "lag-exporter"
+    assert targets.path is not None
+    [listed] = read_targets(targets.path)
+    assert listed == {"targets": [f"127.0.0.1:{exporter.env['TURNLOG_METRICS_PORT']}"],
+                      "labels": {"job": "turnlog-lag-exporter", "worker": "lag-exporter"}}

@@ -142,8 +142,9 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     for service in ("sequencer", "sink", "finalizer"):  # one call each: each its own metrics port
         services |= start_pipeline(settings, log_dir, services=(service,),
                                    extra_env=scrape_targets.environment(service, service))
+    lag_exporter = start_lag_exporter(settings, log_dir, scrape_targets)
     if scrape_targets.path is not None:
-        print(f"Prometheus targets (every service and agent): {scrape_targets.path}")
+        print(f"Prometheus targets (every service and agent, and a lag exporter): {scrape_targets.path}")
     agents: list[AgentProcess] = []
     killed: list[dict[str, object]] = []
     lock = threading.Lock()
@@ -199,6 +200,8 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
         stop_all(services)
         for agent in agents:
             agent.process.stop(5)
+        if lag_exporter is not None:
+            lag_exporter.stop(5)
         scrape_targets.close()
     wall = time.monotonic() - started
 
@@ -253,6 +256,18 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
         options.report_path.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n")
         print(f"report written to {options.report_path}")
     return ok
+
+
+def start_lag_exporter(
+    settings: TurnlogSettings, log_dir: Path, scrape_targets: ScrapeTargets
+) -> ServiceProcess | None:
+    """``turnlog lag-exporter`` for the run's groups, listed in ``scrape_targets``; None when they are off
+    (no Prometheus would read it). It writes no ready file: Prometheus sees it up once it serves."""
+    metrics_port = scrape_targets.environment("lag-exporter", "lag-exporter")
+    if not metrics_port:
+        return None
+    return ServiceProcess("lag-exporter", turnlog_command("lag-exporter"), settings.as_environment() | metrics_port,
+                          log_dir / "lag-exporter.log")
 
 
 def load_sessions(folder: Path, run_id: str) -> tuple[dict[str, list[InputTurn]], dict[str, Path]]:
