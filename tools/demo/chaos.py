@@ -117,7 +117,14 @@ from turnlog.tools.demo.latency import (
     figures_by_kind,
     format_table,
 )
-from turnlog.tools.demo.runner import AgentProcess, count_events, load_sessions, print_table, wait_for_finalized
+from turnlog.tools.demo.runner import (
+    AgentProcess,
+    count_events,
+    load_sessions,
+    print_table,
+    start_lag_exporter,
+    wait_for_finalized,
+)
 from turnlog.tools.demo.schedule import (
     AFTER_OUTAGE_SECONDS,
     BROKER_FAULTS,
@@ -866,8 +873,10 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
     workers = CLUSTER_WORKERS if cluster else {service: service for service in SERVICES}
     run.components = dict(workers)
     run.services = {worker: run.start_service(service, worker, worker) for worker, service in workers.items()}
+    lag_exporter = start_lag_exporter(settings, run.log_dir, run.scrape_targets)
     if run.scrape_targets.path is not None:
-        print(f"  Prometheus targets (every worker and agent): {run.scrape_targets.path}", flush=True)
+        print(f"  Prometheus targets (every worker and agent, and a lag exporter): {run.scrape_targets.path}",
+              flush=True)
     ops_api = _start_ops_api(run, options.ops_port) if options.ops_port is not None else None
     try:
         # The schedule hits a running pipeline, not one starting up (a Faust worker takes a while on 2 cores).
@@ -922,6 +931,8 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
         for agent in run.agents.values():
             if agent.process is not None:
                 agent.process.process.stop(5)
+        if lag_exporter is not None:
+            lag_exporter.stop(5)
         run.scrape_targets.close()
         if ops_api is not None:
             ops_api.stop(5)
