@@ -186,3 +186,19 @@ def test_a_run_with_targets_starts_a_listed_lag_exporter_and_none_without(
     [listed] = read_targets(targets.path)
     assert listed == {"targets": [f"127.0.0.1:{exporter.env['TURNLOG_METRICS_PORT']}"],
                       "labels": {"job": "turnlog-lag-exporter", "worker": "lag-exporter"}}
+
+
+def test_the_chaos_runs_ops_api_is_listed_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from turnlog.settings import load_settings
+
+    monkeypatch.setattr(chaos, "ServiceProcess", FakeProcess)
+    FakeProcess.started = []
+    sessions = Path(__file__).resolve().parents[2] / "data" / "sessions"
+    options = chaos.ChaosOptions(sessions, log_dir=tmp_path, prometheus_targets=tmp_path / "targets")
+    run = chaos._Run(load_settings(), options, "ops-test", store=None)
+    monkeypatch.setattr(run.scrape_targets, "_next_port", TEST_FIRST_PORT)
+    api = chaos._start_ops_api(run, TEST_FIRST_PORT - 1)
+    assert api.env["TURNLOG_API_PORT"] == str(TEST_FIRST_PORT - 1)
+    [listed] = read_targets(tmp_path / "targets" / "turnlog-chaos.json")
+    assert listed == {"targets": [f"127.0.0.1:{api.env['TURNLOG_METRICS_PORT']}"],
+                      "labels": {"job": "turnlog-api", "worker": "api"}}

@@ -950,7 +950,8 @@ def _start_ops_api(run: _Run, port: int) -> ServiceProcess:
     """``turnlog api`` over the run's topics, groups and store on ``port`` (loopback), for watching the
     run on ``/ops`` (``run_chaos`` checked that a token grants every fleet). Not one of the run's
     services: no fault hits it and nobody restarts it."""
-    env = run.env | {"TURNLOG_API_HOST": "127.0.0.1", "TURNLOG_API_PORT": str(port)}
+    env = run.env | run.scrape_targets.environment("api", "api") | {  # with a metrics port when targets are on
+        "TURNLOG_API_HOST": "127.0.0.1", "TURNLOG_API_PORT": str(port)}
     process = ServiceProcess("api", turnlog_command("api"), env, run.log_dir / "ops-api.log",
                              ready_path=run.log_dir / "ops-api.ready")
     prometheus = run.settings.ops_prometheus_url or "not configured (TURNLOG_OPS_PROMETHEUS_URL)"
