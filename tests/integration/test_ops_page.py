@@ -6,7 +6,9 @@ The page is signed in as a person would (the token typed into its form); it must
 the lag of every transcript partition of the pipeline, turn-to-store p50/p99 from
 Prometheus, and, once the sink is stopped while turns keep coming, the partition the
 sink has fallen behind on. It saves a screenshot (``TURNLOG_OPS_SCREENSHOT``, default
-the test's temporary folder; docs/images/ops.png is one)."""
+the test's temporary folder; docs/images/ops.png is one). Another test, over a SQLite
+store alone, checks that a token scoped to some fleets is refused (403) and that the
+page says which sources are not configured."""
 
 from __future__ import annotations
 
@@ -23,7 +25,11 @@ from playwright.async_api import Page, async_playwright
 from prometheus_client import start_http_server
 
 from turnlog.api.app import create_app
+from turnlog.api.ops import OpsBoard
 from turnlog.producers import SessionRecorder
+from turnlog.settings import TurnlogSettings
+from turnlog.sinks import open_store
+from turnlog.sinks.migrate import upgrade_to_head
 
 from tests.api_server import serve
 from tests.support import free_port, wait_until
@@ -193,3 +199,29 @@ async def test_ops_page_shows_lag_per_partition_and_turn_to_store_from_prometheu
             assert screenshot.stat().st_size > 0
             for session in sessions:
                 await session.end("completed")
+
+
+async def test_ops_page_refuses_a_fleet_token_and_says_what_is_not_configured(page, tmp_path):
+    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
+    upgrade_to_head(store.engine)
+    settings = TurnlogSettings(api_tokens={TOKEN: ["*"], "fleet-token": ["fleet-a"]})
+    board = OpsBoard(lag=None, store=store, prometheus=None, refresh_seconds=1.0)
+    try:
+        with serve(create_app(settings, store, live=False, ops=board)) as base:
+            await page.goto(f"{base}/ops")
+            await page.fill("#token", "fleet-token")
+            await page.press("#token", "Enter")
+            await page.wait_for_function("() => window.turnlogOps.error === 'HTTP 403'")
+            assert await page.get_attribute("#state", "data-state") == "error"
+            assert await page.evaluate("() => window.turnlogOps.polls") == 0  # nothing shown to that token
+
+            await page.fill("#token", TOKEN)
+            await page.press("#token", "Enter")
+            await page.wait_for_function("() => window.turnlogOps.polls >= 2")  # it keeps polling
+            assert await page.get_attribute("#state", "data-state") == "live"
+            assert await page.text_content("#sessions-open") == "0"
+            assert await page.get_attribute("#prometheus-state", "data-state") == "not_configured"
+            assert await page.get_attribute("#lag-state", "data-state") == "not_configured"
+            assert await page.text_content("#tts-p50") == "–"
+    finally:
+        store.engine.dispose()
