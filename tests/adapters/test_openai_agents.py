@@ -127,13 +127,17 @@ class SdkTraces(TracingProcessor):
 async def test_the_turn_spans_carry_the_sdks_trace_group_and_response_ids(pipeline, recorder_spans):
     """With turnlog's tracing on and the SDK's too, each turn's span carries the trace id and
     group id of the SDK's trace of the run that saved it, and an assistant turn's span the id of
-    the model response that produced it (a plain run, then a streamed one)."""
+    the model response that produced it (a plain run, a streamed one, then a streamed one cut
+    mid-answer after a tool call: its response never completed, so it has no response id, not
+    the tool call's)."""
     session_id = f"oa-trace-{uuid.uuid4().hex[:8]}"
     group_id = f"thread-{uuid.uuid4().hex[:8]}"
     model = FakeModel([
         Reply(call=("order_status", '{"order": "42"}')),  # resp_1: tool calls only, no turn
         Reply(text="Your order 42 ships tomorrow."),  # resp_2
         Reply(text="You're welcome!"),  # resp_3, streamed
+        Reply(call=("order_status", '{"order": "7"}')),  # resp_4, streamed: tool calls only
+        Reply(text="Let me read you the whole terms and conditions now.", hold=2),  # cut: never completed
     ])
     agent = Agent(name="support", instructions="Help with orders.", model=model, tools=[order_status])
     traces = SdkTraces()
@@ -147,13 +151,20 @@ async def test_the_turn_spans_carry_the_sdks_trace_group_and_response_ids(pipeli
             streamed = Runner.run_streamed(agent, "Thanks!", session=session, hooks=session.hooks, run_config=run_config)
             async for _ in session.stream(streamed):
                 pass
+            cut = Runner.run_streamed(agent, "And order 7?", session=session, hooks=session.hooks, run_config=run_config)
+            deltas = 0
+            async for event in session.stream(cut):
+                if event.type == "raw_response_event" and event.data.type == "response.output_text.delta":
+                    deltas += 1
+                    if deltas == 2:
+                        cut.cancel()  # the user stops the answer
             await session.end("completed")
     finally:
         set_tracing_disabled(True)
         set_trace_processors([default_processor()])
 
-    [(first, first_group), (second, second_group)] = traces.started
-    assert first != second and first_group == second_group == group_id
+    [(first, first_group), (second, second_group), (third, third_group)] = traces.started
+    assert len({first, second, third}) == 3 and first_group == second_group == third_group == group_id
     spans = recorder_spans.turns(session_id)
     ids = ("openai.agents.trace_id", "openai.agents.group_id", "gen_ai.response.id")
     assert [(index, *(spans[index].get(key) for key in ids)) for index in sorted(spans)] == [
@@ -161,7 +172,10 @@ async def test_the_turn_spans_carry_the_sdks_trace_group_and_response_ids(pipeli
         (1, first, group_id, "resp_2"),
         (2, second, group_id, None),
         (3, second, group_id, "resp_3"),
+        (4, third, group_id, None),
+        (5, third, group_id, None),
     ]
+    assert spans[5]["turnlog.speaker"] == "assistant"
 
 
 async def test_run_streamed_records_the_partial_then_completes_the_same_turn(pipeline):

@@ -53,9 +53,11 @@ OpenTelemetry bridges of its traces use): ``openai.agents.trace_id`` (the run's
 trace, ``trace_<32 hex>`` as in OpenAI's Traces dashboard),
 ``openai.agents.group_id`` (``RunConfig.group_id``, the conversation the SDK
 groups traces by) when set, and on an assistant turn ``gen_ai.response.id``
-(the model response that produced it, ``ModelResponse.response_id``; with
-:attr:`TurnlogSession.hooks` only). None of them when the SDK's tracing is
-disabled (its no-op trace); a no-op when turnlog's tracing is off.
+(the model response that produced it: a streamed one's ``response.completed``
+id, else the ``ModelResponse.response_id`` :attr:`TurnlogSession.hooks` saw
+last; none for an answer cut before its response completed). No trace ids
+when the SDK's tracing is disabled (its no-op trace); a no-op when turnlog's
+tracing is off.
 
 ``get_items``, ``pop_item`` and ``clear_session`` go to the inner session
 (any ``Session`` of the SDK: SQLite, SQLAlchemy, Redis...). turnlog is
@@ -166,12 +168,14 @@ class _Streamed:
     """An assistant message streamed by one model response: its item id (not unique:
     Chat Completions, LiteLLM and any-llm models give every item the SDK's
     ``FAKE_RESPONSES_ID``, ``agents/models/fake_id.py``), its turn index, the text
-    so far, and whether its response completed (a later delta is a new message)."""
+    so far, and whether its response completed (a later delta is a new message), with
+    that response's id."""
 
     item_id: str
     turn_index: int
     text: str = ""
     done: bool = False
+    response_id: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -369,8 +373,10 @@ class TurnlogSession:
                     if isinstance(event.data, ResponseTextDeltaEvent):
                         self._on_delta(event.data.item_id, event.data.delta)
                     elif isinstance(event.data, ResponseCompletedEvent):
+                        response_id = getattr(event.data.response, "id", None)
                         for streamed in self._streamed:
-                            streamed.done = True
+                            if not streamed.done:
+                                streamed.done, streamed.response_id = True, response_id
                 yield event
         finally:
             await self._settle_writes()
@@ -379,10 +385,11 @@ class TurnlogSession:
                     streamed = self._streamed.pop(0)
                     self._cut.append(streamed)  # if the run saves it after all, it is recorded already
                     input_tokens, output_tokens = self._usage.take()
+                    self._response_id = None  # an earlier response's (tool calls): not this message's
                     await self.recorded.complete_turn(
                         streamed.turn_index, ASSISTANT, streamed.text, barged_in=True,
                         input_tokens=input_tokens, output_tokens=output_tokens,
-                        trace_attributes=self._trace_ids(ASSISTANT, getattr(result, "trace", None)),
+                        trace_attributes=self._trace_ids(getattr(result, "trace", None), streamed.response_id),
                     )
 
     # -- the turnlog session -------------------------------------------------
@@ -480,19 +487,21 @@ class TurnlogSession:
         streamed = _take_match(self._streamed, message, lambda s: True) if message.speaker == ASSISTANT else None
         index = streamed.turn_index if streamed is not None else self._fresh_index()
         input_tokens, output_tokens = self._usage.take() if message.speaker == ASSISTANT else (0, 0)
+        response_id = None
+        if message.speaker == ASSISTANT:  # the streamed response's id, else the latest one the hooks saw
+            hooked, self._response_id = self._response_id, None
+            response_id = streamed.response_id if streamed is not None and streamed.response_id else hooked
         return _Turn(index, message.speaker, message.text, message.tool_calls, input_tokens, output_tokens,
-                     self._trace_ids(message.speaker, get_current_trace()))
+                     self._trace_ids(get_current_trace(), response_id))
 
-    def _trace_ids(self, speaker: str, trace: Any) -> dict[str, str] | None:
+    def _trace_ids(self, trace: Any, response_id: str | None = None) -> dict[str, str] | None:
         """A turn span's attributes: ``trace``'s id and group id (the SDK's trace of the run
-        saving the turn; none for its no-op trace) and, for an assistant turn, the latest
-        model response's id (taken: the next assistant turn waits for a new one)."""
+        saving the turn; none for its no-op trace), and ``response_id``, the model response
+        that produced an assistant turn."""
         trace_id = getattr(trace, "trace_id", None)
-        ids: dict[str, object] = {}
+        ids: dict[str, object] = {RESPONSE_ID_ATTRIBUTE: response_id}
         if trace_id != _NO_OP_TRACE_ID:
-            ids = {TRACE_ID_ATTRIBUTE: trace_id, GROUP_ID_ATTRIBUTE: getattr(trace, "group_id", None)}
-        if speaker == ASSISTANT:
-            ids[RESPONSE_ID_ATTRIBUTE], self._response_id = self._response_id, None
+            ids.update({TRACE_ID_ATTRIBUTE: trace_id, GROUP_ID_ATTRIBUTE: getattr(trace, "group_id", None)})
         return framework_ids(ids, beside=self.recorded.trace_attributes) or None
 
     async def _rebuild(self) -> None:
