@@ -102,6 +102,24 @@ def test_start_loads_the_rules_and_scrapes_the_targets_files(prometheus: tuple[d
     assert script(env, "stop").returncode == 0  # stopping a stopped server is not an error
 
 
+def test_every_query_of_the_dashboard_the_alerts_and_ops_is_valid_promql(
+    prometheus: tuple[dict[str, str], str]
+) -> None:
+    """The real PromQL parser accepts each query (the unit test checks the metric names, not the syntax)."""
+    from tests.unit.test_dashboard_queries import QUERIES
+
+    env, url = prometheus
+    started = script(env, "start")
+    assert started.returncode == 0, started.stderr
+    refused = {}
+    for where, expr in QUERIES:
+        answer = httpx.get(f"{url}/api/v1/query", params={"query": expr.replace("$__rate_interval", "1m")}, timeout=5)
+        if answer.status_code != 200 or answer.json()["status"] != "success":
+            refused[where] = answer.json().get("error")
+    assert not refused
+    assert len(QUERIES) > 40
+
+
 def test_start_refuses_a_port_someone_else_holds(prometheus: tuple[dict[str, str], str]) -> None:
     env, _ = prometheus
     with socket.socket() as holder:
