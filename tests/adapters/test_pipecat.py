@@ -197,12 +197,24 @@ async def test_a_reply_cut_off_by_a_cancelled_pipeline_is_kept_interrupted_not_b
     assert context.messages[1:] == [{"role": s, "content": t} for _, s, t, *_ in stored(pipeline, session_id)]
 
 
-async def test_the_turn_spans_carry_pipecats_conversation_id(ready_pipeline, recorder_spans):
-    """With turnlog's tracing on, the span of every turn carries the worker's conversation id
-    under ``conversation.id``, the key of Pipecat's own ``conversation`` and ``turn`` spans."""
+@pytest.mark.parametrize("given", [True, False], ids=["given-to-the-worker", "made-up-by-pipecat"])
+async def test_the_turn_spans_carry_pipecats_conversation_id(ready_pipeline, recorder_spans, monkeypatch, given):
+    """With turnlog's tracing on, the span of every turn carries the conversation id of
+    Pipecat's own ``conversation`` span (``enable_tracing=True``), under Pipecat's key
+    ``conversation.id``: the one given to the worker, or the one Pipecat made up."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    pipecat_spans = InMemorySpanExporter()  # Pipecat's own spans, kept apart from turnlog's
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(pipecat_spans))
+    monkeypatch.setattr(trace, "get_tracer", lambda name, *args, **kwargs: provider.get_tracer(name))
+
     pipeline = ready_pipeline
     session_id = f"pipecat-trace-{uuid.uuid4().hex[:8]}"
-    conversation_id = f"conversation-{uuid.uuid4()}"
+    options = {"conversation_id": f"conversation-{uuid.uuid4()}"} if given else {}
     llm = ScriptedLLM([Reply(("Sure,", " what is", " the order number?"))])
     speaker = Speaker()
     async with SessionRecorder(pipeline.settings) as recorder:
@@ -211,13 +223,17 @@ async def test_the_turn_spans_carry_pipecats_conversation_id(ready_pipeline, rec
         aggregators = voice_pair(context)
         user, assistant = aggregators
         bot = Pipeline([ScriptedSTT(), user, llm, SilentTTS(seconds_per_word=0.05), speaker, assistant])
-        async with Call(bot, observer, aggregators, conversation_id=conversation_id) as call:
+        async with Call(bot, observer, aggregators, enable_tracing=True, **options) as call:
             await call.send(*says("I need help with my order."))
             await call.until(said(context, speaker, 2), "the reply played")
             await call.end()
         await observer.wait_closed(TIMEOUT)
         assert observer.errors == [] and observer.failures == 0
+    provider.shutdown()
 
+    [conversation] = [span for span in pipecat_spans.get_finished_spans() if span.name == "conversation"]
+    conversation_id = conversation.attributes["conversation.id"]
+    assert conversation_id == options.get("conversation_id", conversation_id) and conversation_id
     spans = recorder_spans.turns(session_id)
     assert [(index, spans[index]["turnlog.speaker"], spans[index].get("conversation.id")) for index in sorted(spans)] == [
         (0, "user", conversation_id),
