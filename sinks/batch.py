@@ -170,11 +170,15 @@ class WriteResult:
 
     ``rejected``: the records it refused, with a reason; ``finalized``: the
     sessions whose guarded finalize matched in this transaction (committed, or
-    not, together with the rows and the offsets).
+    not, together with the rows and the offsets). For the sink's metrics once the
+    transaction commits: ``turns_emitted_at``, the ``emitted_at`` of each
+    ``turn.completed`` event written; ``ended_at``, each finalized session's ``ended_at``.
     """
 
     rejected: list[RejectedMessage] = field(default_factory=list)
     finalized: tuple[str, ...] = ()
+    turns_emitted_at: tuple[dt.datetime, ...] = ()
+    ended_at: Mapping[str, dt.datetime] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +190,8 @@ class BatchPlan:
     sessions: dict[str, SessionChanges]
     next_offsets: dict[tuple[str, int], int]
     rejected: list[RejectedMessage]
+    #: ``emitted_at`` of the batch's ``turn.completed`` events (one per (session, seq)).
+    turns_emitted_at: tuple[dt.datetime, ...] = ()
 
 
 def plan_batch(messages: Iterable[SourceMessage], opener: EventOpener | None = None) -> BatchPlan:
@@ -235,7 +241,8 @@ def plan_batch(messages: Iterable[SourceMessage], opener: EventOpener | None = N
         }
         for event, payload in events.values()
     ]
-    return BatchPlan(event_rows, list(turns.values()), sessions, next_offsets(messages), rejected)
+    turns_emitted_at = tuple(event.emitted_at for event, _ in events.values() if isinstance(event, TurnCompleted))
+    return BatchPlan(event_rows, list(turns.values()), sessions, next_offsets(messages), rejected, turns_emitted_at)
 
 
 def plan_each(

@@ -27,7 +27,8 @@ from __future__ import annotations
 import datetime as dt
 import functools
 import logging
-from collections.abc import Iterable, Sequence
+import time
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from sqlalchemy import bindparam, func, select, update
@@ -39,16 +40,36 @@ from turnlog.schemas import SessionStatus, TurnStatus
 from turnlog.sinks.tables import SecondsBetween, sessions, transcript_turns
 from turnlog.tracing import finalization_span
 
-__all__ = ["SqlFinalization", "report_finalized"]
+__all__ = ["SqlFinalization", "report_finalized", "report_turns_stored", "session_ended_at", "unfinalized_sessions"]
 
 logger = logging.getLogger(__name__)
 
 
-def report_finalized(session_ids: Iterable[str]) -> None:
-    """Count and log sessions whose finalization has committed (call it after the commit)."""
+def report_finalized(session_ids: Iterable[str], ended_at: Mapping[str, dt.datetime] | None = None) -> None:
+    """Count and log sessions whose finalization has committed (call it right after the commit).
+
+    With ``ended_at`` (a session's ``ended_at``, the agent's clock), each session found there is
+    observed in ``turnlog_finalization_delay_seconds``: now (this host's clock, just after the
+    commit) minus its ``ended_at``, at least 0 (the agent's clock may run ahead of this host's).
+    """
+    committed_at = time.time()
     for session_id in session_ids:
         metrics.SESSIONS_FINALIZED.inc()
         logger.info("finalized %s", session_id)
+        ended = None if ended_at is None else ended_at.get(session_id)
+        if ended is not None:
+            metrics.FINALIZATION_DELAY_SECONDS.observe(max(0.0, committed_at - ended.timestamp()))
+
+
+def report_turns_stored(emitted_at: Iterable[dt.datetime]) -> None:
+    """Observe each completed turn a committed batch stored in ``turnlog_sink_turn_to_store_seconds``:
+    now (this host's clock, just after the commit) minus the ``turn.completed`` event's
+    ``emitted_at`` (the agent's clock), at least 0: clocks of different hosts may disagree,
+    and a skewed agent clock must not yield a negative latency. Call it right after the commit."""
+    committed_at = time.time()
+    observe = metrics.TURN_TO_STORE_SECONDS.observe
+    for emitted in emitted_at:
+        observe(max(0.0, committed_at - emitted.timestamp()))
 
 
 class SqlFinalization:
@@ -124,3 +145,21 @@ class SqlFinalization:
             .limit(limit)
         )
         return list(conn.execute(query).scalars())
+
+
+def unfinalized_sessions(conn: Connection) -> tuple[int, dt.datetime | None]:
+    """``(count, oldest ended_at)`` of the sessions ended in the store but not finalized
+    (complete or still waiting for a gap: status ``ended``); ``(0, None)`` when there are none.
+    One aggregate over ``ix_sessions_status`` (the finalizer's sweep reports it)."""
+    row = conn.execute(
+        select(func.count(), func.min(sessions.c.ended_at)).where(sessions.c.status == SessionStatus.ENDED)
+    ).one()
+    oldest = row[1]
+    if isinstance(oldest, str):  # SQLite's min() of a UtcDateTime column comes back as its text
+        oldest = dt.datetime.fromisoformat(oldest).replace(tzinfo=dt.UTC)
+    return int(row[0]), oldest
+
+
+def session_ended_at(conn: Connection, session_id: str) -> dt.datetime | None:
+    """The ``ended_at`` the store holds for ``session_id`` (None: not ended, or no such session)."""
+    return conn.execute(select(sessions.c.ended_at).where(sessions.c.id == session_id)).scalar()

@@ -24,7 +24,7 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from sqlalchemy.engine import Connection
@@ -58,12 +58,15 @@ OnRejected = Callable[[SourceMessage, str], None]
 @dataclass(frozen=True, slots=True)
 class BatchResult:
     """What :meth:`SqlStore.apply_batch` did: counts of records, and the sessions
-    it finalized (in its transaction: they are finalized once that commits)."""
+    it finalized (in its transaction: they are finalized once that commits);
+    ``turns_emitted_at`` and ``ended_at`` as the writer's ``WriteResult`` gave them."""
 
     applied: int
     stale: int
     rejected: int
     finalized: tuple[str, ...] = ()
+    turns_emitted_at: tuple[dt.datetime, ...] = ()
+    ended_at: Mapping[str, dt.datetime] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)

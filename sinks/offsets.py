@@ -121,6 +121,8 @@ class SqlOffsets:
             stale=len(messages) - len(fresh),
             rejected=len(rejected),
             finalized=written.finalized,
+            turns_emitted_at=written.turns_emitted_at,
+            ended_at=written.ended_at,
         )
 
     def skip_records(

@@ -28,6 +28,7 @@ or peeks it (``peek_event_type``, which answers None for anything undecodable).
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import logging
 import threading
@@ -67,6 +68,7 @@ from turnlog.sinks.exceptions import (
     StoreError,
     StoreUnavailableError,
 )
+from turnlog.sinks.finalization import report_turns_stored
 from turnlog.sinks.offsets import offsets_past_end
 from turnlog.tracing import (
     TraceContext,
@@ -291,7 +293,7 @@ class SinkService:
                 fault_point("sink.after_forget")
                 metrics.ERASURES_APPLIED.labels(component=self.component).inc(len(erasures))
             result = write(conn, [m for m in messages if m.topic != ledger_topic])
-            return WriteResult([*rejected, *result.rejected], result.finalized)
+            return dataclasses.replace(result, rejected=[*rejected, *result.rejected])
 
         return write_with_ledger
 
@@ -459,7 +461,8 @@ class SinkService:
         if span is not None:
             span.event("commit", {"turnlog.records": len(batch), "turnlog.finalized": len(result.finalized)})
         fault_point("sink.after_commit")
-        report_finalized(result.finalized)  # finalized in the batch's transaction, now committed
+        report_finalized(result.finalized, result.ended_at)  # finalized in the batch's transaction, now committed
+        report_turns_stored(result.turns_emitted_at)
         return result
 
     def _skip(self, message: SourceMessage) -> None:

@@ -112,8 +112,9 @@ class TranscriptWriter:
             if plan.turns:
                 self._upsert_turns(conn, [t.as_row() for t in plan.turns])
             self._mark_interrupted(conn, plan.sessions)
-        ready = [row["id"] for row in session_rows if ready_to_finalize(row)]
-        return WriteResult(plan.rejected, self._finalization.finalize_ready(conn, ready))
+        ready = {row["id"]: row["ended_at"] for row in session_rows if ready_to_finalize(row)}
+        finalized = self._finalization.finalize_ready(conn, list(ready))
+        return WriteResult(plan.rejected, finalized, plan.turns_emitted_at, {sid: ready[sid] for sid in finalized})
 
     def _without_erased(self, conn: Connection, messages: Sequence[SourceMessage]) -> Sequence[SourceMessage]:
         """``messages`` less those of forgotten sessions (by record key: the sequencer admits a

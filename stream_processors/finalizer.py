@@ -29,14 +29,17 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 
 import faust
 
+from turnlog import metrics
 from turnlog.faults import fault_point
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, StoreError, open_store
 from turnlog.sinks.base import report_finalized
 from turnlog.sinks.errors import store_errors
+from turnlog.sinks.finalization import session_ended_at, unfinalized_sessions
 from turnlog.stream_processors.app import make_app
 from turnlog.tracing import NO_TRACING, Tracing, service_tracing
 
@@ -59,6 +62,7 @@ def finalize_now(store: SqlStore, session_id: str, tracing: Tracing = NO_TRACING
     try:
         with store_errors(), store.engine.begin() as conn:
             done = store.finalize_session(conn, session_id, dt.datetime.now(dt.UTC))
+            ended_at = session_ended_at(conn, session_id) if done else None
     except BaseException as e:
         if span is not None:
             span.fail(type(e).__name__)
@@ -69,13 +73,15 @@ def finalize_now(store: SqlStore, session_id: str, tracing: Tracing = NO_TRACING
         span.end()
     if done:
         fault_point("finalizer.after_update")
-        report_finalized([session_id])
+        report_finalized([session_id], {session_id: ended_at} if ended_at is not None else None)
     return done
 
 
 def sweep_once(store: SqlStore, *, page: int = SWEEP_PAGE, tracing: Tracing = NO_TRACING) -> list[str]:
     """Finalize every session that is ended and complete in the store but not
-    finalized; return the ids this call finalized.
+    finalized; return the ids this call finalized. Then set the gauges
+    ``turnlog_finalizer_sessions_unfinalized`` and ``turnlog_finalizer_unfinalized_oldest_seconds``
+    to what is left (ended sessions still waiting for a gap, or ended since).
 
     Raises:
         StoreError: the database did not answer or refused (the next sweep tries again).
@@ -91,7 +97,13 @@ def sweep_once(store: SqlStore, *, page: int = SWEEP_PAGE, tracing: Tracing = NO
         if len(ready) < page or not finalized:
             if done:
                 logger.info("sweep finalized %d session(s) the sink had not", len(done))
-            return done
+            break
+    with store_errors(), store.engine.connect() as conn:
+        count, oldest = unfinalized_sessions(conn)
+    metrics.SESSIONS_UNFINALIZED.set(count)
+    # This host's clock minus the agent's ended_at, at least 0 (clocks of different hosts may disagree).
+    metrics.UNFINALIZED_OLDEST_SECONDS.set(0.0 if oldest is None else max(0.0, time.time() - oldest.timestamp()))
+    return done
 
 
 def build_finalizer(settings: TurnlogSettings, store: SqlStore | None = None) -> faust.App:
