@@ -527,11 +527,23 @@ async def test_an_llm_calls_tokens_go_to_the_turn_of_the_speech_livekit_made_it_
     assert [(index, tokens) for index, _, _, _, _, *tokens in stored] == [(0, [0, 0]), (1, [12, 9]), (2, [0, 0]), (3, [12, 9])]
 
 
-async def test_the_turn_spans_carry_livekits_speech_id_and_the_jobs_room_and_job_ids(pipeline, recorder_spans):
+async def test_the_turn_spans_carry_livekits_speech_id_and_the_jobs_room_and_job_ids(pipeline, recorder_spans,
+                                                                                    monkeypatch):
     """With turnlog's tracing on, the span of an assistant turn carries the ``lk.speech_id``
-    of the speech that spoke it (the key of LiveKit's ``agent_turn`` span), and every turn of
-    a job's session the job's ``lk.room_sid``, ``lk.job_id`` and ``gen_ai.conversation.id``
-    (LiveKit's keys), so a join with LiveKit's own spans is an equality."""
+    of the speech that spoke it, and every turn of a job's session the job's ``lk.room_sid``,
+    ``lk.job_id`` and ``gen_ai.conversation.id``: the values LiveKit's own ``agent_turn`` and
+    ``agent_session`` spans carry under the same keys, so a join is an equality."""
+    from livekit.agents.telemetry import traces as livekit_traces
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+    from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+
+    livekit_spans = InMemorySpanExporter()  # LiveKit's own spans, kept apart from turnlog's
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(livekit_spans))
+    # LiveKit's tracer, swapped as its set_tracer_provider does (undone after the test)
+    monkeypatch.setattr(livekit_traces.tracer, "_tracer_provider", provider)
+    monkeypatch.setattr(livekit_traces.tracer, "_tracer", provider.get_tracer("livekit-agents"))
     session_id = f"lk-trace-{uuid.uuid4().hex[:6]}"
     session, agent = new_session(ScriptedLLM(REPLIES)), Agent(instructions="You are a test agent.")
     speeches = []
@@ -553,6 +565,14 @@ async def test_the_turn_spans_carry_livekits_speech_id_and_the_jobs_room_and_job
     assert [{key: spans[index].get(key) for key in ids} for index in (0, 1, 2)] == [ids] * 3
     assert "lk.speech_id" not in spans[0]  # the user's turn is no speech of LiveKit's
     assert len(speeches) == 2 and [spans[1]["lk.speech_id"], spans[2]["lk.speech_id"]] == speeches
+
+    provider.shutdown()
+    theirs = livekit_spans.get_finished_spans()
+    agent_turns = sorted((span for span in theirs if span.name == "agent_turn"), key=lambda span: span.start_time)
+    assert [span.attributes.get("lk.speech_id") for span in agent_turns] == speeches
+    assert {span.attributes.get("gen_ai.conversation.id") for span in agent_turns} == {room_sid}
+    [agent_session] = [span for span in theirs if span.name == "agent_session"]
+    assert (agent_session.attributes.get("lk.room_sid"), agent_session.attributes.get("lk.job_id")) == (room_sid, job_id)
 
 
 async def test_a_realtime_models_tokens_reported_after_its_turn_completed_go_to_the_next_assistant_turn(pipeline):
