@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import re
 import time
 import uuid
 from pathlib import Path
@@ -533,6 +534,7 @@ async def test_the_turn_spans_carry_livekits_speech_id_and_the_jobs_room_and_job
     of the speech that spoke it, and every turn of a job's session the job's ``lk.room_sid``,
     ``lk.job_id`` and ``gen_ai.conversation.id``: the values LiveKit's own ``agent_turn`` and
     ``agent_session`` spans carry under the same keys, so a join is an equality."""
+    from livekit.agents import __version__ as livekit_version
     from livekit.agents.telemetry import traces as livekit_traces
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
@@ -541,9 +543,12 @@ async def test_the_turn_spans_carry_livekits_speech_id_and_the_jobs_room_and_job
     livekit_spans = InMemorySpanExporter()  # LiveKit's own spans, kept apart from turnlog's
     provider = TracerProvider()
     provider.add_span_processor(SimpleSpanProcessor(livekit_spans))
-    # LiveKit's tracer, swapped as its set_tracer_provider does (undone after the test)
-    monkeypatch.setattr(livekit_traces.tracer, "_tracer_provider", provider)
-    monkeypatch.setattr(livekit_traces.tracer, "_tracer", provider.get_tracer("livekit-agents"))
+    # LiveKit's tracer, swapped as its set_tracer_provider does (undone after the test), where
+    # the release has that tracer (1.8.9's _DynamicTracer)
+    swappable = all(hasattr(livekit_traces.tracer, name) for name in ("_tracer_provider", "_tracer"))
+    if swappable:
+        monkeypatch.setattr(livekit_traces.tracer, "_tracer_provider", provider)
+        monkeypatch.setattr(livekit_traces.tracer, "_tracer", provider.get_tracer("livekit-agents"))
     session_id = f"lk-trace-{uuid.uuid4().hex[:6]}"
     session, agent = new_session(ScriptedLLM(REPLIES)), Agent(instructions="You are a test agent.")
     speeches = []
@@ -567,12 +572,18 @@ async def test_the_turn_spans_carry_livekits_speech_id_and_the_jobs_room_and_job
     assert len(speeches) == 2 and [spans[1]["lk.speech_id"], spans[2]["lk.speech_id"]] == speeches
 
     provider.shutdown()
+    if not swappable:
+        return
     theirs = livekit_spans.get_finished_spans()
     agent_turns = sorted((span for span in theirs if span.name == "agent_turn"), key=lambda span: span.start_time)
     assert [span.attributes.get("lk.speech_id") for span in agent_turns] == speeches
-    assert {span.attributes.get("gen_ai.conversation.id") for span in agent_turns} == {room_sid}
+    # The job's ids where LiveKit's spans carry them (1.8.9 does; an older release may not).
     [agent_session] = [span for span in theirs if span.name == "agent_session"]
-    assert (agent_session.attributes.get("lk.room_sid"), agent_session.attributes.get("lk.job_id")) == (room_sid, job_id)
+    carried = [(key, span.attributes[key]) for span in (*agent_turns, agent_session) for key in ids
+               if key in span.attributes]
+    assert all(value == ids[key] for key, value in carried)
+    if tuple(int(part) for part in re.findall(r"\d+", livekit_version)[:3]) >= (1, 8, 9):
+        assert {key for key, _ in carried} == set(ids)
 
 
 async def test_a_realtime_models_tokens_reported_after_its_turn_completed_go_to_the_next_assistant_turn(pipeline):
