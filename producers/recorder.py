@@ -762,14 +762,14 @@ class SessionRecorder:
     ) -> TraceSpan | None:
         """The PRODUCER span of the event ``session`` is about to emit (None: tracing off or not sampled).
         Its attributes name the session, seq and epoch (never content), and the framework's ids."""
-        if not self._tracing.enabled:
+        if not self._tracing.sample_root():  # off, or this turn not sampled: nothing more is done
             return None
         attrs: dict[str, Any] = {
             **framework, **producer_attributes(self.settings.topics.events), "messaging.operation.name": name,
             "turnlog.session_id": session.session_id, "turnlog.seq": session.next_seq, "turnlog.epoch": session.epoch,
         }
         attrs.update((f"turnlog.{key}", value) for key, value in attributes.items())
-        return self._tracing.start(name, kind="producer", attributes=attrs)
+        return self._tracing.start(name, kind="producer", attributes=attrs, sampled_root=True)
 
     def _spool(self, session: RecordedSession, payload: bytes, trace: TraceContext | None = None) -> Ticket:
         key = session.session_id.encode("utf-8")

@@ -16,9 +16,10 @@ and the extra missing, :func:`service_tracing` raises
 :class:`~turnlog.exceptions.ConfigurationError` at start-up.
 
 Configuration: ``TURNLOG_TRACE_SAMPLE_RATIO`` (0..1) samples the recorder's turn
-traces (parent-based TraceIdRatio: the sequencer's and the sink's spans follow
-the turn's decision; the sink's batch span is recorded when one of its links is
-sampled). The exporter is OTLP/HTTP protobuf and reads OTel's own environment
+traces (a draw per new trace, before any OpenTelemetry call, so an unsampled
+turn costs one random number; parent-based after that: the sequencer's and the
+sink's spans follow the turn's decision; the sink's batch span is recorded when
+one of its links is sampled). The exporter is OTLP/HTTP protobuf and reads OTel's own environment
 variables (``OTEL_EXPORTER_OTLP_ENDPOINT`` or ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``,
 default ``http://localhost:4318/v1/traces``; ``OTEL_EXPORTER_OTLP_HEADERS``,
 ``..._TIMEOUT``, ...); the service name is ``OTEL_SERVICE_NAME`` if set, else
@@ -40,9 +41,9 @@ import contextlib
 import contextvars
 import logging
 import os
+import random
 import re
 import threading
-import time
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -57,7 +58,7 @@ __all__ = [
     "TraceContext", "Tracing", "TraceSpan", "NO_TRACING", "service_tracing", "context_from_headers",
     "parse_traceparent", "TRACEPARENT", "TRACESTATE", "MAX_HEADERS_SCANNED", "MAX_TRACESTATE_BYTES",
     "MAX_LINKS", "SpanKindName", "AttributeValue", "flush_all", "batch_scope", "batch_span", "finalization_span",
-    "producer_attributes", "consumer_attributes", "now_ns",
+    "producer_attributes", "consumer_attributes",
 ]
 
 logger = logging.getLogger(__name__)
@@ -206,12 +207,20 @@ class Tracing:
     """A service's tracer. :data:`NO_TRACING` (``enabled`` False) does nothing; one made by
     :func:`service_tracing` records spans and exports them by OTLP/HTTP."""
 
-    def __init__(self, provider: TracerProvider | None = None, component: str = "") -> None:
+    def __init__(self, provider: TracerProvider | None = None, component: str = "", ratio: float = 1.0) -> None:
         self._provider = provider
         self._tracer = provider.get_tracer("turnlog", _version()) if provider is not None else None
         #: True when spans are recorded and exported; callers test it before any tracing work
         self.enabled = provider is not None
         self.component = component
+        #: the share of new traces recorded (TURNLOG_TRACE_SAMPLE_RATIO)
+        self.ratio = ratio
+        self._draw = random.Random().random
+
+    def sample_root(self) -> bool:
+        """Whether to start a new trace: True with probability ``ratio`` (False when off). Drawn
+        here, before the SDK is called, so an unsampled turn costs one draw and nothing else."""
+        return self._tracer is not None and self._draw() < self.ratio
 
     def start(
         self,
@@ -222,12 +231,20 @@ class Tracing:
         links: Iterable[TraceContext] = (),
         attributes: Mapping[str, AttributeValue] | None = None,
         at_ns: int | None = None,
+        sampled_root: bool = False,
     ) -> TraceSpan | None:
-        """Start a span (None when tracing is off or the sampler dropped it). ``parent``: a
-        remote context (a record's) or a local span; ``links`` are capped at :data:`MAX_LINKS`
-        (the number left out goes in the attribute ``turnlog.links_dropped``)."""
+        """Start a span (None when tracing is off or it is not sampled). ``parent``: a remote
+        context (a record's) or a local span, whose sampled flag decides; without one, a span is
+        recorded if ``sampled_root`` (the caller drew :meth:`sample_root`), or one of its
+        ``links`` is sampled (a sink batch serving a sampled turn), or a draw at ``ratio`` says
+        so. ``links`` are capped at :data:`MAX_LINKS` (the number left out goes in the
+        attribute ``turnlog.links_dropped``)."""
         if self._tracer is None:
             return None
+        if parent is None and not sampled_root:
+            links = list(links)
+            if not any(link.sampled for link in links) and not self.sample_root():
+                return None
         from opentelemetry import trace
         from opentelemetry.trace import Link, SpanKind
 
@@ -287,49 +304,38 @@ def service_tracing(settings: TurnlogSettings, component: str) -> Tracing:
     with _providers_lock:
         tracing = _providers.get(key)
         if tracing is None:
-            tracing = _providers[key] = Tracing(_provider(service, settings.trace_sample_ratio), component)
+            tracing = _providers[key] = new_tracing(component, settings.trace_sample_ratio, service=service)
     return tracing
 
 
-def _provider(service: str, ratio: float) -> TracerProvider:
+def new_tracing(component: str, ratio: float, *, service: str | None = None, processor: Any = None) -> Tracing:
+    """A recording tracer of its own (not cached: :func:`service_tracing` is what services use):
+    ``service`` its ``service.name`` (default ``turnlog-<component>``), ``processor`` an
+    OpenTelemetry span processor (default a ``BatchSpanProcessor`` to OTLP/HTTP, configured by
+    OTel's environment variables). The SDK's sampler is parent-based, recording every root:
+    :meth:`Tracing.start` decides roots itself, at ``ratio``.
+
+    Raises:
+        ConfigurationError: ``turnlog[otel]`` is not installed.
+    """
     try:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
         from opentelemetry.sdk.resources import Resource
         from opentelemetry.sdk.trace import TracerProvider
         from opentelemetry.sdk.trace.export import BatchSpanProcessor
-        from opentelemetry.sdk.trace.sampling import ParentBased
+        from opentelemetry.sdk.trace.sampling import ALWAYS_ON, ParentBased
     except ImportError as e:
         raise ConfigurationError(
             f"TURNLOG_TRACING is on but OpenTelemetry is not installed ({e.name}): pip install 'turnlog[otel]',"
             " or set TURNLOG_TRACING=off"
         ) from e
     provider = TracerProvider(
-        sampler=ParentBased(root=_root_sampler(ratio)),
-        resource=Resource.create({"service.name": service}),
+        sampler=ParentBased(root=ALWAYS_ON),
+        resource=Resource.create({"service.name": service or f"turnlog-{component}"}),
         shutdown_on_exit=False,  # flush_all at exit, once for every provider
     )
-    provider.add_span_processor(BatchSpanProcessor(OTLPSpanExporter()))
-    return provider
-
-
-def _root_sampler(ratio: float) -> Any:
-    """A root span is sampled when one of its links is (a sink batch serving a sampled turn),
-    else by its trace id at ``ratio``."""
-    from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult, TraceIdRatioBased
-
-    by_ratio = TraceIdRatioBased(ratio)
-
-    class LinkedOrRatio(Sampler):
-        def should_sample(self, parent_context: Any, trace_id: int, name: str, kind: Any = None,
-                          attributes: Any = None, links: Any = None, trace_state: Any = None) -> SamplingResult:
-            if links and any(link.context.trace_flags.sampled for link in links):
-                return SamplingResult(Decision.RECORD_AND_SAMPLE, attributes)
-            return by_ratio.should_sample(parent_context, trace_id, name, kind, attributes, links, trace_state)
-
-        def get_description(self) -> str:
-            return f"LinkedOrRatio{{{ratio}}}"
-
-    return LinkedOrRatio()
+    provider.add_span_processor(processor if processor is not None else BatchSpanProcessor(OTLPSpanExporter()))
+    return Tracing(provider, component, ratio)
 
 
 def _span_context(context: TraceContext) -> Any:
@@ -413,11 +419,6 @@ def finalization_span(session_id: str) -> Iterator[TraceSpan | None]:
     finally:
         if span is not None:
             span.end()
-
-
-def now_ns() -> int:
-    """``time.time_ns()``: the clock span timestamps use."""
-    return time.time_ns()
 
 
 def producer_attributes(topic: str) -> dict[str, AttributeValue]:

@@ -6,10 +6,8 @@ from __future__ import annotations
 import sys
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
-from opentelemetry.sdk.trace.sampling import ParentBased
 from opentelemetry.trace import SpanKind
 
 from turnlog import tracing
@@ -26,9 +24,7 @@ GOOD = b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
 
 def in_memory_tracing(ratio: float = 1.0) -> tuple[Tracing, InMemorySpanExporter]:
     exporter = InMemorySpanExporter()
-    provider = TracerProvider(sampler=ParentBased(root=tracing._root_sampler(ratio)))
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    return Tracing(provider, "test"), exporter
+    return tracing.new_tracing("test", ratio, processor=SimpleSpanProcessor(exporter)), exporter
 
 
 # -- the header -------------------------------------------------------------------------------

@@ -101,7 +101,7 @@ from turnlog.tools.bench.redaction import redaction_cost
 from turnlog.tools.bench.resume_probe import resume_summary, run_probe_process
 from turnlog.tools.bench.signing import signing_cost
 from turnlog.tools.bench.stages import turn_stage_latencies
-from turnlog.tools.bench.tracing import run_tracing
+from turnlog.tools.bench.tracing import discard_receiver, run_tracing, tracing_cost
 from turnlog.tools.bench.transactions import MODERATE_RATE, run_transactions
 from turnlog.tools.bench.workload import BENCH_FLEET, encoded_events, events_per_second, plan_sessions
 
@@ -422,6 +422,7 @@ def _only_phase(
     if options.only == "transactions":
         report["transactions"] = _transactions(settings, options, plans, payloads, run, options.log_dir / run)
     elif options.only == "tracing":
+        report["tracing_cost"] = _tracing_cost(payloads, options.log_dir / run)
         report["tracing"] = _tracing(settings, options, plans, run, options.log_dir / run)
     else:
         report["encryption_cost"] = _encryption_cost(payloads, report)
@@ -468,6 +469,19 @@ def _encryption(
           f" process measured {r.get('moderate_measured_us_per_event', nan):.2f} x, of the pipeline"
           f" {r.get('moderate_pipeline_us_per_event', nan):.2f} x")
     return result
+
+
+def _tracing_cost(payloads: list[tuple[str, bytes]], log_dir: Path) -> dict[str, Any]:
+    """Tracing's CPU per event in this process, off and on, stage by stage (``tracing.py``, part 1)."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    with discard_receiver(log_dir / "otlp-received-cost") as endpoint:
+        cost = tracing_cost(payloads, endpoint=endpoint)
+    print(f"tracing ({cost['sample_ratio']:.0%} sampled), in process: recorder {cost['recorder_off_us']:.1f} ->"
+          f" {cost['recorder_on_us']:.1f} µs/event, sequencer {cost['sequencer_off_us']:.1f} ->"
+          f" {cost['sequencer_on_us']:.1f}, sink {cost['sink_off_us']:.1f} -> {cost['sink_on_us']:.1f};"
+          f" together {cost['total_on_over_off']:.3f} x ({cost['traced_records']:,} of {cost['events']:,} records"
+          " traced)")
+    return cost
 
 
 def _tracing(settings: TurnlogSettings, options: BenchOptions, plans, run: str, log_dir: Path) -> dict[str, Any]:
@@ -1151,8 +1165,22 @@ def encryption_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
 def tracing_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
     """Table rows of the tracing phase: turn-to-store and CPU per event off -> on, and on / off."""
     trc, nan = report.get("tracing"), float("nan")
+    rows = []
+    cost = report.get("tracing_cost")
+    if cost:
+        added = cost["total_on_us"] - cost["total_off_us"]
+        share = ""
+        if trc and trc.get("off", {}).get("moderate_measured_us_per_event"):
+            measured = trc["off"]["moderate_measured_us_per_event"]
+            share = (f"; {added / measured:.1%} of every measured process's CPU/event ({measured:,.0f} µs at"
+                     " moderate load, tracing off)")
+        rows.append(("tracing on vs off, in process", f"+{added:.1f} µs CPU/event",
+                     f"recorder {cost['recorder_off_us']:.1f} -> {cost['recorder_on_us']:.1f} µs, sequencer"
+                     f" {cost['sequencer_off_us']:.1f} -> {cost['sequencer_on_us']:.1f}, sink {cost['sink_off_us']:.1f}"
+                     f" -> {cost['sink_on_us']:.1f} (their own code, I/O replaced: {cost['total_on_over_off']:.3f} x)"
+                     + share))
     if not trc:
-        return []
+        return rows
     on, off, r = trc["on"], trc["off"], trc["on_over_off"]
 
     def change(key: str, unit: str, fmt: str = ",.0f") -> str:
@@ -1161,6 +1189,7 @@ def tracing_rows(report: dict[str, Any]) -> list[tuple[str, str, str]]:
 
     rate = on.get("moderate_offered_events_per_second", nan)
     return [
+        *rows,
         (f"tracing off -> on ({trc['sample_ratio']:.0%}): at {rate:,.0f} ev/s",
          f"p99 {change('moderate_p99_ms', 'ms', '.1f')}",
          f"turn-to-store p50 {change('moderate_p50_ms', 'ms', '.1f')}; complete_turn p99"
