@@ -230,3 +230,90 @@ def test_tracing_asked_for_without_the_extra_is_a_clear_error(monkeypatch):
     monkeypatch.setitem(sys.modules, "opentelemetry.exporter.otlp.proto.http.trace_exporter", None)
     with pytest.raises(ConfigurationError, match=r"turnlog\[otel\]"):
         tracing.service_tracing(TurnlogSettings(tracing=True, trace_sample_ratio=0.5), "no-extra")
+
+
+# -- the sequencer and the finalizer sweep ---------------------------------------------------
+class _Emissions:
+    """Emissions delivered at once, kept: ``(topic, value, headers)``."""
+
+    atomic = False
+
+    def __init__(self):
+        self.sent = []
+
+    def batch(self):
+        return self
+
+    def send(self, topic, *, key, value, partition, headers=None, token=None):
+        self.sent.append((topic, value, headers or []))
+
+    async def delivered(self):
+        return []
+
+
+class _NoLog:
+    def committed(self, partition):
+        return 0
+
+    def read(self, *args, **kwargs):
+        return []
+
+
+async def test_the_sequencer_continues_a_sampled_trace_and_carries_it_to_the_transcript():
+    from turnlog.schemas import encode_event
+    from turnlog.settings import TopicNames
+    from turnlog.stream_processors.sequencer import Sequencer, SourceRecord
+
+    from tests.support import EventFactory
+
+    tracer, exporter = in_memory_tracing(ratio=0.0)  # the record's sampled flag decides, not the ratio
+    emissions = _Emissions()
+    topics = TopicNames("t")
+    sequencer = Sequencer(states={}, changelog="t-changelog", emissions=emissions, reader=_NoLog(), topics=topics,
+                          max_buffer=8, tracing=tracer)
+    f = EventFactory("s-seq")
+    parent = TraceContext(0xABC, 0xDEF)
+    unsampled = TraceContext(0x123, 0x456, flags=0)
+    events = [f.started(0), f.completed(1, 0, "hi"), f.completed(2, 1, "there"), f.ended(3, last_turn=1)]
+    headers = [(), parent.headers(), unsampled.headers(), [("traceparent", b"garbage")] * 3]
+    records = [SourceRecord(b"s-seq", encode_event(e), 0, offset, h)
+               for offset, (e, h) in enumerate(zip(events, headers, strict=True))]
+    await sequencer.process(records)
+    [span] = exporter.get_finished_spans()
+    assert span.kind is SpanKind.CONSUMER and span.name == "process t.events"
+    assert span.context.trace_id == parent.trace_id and span.parent.span_id == parent.span_id
+    assert span.attributes["turnlog.seq"] == 1 and span.attributes["messaging.kafka.offset"] == 1
+    carried = [context_from_headers(h) for topic, _, h in emissions.sent if topic == topics.transcript]
+    assert [c is not None for c in carried] == [False, True, False, False]
+    assert carried[1].trace_id == parent.trace_id and carried[1].span_id == span.context.span_id
+
+
+async def test_tracing_off_the_sequencer_adds_no_header():
+    from turnlog.schemas import encode_event
+    from turnlog.settings import TopicNames
+    from turnlog.stream_processors.sequencer import Sequencer, SourceRecord
+
+    from tests.support import EventFactory
+
+    emissions = _Emissions()
+    sequencer = Sequencer(states={}, changelog="t-changelog", emissions=emissions, reader=_NoLog(),
+                          topics=TopicNames("t"), max_buffer=8)
+    f = EventFactory("s-off")
+    await sequencer.process([SourceRecord(b"s-off", encode_event(f.started(0)), 0, 0,
+                                          TraceContext(1, 2).headers())])
+    [(_, _, headers)] = [sent for sent in emissions.sent if sent[0] == "t.transcript"]
+    assert context_from_headers(headers) is None
+
+
+def test_the_finalizer_sweep_has_a_finalize_span_of_its_own(tmp_path):
+    from turnlog.sinks import open_store
+    from turnlog.sinks.migrate import upgrade_to_head
+    from turnlog.stream_processors.finalizer import finalize_now
+
+    store = open_store(f"sqlite:///{tmp_path}/store.db")
+    upgrade_to_head(store.engine)
+    tracer, exporter = in_memory_tracing(ratio=1.0)
+    assert finalize_now(store, "no-such-session", tracer) is False
+    [span] = exporter.get_finished_spans()
+    assert span.name == "finalize" and span.attributes["turnlog.sweep"] is True
+    assert span.attributes["turnlog.finalized"] is False and span.attributes["turnlog.session_id"] == "no-such-session"
