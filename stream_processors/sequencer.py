@@ -191,6 +191,7 @@ class Sequencer:
         self._next_offset: dict[int, int] = {}  # partition -> the offset its next record should have
         self._repaired: dict[bytes, int] = {}  # key -> the next_seq whose gap was already read again
         self._unrepaired: dict[bytes, int] = {}  # key -> partition: a gap whose re-read failed (retried by retry_gaps)
+        self._held = HeldCounts()
 
     def forget(self, partitions: Iterable[int]) -> None:
         """Drop positions of revoked partitions: another worker may take them."""
@@ -198,6 +199,7 @@ class Sequencer:
         for partition in revoked:
             self._next_offset.pop(partition, None)
         self._unrepaired = {key: p for key, p in self._unrepaired.items() if p not in revoked}
+        self._held.forget(revoked)
 
     @property
     def has_unrepaired_gaps(self) -> bool:
@@ -270,6 +272,7 @@ class Sequencer:
                 # record as a gap, and the gap re-read applies the records since.
                 logger.error("state of %r not stored in %s: %s", key, self._changelog, error)
         self._states.update({key: value for key, (value, _) in new_states.items()})
+        self._held.update((key, record.partition, len(state.buffer)) for key, (state, record) in touched.items())
 
     def _decide_one(
         self, outbox: Outbox, touched: dict[bytes, tuple[SessionSequence, SourceRecord]], record: SourceRecord
@@ -590,6 +593,46 @@ class Sequencer:
                 SourceRecord(k, raw, record.partition, offset, headers) for offset, k, raw, headers in reread
             )
         return found
+
+
+class HeldCounts:
+    """The running counts behind ``turnlog_sequencer_reorder_buffer_events`` and
+    ``turnlog_sequencer_gaps_open``: per session with a non-empty reorder buffer on this
+    worker's partitions, its partition and how many events it holds.
+
+    Updated from the sessions each batch touched, after their states are stored (no scan of
+    the table); a revoked partition's sessions are dropped. A session restored with a buffer
+    after an assignment is counted from the first batch that touches it again (its next record
+    or its gap's re-read).
+    """
+
+    def __init__(self) -> None:
+        self._held: dict[bytes, tuple[int, int]] = {}  # key -> (partition, events buffered)
+        self._events = 0
+
+    def update(self, sessions: Iterable[tuple[bytes, int, int]]) -> None:
+        """``(key, partition, events buffered now)`` of each session a batch touched; then publish."""
+        for key, partition, buffered in sessions:
+            old = self._held.pop(key, None)
+            if old is not None:
+                self._events -= old[1]
+            if buffered:
+                self._held[key] = (partition, buffered)
+                self._events += buffered
+        self._publish()
+
+    def forget(self, partitions: Iterable[int]) -> None:
+        """Drop the sessions of revoked ``partitions`` (their buffers go with the partitions); then publish."""
+        revoked = set(partitions)
+        for key, (partition, buffered) in list(self._held.items()):
+            if partition in revoked:
+                del self._held[key]
+                self._events -= buffered
+        self._publish()
+
+    def _publish(self) -> None:
+        metrics.REORDER_BUFFER_EVENTS.set(self._events)
+        metrics.GAPS_OPEN.set(len(self._held))
 
 
 def _bounded(text: str, max_bytes: int) -> str:

@@ -197,3 +197,23 @@ async def test_every_transcript_record_carries_its_own_event_type_header() -> No
         (2, [("turnlog-type", b"turn.completed")]),  # released from the buffer: its own type, not seq 1's
         (3, [("turnlog-type", b"session.ended")]),
     ]
+
+
+def _held_gauges() -> tuple[float, float]:
+    return metrics.REORDER_BUFFER_EVENTS._value.get(), metrics.GAPS_OPEN._value.get()
+
+
+async def test_the_reorder_buffer_and_gaps_open_gauges_follow_each_batch_and_revocation() -> None:
+    f, g = EventFactory(), EventFactory()
+    # Seq 1 of f is nowhere in the log yet: seqs 2 and 3 wait for it; g's seq 2 waits for its seq 1.
+    waiting = [f.started(), f.completed(2, 1, "b"), f.completed(3, 2, "c"), g.started(), g.completed(2, 1, "b")]
+    records = _log_of(waiting)
+    sequencer, _, _ = _sequencer(_Log(records))
+    await sequencer.process(records)
+    assert _held_gauges() == (3, 2)
+    # f's missing seq arrives: its two buffered events are released behind it.
+    late = SourceRecord(f.session_id.encode(), encode_event(f.completed(1, 0, "a")), 0, len(records))
+    await sequencer.process([late])
+    assert _held_gauges() == (1, 1)
+    sequencer.forget([0])  # the partition is revoked: its buffers are another worker's now
+    assert _held_gauges() == (0, 0)
