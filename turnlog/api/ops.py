@@ -12,13 +12,13 @@ its own and within ``OPS_SOURCE_TIMEOUT_SECONDS``:
   recorders, spool fullness. The queries are fixed here; a client never
   sends PromQL.
 
-Load is the board's, not the clients': a refresh runs at most once per
-``ops_refresh_seconds`` whatever the number of clients, and each request waits
-at most for the one refresh in flight (bounded by the source timeout) before
-it is answered with the last snapshot. A source that hangs keeps its one
-thread and is reported ``timeout`` until it returns: it is never asked again
-meanwhile, so a hung broker, store or Prometheus costs one thread each, and
-the event loop never blocks on any of them.
+Load is the board's, not the clients': each source is read at most once per
+``ops_refresh_seconds`` whatever the number of clients, and a request is
+answered at once with each source's last outcome (it waits only for a
+source's very first read, until that read's deadline). A source that hangs
+keeps its one thread and is reported ``timeout`` until it returns: it is
+never asked again meanwhile, so a hung broker, store or Prometheus costs one
+thread each, delays no other figure, and never blocks the event loop.
 
 Every figure carries a ``state``: ``ok``, ``not_configured``, ``timeout``,
 ``unavailable`` (the source answered with an error or not at all) or
@@ -38,7 +38,6 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -64,11 +63,11 @@ __all__ = [
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-#: Longest one source (lag, store, Prometheus) may take in one refresh (seconds); a request
-#: waits at most about this long for a refresh in flight.
+#: Longest one read of a source (lag, store, Prometheus) may take (seconds); a request waits at
+#: most about this long, and only for a source's first read.
 OPS_SOURCE_TIMEOUT_SECONDS = 3.0
 #: How long past its own deadline a source's read may take to return before it counts as ``timeout``
-#: (its client's last round trip, closing a fetch); a request waits for a refresh this much longer again.
+#: (its client's last round trip, closing a fetch).
 OPS_SOURCE_GRACE_SECONDS = 0.5
 #: Most lag rows (group x topic x partition) one answer holds; the rest are counted as ``omitted``.
 MAX_LAG_ROWS = 1024
@@ -251,31 +250,81 @@ def _label(labels: dict[str, Any], name: str) -> str:
 
 
 class _Source(Generic[T]):
-    """One source's reads, on a thread of its own; a read still running is not started again."""
+    """One source's reads, on a thread of its own, at most once per ``interval``: a read is started
+    by a request that finds the last one older than that and none running, and its outcome is kept
+    for every later request. A read running longer than ``timeout`` (plus the grace) shows as
+    ``timeout``, and no other read of this source starts until it returns."""
 
-    def __init__(self, name: str, read: Callable[[float], T]) -> None:
+    def __init__(self, name: str, read: Callable[[float], T], *, interval: float, timeout: float) -> None:
         self.name = name
         self._read = read
+        self._interval = interval
+        self._timeout = timeout
         self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"turnlog-ops-{name}")
+        self._lock = threading.RLock()  # a read done at once runs its callback inside poke()
         self._running: Future[T] | None = None
+        self._started_at = -math.inf  # time.monotonic() when the running (or last) read started
+        self._finished_at = -math.inf  # ... when the last read finished
+        self._outcome: tuple[str, Any] = ("pending", None)
+        #: Reads started (tests and the ops bench read it).
+        self.reads = 0
 
-    def start(self, timeout: float) -> tuple[Future[T] | None, bool]:
-        """``(the read's future, whether it was started now)``; a read of an earlier refresh
-        still running is returned instead (``False``). None once closed."""
-        if self._running is not None and not self._running.done():
-            return self._running, False
-        try:
-            self._running = self._thread.submit(self._read, timeout)
-        except RuntimeError:  # closed
-            return None, False
-        return self._running, True
+    def poke(self, now: float) -> tuple[Future[T], float] | None:
+        """Start a read if one is due; returns ``(the running read, when it times out)`` while this
+        source has no outcome yet (a request may wait for its first one until then), else None."""
+        with self._lock:
+            running = self._running is not None and not self._running.done()
+            if not running and now - self._finished_at >= self._interval:
+                try:
+                    self._running = self._thread.submit(self._read, self._timeout)
+                except RuntimeError:  # closed
+                    return None
+                self._started_at = now
+                self.reads += 1
+                self._running.add_done_callback(self._finished)
+                running = True
+            if running and self._outcome[0] == "pending" and self._running is not None:
+                return self._running, self._started_at + self._timeout + OPS_SOURCE_GRACE_SECONDS
+            return None
+
+    def outcome(self, now: float) -> tuple[str, Any, float | None]:
+        """``(state, value, age in seconds of the read it comes from)``."""
+        with self._lock:
+            running = self._running is not None and not self._running.done()
+            if running and now - self._started_at > self._timeout + OPS_SOURCE_GRACE_SECONDS:
+                return "timeout", None, None
+            state, value = self._outcome
+            age = now - self._finished_at if math.isfinite(self._finished_at) else None
+            return state, value, age
 
     def close(self) -> None:
         self._thread.shutdown(wait=False, cancel_futures=True)
 
+    def _finished(self, future: Future[T]) -> None:
+        outcome: tuple[str, Any]
+        if future.cancelled():
+            return
+        error = future.exception()
+        if error is None:
+            outcome = ("ok", future.result())
+        elif isinstance(error, TimeoutError):
+            logger.warning("operations page: the %s source did not answer in time", self.name)
+            outcome = ("timeout", None)
+        else:
+            logger.warning("operations page: the %s source is unavailable (%s)", self.name, type(error).__name__)
+            outcome = ("unavailable", None)
+        with self._lock:
+            self._outcome, self._finished_at = outcome, time.monotonic()
+
 
 class OpsBoard:
-    """The figures of ``GET /api/ops``, refreshed at most once per ``refresh_seconds``.
+    """The figures of ``GET /api/ops``: each source read at most once per ``refresh_seconds``
+    whatever the number of requests, on its own thread, within ``source_timeout`` seconds.
+
+    A request never waits for a read except a source's very first one (until that read's
+    deadline): afterwards it is answered at once with each source's last outcome, so a slow
+    source delays neither the other figures nor the answer. A read running past its deadline
+    makes its figure ``timeout`` (its rows are dropped, not shown stale).
 
     ``lag``: a factory of the lag reader, called on the lag source's thread at its first
     read (so a broker that hangs never holds up the API's start); None: lag and throughput
@@ -293,27 +342,16 @@ class OpsBoard:
         source_timeout: float = OPS_SOURCE_TIMEOUT_SECONDS,
     ) -> None:
         self._refresh_seconds = refresh_seconds
-        self._timeout = source_timeout
         self._lag_factory = lag
         self._lag_reader: LagReader | None = None
         self._store = store
         self._prometheus = prometheus
-        self._sources: dict[str, _Source[Any]] = {}
-        if lag is not None:
-            self._sources["lag"] = _Source("lag", self._read_lag)
-        if store is not None:
-            self._sources["store"] = _Source("store", self._read_sessions)
-        if prometheus is not None:
-            self._sources["prometheus"] = _Source("prometheus", prometheus.read)
-        self._refresher = ThreadPoolExecutor(max_workers=1, thread_name_prefix="turnlog-ops-refresh")
-        self._lock = threading.Lock()
-        self._refreshing: Future[None] | None = None
-        self._snapshot: dict[str, Any] = self._empty()
-        self._snapshot_at = -math.inf  # time.monotonic() of the last finished refresh
         self._ends: tuple[float, dict[str, int]] | None = None  # the previous lag read's end offsets by topic
-        self._closed = False
-        #: Refreshes started (tests read it).
-        self.refreshes = 0
+        self.sources: dict[str, _Source[Any]] = {}
+        for name, read, wanted in (("lag", self._read_lag, lag), ("store", self._read_sessions, store),
+                                   ("prometheus", prometheus.read if prometheus else None, prometheus)):
+            if wanted is not None and read is not None:
+                self.sources[name] = _Source(name, read, interval=refresh_seconds, timeout=source_timeout)
 
     @classmethod
     def for_settings(cls, settings: TurnlogSettings, store: SqlStore) -> OpsBoard:
@@ -327,22 +365,32 @@ class OpsBoard:
         )
 
     async def figures(self) -> dict[str, Any]:
-        """The latest snapshot (its ``age_seconds`` set), after a refresh if the last one is
-        older than the interval; waits at most for the refresh in flight."""
-        refresh = self._refresh_if_due()
-        if refresh is not None:
-            await asyncio.wait({asyncio.wrap_future(refresh)}, timeout=self._timeout + 2 * OPS_SOURCE_GRACE_SECONDS)
-        with self._lock:
-            snapshot, at = self._snapshot, self._snapshot_at
-        age = time.monotonic() - at
-        return {**snapshot, "age_seconds": round(age, 3) if math.isfinite(age) else None}
+        """Every figure as its source last gave it (reads started where due); waits only for a
+        source's first read, at most until that read's deadline."""
+        now = time.monotonic()
+        first_reads = {name: poked for name, source in self.sources.items() if (poked := source.poke(now)) is not None}
+        if first_reads:
+            deadline = max(until for _, until in first_reads.values())
+            waiting = {asyncio.wrap_future(future) for future, _ in first_reads.values()}
+            for awaitable in waiting:  # its outcome is the source's; read here so none is reported unread
+                awaitable.add_done_callback(lambda f: f.cancelled() or f.exception())
+            await asyncio.wait(waiting, timeout=max(0.0, deadline - time.monotonic()))
+        now = time.monotonic()
+        outcomes = {name: source.outcome(now) for name, source in self.sources.items()}
+        for name in first_reads:  # a first read not done by its deadline (the wait may wake a tick early)
+            if outcomes[name][0] == "pending":
+                outcomes[name] = ("timeout", None, None)
+        return {
+            "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
+            "refresh_seconds": self._refresh_seconds,
+            **self._lag_figures(outcomes.get("lag")),
+            "sessions_open": self._sessions_figure(outcomes.get("store")),
+            "prometheus": self._prometheus_figures(outcomes.get("prometheus")),
+        }
 
     def close(self) -> None:
-        """Stop refreshing; a read still running finishes on its own thread, unwaited."""
-        with self._lock:
-            self._closed = True
-        self._refresher.shutdown(wait=False, cancel_futures=True)
-        for source in self._sources.values():
+        """Stop reading; a read still running finishes on its own thread, unwaited."""
+        for source in self.sources.values():
             source.close()
         if self._prometheus is not None:
             self._prometheus.close()
@@ -352,68 +400,23 @@ class OpsBoard:
             except Exception as e:  # closing a reader whose broker is away
                 logger.warning("the operations page's lag reader did not close cleanly (%s)", type(e).__name__)
 
-    # -- refreshing ---------------------------------------------------------------------------
+    # -- the sources' reads (each on its own thread) -----------------------------------------
 
-    def _refresh_if_due(self) -> Future[None] | None:
-        """The refresh in flight, a new one when the snapshot is due, or None (fresh enough)."""
-        with self._lock:
-            if self._closed:
-                return None
-            if self._refreshing is not None and not self._refreshing.done():
-                return self._refreshing
-            if time.monotonic() - self._snapshot_at < self._refresh_seconds:
-                return None
-            try:
-                self._refreshing = self._refresher.submit(self._refresh)
-            except RuntimeError:  # closed meanwhile
-                return None
-            self.refreshes += 1
-            return self._refreshing
-
-    def _refresh(self) -> None:
-        started = {name: source.start(self._timeout) for name, source in self._sources.items()}
-        futures = [future for future, _ in started.values() if future is not None]
-        wait_futures(futures, timeout=self._timeout + OPS_SOURCE_GRACE_SECONDS)
-        outcomes = {name: _outcome(name, future, fresh) for name, (future, fresh) in started.items()}
-        snapshot = {
-            "generated_at": dt.datetime.now(dt.UTC).isoformat(timespec="milliseconds"),
-            "refresh_seconds": self._refresh_seconds,
-            **self._lag_figures(outcomes.get("lag")),
-            "sessions_open": self._sessions_figure(outcomes.get("store")),
-            "prometheus": self._prometheus_figures(outcomes.get("prometheus")),
-        }
-        with self._lock:
-            self._snapshot, self._snapshot_at = snapshot, time.monotonic()
-
-    def _read_lag(self, timeout: float) -> Sequence[PartitionLagLike]:
+    def _read_lag(self, timeout: float) -> dict[str, Any]:
+        """The lag rows and the throughput since the previous read."""
         if self._lag_reader is None:
             assert self._lag_factory is not None
             self._lag_reader = self._lag_factory()
-        return self._lag_reader.read(timeout)
-
-    def _read_sessions(self, _timeout: float) -> int:
-        assert self._store is not None
-        with self._store.engine.connect() as conn:
-            return count_open_sessions(conn)
-
-    def _lag_figures(self, outcome: tuple[str, Any] | None) -> dict[str, Any]:
-        if outcome is None:
-            return {"lag": {"state": "not_configured", "partitions": [], "omitted": 0},
-                    "throughput": {"state": "not_configured", "topics": []}}
-        state, lags = outcome
-        if state != "ok":
-            return {"lag": {"state": state, "partitions": [], "omitted": 0},
-                    "throughput": {"state": state, "topics": []}}
+        lags = self._lag_reader.read(timeout)
         rows = [
             {"group": lag.group, "topic": lag.topic, "partition": lag.partition, "committed": lag.committed,
              "end": lag.end, "records": lag.records,
              "seconds": round(lag.seconds, 3) if math.isfinite(lag.seconds) else None}
             for lag in lags[:MAX_LAG_ROWS]
         ]
-        return {"lag": {"state": "ok", "partitions": rows, "omitted": max(0, len(lags) - MAX_LAG_ROWS)},
-                "throughput": self._throughput(lags)}
+        return {"partitions": rows, "omitted": max(0, len(lags) - MAX_LAG_ROWS), "topics": self._throughput(lags)}
 
-    def _throughput(self, lags: Sequence[PartitionLagLike]) -> dict[str, Any]:
+    def _throughput(self, lags: Sequence[PartitionLagLike]) -> list[dict[str, Any]]:
         """Offsets per second of each topic since the previous read: its partitions' end
         offsets summed (each partition once, whatever the groups reading it)."""
         ends: dict[tuple[str, int], int] = {}
@@ -430,24 +433,45 @@ class OpsBoard:
             if previous is not None and topic in previous[1] and now > previous[0] and total >= previous[1][topic]:
                 rate = round((total - previous[1][topic]) / (now - previous[0]), 3)
             topics.append({"topic": topic, "end_offsets": total, "records_per_second": rate})
-        return {"state": "ok", "topics": topics}
+        return topics
+
+    def _read_sessions(self, _timeout: float) -> int:
+        assert self._store is not None
+        with self._store.engine.connect() as conn:
+            return count_open_sessions(conn)
+
+    # -- the answer ---------------------------------------------------------------------------
 
     @staticmethod
-    def _sessions_figure(outcome: tuple[str, Any] | None) -> dict[str, Any]:
+    def _lag_figures(outcome: tuple[str, Any, float | None] | None) -> dict[str, Any]:
+        if outcome is None:
+            return {"lag": {"state": "not_configured", "partitions": [], "omitted": 0, "age_seconds": None},
+                    "throughput": {"state": "not_configured", "topics": []}}
+        state, value, age = outcome
+        if state != "ok":
+            return {"lag": {"state": state, "partitions": [], "omitted": 0, "age_seconds": None},
+                    "throughput": {"state": state, "topics": []}}
+        return {"lag": {"state": "ok", "partitions": value["partitions"], "omitted": value["omitted"],
+                        "age_seconds": _age(age)},
+                "throughput": {"state": "ok", "topics": value["topics"]}}
+
+    @staticmethod
+    def _sessions_figure(outcome: tuple[str, Any, float | None] | None) -> dict[str, Any]:
         if outcome is None:
             return {"state": "not_configured", "count": None}
-        state, count = outcome
+        state, count, _ = outcome
         return {"state": state, "count": count if state == "ok" else None}
 
     @staticmethod
-    def _prometheus_figures(outcome: tuple[str, Any] | None) -> dict[str, Any]:
+    def _prometheus_figures(outcome: tuple[str, Any, float | None] | None) -> dict[str, Any]:
         if outcome is None:
             return {"state": "not_configured"}
-        state, figures = outcome
+        state, figures, age = outcome
         if state != "ok":
             return {"state": state}
         return {
             "state": "ok",
+            "age_seconds": _age(age),
             "window": PROMETHEUS_WINDOW,
             "turn_to_store_seconds": {"p50": figures.turn_to_store_p50, "p99": figures.turn_to_store_p99},
             "turns_stored_per_second": figures.turns_stored_per_second,
@@ -456,31 +480,6 @@ class OpsBoard:
             "spool_fullness": figures.spool,
         }
 
-    def _empty(self) -> dict[str, Any]:
-        pending = {"state": "pending"}
-        return {
-            "generated_at": None,
-            "refresh_seconds": self._refresh_seconds,
-            "lag": {**pending, "partitions": [], "omitted": 0},
-            "throughput": {**pending, "topics": []},
-            "sessions_open": {**pending, "count": None},
-            "prometheus": pending if self._prometheus is not None else {"state": "not_configured"},
-        }
 
-
-def _outcome(name: str, future: Future[Any] | None, fresh: bool) -> tuple[str, Any]:
-    """``(state, value)`` of one source's read in this refresh."""
-    if future is None:
-        return "unavailable", None
-    if not future.done():
-        if fresh:
-            logger.warning("operations page: the %s source did not answer within the refresh's deadline", name)
-        return "timeout", None
-    try:
-        return "ok", future.result()
-    except TimeoutError:
-        logger.warning("operations page: the %s source did not answer in time", name)
-        return "timeout", None
-    except Exception as e:
-        logger.warning("operations page: the %s source is unavailable (%s)", name, type(e).__name__)
-        return "unavailable", None
+def _age(seconds: float | None) -> float | None:
+    return round(seconds, 3) if seconds is not None else None

@@ -104,10 +104,13 @@ function render(ops) {
   fill("degraded", degraded.instances.map((d) => [d.instance, d.job]), why);
   fill("spool", ready ? prom.spool_fullness.map((s) => [s.instance, s.job, Math.round(s.fullness * 100) + " %"]) : [], why);
 
-  $("updated").textContent = ops.generated_at ? "read " + ops.generated_at + (ops.age_seconds > 0 ? ` (${ops.age_seconds.toFixed(1)} s ago)` : "") : "";
+  const age = lag.age_seconds;
+  $("updated").textContent = "at " + ops.generated_at + (age ? ` · lag read ${age.toFixed(1)} s before` : "");
   view.polls += 1;
   view.error = null;
-  const stale = ops.age_seconds !== null && ops.age_seconds > 3 * ops.refresh_seconds;
+  // Lag not read (pending, timing out, unavailable) or read over three refresh intervals ago: stale.
+  const unread = lag.state !== "ok" && lag.state !== "not_configured";
+  const stale = unread || (age !== null && age > 3 * ops.refresh_seconds);
   setState(stale ? "stale" : "live");
 }
 
