@@ -16,6 +16,7 @@ than the refresh interval, so scrapes and page refreshes never multiply that wor
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import logging
 import math
@@ -45,6 +46,8 @@ StoredOffsets = Callable[[Sequence[str]], Mapping[tuple[str, int], int]]
 #: Bytes one partition's fetch asks for: the record at the committed offset is all a read needs
 #: (the broker still returns a larger first record whole).
 _FETCH_BYTES = 64 * 1024
+#: Distinct end offsets remembered per partition (:meth:`LagMonitor._absent_at`).
+_ENDS_KEPT = 64
 
 
 @dataclass(frozen=True)
@@ -57,7 +60,10 @@ class PartitionLag:
     group stands (0 when only transaction markers or aborted records are left before
     ``end``); ``seconds`` is the read's time minus the timestamp of the first record the
     group has not processed (0 when caught up; NaN when that record was not fetched
-    before the read's deadline).
+    before the read's deadline), clamped to at least 0 and at most the time since a read
+    of the same monitor saw the partition end at or before that record: the timestamp is
+    the producer's (CreateTime), and a record stamped in 1970 or by a skewed clock must not
+    read as decades of lag (the first read of a partition has no such bound yet).
     """
 
     group: str
@@ -130,6 +136,9 @@ class LagMonitor:
         self._last: list[PartitionLag] | None = None
         self._last_read_at = -math.inf  # time.monotonic() of the last read
         self._published: set[tuple[str, str, str]] = set()
+        #: (topic, partition) -> (time, end) of past reads, ends increasing: bounds a record's age
+        #: whatever its timestamp says (a producer sets it: a record stamped 1970 is not 56 years old)
+        self._ends_seen: dict[tuple[str, int], collections.deque[tuple[float, int]]] = {}
 
     def read(self, timeout: float) -> list[PartitionLag]:
         """Read every group's lag now, within ``timeout`` seconds: one snapshot, sorted by
@@ -197,7 +206,11 @@ class LagMonitor:
         committed = {source.group: self._committed(source, deadline) for source in self._sources}
         topics = sorted({topic for source in self._sources if committed[source.group] is not None
                          for topic in source.topics})
+        looked_at = self._clock()  # before the ends are read: a record past an end was appended after it
         marks = {topic: self._offsets.watermarks(topic, deadline=deadline) for topic in topics}
+        for topic, partitions in marks.items():
+            for partition, mark in partitions.items():
+                self._note_end(topic, partition, mark.high, looked_at)
         standing: list[tuple[str, str, int, int | None, int, int]] = []  # group, topic, partition, offset, start, end
         for source in self._sources:
             offsets = committed[source.group]
@@ -219,8 +232,28 @@ class LagMonitor:
             elif isinstance(first, _NoneLeft):
                 found.append(PartitionLag(group, topic, partition, offset, end, 0, 0.0))
             else:
-                found.append(PartitionLag(group, topic, partition, offset, end, end - start, max(0.0, now - first)))
+                seconds = min(max(0.0, now - first), now - self._absent_at(topic, partition, start))
+                found.append(PartitionLag(group, topic, partition, offset, end, end - start, seconds))
         return sorted(found, key=lambda lag: (lag.group, lag.topic, lag.partition))
+
+    def _note_end(self, topic: str, partition: int, end: int, at: float) -> None:
+        """Remember that ``topic[partition]`` ended at ``end`` at ``at`` (the clock's seconds): the
+        last :data:`_ENDS_KEPT` distinct ends, each with the latest time it was seen."""
+        seen = self._ends_seen.setdefault((topic, partition), collections.deque(maxlen=_ENDS_KEPT))
+        if seen and seen[-1][1] >= end:
+            if seen[-1][1] == end:
+                seen[-1] = (at, end)
+            return
+        seen.append((at, end))
+
+    def _absent_at(self, topic: str, partition: int, offset: int) -> float:
+        """The latest time a read of this monitor saw ``topic[partition]`` end at or before
+        ``offset`` (the record there was appended later: its age is at most now minus that
+        time); -inf when no kept read did."""
+        for at, end in reversed(self._ends_seen.get((topic, partition), ())):
+            if end <= offset:
+                return at
+        return -math.inf
 
     def _committed(self, source: CommittedSource, deadline: float) -> dict[tuple[str, int], int] | None:
         """``{(topic, partition): next offset}`` of ``source``; None when it has none at all

@@ -1,0 +1,47 @@
+"""Consumer lag in seconds when a record's timestamp lies (turnlog/kafka/lag.py): a producer sets
+a record's CreateTime, so a hostile or skewed one must not make the lag read as decades."""
+
+from __future__ import annotations
+
+import time
+import uuid
+
+from confluent_kafka import Consumer, Producer, TopicPartition
+
+from turnlog.kafka.lag import CommittedSource, LagMonitor
+
+from tests.support import wait_until
+
+TIMEOUT = 60
+
+
+def committed_at(settings, group: str, topic: str, offset: int) -> None:
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": group,
+                         "enable.auto.commit": False})
+    try:
+        consumer.commit(offsets=[TopicPartition(topic, 0, offset)], asynchronous=False)
+    finally:
+        consumer.close()
+
+
+def test_a_record_stamped_in_1970_is_not_decades_of_lag(transcript):
+    settings, _ = transcript
+    topic, group = settings.topics.events, f"lag-stamp-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
+    producer.produce(topic, b"honest", key=b"s", partition=0)
+    assert producer.flush(10) == 0
+    committed_at(settings, group, topic, 1)  # the group has processed the honest record: caught up
+    monitor = LagMonitor(settings, committed_sources=[CommittedSource(group, (topic,))])
+    try:
+        before_first_read = time.time()
+        caught_up = wait_until(lambda: [lag for lag in monitor.read(timeout=20) if lag.partition == 0] or None,
+                               timeout=TIMEOUT, what="the first read of partition 0")
+        assert (caught_up[0].records, caught_up[0].seconds) == (0, 0.0)
+        producer.produce(topic, b"stamped 1970", key=b"s", partition=0, timestamp=1)  # 1 ms after the epoch
+        assert producer.flush(10) == 0
+        lag = wait_until(lambda: [lag for lag in monitor.read(timeout=20) if lag.partition == 0 and lag.records]
+                         or None, timeout=TIMEOUT, what="the 1970 record seen")[0]
+        # appended after the first read saw the partition end before it: younger than that read
+        assert lag.records == 1 and 0.0 <= lag.seconds <= time.time() - before_first_read
+    finally:
+        monitor.close()
