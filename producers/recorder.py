@@ -53,7 +53,7 @@ from typing import Any
 
 import msgspec
 
-from turnlog import kafka
+from turnlog import kafka, metrics
 from turnlog.crypto.config import recorder_kek
 from turnlog.crypto.envelope import EpochSealer
 from turnlog.crypto.keys import KekPublicKey
@@ -541,6 +541,7 @@ class SessionRecorder:
             self._redact_partial = partial_redaction(self.redactor) if self.redactor is not None else None
         self._loop = asyncio.get_running_loop()
         await asyncio.to_thread(self._drainer.start)
+        metrics.SPOOL_MAX_BYTES.set(self.settings.spool_max_bytes)
         self._erasures.start()  # after the drainer adopted orphans: the first pass reads the ledger for them
         if self._timer is None:
             self._timer = asyncio.create_task(self._flush_partials_forever(), name="turnlog-partial-timer")
@@ -586,7 +587,7 @@ class SessionRecorder:
             started_at=_checked_time(started_at, "started_at") if started_at else _utcnow(),
             metadata=dict(metadata or {}),
         )
-        self._sessions[session_id] = session
+        self._open_session(session)
         await self._settle(ticket)
         return session
 
@@ -653,7 +654,7 @@ class SessionRecorder:
             turns=grant.turns,
             kek=self._kek,
         )
-        self._sessions[session_id] = session
+        self._open_session(session)
         logger.info(
             "resumed %s at epoch %d, seq %d, turn %d", session_id, session.epoch, session.next_seq,
             session.next_turn_index
@@ -701,6 +702,8 @@ class SessionRecorder:
             except RecorderError as e:
                 logger.error("session %s: partial not spooled at close: %s", session.session_id, e)
         await asyncio.to_thread(self._drainer.close, self.settings.spool_close_timeout_seconds)
+        for session in list(self._sessions.values()):  # no longer recorded here (a later end() forgets nothing)
+            self._forget(session)
         await asyncio.to_thread(self._erasures.close)
         if self._barrier is not None:
             self._barrier.close()
@@ -893,9 +896,15 @@ class SessionRecorder:
         logger.warning("session %s was forgotten (erasure ledger, reason %s): its undelivered events were dropped "
                        "from the spool and further writes raise SessionErasedError", session.session_id, reason)
 
+    def _open_session(self, session: RecordedSession) -> None:
+        """Record ``session`` as open here (``turnlog_recorder_sessions_open`` counts it until :meth:`_forget`)."""
+        self._sessions[session.session_id] = session
+        metrics.RECORDER_SESSIONS_OPEN.inc()
+
     def _forget(self, session: RecordedSession) -> None:
         if self._sessions.get(session.session_id) is session:
             del self._sessions[session.session_id]
+            metrics.RECORDER_SESSIONS_OPEN.dec()
 
     async def _flush_partials_forever(self) -> None:
         interval = self.settings.flush_interval_seconds

@@ -30,6 +30,7 @@ from typing import TypeVar
 from sqlalchemy.engine import Connection
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if_result, wait_exponential, wait_fixed
 
+from turnlog import metrics
 from turnlog.kafka import BrokerError, OffsetReader
 from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.grant import ResumeGrant, StoredTurn
@@ -37,16 +38,28 @@ from turnlog.producers.partitioning import partition_for
 from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import EpochGrant, issue_epoch_grant
-from turnlog.sinks import SessionPosition, SqlStore, StoreUnavailableError
+from turnlog.sinks import SessionPosition, SqlStore, StoreError, StoreUnavailableError
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.reads import get_session, get_turns, turn_page
 
-__all__ = ["ResumeBarrier", "claim_resume"]
+__all__ = ["ResumeBarrier", "claim_resume", "record_resume", "RESUME_OUTCOMES"]
 
 logger = logging.getLogger(__name__)
 POLL_INTERVAL_SECONDS = 0.05
 FIRST_POLL_SECONDS = 0.005
 _T = TypeVar("_T")
+#: The ``outcome`` label of ``turnlog_resume_seconds``: the grant of an active session; the barrier's
+#: timeout; a forgotten session; no such session or one no longer active (nothing claimed); anything else.
+RESUME_OUTCOMES = ("granted", "timeout", "erased", "refused", "error")
+
+
+def record_resume(outcome: str, started: float) -> None:
+    """Observe one resume in ``turnlog_resume_seconds{outcome}``: ``time.monotonic()`` now minus
+    ``started``. :meth:`ResumeBarrier.grant` records each of its calls; a caller that refuses a
+    resume before the barrier (the API, for a forgotten session) records that one itself."""
+    metrics.RESUME_SECONDS.labels(outcome if outcome in RESUME_OUTCOMES else "error").observe(
+        time.monotonic() - started
+    )
 
 
 def claim_resume(
@@ -142,11 +155,48 @@ class ResumeBarrier:
         ``fleets``; None: every fleet). A grant whose ``status`` is not
         ``active`` claimed nothing: the session cannot be resumed.
 
+        Each call is recorded in ``turnlog_resume_seconds`` (:func:`record_resume`) with its
+        outcome: ``granted``, ``timeout``, ``erased`` (the store has no such session but an
+        erasure of it), ``refused`` (none, or not active), ``error``.
+
         Raises:
             ResumeBarrierTimeout: the sequencer or the sink did not catch up, or
                 the store did not answer, within ``timeout`` seconds.
         """
-        deadline = time.monotonic() + timeout
+        started = time.monotonic()
+        outcome = "error"
+        try:
+            grant = self._grant(session_id, started + timeout, fleets=fleets, turn_limit=turn_limit,
+                                max_bytes=max_bytes)
+            if grant is not None:
+                outcome = "granted" if grant.status == SessionStatus.ACTIVE else "refused"
+            else:
+                outcome = "erased" if self._erased(session_id) else "refused"
+            return grant
+        except ResumeBarrierTimeout:
+            outcome = "timeout"
+            raise
+        finally:
+            record_resume(outcome, started)
+
+    def _erased(self, session_id: str) -> bool:
+        """Whether the store holds an erasure of ``session_id`` (for the outcome label only: a
+        store that does not answer now counts as no erasure)."""
+        try:
+            with store_errors(), self._store.engine.connect() as conn:
+                return self._store.erasures.state(conn, session_id) is not None
+        except StoreError:
+            return False
+
+    def _grant(
+        self,
+        session_id: str,
+        deadline: float,
+        *,
+        fleets: Collection[str] | None,
+        turn_limit: int | None,
+        max_bytes: int | None,
+    ) -> ResumeGrant | None:
         key = self._settings.epoch_grant_key
         grant_key = key.get_secret_value() if key is not None else None
 

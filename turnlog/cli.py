@@ -397,7 +397,8 @@ def api(
     from turnlog.sinks import open_store
     from turnlog.sinks.migrate import wait_for_head
 
-    settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url, api_host=host, api_port=port)
+    settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url, api_host=host,
+                                 api_port=port)
     if not settings.api_tokens:
         logging.getLogger(__name__).warning("TURNLOG_API_TOKENS is empty: every API request will get 401")
     _opener(settings)  # the live hub opens sealed records: a bad keyring stops the API here

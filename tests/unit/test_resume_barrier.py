@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import time
 
 import msgspec
 import pytest
+from prometheus_client import REGISTRY
 from sqlalchemy import text
 
 from turnlog.producers import resume
 from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.resume import ResumeBarrier
+from turnlog.schemas.erasure import Erasure
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import StoreError, StoreUnavailableError, open_store
 from turnlog.sinks.migrate import upgrade_to_head
@@ -96,4 +99,41 @@ def test_a_session_the_token_sees_closed_is_answered_without_the_barrier_and_hid
     assert granted.max_turn_index == 4
     whole = gate.grant("active-a", 5, fleets={"fleet-a"})  # the direct path: every turn
     assert [t.turn_index for t in whole.turns] == [0, 1, 2, 3, 4] and whole.next_after_turn is None
+    store.engine.dispose()
+
+
+# -- every grant is recorded in turnlog_resume_seconds by its outcome -------------------------
+def resume_count(outcome: str) -> float:
+    return REGISTRY.get_sample_value("turnlog_resume_seconds_count", {"outcome": outcome}) or 0.0
+
+
+def test_each_grant_is_recorded_once_with_its_outcome(tmp_path, monkeypatch):
+    store = recorded_store(tmp_path)
+    with store.engine.begin() as conn:
+        store.erasures.request(conn, Erasure(session_id="forgotten-a", fleet="fleet-a", requested_by="cli:test",
+                                             requested_at=dt.datetime.now(dt.UTC)))
+    gate = ResumeBarrier(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), store)
+    monkeypatch.setattr(gate, "_catch_up", lambda session_id, deadline: None)
+    before = {outcome: resume_count(outcome) for outcome in resume.RESUME_OUTCOMES}
+
+    assert gate.grant("active-a", 5).resumable  # granted
+    assert not gate.grant("ended-a", 5).resumable  # refused: no longer active
+    assert gate.grant("no-such-session", 5) is None  # refused: unknown
+    assert gate.grant("forgotten-a", 5) is None  # erased: gone from the store, its erasure kept
+
+    def stuck(session_id, deadline):
+        raise ResumeBarrierTimeout("the sink did not catch up")
+
+    monkeypatch.setattr(gate, "_catch_up", stuck)
+    with pytest.raises(ResumeBarrierTimeout):
+        gate.grant("active-a", 5)
+
+    def broken(session_id, deadline):
+        raise RuntimeError("a bug")
+
+    monkeypatch.setattr(gate, "_catch_up", broken)
+    with pytest.raises(RuntimeError):
+        gate.grant("active-a", 5)
+    after = {outcome: resume_count(outcome) - before[outcome] for outcome in resume.RESUME_OUTCOMES}
+    assert after == {"granted": 1, "refused": 2, "erased": 1, "timeout": 1, "error": 1}
     store.engine.dispose()

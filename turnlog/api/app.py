@@ -93,6 +93,7 @@ from sse_starlette.sse import SendTimeoutError
 from starlette.types import Receive, Send
 from starlette.types import Scope as AsgiScope
 
+from turnlog import metrics
 from turnlog.api.auth import Scope, TokenTable
 from turnlog.api.headers import SecurityHeaders
 from turnlog.api.limits import SlotLimiter
@@ -101,7 +102,7 @@ from turnlog.follow import FollowerFellBehind, SessionErased, TranscriptHub, fol
 from turnlog.kafka import BrokerUnavailableError
 from turnlog.producers.exceptions import ResumeBarrierTimeout
 from turnlog.producers.grant import MAX_RESUME_TIMEOUT_SECONDS, RESUME_TURN_PAGE, ResumeGrant, encode_grant
-from turnlog.producers.resume import ResumeBarrier
+from turnlog.producers.resume import ResumeBarrier, record_resume
 from turnlog.readiness import mark_not_ready, mark_ready
 from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
@@ -500,7 +501,8 @@ def create_app(
         if not _may_exist(session_id):
             raise HTTPException(404, "no such session")
         wait = timeout if timeout is not None else min(settings.resume_timeout_seconds, MAX_RESUME_TIMEOUT_SECONDS)
-        deadline = time.monotonic() + wait
+        started = time.monotonic()
+        deadline = started + wait
         key = granted.token_number
         if not resumes.try_acquire(key):
             raise HTTPException(
@@ -514,7 +516,11 @@ def create_app(
             if left <= 0:
                 raise ResumeBarrierTimeout(f"resume of {session_id}: no free resume worker within {wait:g}s")
             with store.engine.connect() as conn:  # a forgotten session is never claimed again
-                refuse_if_erased(conn, session_id, granted)
+                try:
+                    refuse_if_erased(conn, session_id, granted)
+                except SessionGone:  # refused before the barrier, which records every other resume
+                    record_resume("erased", started)
+                    raise
             return resume_barrier.grant(
                 session_id, left, fleets=granted.fleets, turn_limit=RESUME_TURN_PAGE, max_bytes=settings.api_page_bytes
             )
@@ -658,7 +664,8 @@ def create_app(
 
 class _BoundedEventStream(EventSourceResponse):
     """An SSE response that gives its live-stream slot back however it ends (``on_close``), and
-    treats a client that accepts nothing for ``send_timeout`` seconds as gone."""
+    treats a client that accepts nothing for ``send_timeout`` seconds as gone. Counted in
+    ``turnlog_api_live_streams`` while it is being served."""
 
     def __init__(self, content: AsyncIterator[ServerSentEvent], *, session_id: str, on_close: Callable[[], None],
                  **kwargs: Any) -> None:
@@ -667,12 +674,14 @@ class _BoundedEventStream(EventSourceResponse):
         self._on_close = on_close
 
     async def __call__(self, scope: AsgiScope, receive: Receive, send: Send) -> None:
+        metrics.API_LIVE_STREAMS.inc()
         try:
             await super().__call__(scope, receive, send)
         except SendTimeoutError:
             logger.warning("live stream of %s closed: its client accepted nothing for %gs", self._session_id,
                            self.send_timeout)
         finally:
+            metrics.API_LIVE_STREAMS.dec()
             self._on_close()
 
 
