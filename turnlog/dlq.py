@@ -9,7 +9,7 @@ came from, ``turnlog-source-topic``, ``turnlog-source-partition``,
 
 from __future__ import annotations
 
-__all__ = ["MAX_REASON_BYTES", "REASON_HEADER", "bounded_reason", "dlq_headers", "reason_class"]
+__all__ = ["MAX_REASON_BYTES", "REASON_CLASSES", "REASON_HEADER", "bounded_reason", "dlq_headers", "reason_class"]
 
 REASON_HEADER = "turnlog-reason"
 
@@ -37,6 +37,16 @@ def dlq_headers(reason: str, topic: str, partition: int, offset: int) -> list[tu
     ]
 
 
+#: The class words the stages write (the ``reason`` label of ``turnlog_dlq_total``): the sequencer's
+#: (stream_processors/sequencer.py, sequencing.py, admission.py) and the sink's (sinks/service.py).
+REASON_CLASSES = frozenset({
+    "after session.ended", "epoch not issued", "fenced", "forged fleet", "foreign fleet", "internal", "invalid",
+    "misrouted", "no owner", "overflow", "refused", "sink", "too large", "unauthenticated", "unreadable",
+})
+
+
 def reason_class(reason: str) -> str:
-    """``"fenced"`` for ``"fenced: epoch 0 ..."`` (the metric label)."""
-    return reason.split(":", 1)[0]
+    """``"fenced"`` for ``"fenced: epoch 0 ..."`` (the metric label): one of :data:`REASON_CLASSES`,
+    or ``"other"`` for any other reason, so the label stays a bounded set whatever a reason holds."""
+    word = reason.split(":", 1)[0]
+    return word if word in REASON_CLASSES else "other"
