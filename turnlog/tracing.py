@@ -30,7 +30,8 @@ Hostile headers: a record's headers are read by :func:`context_from_headers`,
 which looks at no more than :data:`MAX_HEADERS_SCANNED` headers, accepts a
 ``traceparent`` only in the W3C version-00 form (55 ASCII bytes, non-zero ids)
 and only when exactly one is present, and a ``tracestate`` of at most
-:data:`MAX_TRACESTATE_BYTES`. Anything else is ignored: the record is processed
+:data:`MAX_TRACESTATE_BYTES` of W3C list members (else dropped before OpenTelemetry
+sees it, since it would log the refused text per record). Anything else is ignored: the record is processed
 untraced, never refused for its trace headers.
 """
 
@@ -76,6 +77,12 @@ MAX_LINKS = 64
 _TRACEPARENT_BYTES = 55  # "00-" 32 hex "-" 16 hex "-" 2 hex
 _TRACEPARENT = re.compile(rb"00-([0-9a-f]{32})-([0-9a-f]{16})-([0-9a-f]{2})")
 _SAMPLED = 0x01
+# A tracestate list member (W3C Trace Context, "tracestate Header Field Values"): key "=" value.
+_TRACESTATE_MEMBER = re.compile(
+    r"([a-z][_0-9a-z\-*/]{0,255}|[a-z0-9][_0-9a-z\-*/]{0,240}@[a-z][_0-9a-z\-*/]{0,13})"
+    r"=[\x20-\x2b\x2d-\x3c\x3e-\x7e]{0,255}[\x21-\x2b\x2d-\x3c\x3e-\x7e]"
+)
+_TRACESTATE_MEMBERS = 32
 
 SpanKindName = Literal["producer", "consumer", "internal"]
 AttributeValue = str | int | bool | float
@@ -107,8 +114,9 @@ class TraceContext:
 
 def parse_traceparent(value: bytes | str | None, tracestate: bytes | str | None = None) -> TraceContext | None:
     """The context of a W3C ``traceparent`` value (version 00, lower-case hex, ids not all
-    zero), with ``tracestate`` if it is printable ASCII of at most ``MAX_TRACESTATE_BYTES``
-    (else dropped); None for anything else. Never raises for what the value holds."""
+    zero), with ``tracestate`` if it is at most ``MAX_TRACESTATE_BYTES`` of W3C list members
+    (at most 32, keys distinct; else dropped); None for anything else. Never raises for what
+    the value holds."""
     if isinstance(value, str):
         if len(value) != _TRACEPARENT_BYTES or not value.isascii():
             return None
@@ -134,7 +142,20 @@ def _tracestate(value: bytes | str | None) -> str:
             return ""
     if not isinstance(value, str) or len(value) > MAX_TRACESTATE_BYTES or not value.isascii():
         return ""
-    return value if value.isprintable() else ""
+    if not value.isprintable():
+        return ""
+    # W3C's list grammar, as OpenTelemetry's TraceState checks it: a value it would refuse is
+    # dropped here, silently, instead of being logged (with its text) by OpenTelemetry per record.
+    keys = []
+    for member in value.split(","):
+        member = member.strip(" \t")  # optional whitespace (RFC 9110, 5.6.3)
+        if not member:
+            continue  # an empty list member is allowed
+        match = _TRACESTATE_MEMBER.fullmatch(member)
+        if match is None:
+            return ""
+        keys.append(match[1])
+    return value if len(keys) <= _TRACESTATE_MEMBERS and len(set(keys)) == len(keys) else ""
 
 
 def context_from_headers(headers: Any) -> TraceContext | None:

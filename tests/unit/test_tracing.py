@@ -63,6 +63,31 @@ def test_a_bad_or_oversized_tracestate_is_dropped_and_the_parent_kept():
         assert context is not None and context.tracestate == ""
 
 
+@pytest.mark.parametrize(
+    "state",
+    [
+        b"!!!!=====,,,," * 30,  # printable ASCII, not W3C members
+        b"Upper=1",  # keys are lower-case
+        b"k=",  # a member needs a value
+        b"a=1,a=2",  # a duplicate key
+        ",".join(f"k{i}=v" for i in range(33)).encode(),  # over 32 members
+    ],
+)
+def test_a_tracestate_opentelemetry_would_refuse_is_dropped_before_it_sees_it(state):
+    # OpenTelemetry logs a refused tracestate's text at WARNING: a hostile record per log line
+    context = context_from_headers([("traceparent", GOOD), ("tracestate", state)])
+    assert context is not None and context.trace_id == 0x0AF7651916CD43DD8448EB211C80319C
+    assert context.tracestate == ""
+
+
+def test_a_w3c_tracestate_is_kept_and_opentelemetry_reads_every_member():
+    state = b"rojo=00f067aa0ba902b7 , congo=t61rcWkgMzE,,tenant@vendor=x y"
+    context = context_from_headers([("traceparent", GOOD), ("tracestate", state)])
+    assert context is not None and context.tracestate == state.decode()
+    assert dict(tracing._span_context(context).trace_state) == {
+        "rojo": "00f067aa0ba902b7", "congo": "t61rcWkgMzE", "tenant@vendor": "x y"}
+
+
 def test_headers_from_aiokafka_and_a_mapping_are_read():
     assert context_from_headers((("traceparent", GOOD),)) is not None
     assert context_from_headers({"traceparent": GOOD}) is not None
