@@ -38,16 +38,16 @@ async def test_one_turns_trace_joins_the_recorder_sequencer_and_sink_with_the_fr
         session_id = f"tr-{uuid.uuid4().hex[:8]}"
         async with SessionRecorder(pipeline.settings) as recorder:
             session = await recorder.start_session(session_id, fleet="tests", agent_id="a1")
-            session.set_trace_attributes({"pipecat.conversation_id": "conv-42"})
+            session.set_trace_attributes({"conversation.id": "conv-42"})
             await session.complete_turn(0, "user", "please cancel my plan",
-                                        trace_attributes={"livekit.speech_id": "speech-7"})
+                                        trace_attributes={"lk.speech_id": "speech-7"})
             await session.end("hangup")
         wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
         assert [tuple(t)[:3] for t in stored_turns(pipeline, session_id)] == [(0, "user", "please cancel my plan")]
 
         def turn_journey():
             spans = receiver.spans()
-            turn = [s for s in spans if s.attributes.get("livekit.speech_id") == "speech-7"]
+            turn = [s for s in spans if s.attributes.get("lk.speech_id") == "speech-7"]
             if not turn:
                 return None
             trace = journey(spans, turn[0].trace_id)
@@ -60,7 +60,7 @@ async def test_one_turns_trace_joins_the_recorder_sequencer_and_sink_with_the_fr
         print("\n" + timeline(trace))
         # The recorder's span: the turn's ids and the framework's, its spool fsync and broker ack; never the text.
         assert recorded.service == "turnlog-recorder" and recorded.name == "complete_turn" and recorded.kind == "producer"
-        assert recorded.attributes["pipecat.conversation_id"] == "conv-42"
+        assert recorded.attributes["conversation.id"] == "conv-42"
         assert recorded.attributes["turnlog.session_id"] == session_id and recorded.attributes["turnlog.turn_index"] == 0
         assert [name for name, _ in recorded.events] == ["spool.fsync", "broker.ack"]
         assert not any("cancel" in str(value) for s in spans for value in s.attributes.values())
