@@ -52,6 +52,9 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
 from turnlog.sinks.batch import SourceMessage, plan_batch
 from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.tools.bench.histogram import compare as compare_histogram
+from turnlog.tools.bench.histogram import scrape_buckets
+from turnlog.tools.bench.histogram import summary as histogram_summary
 from turnlog.tools.bench.load import plans_for_rate, run_load
 from turnlog.tools.bench.probes import turn_latencies_ms
 from turnlog.tools.bench.transactions import MODERATE_RATE
@@ -321,6 +324,7 @@ def _variant(
 
         ends_before = transcript_end(variant)
         began = take_reading(processes, port, watched)
+        histogram_before = scrape_buckets(port)
         load = asyncio.run(run_load(variant, chosen, speed=speed, seconds=seconds, tag=name))
         if load.encrypted != on:
             raise RuntimeError(f"variant {name}: asked for encryption {'on' if on else 'off'}, its recorder"
@@ -331,6 +335,9 @@ def _variant(
         moderate["transactions"] = transcript_end(variant) - ends_before - moderate["records"]
         samples = turn_latencies_ms(dsn, f"bench-{run}-%-{name}-")
         moderate.update(latency_figures(load, samples))
+        # The sink's own histogram of the same turns, beside the bench's figures (histogram.py).
+        moderate["sink_histogram"] = compare_histogram(scrape_buckets(port) - histogram_before, moderate)
+        print(f"  {name}: {histogram_summary(moderate['sink_histogram'])}")
         out["moderate"] = moderate
         out["load_average"].append(os.getloadavg()[0])
     finally:

@@ -81,6 +81,9 @@ from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.tools.bench import baselines as base
 from turnlog.tools.bench.direct import direct_summary, run_direct
 from turnlog.tools.bench.encryption import encryption_cost, run_encryption
+from turnlog.tools.bench.histogram import compare as compare_histogram
+from turnlog.tools.bench.histogram import scrape_buckets
+from turnlog.tools.bench.histogram import summary as histogram_summary
 from turnlog.tools.bench.load import plans_for_rate, run_load
 from turnlog.tools.bench.probes import (
     Sample,
@@ -313,6 +316,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             tag = f"l{int(share * 100)}"
             before = pg_counters(admin_psycopg, database)
             batches_before = sink_batches(options.metrics_port)
+            histogram_before = scrape_buckets(options.metrics_port)
             chosen = plans_for_rate(plans, share * sustained, speed=options.speed,
                                     flush_interval=options.flush_interval)
             cpu_before, wall_before = _cpu(processes), time.monotonic()
@@ -324,6 +328,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             _wait_drained(sampler, 120)
             after = pg_counters(admin_psycopg, database) - before
             phase_batches = sink_batches(options.metrics_port) - batches_before
+            stored = scrape_buckets(options.metrics_port) - histogram_before
             mine = turn_latencies_ms(psycopg_dsn, f"bench-{run}-%-{tag}-")
             stages = turn_stage_latencies(settings, psycopg_dsn, f"bench-{run}-%-{tag}-").summary()
             report["latency"][f"{int(share * 100)}%"] = {
@@ -347,6 +352,8 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
                 "cores_used": cores,
                 "stages_ms": stages,
                 "samples_ms": mine,
+                "sink_histogram": compare_histogram(
+                    stored, {"p50_ms": base.percentile(mine, 50), "p99_ms": base.percentile(mine, 99)}),
             }
             print(f"  cores used at {share:.0%}: " + ", ".join(f"{k} {v:.2f}" for k, v in cores.items()))
             print(f"latency at {share:.0%}: p50 {base.percentile(mine, 50):.1f} ms, p99 {base.percentile(mine, 99):.1f}"
@@ -354,6 +361,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
                   f" at {load.events_per_second:,.0f} ev/s offered; complete_turn p50"
                   f" {base.percentile(load.complete_ms, 50):.1f} ms,"
                   f" p99 {base.percentile(load.complete_ms, 99):.1f} ms")
+            print(f"  {histogram_summary(report['latency'][f'{int(share * 100)}%']['sink_histogram'])}")
             print(f"  stages at {share:.0%} (p50 / p99 ms): " + ", ".join(
                 f"{name} {stages[name]['p50']:.1f} / {stages[name]['p99']:.1f}"
                 for name in ("spool", "sequence", "store", "total")))

@@ -51,6 +51,9 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.tools.bench import baselines as base
+from turnlog.tools.bench.histogram import compare as compare_histogram
+from turnlog.tools.bench.histogram import scrape_buckets
+from turnlog.tools.bench.histogram import summary as histogram_summary
 from turnlog.tools.bench.load import plans_for_rate, run_load
 from turnlog.tools.bench.probes import turn_latencies_ms
 from turnlog.tools.bench.variants import (
@@ -196,6 +199,7 @@ def _variant(
         # -- moderate load ------------------------------------------------------------------------
         ends_before, applied_before = transcript_end(variant), last.applied
         began = take_reading(processes, port, watched)
+        histogram_before = scrape_buckets(port)
         load = asyncio.run(run_load(variant, chosen, speed=speed, seconds=seconds, tag=name))
         _, done = wait_applied(processes, port, applied_before + load.events, APPLY_TIMEOUT_SECONDS, watched)
         moderate = phase_figures(began, done, events=load.events, generator=True)
@@ -203,6 +207,9 @@ def _variant(
         moderate["transactions"] = transcript_end(variant) - ends_before - moderate["records"]
         samples = turn_latencies_ms(dsn, f"bench-{run}-%-{name}-")
         moderate.update(latency_figures(load, samples))
+        # The sink's own histogram of the same turns, beside the bench's figures (histogram.py).
+        moderate["sink_histogram"] = compare_histogram(scrape_buckets(port) - histogram_before, moderate)
+        print(f"  {name}: {histogram_summary(moderate['sink_histogram'])}")
         out["moderate"] = moderate
         out["load_average"].append(os.getloadavg()[0])
         # The mode asked for is the mode that ran: transactions leave one marker each in the transcript.
