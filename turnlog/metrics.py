@@ -53,7 +53,11 @@ LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0
 
 EVENTS_EMITTED = Counter("turnlog_sequencer_emitted_total", "Events emitted to the ordered transcript.")
 DUPLICATES_DROPPED = Counter("turnlog_sequencer_duplicates_total", "Events dropped as duplicates by (session_id, seq).")
-DLQ_ROUTED = Counter("turnlog_dlq_total", "Records routed to the DLQ, by stage and reason class.", ["stage", "reason"])
+DLQ_ROUTED = Counter(
+    "turnlog_dlq_total",
+    "Records routed to the DLQ, by stage and reason class (turnlog.dlq.REASON_CLASSES, else 'other').",
+    ["stage", "reason"],
+)
 OFFSET_JUMPS = Counter(
     "turnlog_sequencer_offset_jumps_total",
     "Times the sequencer's consumer skipped offsets of a partition (a stream-processor bug: must stay 0).",
@@ -126,14 +130,16 @@ CONSUMER_LAG_RECORDS = Gauge(
 CONSUMER_LAG_SECONDS = Gauge(
     "turnlog_consumer_lag_seconds",
     "Age of the oldest record of a partition its consumer group has not processed (now minus that record's "
-    "timestamp, seconds); 0 when the group is caught up.",
+    "timestamp, seconds); 0 when the group is caught up; NaN when that record was not fetched before the read's "
+    "deadline.",
     ["group", "topic", "partition"],
 )
 
 # The sink: a turn's journey, from its event's emitted_at to the commit of the batch that stored it.
 TURN_TO_STORE_SECONDS = Histogram(
     "turnlog_sink_turn_to_store_seconds",
-    "Completed turns: the turn.completed event's emitted_at to the commit of the sink batch that stored it (seconds).",
+    "Completed turns: the turn.completed event's emitted_at to the commit of the sink batch that stored it (seconds; "
+    "the agent's clock against the sink's, clamped at 0).",
     buckets=LATENCY_BUCKETS,
 )
 
@@ -164,7 +170,8 @@ API_LIVE_STREAMS = Gauge("turnlog_api_live_streams", "Live transcript streams (S
 
 FINALIZATION_DELAY_SECONDS = Histogram(
     "turnlog_finalization_delay_seconds",
-    "Sessions finalized: the session.ended event's ended_at to the commit that finalized it (seconds).",
+    "Sessions finalized: the session.ended event's ended_at to the commit that finalized it (seconds; the agent's "
+    "clock against the finalizing process's, clamped at 0).",
     buckets=LATENCY_BUCKETS,
 )
 SESSIONS_UNFINALIZED = Gauge(
