@@ -342,3 +342,38 @@ def test_the_finalizer_sweep_has_a_finalize_span_of_its_own(tmp_path):
     [span] = exporter.get_finished_spans()
     assert span.name == "finalize" and span.attributes["turnlog.sweep"] is True
     assert span.attributes["turnlog.finalized"] is False and span.attributes["turnlog.session_id"] == "no-such-session"
+
+
+async def test_hostile_trace_headers_are_never_copied_on_and_leave_other_sessions_traced():
+    from turnlog.schemas import encode_event
+    from turnlog.settings import TopicNames
+    from turnlog.stream_processors.sequencer import Sequencer, SourceRecord
+
+    from tests.support import EventFactory
+
+    tracer, exporter = in_memory_tracing(ratio=0.0)
+    emissions = _Emissions()
+    topics = TopicNames("t")
+    sequencer = Sequencer(states={}, changelog="t-changelog", emissions=emissions, reader=_NoLog(), topics=topics,
+                          max_buffer=8, tracing=tracer)
+    hostile, good = EventFactory("s-hostile"), EventFactory("s-good")
+    state = ",".join(f"k{i}=" + "v" * 10 for i in range(32)).encode()  # 32 members, near 512 bytes
+    flooded = [("traceparent", b"00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-ff"), ("tracestate", state),
+               ("x-filler", b"f" * 1_000_000)] + [("x-many", b"v")] * 10_000
+    records = [
+        SourceRecord(b"s-hostile", encode_event(hostile.started(0)), 0, 0, flooded),
+        SourceRecord(b"s-good", encode_event(good.started(0)), 0, 1, TraceContext(0xABC, 0xDEF).headers()),
+        SourceRecord(b"s-hostile", encode_event(hostile.ended(1, last_turn=None)), 0, 2,
+                     [("traceparent", b"00-" + b"0" * 32 + b"-" + b"0" * 16 + b"-01")]),  # all-zero ids
+    ]
+    await sequencer.process(records)
+    sent = [(value, headers) for topic, value, headers in emissions.sent if topic == topics.transcript]
+    assert len(sent) == 3  # every record sequenced, none refused for its trace headers
+    for _, headers in sent:
+        assert {name for name, _ in headers} <= {"turnlog-type", "traceparent", "tracestate"}
+        assert sum(len(name) + len(value) for name, value in headers) <= 64 + 55 + tracing.MAX_TRACESTATE_BYTES
+    carried = [context_from_headers(headers) for _, headers in sent]
+    assert [c is not None for c in carried] == [True, True, False]
+    assert carried[0].trace_id == 0x0AF7651916CD43DD8448EB211C80319C and carried[1].trace_id == 0xABC
+    assert carried[0].tracestate == state.decode() and carried[0].sampled
+    assert len(exporter.get_finished_spans()) == 2
