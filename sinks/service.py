@@ -327,14 +327,19 @@ class SinkService:
         self, batch: list[SourceMessage], traced: Sequence[tuple[SourceMessage, TraceContext, bool]]
     ) -> TraceSpan | None:
         first = batch[0]
-        return self._tracing.start(
-            f"process {self.settings.topics.transcript}", kind="consumer",
-            links=(context for _, context, _ in traced),
-            attributes={
-                **consumer_attributes(first.topic, first.partition, group=self.consumer_group),
-                "messaging.batch.message_count": len(batch), "turnlog.traced_records": len(traced),
-            },
-        )
+        try:
+            return self._tracing.start(
+                f"process {self.settings.topics.transcript}", kind="consumer",
+                links=(context for _, context, _ in traced),
+                attributes={
+                    **consumer_attributes(first.topic, first.partition, group=self.consumer_group),
+                    "messaging.batch.message_count": len(batch), "turnlog.traced_records": len(traced),
+                },
+            )
+        except Exception as e:  # tracing must never stop the sink: the batch is applied untraced
+            logger.warning("tracing a batch of %s[%d]@%d failed (%s): applied untraced", first.topic,
+                           first.partition, first.offset, type(e).__name__)
+            return None
 
     def _apply_or_split(self, batch: list[SourceMessage]) -> BatchResult:
         try:

@@ -87,7 +87,15 @@ from turnlog.stream_processors.gap_repair import LogRangeReader, LogRecord, offs
 from turnlog.stream_processors.outbox import Outbox, Outgoing
 from turnlog.stream_processors.sequencing import DEFAULT_MAX_BUFFER_BYTES, Buffered, SessionSequence, sequence
 from turnlog.stream_processors.transactions import PartitionTransactions, transactional_id
-from turnlog.tracing import NO_TRACING, Tracing, consumer_attributes, context_from_headers, service_tracing
+from turnlog.tracing import (
+    NO_TRACING,
+    TraceContext,
+    TraceSpan,
+    Tracing,
+    consumer_attributes,
+    context_from_headers,
+    service_tracing,
+)
 
 __all__ = ["build_sequencer", "Sequencer", "SourceRecord", "TABLE_NAME", "BATCH_SIZE", "BATCH_WAIT_SECONDS"]
 
@@ -365,7 +373,19 @@ class Sequencer:
         parent = context_from_headers(record.headers)
         if parent is None or not parent.sampled:
             return ()
-        span = self._tracing.start(
+        try:
+            span = self._start_span(record, event, decision, parent)
+            if span is None:
+                return ()
+            batch.spans.append(span)
+            return span.context.headers()
+        except Exception as e:  # called after the session's state moved on: a failure here would lose the event
+            logger.warning("tracing %s[%d]@%d failed (%s): left untraced", self._topics.events, record.partition,
+                           record.offset, type(e).__name__)
+            return ()
+
+    def _start_span(self, record: SourceRecord, event: Any, decision: Any, parent: TraceContext) -> TraceSpan | None:
+        return self._tracing.start(
             f"process {self._topics.events}", kind="consumer", parent=parent,
             attributes={
                 **consumer_attributes(self._topics.events, record.partition, record.offset, self._group),
@@ -374,10 +394,6 @@ class Sequencer:
                 "turnlog.duplicate": bool(decision.duplicate), "turnlog.gap_opened": bool(decision.gap_opened),
             },
         )
-        if span is None:
-            return ()
-        batch.spans.append(span)
-        return span.context.headers()
 
     def _reject(self, batch: Outbox, record: SourceRecord, raw: bytes | Buffered | None, reason: str) -> None:
         """Route ``raw`` (``record``'s value, or a buffered event of its session) to the DLQ."""

@@ -431,10 +431,14 @@ def finalization_span(session_id: str) -> Iterator[TraceSpan | None]:
         yield None
         return
     ended = scope.ended.get(session_id)
-    span = scope.tracing.start(
-        "finalize", parent=scope.span, links=(ended,) if ended is not None else (),
-        attributes={"turnlog.session_id": session_id},
-    )
+    try:
+        span = scope.tracing.start(
+            "finalize", parent=scope.span, links=(ended,) if ended is not None else (),
+            attributes={"turnlog.session_id": session_id},
+        )
+    except Exception as e:  # inside the sink's transaction: tracing must never fail it
+        logger.warning("tracing the finalization of %s failed (%s): untraced", session_id, type(e).__name__)
+        span = None
     try:
         yield span
     finally:

@@ -377,3 +377,69 @@ async def test_hostile_trace_headers_are_never_copied_on_and_leave_other_session
     assert carried[0].trace_id == 0x0AF7651916CD43DD8448EB211C80319C and carried[1].trace_id == 0xABC
     assert carried[0].tracestate == state.decode() and carried[0].sampled
     assert len(exporter.get_finished_spans()) == 2
+
+
+async def test_a_failing_tracer_costs_the_sequencer_its_span_never_the_event():
+    from turnlog.schemas import encode_event
+    from turnlog.settings import TopicNames
+    from turnlog.stream_processors.sequencer import Sequencer, SourceRecord
+
+    from tests.support import EventFactory
+
+    class FailingTracing(Tracing):
+        def __init__(self):
+            super().__init__()
+            self.enabled = True
+
+        def start(self, *args, **kwargs):
+            raise RuntimeError("an exporter or SDK bug")
+
+    emissions = _Emissions()
+    topics = TopicNames("t")
+    sequencer = Sequencer(states={}, changelog="t-changelog", emissions=emissions, reader=_NoLog(), topics=topics,
+                          max_buffer=8, tracing=FailingTracing())
+    f = EventFactory("s-failing")
+    events = [f.started(0), f.completed(1, 0, "hi")]
+    await sequencer.process([SourceRecord(b"s-failing", encode_event(e), 0, offset, TraceContext(0xABC, 0xDEF).headers())
+                             for offset, e in enumerate(events)])
+    assert [topic for topic, _, _ in emissions.sent].count(topics.transcript) == 2
+    assert topics.dlq not in {topic for topic, _, _ in emissions.sent}
+
+
+def test_a_failing_tracer_costs_the_sink_its_batch_span_never_the_batch(tmp_path):
+    from turnlog.schemas import encode_event
+    from turnlog.sinks import open_store
+    from turnlog.sinks.batch import SourceMessage
+    from turnlog.sinks.migrate import upgrade_to_head
+    from turnlog.sinks.service import SinkService
+
+    from tests.support import EventFactory
+
+    class FailingTracing(Tracing):
+        def __init__(self):
+            super().__init__()
+            self.enabled = True
+
+        def start(self, *args, **kwargs):
+            raise RuntimeError("an exporter or SDK bug")
+
+    store = open_store(f"sqlite:///{tmp_path}/store.db")
+    upgrade_to_head(store.engine)
+    settings = TurnlogSettings(encryption="off", topic_prefix="t")
+    sink = SinkService(settings, store)
+    sink._tracing = FailingTracing()
+    f = EventFactory("s-sink")
+    message = SourceMessage(settings.topics.transcript, 0, 0, encode_event(f.started(0)), b"s-sink")
+    result = sink.apply([message], [(message, TraceContext(0xABC, 0xDEF), False)])
+    assert (result.applied, result.rejected) == (1, 0)
+
+
+def test_a_failing_tracer_leaves_a_finalization_untraced_inside_the_transaction():
+    class FailingTracing(Tracing):
+        def start(self, *args, **kwargs):
+            raise RuntimeError("an exporter or SDK bug")
+
+    working, _ = in_memory_tracing()
+    batch = working.start("batch", sampled_root=True)
+    with tracing.batch_scope(FailingTracing(), batch, {}), tracing.finalization_span("s-fin") as span:
+        assert span is None
