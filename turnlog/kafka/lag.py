@@ -30,8 +30,8 @@ from confluent_kafka import Consumer, KafkaError, TopicPartition
 
 from turnlog.kafka.clients import consumer as consumer_for
 from turnlog.kafka.errors import broker_errors
-from turnlog.kafka.exceptions import BrokerError
-from turnlog.kafka.offsets import OffsetReader
+from turnlog.kafka.exceptions import BrokerError, UnknownTopicError
+from turnlog.kafka.offsets import OffsetReader, Watermarks
 from turnlog.metrics import CONSUMER_LAG_RECORDS, CONSUMER_LAG_SECONDS
 from turnlog.settings import TurnlogSettings
 
@@ -112,7 +112,8 @@ class LagMonitor:
     A group that has no committed offset at all (Kafka) or no stored row at all (its store)
     is not running here and is not reported. A group whose offsets could not be read (the
     broker or the store unavailable) is left out of that read, and its series are removed
-    when the read is published: a missing series, not a stale value.
+    when the read is published: a missing series, not a stale value. So is a topic that does
+    not exist (deleted): the other topics' lag is still read.
 
     Blocking: call it from a thread of its own (the exporter's loop; the API's worker thread).
     Thread-safe: reads are serialized.
@@ -207,7 +208,7 @@ class LagMonitor:
         topics = sorted({topic for source in self._sources if committed[source.group] is not None
                          for topic in source.topics})
         looked_at = self._clock()  # before the ends are read: a record past an end was appended after it
-        marks = {topic: self._offsets.watermarks(topic, deadline=deadline) for topic in topics}
+        marks = {topic: self._watermarks(topic, deadline) for topic in topics}
         for topic, partitions in marks.items():
             for partition, mark in partitions.items():
                 self._note_end(topic, partition, mark.high, looked_at)
@@ -235,6 +236,17 @@ class LagMonitor:
                 seconds = min(max(0.0, now - first), now - self._absent_at(topic, partition, start))
                 found.append(PartitionLag(group, topic, partition, offset, end, end - start, seconds))
         return sorted(found, key=lambda lag: (lag.group, lag.topic, lag.partition))
+
+    def _watermarks(self, topic: str, deadline: float) -> Mapping[int, Watermarks]:
+        """``topic``'s partitions' watermarks; none (nothing reported for it) when the topic does
+        not exist, as after a deletion: one missing topic must not take every group's lag with it."""
+        try:
+            return self._offsets.watermarks(topic, deadline=deadline)
+        except UnknownTopicError as e:
+            if e.retriable:  # a partition missing from the client's metadata for a while: the read fails
+                raise
+            logger.warning("lag on %s not read: the topic does not exist", topic)
+            return {}
 
     def _note_end(self, topic: str, partition: int, end: int, at: float) -> None:
         """Remember that ``topic[partition]`` ended at ``end`` at ``at`` (the clock's seconds): the

@@ -1,5 +1,6 @@
-"""Consumer lag in seconds when a record's timestamp lies (turnlog/kafka/lag.py): a producer sets
-a record's CreateTime, so a hostile or skewed one must not make the lag read as decades."""
+"""Consumer lag (turnlog/kafka/lag.py) against what a producer or an operator may do: a record's
+timestamp is the producer's (CreateTime), so a hostile or skewed one must not make the lag read as
+decades; a deleted topic must not take the other topics' lag with it."""
 
 from __future__ import annotations
 
@@ -45,3 +46,22 @@ def test_a_record_stamped_in_1970_is_not_decades_of_lag(transcript):
         assert lag.records == 1 and 0.0 <= lag.seconds <= time.time() - before_first_read
     finally:
         monitor.close()
+
+
+def test_a_topic_that_does_not_exist_leaves_the_other_topics_lag_read(transcript):
+    settings, _ = transcript
+    events, group = settings.topics.events, f"lag-missing-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
+    producer.produce(events, b"unprocessed", key=b"s", partition=0)
+    assert producer.flush(10) == 0
+    committed_at(settings, group, events, 0)
+    missing = f"{settings.topic_prefix}.deleted-{uuid.uuid4().hex[:8]}"
+    stored = CommittedSource("stored-group", (settings.topics.transcript, missing),
+                             lambda topics: {(settings.topics.transcript, 0): 0, (missing, 0): 5})
+    monitor = LagMonitor(settings, committed_sources=[CommittedSource(group, (events,)), stored])
+    try:
+        lags = monitor.read(timeout=20)
+    finally:
+        monitor.close()
+    assert {(lag.group, lag.topic, lag.partition): lag.records for lag in lags if lag.partition == 0} == {
+        (group, events, 0): 1, ("stored-group", settings.topics.transcript, 0): 0}
