@@ -2,8 +2,8 @@
 
 One naming scheme: ``turnlog_<component>_<what>_<unit>``, seconds and bytes as
 base units, counters end in ``_total``. Every metric a service exports is
-declared here (the consumer-lag gauges are declared here and filled by the lag
-collector, ``turnlog/kafka/lag.py``), and ``docs/observability.md`` lists them
+declared here (the consumer-lag gauges are filled by ``turnlog lag-exporter``,
+``turnlog/kafka/lag.py``), and ``docs/observability.md`` lists them
 all in one table; ``tests/unit/test_observability_docs.py`` keeps the two in step.
 Labels are bounded: topic, partition, consumer group, stage, reason class,
 outcome, component; never a session id.
@@ -120,7 +120,8 @@ ERASURES_APPLIED = Counter(
 )
 
 # Consumer lag per group and partition, read from outside the consumers (a paused or frozen consumer
-# cannot report its own): the lag collector (turnlog/kafka/lag.py) in `turnlog lag-exporter` and `turnlog api`.
+# cannot report its own), published by `turnlog lag-exporter` alone (turnlog/kafka/lag.py). The API reads lag for
+# /ops but does not publish it: its gauges would go stale whenever no page is open.
 CONSUMER_LAG_RECORDS = Gauge(
     "turnlog_consumer_lag_records",
     "Records of a partition its consumer group has not processed: the partition's end offset (last stable offset) "
