@@ -4,6 +4,7 @@ decades; a deleted topic must not take the other topics' lag with it."""
 
 from __future__ import annotations
 
+import math
 import time
 import uuid
 
@@ -65,3 +66,18 @@ def test_a_topic_that_does_not_exist_leaves_the_other_topics_lag_read(transcript
         monitor.close()
     assert {(lag.group, lag.topic, lag.partition): lag.records for lag in lags if lag.partition == 0} == {
         (group, events, 0): 1, ("stored-group", settings.topics.transcript, 0): 0}
+
+
+def test_a_record_stamped_before_the_epoch_has_an_unknown_age_not_decades(transcript):
+    settings, _ = transcript
+    topic, group = settings.topics.events, f"lag-negative-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
+    producer.produce(topic, b"stamped -5 ms", key=b"s", partition=0, timestamp=-5)  # the broker takes it
+    assert producer.flush(10) == 0
+    committed_at(settings, group, topic, 0)
+    monitor = LagMonitor(settings, committed_sources=[CommittedSource(group, (topic,))])
+    try:
+        [lag] = [lag for lag in monitor.read(timeout=20) if lag.partition == 0]
+    finally:
+        monitor.close()
+    assert lag.records == 1 and math.isnan(lag.seconds)

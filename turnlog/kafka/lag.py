@@ -60,7 +60,8 @@ class PartitionLag:
     group stands (0 when only transaction markers or aborted records are left before
     ``end``); ``seconds`` is the read's time minus the timestamp of the first record the
     group has not processed (0 when caught up; NaN when that record was not fetched
-    before the read's deadline), clamped to at least 0 and at most the time since a read
+    before the read's deadline, or carries no timestamp (0 or less) and no earlier read
+    bounds its age), clamped to at least 0 and at most the time since a read
     of the same monitor saw the partition end at or before that record: the timestamp is
     the producer's (CreateTime), and a record stamped in 1970 or by a skewed clock must not
     read as decades of lag (the first read of a partition has no such bound yet).
@@ -233,7 +234,10 @@ class LagMonitor:
             elif isinstance(first, _NoneLeft):
                 found.append(PartitionLag(group, topic, partition, offset, end, 0, 0.0))
             else:
-                seconds = min(max(0.0, now - first), now - self._absent_at(topic, partition, start))
+                age = max(0.0, now - first) if not math.isnan(first) else math.inf
+                seconds = min(age, now - self._absent_at(topic, partition, start))
+                if math.isinf(seconds):  # no timestamp and no read of ours saw the record arrive: unknown
+                    seconds = math.nan
                 found.append(PartitionLag(group, topic, partition, offset, end, end - start, seconds))
         return sorted(found, key=lambda lag: (lag.group, lag.topic, lag.partition))
 
@@ -333,7 +337,9 @@ class LagMonitor:
                         continue
                     if offset is None or offset < start:
                         continue
-                    found[(*key, start)] = message.timestamp()[1] / 1000.0 if offset < end else _NONE_LEFT
+                    # A timestamp of 0 or less is none (Kafka's -1; a producer may set any): NaN, not 1970.
+                    stamp = message.timestamp()[1]
+                    found[(*key, start)] = (stamp / 1000.0 if stamp > 0 else math.nan) if offset < end else _NONE_LEFT
                     del open_[key]
                     fetcher.pause([TopicPartition(*key)])
         finally:
