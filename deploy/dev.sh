@@ -39,7 +39,7 @@ setup() {
 # pyproject.toml) through the editable install's import hook, so the folders are linked into
 # build/mypy/turnlog as the package they are installed as, and each error is printed at its real path.
 lint() {
-  install "test,adapters,lint,bench"   # what `test` installs (mypy checks the adapters against the frameworks), and the bench's plotting
+  install "test,adapters,otel,lint,bench"   # what `test` installs (mypy checks the adapters against the frameworks), and the bench's plotting
   cd "$root"
   local status=0 tree="build/mypy"
   echo "dev.sh: ruff check"
@@ -90,7 +90,7 @@ case "$cmd" in
     lint
     ;;
   test)
-    setup "test,adapters"
+    setup "test,adapters,otel"  # otel: the tracing tests export real spans (tests/integration/test_tracing.py)
     bash "$here/browser.sh"
     bash "$here/prometheus.sh" install  # promtool: the alert rules' unit tests (tests/unit/test_alert_rules.py)
     cd "$root"
