@@ -4,13 +4,18 @@ decades; a deleted topic must not take the other topics' lag with it."""
 
 from __future__ import annotations
 
+import functools
 import math
+import socket
+import threading
 import time
 import uuid
 
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from turnlog.kafka.lag import CommittedSource, LagMonitor
+from turnlog.sinks import open_store
+from turnlog.sinks.offsets import stored_group_offsets
 
 from tests.support import wait_until
 
@@ -81,3 +86,26 @@ def test_a_record_stamped_before_the_epoch_has_an_unknown_age_not_decades(transc
     finally:
         monitor.close()
     assert lag.records == 1 and math.isnan(lag.seconds)
+
+
+def test_a_store_that_never_answers_leaves_the_kafka_groups_lag_read(transcript):
+    settings, _ = transcript
+    events, group = settings.topics.events, f"lag-hung-store-{uuid.uuid4().hex[:8]}"
+    producer = Producer({"bootstrap.servers": settings.bootstrap_servers})
+    producer.produce(events, b"unprocessed", key=b"s", partition=0)
+    assert producer.flush(10) == 0
+    committed_at(settings, group, events, 0)
+    with socket.create_server(("127.0.0.1", 0)) as black_hole:  # accepts, never speaks: a store cut off
+        port = black_hole.getsockname()[1]
+        hung = open_store(f"postgresql+psycopg://turnlog:x@127.0.0.1:{port}/turnlog")
+        stored = CommittedSource("sink-on-hung-store", (settings.topics.transcript,),
+                                 functools.partial(stored_group_offsets, hung.engine, "sink-on-hung-store"))
+        monitor = LagMonitor(settings, committed_sources=[CommittedSource(group, (events,)), stored])
+        read: list = []
+        reader = threading.Thread(target=lambda: read.append(monitor.read(timeout=5)), daemon=True)
+        reader.start()
+        reader.join(timeout=60)  # a liveness bound, not a speed target: without a deadline it never returns
+        assert not reader.is_alive(), "the lag read waited on the store past its deadline"
+        monitor.close()
+    [lags] = read
+    assert {(lag.group, lag.partition): lag.records for lag in lags if lag.partition == 0} == {(group, 0): 1}

@@ -24,6 +24,8 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -112,7 +114,8 @@ class LagMonitor:
 
     A group that has no committed offset at all (Kafka) or no stored row at all (its store)
     is not running here and is not reported. A group whose offsets could not be read (the
-    broker or the store unavailable) is left out of that read, and its series are removed
+    broker or the store unavailable, or a store that did not answer within half the read's
+    time) is left out of that read, and its series are removed
     when the read is published: a missing series, not a stale value. So is a topic that does
     not exist (deleted): the other topics' lag is still read.
 
@@ -141,6 +144,9 @@ class LagMonitor:
         #: (topic, partition) -> (time, end) of past reads, ends increasing: bounds a record's age
         #: whatever its timestamp says (a producer sets it: a record stamped 1970 is not 56 years old)
         self._ends_seen: dict[tuple[str, int], collections.deque[tuple[float, int]]] = {}
+        #: the stored offsets' reads (CommittedSource.stored) by group, on threads of their own
+        self._stored_pool: ThreadPoolExecutor | None = None
+        self._stored_calls: dict[str, Future[Mapping[tuple[str, int], int]]] = {}
 
     def read(self, timeout: float) -> list[PartitionLag]:
         """Read every group's lag now, within ``timeout`` seconds: one snapshot, sorted by
@@ -190,6 +196,9 @@ class LagMonitor:
         """Close the monitor's consumers; the gauges keep their last values."""
         with self._lock:
             self._offsets.close()
+            if self._stored_pool is not None:
+                self._stored_pool.shutdown(wait=False, cancel_futures=True)  # a hung store's call is not waited for
+                self._stored_pool = None
             if self._fetcher is not None:
                 self._fetcher.close()
                 self._fetcher = None
@@ -276,7 +285,9 @@ class LagMonitor:
         (not running here) or they could not be read (logged, by the error's class only)."""
         try:
             if source.stored is not None:
-                found = dict(source.stored(source.topics))
+                found = self._stored(source, deadline)
+                if found is None:
+                    return None
             else:
                 found = {}
                 for topic in source.topics:
@@ -288,6 +299,24 @@ class LagMonitor:
                            type(e).__name__)
             return None
         return found or None
+
+    def _stored(self, source: CommittedSource, deadline: float) -> dict[tuple[str, int], int] | None:
+        """``source.stored``'s offsets, waited for until half the time left before ``deadline``
+        (the ends and first records need the rest); None when they did not come by then. The
+        store may hang (a connection cut off): the call goes on on a thread of its own, never
+        started again for this group while it runs, so it holds one thread and no other group."""
+        assert source.stored is not None
+        running = self._stored_calls.get(source.group)
+        if running is None or running.done():
+            if self._stored_pool is None:
+                self._stored_pool = ThreadPoolExecutor(max_workers=len(self._sources),
+                                                       thread_name_prefix="turnlog-lag-store")
+            running = self._stored_calls[source.group] = self._stored_pool.submit(source.stored, source.topics)
+        try:
+            return dict(running.result(timeout=max(0.0, (deadline - time.monotonic()) / 2)))
+        except FutureTimeout:
+            logger.warning("lag of group %s not read: its store did not answer in time", source.group)
+            return None
 
     def _first_records(
         self, lagging: Mapping[tuple[str, int, int], int], deadline: float
