@@ -40,6 +40,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import contextvars
+import functools
 import logging
 import os
 import random
@@ -290,10 +291,14 @@ class Tracing:
         return TraceSpan(span) if span.is_recording() else None
 
     def flush(self, timeout_seconds: float = 5.0) -> bool:
-        """Export every ended span now (a clean stop calls it); True if all were exported in time."""
-        if self._provider is None:
+        """Export every ended span now (a clean stop calls it), waiting at most ``timeout_seconds``;
+        True if all were exported in time. The export goes on past the deadline on a thread of its
+        own: OpenTelemetry's own flush waits for an export in flight (up to the exporter's timeout,
+        10 s by default), which a collector that never answers would add to every stop."""
+        provider = self._provider
+        if provider is None:
             return True
-        return bool(self._provider.force_flush(int(timeout_seconds * 1000)))
+        return _bounded(lambda: bool(provider.force_flush(int(timeout_seconds * 1000))), timeout_seconds)
 
 
 #: Tracing off: the default of every service.
@@ -373,9 +378,29 @@ def flush_all(timeout_seconds: float = 5.0) -> None:
         tracings = list(_providers.values())
         _providers.clear()
     for tracing in tracings:
-        if tracing._provider is not None:
-            tracing._provider.force_flush(int(timeout_seconds * 1000))
-            tracing._provider.shutdown()
+        provider = tracing._provider
+        if provider is not None:
+            # Bounded as Tracing.flush is: a hung collector must not hold the process's exit.
+            _bounded(functools.partial(_flush_and_shut_down, provider, timeout_seconds), timeout_seconds)
+
+
+def _flush_and_shut_down(provider: Any, timeout_seconds: float) -> bool:
+    flushed = bool(provider.force_flush(int(timeout_seconds * 1000)))
+    provider.shutdown()
+    return flushed
+
+
+def _bounded(call: Any, timeout_seconds: float) -> bool:
+    """``call()`` on a daemon thread, waited for at most ``timeout_seconds``: its result, or False
+    when it did not return in time (it goes on; a daemon thread does not hold the exit)."""
+    result: list[bool] = []
+    worker = threading.Thread(target=lambda: result.append(bool(call())), name="turnlog-trace-flush", daemon=True)
+    try:
+        worker.start()
+    except RuntimeError:  # at interpreter exit, where Python 3.12 starts no thread: called here, unbounded
+        return bool(call())
+    worker.join(timeout_seconds)
+    return bool(result and result[0])
 
 
 atexit.register(flush_all)

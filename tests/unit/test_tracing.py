@@ -443,3 +443,27 @@ def test_a_failing_tracer_leaves_a_finalization_untraced_inside_the_transaction(
     batch = working.start("batch", sampled_root=True)
     with tracing.batch_scope(FailingTracing(), batch, {}), tracing.finalization_span("s-fin") as span:
         assert span is None
+
+
+def test_a_flush_returns_by_its_deadline_and_says_so_when_the_collector_hangs():
+    import threading
+
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    release = threading.Event()
+
+    class HangingExport(SpanProcessor):  # an OTLP collector that accepts the connection and never answers
+        def force_flush(self, timeout_millis=30000):
+            release.wait(60)
+            return True
+
+    tracer = tracing.new_tracing("test", 1.0, processor=HangingExport())
+    tracer.start("turn", sampled_root=True).end()
+    flushed: list[bool] = []
+    stopping = threading.Thread(target=lambda: flushed.append(tracer.flush(timeout_seconds=0.2)), daemon=True)
+    stopping.start()
+    stopping.join(timeout=30)  # a liveness bound, not a speed target: without one the stop waits for the collector
+    try:
+        assert not stopping.is_alive() and flushed == [False]
+    finally:
+        release.set()
