@@ -772,7 +772,11 @@ class SessionRecorder:
             "turnlog.session_id": session.session_id, "turnlog.seq": session.next_seq, "turnlog.epoch": session.epoch,
         }
         attrs.update((f"turnlog.{key}", value) for key, value in attributes.items())
-        return self._tracing.start(name, kind="producer", attributes=attrs, sampled_root=True)
+        try:
+            return self._tracing.start(name, kind="producer", attributes=attrs, sampled_root=True)
+        except Exception as e:  # tracing must never cost a turn: recorded untraced
+            logger.warning("session %s: tracing %s failed (%s): untraced", session.session_id, name, type(e).__name__)
+            return None
 
     def _spool(self, session: RecordedSession, payload: bytes, trace: TraceContext | None = None) -> Ticket:
         key = session.session_id.encode("utf-8")
@@ -808,11 +812,14 @@ class SessionRecorder:
             raise
         finally:
             noted = dict(marks)  # one copy: the ack of a degraded turn may still arrive meanwhile
-            for name, at_ns in sorted(noted.items(), key=lambda mark: mark[1]):
-                span.event(name, at_ns=at_ns)
-            if not failed and "broker.ack" not in noted:
-                span.set({"turnlog.degraded": True})  # returned on the spool alone
-            span.end()
+            try:
+                for name, at_ns in sorted(noted.items(), key=lambda mark: mark[1]):
+                    span.event(name, at_ns=at_ns)
+                if not failed and "broker.ack" not in noted:
+                    span.set({"turnlog.degraded": True})  # returned on the spool alone
+                span.end()
+            except Exception as e:  # the turn is spooled: a tracing failure must not make it look refused
+                logger.warning("ending a turn's span failed (%s)", type(e).__name__)
 
     async def _settle_untraced(self, ticket: Ticket) -> None:
         await asyncio.shield(asyncio.wrap_future(ticket.spooled))  # raises SpoolError

@@ -467,3 +467,29 @@ def test_a_flush_returns_by_its_deadline_and_says_so_when_the_collector_hangs():
         assert not stopping.is_alive() and flushed == [False]
     finally:
         release.set()
+
+
+@pytest.mark.parametrize("failing", ["start", "end"])
+async def test_a_failing_tracer_costs_the_recorder_its_span_never_the_turn(failing):
+    class BrokenSpan(tracing.TraceSpan):
+        def end(self, at_ns=None):
+            raise RuntimeError("an exporter or SDK bug")
+
+    class FailingTracing(Tracing):
+        def __init__(self):
+            super().__init__()
+            self.enabled = True
+            self._working, _ = in_memory_tracing()
+
+        def sample_root(self):
+            return True
+
+        def start(self, *args, **kwargs):
+            if failing == "start":
+                raise RuntimeError("an exporter or SDK bug")
+            return BrokenSpan(self._working.start(*args, **kwargs)._span)
+
+    session, drainer = recorder_session(FailingTracing())
+    await session.complete_turn(0, "user", "hello")  # returns: the turn is recorded
+    await session.end()
+    assert [event.seq for event in drainer.events] == [5, 6]
