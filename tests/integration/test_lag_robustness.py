@@ -7,6 +7,9 @@ from __future__ import annotations
 import functools
 import math
 import socket
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 import uuid
@@ -109,3 +112,24 @@ def test_a_store_that_never_answers_leaves_the_kafka_groups_lag_read(transcript)
         monitor.close()
     [lags] = read
     assert {(lag.group, lag.partition): lag.records for lag in lags if lag.partition == 0} == {(group, 0): 1}
+
+
+def test_a_process_whose_store_never_answers_still_exits_after_a_lag_read(transcript):
+    settings, _ = transcript
+    script = textwrap.dedent(f"""
+        import functools, socket
+        from turnlog.kafka.lag import CommittedSource, LagMonitor
+        from turnlog.settings import TurnlogSettings
+        from turnlog.sinks import open_store
+        from turnlog.sinks.offsets import stored_group_offsets
+        black_hole = socket.create_server(("127.0.0.1", 0))  # accepts, never speaks; open until the exit
+        hung = open_store(f"postgresql+psycopg://turnlog:x@127.0.0.1:{{black_hole.getsockname()[1]}}/turnlog")
+        source = CommittedSource("g", ({settings.topics.transcript!r},),
+                                 functools.partial(stored_group_offsets, hung.engine, "g"))
+        with LagMonitor(TurnlogSettings(bootstrap_servers={settings.bootstrap_servers!r}),
+                        committed_sources=[source]) as monitor:
+            assert monitor.read(timeout=2) == []
+    """)
+    # a liveness bound, not a speed target: a thread still waiting on the store must not hold the exit
+    done = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]

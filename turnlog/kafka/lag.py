@@ -24,8 +24,6 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
-from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
@@ -144,9 +142,8 @@ class LagMonitor:
         #: (topic, partition) -> (time, end) of past reads, ends increasing: bounds a record's age
         #: whatever its timestamp says (a producer sets it: a record stamped 1970 is not 56 years old)
         self._ends_seen: dict[tuple[str, int], collections.deque[tuple[float, int]]] = {}
-        #: the stored offsets' reads (CommittedSource.stored) by group, on threads of their own
-        self._stored_pool: ThreadPoolExecutor | None = None
-        self._stored_calls: dict[str, Future[Mapping[tuple[str, int], int]]] = {}
+        #: the stored offsets' reads (CommittedSource.stored) by group, each on a daemon thread
+        self._stored_calls: dict[str, _DaemonCall] = {}
 
     def read(self, timeout: float) -> list[PartitionLag]:
         """Read every group's lag now, within ``timeout`` seconds: one snapshot, sorted by
@@ -196,9 +193,6 @@ class LagMonitor:
         """Close the monitor's consumers; the gauges keep their last values."""
         with self._lock:
             self._offsets.close()
-            if self._stored_pool is not None:
-                self._stored_pool.shutdown(wait=False, cancel_futures=True)  # a hung store's call is not waited for
-                self._stored_pool = None
             if self._fetcher is not None:
                 self._fetcher.close()
                 self._fetcher = None
@@ -307,16 +301,14 @@ class LagMonitor:
         started again for this group while it runs, so it holds one thread and no other group."""
         assert source.stored is not None
         running = self._stored_calls.get(source.group)
-        if running is None or running.done():
-            if self._stored_pool is None:
-                self._stored_pool = ThreadPoolExecutor(max_workers=len(self._sources),
-                                                       thread_name_prefix="turnlog-lag-store")
-            running = self._stored_calls[source.group] = self._stored_pool.submit(source.stored, source.topics)
-        try:
-            return dict(running.result(timeout=max(0.0, (deadline - time.monotonic()) / 2)))
-        except FutureTimeout:
+        if running is None or running.finished.is_set():
+            running = self._stored_calls[source.group] = _DaemonCall(source.stored, source.topics)
+        if not running.finished.wait(max(0.0, (deadline - time.monotonic()) / 2)):
             logger.warning("lag of group %s not read: its store did not answer in time", source.group)
             return None
+        if running.error is not None:
+            raise running.error
+        return dict(running.value or {})
 
     def _first_records(
         self, lagging: Mapping[tuple[str, int, int], int], deadline: float
@@ -386,6 +378,26 @@ class LagMonitor:
                    "queued.max.messages.kbytes": 1024},
             )
         return self._fetcher
+
+
+class _DaemonCall:
+    """``call(*args)`` on a daemon thread (a store that never answers must not hold the process's
+    exit, as a ``concurrent.futures`` worker would): ``finished`` is set with ``value`` or ``error``."""
+
+    def __init__(self, call: StoredOffsets, *args: Sequence[str]) -> None:
+        self.finished = threading.Event()
+        self.value: Mapping[tuple[str, int], int] | None = None
+        self.error: BaseException | None = None
+
+        def run() -> None:
+            try:
+                self.value = call(*args)
+            except BaseException as e:  # handed to the reader, which leaves the group out
+                self.error = e
+            finally:
+                self.finished.set()
+
+        threading.Thread(target=run, name="turnlog-lag-store", daemon=True).start()
 
 
 class _NoneLeft:
