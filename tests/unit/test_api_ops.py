@@ -314,3 +314,23 @@ def test_the_answer_is_bounded_in_lag_rows(store):
     assert len(json.dumps(lag)) < 200_000
 
 
+
+
+def test_an_api_whose_store_never_answers_still_exits_after_the_ops_page_was_read():
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import asyncio, socket
+        from turnlog.api.ops import OpsBoard
+        from turnlog.sinks import open_store
+        black_hole = socket.create_server(("127.0.0.1", 0))  # accepts, never speaks; open until the exit
+        hung = open_store(f"postgresql+psycopg://turnlog:x@127.0.0.1:{black_hole.getsockname()[1]}/turnlog")
+        board = OpsBoard(lag=None, store=hung, prometheus=None, refresh_seconds=1, source_timeout=0.5)
+        assert asyncio.run(board.figures())["sessions_open"]["state"] == "timeout"
+        board.close()
+    """)
+    # a liveness bound, not a speed target: a read still waiting on the store must not hold the exit
+    done = subprocess.run([sys.executable, "-c", script], timeout=60, capture_output=True)
+    assert done.returncode == 0, done.stderr.decode(errors="replace")[-2000:]

@@ -37,7 +37,7 @@ import math
 import threading
 import time
 from collections.abc import Callable, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Generic, Protocol, TypeVar
 
@@ -260,7 +260,7 @@ class _Source(Generic[T]):
         self._read = read
         self._interval = interval
         self._timeout = timeout
-        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"turnlog-ops-{name}")
+        self._closed = False
         self._lock = threading.RLock()  # a read done at once runs its callback inside poke()
         self._running: Future[T] | None = None
         self._started_at = -math.inf  # time.monotonic() when the running (or last) read started
@@ -275,10 +275,9 @@ class _Source(Generic[T]):
         with self._lock:
             running = self._running is not None and not self._running.done()
             if not running and now - self._finished_at >= self._interval:
-                try:
-                    self._running = self._thread.submit(self._read, self._timeout)
-                except RuntimeError:  # closed
+                if self._closed:
                     return None
+                self._running = self._start_read()
                 self._started_at = now
                 self.reads += 1
                 self._running.add_done_callback(self._finished)
@@ -298,7 +297,25 @@ class _Source(Generic[T]):
             return state, value, age
 
     def close(self) -> None:
-        self._thread.shutdown(wait=False, cancel_futures=True)
+        with self._lock:
+            self._closed = True
+
+    def _start_read(self) -> Future[T]:
+        """One read on a daemon thread of its own (at most one runs: :meth:`poke`). Not a
+        ``concurrent.futures`` worker, which Python joins at exit: a store that never answers
+        would keep the API from exiting."""
+        future: Future[T] = Future()
+
+        def run() -> None:
+            if not future.set_running_or_notify_cancel():
+                return
+            try:
+                future.set_result(self._read(self._timeout))
+            except BaseException as e:  # the read's outcome (_finished), never this thread's failure
+                future.set_exception(e)
+
+        threading.Thread(target=run, name=f"turnlog-ops-{self.name}", daemon=True).start()
+        return future
 
     def _finished(self, future: Future[T]) -> None:
         outcome: tuple[str, Any]
