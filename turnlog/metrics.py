@@ -131,8 +131,8 @@ CONSUMER_LAG_RECORDS = Gauge(
 CONSUMER_LAG_SECONDS = Gauge(
     "turnlog_consumer_lag_seconds",
     "Age of the oldest record of a partition its consumer group has not processed (now minus that record's "
-    "timestamp, seconds); 0 when the group is caught up; NaN when that record was not fetched before the read's "
-    "deadline.",
+    "timestamp, seconds, at most the time since the collector saw the partition end before it); 0 when the group "
+    "is caught up; NaN when that record was not fetched before the read's deadline, or has no timestamp (<= 0).",
     ["group", "topic", "partition"],
 )
 
