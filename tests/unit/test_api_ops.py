@@ -77,6 +77,7 @@ class FakeLag:
         self.hold = False
         self.release = threading.Event()
         self.closed = False
+        self.unread_groups: tuple[str, ...] = ()
 
     def read(self, timeout: float) -> list[Lag]:
         self.calls += 1
@@ -225,7 +226,8 @@ async def test_a_hung_lag_source_neither_holds_up_the_api_nor_is_asked_again(sto
                 timeout=HANG_SECONDS, what="the lag figures once the reader answers",
             )
     for answer in (first, second):
-        assert answer["lag"] == {"state": "timeout", "partitions": [], "omitted": 0, "age_seconds": None}
+        assert answer["lag"] == {"state": "timeout", "partitions": [], "omitted": 0, "age_seconds": None,
+                                 "unread_groups": []}
         assert answer["throughput"]["state"] == "timeout"
         assert answer["sessions_open"] == {"state": "ok", "count": 0}  # the other sources still answer
     assert calls_while_hung == reads_while_hung == 1  # no second read started (nor queued) while the first hangs
@@ -304,6 +306,22 @@ def test_prometheus_url_must_be_http():
     with pytest.raises(ValueError, match="ops_prometheus_url"):
         TurnlogSettings(ops_prometheus_url="file:///etc/passwd")
     assert TurnlogSettings(ops_prometheus_url="http://prometheus:9090").ops_prometheus_url == "http://prometheus:9090"
+
+
+def test_groups_whose_offsets_were_not_read_are_named_and_none_read_is_unavailable_not_no_lag(store):
+    lag = FakeLag([])
+    lag.unread_groups = ("seq", "sink")  # a broker and store outage: no group's offsets came
+    with TestClient(app_with(store, board(store, lag, refresh=0.0))) as client:
+        nothing = client.get("/api/ops", headers=auth("tok-all")).json()
+        lag.rows, lag.unread_groups = lag_rows(10, 0)[:2], ("sink",)
+        some = wait_until(
+            lambda: (f := client.get("/api/ops", headers=auth("tok-all")).json())["lag"]["partitions"] and f,
+            timeout=HANG_SECONDS, what="a read with rows",
+        )
+    assert nothing["lag"]["state"] == "unavailable" and nothing["lag"]["unread_groups"] == ["seq", "sink"]
+    assert nothing["throughput"]["state"] == "unavailable"
+    assert some["lag"]["state"] == "ok" and some["lag"]["unread_groups"] == ["sink"]
+    assert {row["group"] for row in some["lag"]["partitions"]} == {"seq"}
 
 
 def test_the_answer_is_bounded_in_lag_rows(store):

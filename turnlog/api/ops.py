@@ -121,6 +121,9 @@ class LagReader(Protocol):
 
     def close(self) -> None: ...
 
+    #: the groups the last read could not get the offsets of (left out of its answer)
+    unread_groups: tuple[str, ...]
+
 
 def pipeline_lag_reader(settings: TurnlogSettings, store: SqlStore) -> LagReader:
     """A ``LagMonitor`` over the pipeline's consumer groups; the sink's and the analytics
@@ -431,7 +434,9 @@ class OpsBoard:
              "seconds": round(lag.seconds, 3) if math.isfinite(lag.seconds) else None}
             for lag in lags[:MAX_LAG_ROWS]
         ]
-        return {"partitions": rows, "omitted": max(0, len(lags) - MAX_LAG_ROWS), "topics": self._throughput(lags)}
+        unread = list(getattr(self._lag_reader, "unread_groups", ()))[:MAX_LAG_ROWS]
+        return {"partitions": rows, "omitted": max(0, len(lags) - MAX_LAG_ROWS), "topics": self._throughput(lags),
+                "unread_groups": unread}
 
     def _throughput(self, lags: Sequence[PartitionLagLike]) -> list[dict[str, Any]]:
         """Offsets per second of each topic since the previous read: its partitions' end
@@ -465,11 +470,14 @@ class OpsBoard:
             return {"lag": {"state": "not_configured", "partitions": [], "omitted": 0, "age_seconds": None},
                     "throughput": {"state": "not_configured", "topics": []}}
         state, value, age = outcome
+        if state == "ok" and value["unread_groups"] and not value["partitions"]:
+            state = "unavailable"  # no group's offsets could be read (a broker or store outage): not "no lag"
         if state != "ok":
-            return {"lag": {"state": state, "partitions": [], "omitted": 0, "age_seconds": None},
+            return {"lag": {"state": state, "partitions": [], "omitted": 0, "age_seconds": None,
+                            "unread_groups": value["unread_groups"] if value else []},
                     "throughput": {"state": state, "topics": []}}
         return {"lag": {"state": "ok", "partitions": value["partitions"], "omitted": value["omitted"],
-                        "age_seconds": _age(age)},
+                        "age_seconds": _age(age), "unread_groups": value["unread_groups"]},
                 "throughput": {"state": "ok", "topics": value["topics"]}}
 
     @staticmethod

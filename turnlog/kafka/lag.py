@@ -144,6 +144,9 @@ class LagMonitor:
         self._ends_seen: dict[tuple[str, int], collections.deque[tuple[float, int]]] = {}
         #: the stored offsets' reads (CommittedSource.stored) by group, each on a daemon thread
         self._stored_calls: dict[str, _DaemonCall] = {}
+        #: the groups whose offsets the last read could not get (an error or a store past its
+        #: time), left out of its answer; a group with no offsets at all is not among them
+        self.unread_groups: tuple[str, ...] = ()
 
     def read(self, timeout: float) -> list[PartitionLag]:
         """Read every group's lag now, within ``timeout`` seconds: one snapshot, sorted by
@@ -208,7 +211,9 @@ class LagMonitor:
     def _read(self, deadline: float) -> list[PartitionLag]:
         # Every group's offsets first, then every topic's ends once: an end read after the
         # offsets is never below them, and groups on one topic are judged against one end.
-        committed = {source.group: self._committed(source, deadline) for source in self._sources}
+        unread: list[str] = []
+        committed = {source.group: self._committed(source, deadline, unread) for source in self._sources}
+        self.unread_groups = tuple(unread)
         topics = sorted({topic for source in self._sources if committed[source.group] is not None
                          for topic in source.topics})
         looked_at = self._clock()  # before the ends are read: a record past an end was appended after it
@@ -274,13 +279,17 @@ class LagMonitor:
                 return at
         return -math.inf
 
-    def _committed(self, source: CommittedSource, deadline: float) -> dict[tuple[str, int], int] | None:
+    def _committed(
+        self, source: CommittedSource, deadline: float, unread: list[str]
+    ) -> dict[tuple[str, int], int] | None:
         """``{(topic, partition): next offset}`` of ``source``; None when it has none at all
-        (not running here) or they could not be read (logged, by the error's class only)."""
+        (not running here) or they could not be read (logged, by the error's class only, and
+        the group appended to ``unread``)."""
         try:
             if source.stored is not None:
                 found = self._stored(source, deadline)
                 if found is None:
+                    unread.append(source.group)
                     return None
             else:
                 found = {}
@@ -291,6 +300,7 @@ class LagMonitor:
         except Exception as e:  # the store's or the broker's: this group is left out of the read
             logger.warning("lag of group %s not read: its offsets could not be read (%s)", source.group,
                            type(e).__name__)
+            unread.append(source.group)
             return None
         return found or None
 
