@@ -68,6 +68,9 @@ def _settings(**overrides: object) -> TurnlogSettings:
         format="%(asctime)s %(levelname)s %(name)s [%(process)d] %(message)s",
         stream=sys.stderr,
     )
+    # httpx logs every request at INFO (the operations page's Prometheus queries: 7 a refresh); DEBUG keeps them.
+    if logging.getLogger().level > logging.DEBUG:
+        logging.getLogger("httpx").setLevel(logging.WARNING)
     from turnlog.faults import armed_faults
 
     armed_faults()  # a malformed TURNLOG_FAULTS fails here, at start-up (ConfigurationError), not at a fault point
