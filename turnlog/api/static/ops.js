@@ -71,8 +71,8 @@ function render(ops) {
   view.last = ops;
   const lag = ops.lag, throughput = ops.throughput, prom = ops.prometheus;
   source("lag-state", lag.state);
-  const unread = lag.unread_groups || [];
-  if (unread.length) $("lag-state").textContent += ` · not read: ${unread.join(", ")}`;
+  const unreadGroups = lag.unread_groups || [];
+  if (unreadGroups.length) $("lag-state").textContent += ` · not read: ${unreadGroups.join(", ")}`;
   fill("lag", lag.partitions.map((p) => [p.group, p.topic, String(p.partition), number(p.committed), String(p.end),
                                          String(p.records), seconds(p.seconds)]),
        lag.state === "ok" ? "no consumer group has offsets yet" : describe(lag.state),
