@@ -127,14 +127,14 @@ async def test_a_live_recorder_of_a_forgotten_session_gets_session_erased_error_
         turn = 1
         deadline = time.monotonic() + TIMEOUT
         while True:  # writes go on as the agent's would, until the recorder has read the ledger
-            try:
+            try:  # the ledger may be read between any two calls: each of them may be the first to refuse
                 forgotten.update_partial(turn, "agent", f"Which route did you take, {turn}?")
                 await forgotten.flush_partial()
+                assert time.monotonic() < deadline, "no SessionErasedError within the deadline"
+                await forgotten.complete_turn(turn, "agent", f"Which route did you take, {turn}?")
             except SessionErasedError as e:
                 assert e.session_id == forgotten_id and SECRET not in str(e)
                 break
-            assert time.monotonic() < deadline, "no SessionErasedError within the deadline"
-            await forgotten.complete_turn(turn, "agent", f"Which route did you take, {turn}?")
             turn += 1
         assert forgotten.erased
         with pytest.raises(SessionErasedError):
