@@ -9,6 +9,7 @@ import pytest
 from turnlog.tools.bench.probes import Sample, pipeline_drained
 from turnlog.tools.bench.runner import transactions_rows
 from turnlog.tools.bench.transactions import on_over_off, pool_runs, variant_order
+from turnlog.tools.bench.variants import moderate_on_off
 
 
 def _run(on: bool, *, cap_events: int, cap_seconds: float, cap_sequencer: float, samples: list[float],
@@ -113,3 +114,22 @@ def test_a_settings_copy_with_another_prefix_names_its_own_topics_even_after_the
     assert variant.topics.events == "bench-r-tx0off.events" and variant.topics.transcript == "bench-r-tx0off.transcript"
     assert variant.as_environment()["TURNLOG_SEQUENCER_TRANSACTIONS"] == "False"
     assert run.topics.events == "bench-r.events"
+
+
+def test_moderate_on_off_pools_each_mode_pairs_each_repetition_and_leaves_capacity_out():
+    def moderate_only(on: bool, mod_sequencer: float, samples: list[float]) -> dict:
+        run = _run(on, cap_events=1, cap_seconds=1.0, cap_sequencer=0.0, samples=samples, mod_sequencer=mod_sequencer)
+        del run["capacity"]  # the on/off variants of the tracing and encryption phases drain no backlog
+        return run
+
+    runs = [moderate_only(False, 0.2, [10.0]), moderate_only(True, 0.4, [30.0]),
+            moderate_only(True, 0.6, [50.0]), moderate_only(False, 0.2, [20.0])]
+    figures = moderate_on_off(runs, is_on=lambda run: run["transactions"])
+    assert not any(key.startswith("capacity_") for mode in ("on", "off") for key in figures[mode])
+    assert figures["on"]["moderate_sequencer_us_per_event"] == pytest.approx(1.0 / 2_000 * 1e6)
+    assert figures["off"]["moderate_sequencer_us_per_event"] == pytest.approx(0.4 / 2_000 * 1e6)
+    assert figures["on_over_off"]["moderate_sequencer_us_per_event"] == pytest.approx(2.5)
+    # The n-th on run against the n-th off run, in run order.
+    assert [pair["moderate_sequencer_us_per_event"] for pair in figures["pairs"]] == pytest.approx([2.0, 3.0])
+    with pytest.raises(ValueError):
+        moderate_on_off(runs[:3], is_on=lambda run: run["transactions"])

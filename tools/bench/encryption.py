@@ -63,9 +63,8 @@ from turnlog.tools.bench.variants import (
     free_port,
     latency_figures,
     local_broker_pid,
-    on_over_off,
+    moderate_on_off,
     phase_figures,
-    pool_runs,
     take_reading,
     transcript_end,
     variant_order,
@@ -260,27 +259,14 @@ def run_encryption(
               f" turn-to-store p50 {mod['p50_ms']:.1f} / p95 {mod['p95_ms']:.1f} / p99 {mod['p99_ms']:.1f} ms,"
               f" {sum(mod['us_per_event'].values()):,.0f} µs CPU/event (every process measured);"
               f" load average {runs[-1]['load_average'][0]:.2f} -> {runs[-1]['load_average'][1]:.2f}")
-    on_runs = [r for r in runs if r["encrypted"]]
-    off_runs = [r for r in runs if not r["encrypted"]]
-    pooled_on, pooled_off = _moderate(pool_runs(on_runs)), _moderate(pool_runs(off_runs))
-    pairs = [on_over_off(_moderate(pool_runs([a])), _moderate(pool_runs([b])))
-             for a, b in zip(on_runs, off_runs, strict=True)]
     return {
         "repetitions": repetitions,
         "rate_asked_events_per_second": rate,
         "sessions": len(chosen),
         "seconds": seconds,
         "runs": runs,
-        "off": pooled_off,
-        "on": pooled_on,
-        "on_over_off": on_over_off(pooled_on, pooled_off),
-        "pairs": pairs,
+        **moderate_on_off(runs, is_on=lambda r: bool(r["encrypted"])),
     }
-
-
-def _moderate(pooled: dict[str, Any]) -> dict[str, Any]:
-    """The moderate load's figures of a pool (these variants drain no backlog)."""
-    return {key: value for key, value in pooled.items() if not key.startswith("capacity_")}
 
 
 def _variant(

@@ -64,9 +64,8 @@ from turnlog.tools.bench.variants import (
     free_port,
     latency_figures,
     local_broker_pid,
-    on_over_off,
+    moderate_on_off,
     phase_figures,
-    pool_runs,
     take_reading,
     transcript_end,
     variant_order,
@@ -155,11 +154,6 @@ def run_tracing(
               f" turn-to-store p50 {mod['p50_ms']:.1f} / p99 {mod['p99_ms']:.1f} ms,"
               f" {sum(mod['us_per_event'].values()):,.0f} µs CPU/event (every process measured);"
               f" {runs[-1]['exports']} OTLP requests, {runs[-1]['export_bytes']:,} bytes")
-    on_runs = [r for r in runs if r["traced"]]
-    off_runs = [r for r in runs if not r["traced"]]
-    pooled_on, pooled_off = _moderate(pool_runs(on_runs)), _moderate(pool_runs(off_runs))
-    pairs = [on_over_off(_moderate(pool_runs([a])), _moderate(pool_runs([b])))
-             for a, b in zip(on_runs, off_runs, strict=True)]
     return {
         "repetitions": repetitions,
         "sample_ratio": TRACE_SAMPLE_RATIO,
@@ -167,15 +161,8 @@ def run_tracing(
         "sessions": len(chosen),
         "seconds": seconds,
         "runs": runs,
-        "off": pooled_off,
-        "on": pooled_on,
-        "on_over_off": on_over_off(pooled_on, pooled_off),
-        "pairs": pairs,
+        **moderate_on_off(runs, is_on=lambda r: bool(r["traced"])),
     }
-
-
-def _moderate(pooled: dict[str, Any]) -> dict[str, Any]:
-    return {key: value for key, value in pooled.items() if not key.startswith("capacity_")}
 
 
 def _variant(

@@ -14,7 +14,7 @@ import os
 import socket
 import time
 import urllib.error
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -26,7 +26,8 @@ from turnlog.tools.bench import baselines as base
 from turnlog.tools.bench.probes import cpu_seconds, sink_batches
 
 __all__ = [
-    "Reading", "variant_order", "per_event_us", "pool_runs", "on_over_off", "take_reading", "wait_applied",
+    "Reading", "variant_order", "per_event_us", "pool_runs", "on_over_off", "moderate_on_off", "take_reading",
+    "wait_applied",
     "phase_figures", "latency_figures", "transcript_end", "local_broker_pid", "free_port", "SERVICES",
     "APPLY_TIMEOUT_SECONDS",
 ]
@@ -122,6 +123,23 @@ def on_over_off(on: dict[str, Any], off: dict[str, Any]) -> dict[str, float]:
         else:
             ratios[key] = value / other
     return ratios
+
+
+def moderate_on_off(runs: Sequence[dict[str, Any]], *, is_on: Callable[[dict[str, Any]], bool]) -> dict[str, Any]:
+    """The moderate-load figures of the on and the off variants among ``runs`` (variants that
+    drain no backlog: :func:`pool_runs` without its ``capacity_*`` figures), pooled per mode,
+    with ``on_over_off`` of the pools and ``pairs``: ``on_over_off`` of each repetition (the
+    n-th on run against the n-th off run; as many of each, or ValueError)."""
+    on_runs = [run for run in runs if is_on(run)]
+    off_runs = [run for run in runs if not is_on(run)]
+    pooled_on, pooled_off = _moderate(pool_runs(on_runs)), _moderate(pool_runs(off_runs))
+    pairs = [on_over_off(_moderate(pool_runs([a])), _moderate(pool_runs([b])))
+             for a, b in zip(on_runs, off_runs, strict=True)]
+    return {"off": pooled_off, "on": pooled_on, "on_over_off": on_over_off(pooled_on, pooled_off), "pairs": pairs}
+
+
+def _moderate(pooled: dict[str, Any]) -> dict[str, Any]:
+    return {key: value for key, value in pooled.items() if not key.startswith("capacity_")}
 
 
 @dataclass(frozen=True, slots=True)
