@@ -85,7 +85,15 @@ from turnlog.schemas.erasure import Erasure
 from turnlog.schemas.events import EARLIEST_YEAR, LATEST_YEAR
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import RecordSigner
-from turnlog.tracing import NO_TRACING, TraceContext, TraceSpan, Tracing, producer_attributes, service_tracing
+from turnlog.tracing import (
+    NO_TRACING,
+    TraceContext,
+    TraceSpan,
+    Tracing,
+    ended_on_failure,
+    producer_attributes,
+    service_tracing,
+)
 
 __all__ = ["SessionRecorder", "RecordedSession"]
 
@@ -388,13 +396,8 @@ class RecordedSession:
         the sequencer and the sink would (ranges, the raw nesting bound, the
         free-form values' depth and size), whatever the caller's stack depth.
         """
-        try:
+        with ended_on_failure(span):
             ticket = self._emit_checked(event_type, span.context if span is not None else None, fields)
-        except BaseException as e:
-            if span is not None:
-                span.fail(type(e).__name__)
-                span.end()
-            raise
         self._next_seq += 1
         return ticket
 

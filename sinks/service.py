@@ -77,6 +77,7 @@ from turnlog.tracing import (
     batch_span,
     consumer_attributes,
     context_from_headers,
+    ended_on_failure,
     service_tracing,
 )
 
@@ -304,14 +305,8 @@ class SinkService:
         ``traced``: its records that carry a sampled trace context (the batch span links to them)."""
         span = self._batch_span(batch, traced) if traced else None
         ended = {m.key.decode("utf-8", "replace"): context for m, context, is_end in traced if is_end and m.key}
-        try:
-            with metrics.SINK_BATCH_SECONDS.time(), batch_scope(self._tracing, span, ended):
-                result = self._apply_or_split(batch)
-        except BaseException as e:
-            if span is not None:
-                span.fail(type(e).__name__)
-                span.end()
-            raise
+        with ended_on_failure(span), metrics.SINK_BATCH_SECONDS.time(), batch_scope(self._tracing, span, ended):
+            result = self._apply_or_split(batch)
         if span is not None:
             span.set({"turnlog.applied": result.applied, "turnlog.stale": result.stale,
                       "turnlog.rejected": result.rejected})

@@ -41,7 +41,7 @@ from turnlog.sinks.base import report_finalized
 from turnlog.sinks.errors import store_errors
 from turnlog.sinks.finalization import session_ended_at, unfinalized_sessions
 from turnlog.stream_processors.app import make_app
-from turnlog.tracing import NO_TRACING, Tracing, service_tracing
+from turnlog.tracing import NO_TRACING, Tracing, ended_on_failure, service_tracing
 
 __all__ = ["build_finalizer", "finalize_now", "sweep_once"]
 
@@ -59,15 +59,9 @@ def finalize_now(store: SqlStore, session_id: str, tracing: Tracing = NO_TRACING
         StoreUnavailableError: the database did not answer (retryable).
     """
     span = tracing.start("finalize", attributes={"turnlog.session_id": session_id, "turnlog.sweep": True})
-    try:
-        with store_errors(), store.engine.begin() as conn:
-            done = store.finalize_session(conn, session_id, dt.datetime.now(dt.UTC))
-            ended_at = session_ended_at(conn, session_id) if done else None
-    except BaseException as e:
-        if span is not None:
-            span.fail(type(e).__name__)
-            span.end()
-        raise
+    with ended_on_failure(span), store_errors(), store.engine.begin() as conn:
+        done = store.finalize_session(conn, session_id, dt.datetime.now(dt.UTC))
+        ended_at = session_ended_at(conn, session_id) if done else None
     if span is not None:
         span.set({"turnlog.finalized": done})
         span.end()

@@ -59,7 +59,8 @@ if TYPE_CHECKING:
 __all__ = [
     "TraceContext", "Tracing", "TraceSpan", "NO_TRACING", "service_tracing", "context_from_headers",
     "parse_traceparent", "TRACEPARENT", "TRACESTATE", "MAX_HEADERS_SCANNED", "MAX_TRACESTATE_BYTES",
-    "MAX_LINKS", "SpanKindName", "AttributeValue", "flush_all", "batch_scope", "batch_span", "finalization_span",
+    "MAX_LINKS", "SpanKindName", "AttributeValue", "flush_all", "ended_on_failure", "batch_scope", "batch_span",
+    "finalization_span",
     "producer_attributes", "consumer_attributes",
 ]
 
@@ -445,6 +446,20 @@ def batch_span() -> TraceSpan | None:
     """The span of the traced batch being applied (:func:`batch_scope`), or None."""
     scope = _batch.get()
     return scope.span if scope is not None else None
+
+
+@contextlib.contextmanager
+def ended_on_failure(span: TraceSpan | None) -> Iterator[None]:
+    """Around work ``span`` traces: when the block raises, mark ``span`` failed (the
+    exception's class name, never its text) and end it, then let the exception go on; when
+    it does not, leave ``span`` open for its caller to finish. ``span`` None: nothing."""
+    try:
+        yield
+    except BaseException as e:
+        if span is not None:
+            span.fail(type(e).__name__)
+            span.end()
+        raise
 
 
 @contextlib.contextmanager
