@@ -92,7 +92,7 @@ case "$cmd" in
   test)
     setup "test,adapters,otel"  # otel: the tracing tests export real spans (tests/integration/test_tracing.py)
     bash "$here/browser.sh"
-    bash "$here/prometheus.sh" install  # promtool: the alert rules' unit tests (tests/unit/test_alert_rules.py)
+    bash "$here/prometheus.sh" install  # promtool: the alert rules' unit tests (tests/external_tools/test_alert_rules.py)
     cd "$root"
     export TURNLOG_TEST_BOOTSTRAP_SERVERS="$TURNLOG_BOOTSTRAP_SERVERS" TURNLOG_TEST_DATABASE_URL="$TURNLOG_DATABASE_URL"
     export TURNLOG_TEST_REQUIRE_EXTRAS=1  # the extras are installed above: a framework that fails to import is an error

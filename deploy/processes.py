@@ -131,8 +131,17 @@ class ServiceProcess:
 
     def stop(self, timeout: float = 20.0) -> int:
         """SIGTERM, wait up to ``timeout`` seconds, then SIGKILL; returns the exit code."""
+        self.terminate()
+        return self.wait_stopped(timeout)
+
+    def terminate(self) -> None:
+        """SIGTERM, without waiting: the service drains and exits on its own (:meth:`wait_stopped`)."""
         if self.alive():
             self.popen.send_signal(signal.SIGTERM)
+
+    def wait_stopped(self, timeout: float) -> int:
+        """Wait up to ``timeout`` seconds for the process to exit, then SIGKILL it; returns the exit code."""
+        if self.alive():
             try:
                 self.popen.wait(timeout)
             except subprocess.TimeoutExpired:
@@ -176,7 +185,11 @@ def wait_all_ready(
 
 
 def stop_all(processes: Mapping[str, ServiceProcess] | Sequence[ServiceProcess], timeout: float = 20.0) -> None:
-    """Stop every process (SIGTERM, then SIGKILL after ``timeout`` seconds)."""
-    items = processes.values() if isinstance(processes, Mapping) else processes
+    """Stop every process: SIGTERM to all at once, so they drain side by side, then SIGKILL to any
+    still running ``timeout`` seconds later."""
+    items = list(processes.values() if isinstance(processes, Mapping) else processes)
     for process in items:
-        process.stop(timeout)
+        process.terminate()
+    deadline = time.monotonic() + timeout
+    for process in items:
+        process.wait_stopped(max(0.0, deadline - time.monotonic()))

@@ -265,3 +265,41 @@ def test_start_pipeline_gives_each_service_its_own_ready_file_beside_its_log(tmp
         assert {name: m.pid for name, m in marks.items()} == {name: p.pid for name, p in started.items()}
     finally:
         processes.stop_all(started, 5)
+
+
+# On SIGTERM: say so in its own file, then drain until the other child said so too (exit 0), or give up (exit 3).
+DRAIN_UNTIL_BOTH_TERMINATED = """
+import os, signal, sys, time
+from pathlib import Path
+mine, other = Path(sys.argv[1]), Path(sys.argv[2])
+def drain(*_):
+    mine.touch()
+    deadline = time.monotonic() + 30
+    while not other.exists():
+        if time.monotonic() > deadline:
+            os._exit(3)
+        time.sleep(0.01)
+    os._exit(0)
+signal.signal(signal.SIGTERM, drain)
+Path(sys.argv[3]).touch()
+while True:
+    time.sleep(1)
+"""
+
+
+def test_stop_all_terminates_every_process_before_waiting_for_any(tmp_path):
+    """Services drain side by side: each child exits cleanly only once the other one got its SIGTERM
+    too, which a stop of one process after the other never gives the first."""
+    from turnlog.deploy.processes import ServiceProcess, stop_all
+
+    def start(name: str, other: str) -> ServiceProcess:
+        argv = [*child(DRAIN_UNTIL_BOTH_TERMINATED), str(tmp_path / name), str(tmp_path / other), str(tmp_path / f"{name}.up")]
+        return ServiceProcess(name, argv, {}, tmp_path / f"{name}.log")
+
+    started = [start("a", "b"), start("b", "a")]
+    deadline = time.monotonic() + 30
+    while not all((tmp_path / f"{p.name}.up").exists() for p in started):  # both handlers installed
+        assert time.monotonic() < deadline, "children did not start"
+        time.sleep(0.01)
+    stop_all(started, timeout=40)
+    assert [p.popen.returncode for p in started] == [0, 0]
