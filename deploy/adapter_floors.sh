@@ -62,15 +62,33 @@ venv_for() {  # extra requirement -> venv path (built if missing)
 extras=("$@")
 [ ${#extras[@]} -gt 0 ] || extras=(livekit pipecat openai-agents langgraph)
 cd "$root"
-status=0
-for extra in "${extras[@]}"; do
+logs="$(mktemp -d)"
+trap 'rm -rf "$logs"' EXIT
+
+# One floor: its venv, then its adapter tests; everything it prints goes to $logs/<extra>.log.
+floor() {
+  local extra="$1" module requirement venv installed
   module="${TESTS[$extra]:-}"
   [ -n "$module" ] || die "unknown extra $extra (one of: ${!TESTS[*]})"
   requirement="$(floor_of "$extra")" || die "cannot read the floor of $extra"
   venv="$(venv_for "$extra" "$requirement")"
   installed="$("$venv/bin/python" -m pip show "${requirement%%==*}" 2>/dev/null | sed -n 's/^Version: //p')"
   echo "adapter_floors.sh: tests/adapters/$module.py on ${requirement%%==*} $installed (the floor)"
+  # TURNLOG_TEST_REPORTS (set by tests/tiers.py): a JUnit XML report per floor in that folder.
   TURNLOG_TEST_REQUIRE_EXTRAS=1 "$venv/bin/python" -m pytest -q -p no:cacheprovider "tests/adapters/$module.py" \
-    || status=1
+    ${TURNLOG_TEST_REPORTS:+"--junitxml=$TURNLOG_TEST_REPORTS/adapter_floors-$extra.xml"}
+}
+
+# The floors side by side (each venv is its own, each test its own topics, groups and database): their
+# tests mostly wait on real-time audio and the pipeline. Each one's output is printed whole, in order.
+declare -A pids=()
+for extra in "${extras[@]}"; do
+  floor "$extra" >"$logs/$extra.log" 2>&1 &
+  pids[$extra]=$!
+done
+status=0
+for extra in "${extras[@]}"; do
+  wait "${pids[$extra]}" || { status=1; echo "adapter_floors.sh: $extra FAILED" >>"$logs/$extra.log"; }
+  cat "$logs/$extra.log"
 done
 exit "$status"

@@ -2,8 +2,8 @@
 # One entry point for a fresh machine: install turnlog, start Kafka and Postgres, run the demo or the tests.
 #
 #   bash deploy/dev.sh demo [turnlog demo options...]   # the demo on Postgres, report in demo-report.json
-#   bash deploy/dev.sh test [pytest options...]         # the whole test suite (unit + integration), then
-#                                                       # the adapter tests on each framework's floor release
+#   bash deploy/dev.sh test [--only TIER] [pytest options...]  # the whole test suite, tier by tier (tests/tiers.py),
+#                                                       # the adapter tests on each framework's floor release last
 #                                                       # (deploy/adapter_floors.sh; TURNLOG_ADAPTER_FLOORS=0 skips them)
 #   bash deploy/dev.sh lint                             # ruff and mypy, no services (CI runs it before test)
 #   bash deploy/dev.sh setup                            # install + start services only
@@ -96,12 +96,9 @@ case "$cmd" in
     cd "$root"
     export TURNLOG_TEST_BOOTSTRAP_SERVERS="$TURNLOG_BOOTSTRAP_SERVERS" TURNLOG_TEST_DATABASE_URL="$TURNLOG_DATABASE_URL"
     export TURNLOG_TEST_REQUIRE_EXTRAS=1  # the extras are installed above: a framework that fails to import is an error
-    status=0
-    "$python" -m pytest "$@" || status=$?
-    if [ "${TURNLOG_ADAPTER_FLOORS:-1}" != 0 ]; then
-      PYTHON="$python" bash "$here/adapter_floors.sh" || status=1
-    fi
-    exit "$status"
+    # Tier by tier (tests/tiers.py: unit, external_tools, integration, cluster, crash, adapter_floors),
+    # then the time of each and the slowest tests. pytest options given here go to every tier.
+    PYTHON="$python" exec "$python" -m tests.tiers "$@"
     ;;
   *)
     echo "usage: bash deploy/dev.sh {setup|demo|test|lint} [options]" >&2

@@ -26,6 +26,7 @@ from tests.support import wait_until
 
 TIMEOUT = 180
 STATE = Path(os.environ.get("TURNLOG_STATE_DIR", Path.home() / ".cache" / "turnlog"))
+pytestmark = pytest.mark.outage  # each test stops the shared broker or Postgres
 
 
 @pytest.fixture

@@ -82,6 +82,7 @@ def assert_aggregates_match_the_log(row, payloads):
     assert row["duration_seconds"] == pytest.approx(folded.duration_seconds, abs=0.002)
 
 
+@pytest.mark.outage  # it stops the shared broker
 def test_an_agent_killed_during_a_long_broker_outage_loses_no_completed_turn(new_pipeline, tmp_path):
     if not (STATE / "kafka" / "kafka.pid").exists():
         pytest.fail(f"this test restarts the local broker: start it with `bash deploy/services.sh start` (state in {STATE})", pytrace=False)
