@@ -184,9 +184,7 @@ def partition_records(
     """``(key, value, headers)`` of every committed record of ``topic``'s ``partition``, from its low
     watermark to the high watermark taken at the call (a transaction's markers, which no consumer is
     given, may lie between the last record and it)."""
-    from confluent_kafka import Consumer, TopicPartition
-
-    from confluent_kafka import KafkaError
+    from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     # The end of the partition is an event (PARTITION_EOF), not a position: no record follows a
     # transaction's markers, so the position can stay short of the high watermark until more is written.

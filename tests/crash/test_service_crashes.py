@@ -13,7 +13,7 @@ import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, Producer, TopicPartition
+from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
 from sqlalchemy import func, select
 
 from turnlog.ops.audit import fold_events
@@ -63,7 +63,9 @@ def expected_turns(events):
 
 
 def read_topic(settings, topic):
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"reader-{uuid.uuid4()}", "enable.auto.commit": False})
+    # PARTITION_EOF at the high watermark ends a partition: no record follows a transaction's last markers.
+    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"reader-{uuid.uuid4()}",
+                         "enable.auto.commit": False, "enable.partition.eof": True})
     found = []
     try:
         for partition in range(settings.partitions):
@@ -75,6 +77,9 @@ def read_topic(settings, topic):
             while consumer.position([TopicPartition(topic, partition)])[0].offset < high:
                 assert time.monotonic() < deadline, f"{topic}[{partition}] not read up to offset {high}"
                 record = consumer.poll(0.5)
+                if record is not None and record.error() and record.error().code() == KafkaError._PARTITION_EOF \
+                        and record.offset() >= high:
+                    break
                 if record is None or record.error():
                     continue
                 found.append(SourceMessage(record.topic(), record.partition(), record.offset(), record.value(), record.key()))
