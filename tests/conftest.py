@@ -116,6 +116,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
     store.engine.dispose()
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Groups for pytest-xdist's ``--dist loadgroup`` (tests/tiers.py): a file's tests run on one
     worker, in their order, so a module's shared pipeline starts once; every test of tests/cluster

@@ -12,10 +12,13 @@ The tiers, in the order they run:
   a killed process's successor). Each test makes its own topics (a random prefix), consumer groups
   and Postgres database, so workers never share state; a file runs on one worker, and the cluster
   tests all on one, which starts their 3-node cluster once (tests/conftest.py).
-- ``outages``: the tests marked ``outage``, one after the other and alone: they stop or SIGKILL the
-  shared broker or Postgres, which every other test uses.
-- ``adapter_floors``: ``deploy/adapter_floors.sh``, the adapter tests on each framework's oldest release.
+- ``outages``: the tests marked ``outage``, one after the other. They stop or SIGKILL the shared
+  broker and Postgres, so they run beside the tiers that use neither (``unit``, ``external_tools``)
+  and never beside one that does.
+- ``adapter_floors``: ``deploy/adapter_floors.sh``, the adapter tests on each framework's oldest
+  release in venvs of their own, beside ``services``.
 
+The tiers of a stage (``STAGES``) run side by side; each one's output is printed whole when it ends.
 Every tier runs even when an earlier one failed; the exit code is 1 if any failed. Each tier writes
 JUnit XML reports (``DIR/<tier>*.xml``); the summary at the end, read from them, gives each tier's
 wall time, each folder's summed test time and the slowest tests. No test fails on a time: the
@@ -26,8 +29,10 @@ from __future__ import annotations
 
 import argparse
 import os
+import queue
 import subprocess
 import sys
+import threading
 import time
 import xml.etree.ElementTree as ET
 from collections.abc import Sequence
@@ -50,13 +55,14 @@ class Tier:
 SERVICE_FOLDERS = ("tests/cluster", "tests/crash", "tests/integration", "tests/adapters")  # cluster first: its
 # group is the longest, so it starts before the others are handed out
 
-TIERS = (
-    Tier("unit", ("tests/unit",)),
-    Tier("external_tools", ("tests/external_tools",)),
-    Tier("services", SERVICE_FOLDERS, ("-m", "not outage"), parallel=True),
-    Tier("outages", SERVICE_FOLDERS, ("-m", "outage")),
-    Tier("adapter_floors", command=("bash", "deploy/adapter_floors.sh")),
-)
+UNIT = Tier("unit", ("tests/unit",))
+EXTERNAL_TOOLS = Tier("external_tools", ("tests/external_tools",))
+OUTAGES = Tier("outages", SERVICE_FOLDERS, ("-m", "outage"))
+SERVICES = Tier("services", SERVICE_FOLDERS, ("-m", "not outage"), parallel=True)
+ADAPTER_FLOORS = Tier("adapter_floors", command=("bash", "deploy/adapter_floors.sh"))
+TIERS = (UNIT, EXTERNAL_TOOLS, OUTAGES, SERVICES, ADAPTER_FLOORS)
+# Side by side within a stage, stage after stage: the outages never overlap a tier of the shared services.
+STAGES = ((OUTAGES, UNIT, EXTERNAL_TOOLS), (SERVICES, ADAPTER_FLOORS))
 
 
 @dataclass
@@ -97,7 +103,16 @@ def read_junit(path: Path) -> list[CaseResult]:
     return cases
 
 
-def run_tier(tier: Tier, reports: Path, workers: int, pytest_args: Sequence[str]) -> TierRun:
+@dataclass
+class StartedTier:
+    tier: Tier
+    argv: list[str]
+    output: Path
+    process: subprocess.Popen[bytes]
+    started: float
+
+
+def start_tier(tier: Tier, reports: Path, workers: int, pytest_args: Sequence[str]) -> StartedTier:
     for old in reports.glob(f"{tier.name}*.xml"):
         old.unlink()
     env = {**os.environ, "TURNLOG_TEST_REPORTS": str(reports)}
@@ -108,12 +123,30 @@ def run_tier(tier: Tier, reports: Path, workers: int, pytest_args: Sequence[str]
                 *pytest_args]
         if tier.parallel and workers > 1:
             argv += ["-n", str(workers), "--dist", "loadgroup"]
-    print(f"\n=== tier {tier.name}: {' '.join(argv)}", flush=True)
-    started = time.monotonic()
-    exit_code = subprocess.run(argv, cwd=ROOT, env=env, check=False).returncode
-    seconds = time.monotonic() - started
-    cases = [case for report in sorted(reports.glob(f"{tier.name}*.xml")) for case in read_junit(report)]
-    return TierRun(tier, seconds, exit_code, cases)
+    print(f"=== tier {tier.name} started: {' '.join(argv)}", flush=True)
+    output = reports / f"{tier.name}.log"
+    with output.open("wb") as sink:
+        process = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=sink, stderr=subprocess.STDOUT)
+    return StartedTier(tier, argv, output, process, time.monotonic())
+
+
+def finish_tier(started: StartedTier, reports: Path) -> TierRun:
+    exit_code = started.process.wait()
+    seconds = time.monotonic() - started.started
+    print(f"\n=== tier {started.tier.name}: {' '.join(started.argv)}", flush=True)
+    sys.stdout.buffer.write(started.output.read_bytes())
+    print(f"=== tier {started.tier.name} ended: exit {exit_code} after {seconds:.0f} s", flush=True)
+    cases = [case for report in sorted(reports.glob(f"{started.tier.name}*.xml")) for case in read_junit(report)]
+    return TierRun(started.tier, seconds, exit_code, cases)
+
+
+def run_stage(tiers: Sequence[Tier], reports: Path, workers: int, pytest_args: Sequence[str]) -> list[TierRun]:
+    """Start the tiers side by side; wait for each, printing its output whole as it ends."""
+    ended: queue.Queue[StartedTier] = queue.Queue()
+    for tier in tiers:
+        started = start_tier(tier, reports, workers, pytest_args)
+        threading.Thread(target=lambda t=started: (t.process.wait(), ended.put(t)), daemon=True).start()
+    return [finish_tier(ended.get(), reports) for _ in tiers]
 
 
 def summary(runs: Sequence[TierRun]) -> str:
@@ -149,10 +182,13 @@ def main(argv: Sequence[str] | None = None) -> int:
                         help="folder of the JUnit XML reports (default build/test-reports)")
     options, pytest_args = parser.parse_known_args(argv)
     options.reports.mkdir(parents=True, exist_ok=True)
-    chosen = [tier for tier in TIERS if not options.only or tier.name in options.only]
+    chosen = {tier for tier in TIERS if not options.only or tier.name in options.only}
     if os.environ.get("TURNLOG_ADAPTER_FLOORS", "1") == "0":
-        chosen = [tier for tier in chosen if tier.name != "adapter_floors"]
-    runs = [run_tier(tier, options.reports.resolve(), options.workers, pytest_args) for tier in chosen]
+        chosen.discard(ADAPTER_FLOORS)
+    runs = [run for stage in STAGES
+            for run in run_stage([tier for tier in stage if tier in chosen], options.reports.resolve(),
+                                 options.workers, pytest_args)]
+    runs.sort(key=lambda run: TIERS.index(run.tier))
     print(summary(runs), flush=True)
     return 0 if all(run.exit_code == 0 for run in runs) else 1
 
