@@ -84,7 +84,8 @@ def read_junit(path: Path) -> list[CaseResult]:
     """The test cases of a JUnit XML report written by pytest (``--junitxml``)."""
     cases = []
     for case in ET.parse(path).getroot().iter("testcase"):
-        module = case.get("classname", "").replace(".", "/")
+        # A module skipped at collection has no classname: its name is the module.
+        module = (case.get("classname") or case.get("name", "")).replace(".", "/")
         # classname is "tests.unit.test_x" or "tests.unit.test_x.TestClass": the file is the longest
         # prefix that exists.
         parts = module.split("/")
@@ -99,7 +100,8 @@ def read_junit(path: Path) -> list[CaseResult]:
             if case.find(tag) is not None:
                 outcome = {"failure": "failed"}.get(tag, tag)
         name = case.get("name", "").split("@", 1)[0]  # loadgroup names a test "name@group"
-        cases.append(CaseResult(f"{file}::{name}", float(case.get("time", 0.0)), outcome))
+        node = file if not case.get("classname") else f"{file}::{name}"
+        cases.append(CaseResult(node, float(case.get("time", 0.0)), outcome))
     return cases
 
 
