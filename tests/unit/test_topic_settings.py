@@ -295,9 +295,11 @@ async def _no_sleep(_delay: float, *args: Any) -> None:
 # -- starting the local broker ------------------------------------------------------------------------
 @pytest.fixture
 def scripts_run(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, dict[str, str]]]:
-    """No broker answers; the deploy scripts ``ensure_local_services`` would run are recorded, not run."""
+    """No broker answers, Postgres does (whether a real one runs here or not); the deploy scripts
+    ``ensure_local_services`` would run are recorded, not run."""
     run: list[tuple[str, dict[str, str]]] = []
     monkeypatch.setattr(local, "broker_answers", lambda settings, timeout=5.0: False)
+    monkeypatch.setattr(local, "_database_answers", lambda url: True)
     monkeypatch.setattr(local, "_run_script", lambda name, **environment: run.append((name, environment)))
     return run
 
