@@ -2,7 +2,8 @@
 # Run each framework adapter's tests on the oldest release its extra declares (pyproject.toml:
 # the ">=" bound of the extra), each in a venv of its own; the main environment has the newest.
 #
-#   bash deploy/adapter_floors.sh [EXTRA...]     # EXTRA: livekit pipecat openai-agents langgraph (default: all)
+#   bash deploy/adapter_floors.sh [EXTRA...]          # EXTRA: livekit pipecat openai-agents langgraph (default: all)
+#   bash deploy/adapter_floors.sh --build [EXTRA...]  # only build (or refresh) the venvs; no service needed
 #
 # The services must be running (bash deploy/services.sh start); TURNLOG_TEST_BOOTSTRAP_SERVERS and
 # TURNLOG_TEST_DATABASE_URL as for the main test run (dev.sh test sets them).
@@ -59,6 +60,11 @@ venv_for() {  # extra requirement -> venv path (built if missing)
   echo "$venv"
 }
 
+build_only=0
+if [ "${1:-}" = --build ]; then
+  build_only=1
+  shift
+fi
 extras=("$@")
 [ ${#extras[@]} -gt 0 ] || extras=(livekit pipecat openai-agents langgraph)
 cd "$root"
@@ -72,6 +78,10 @@ floor() {
   [ -n "$module" ] || die "unknown extra $extra (one of: ${!TESTS[*]})"
   requirement="$(floor_of "$extra")" || die "cannot read the floor of $extra"
   venv="$(venv_for "$extra" "$requirement")"
+  if [ "$build_only" = 1 ]; then
+    echo "adapter_floors.sh: $venv ready"
+    return 0
+  fi
   installed="$("$venv/bin/python" -m pip show "${requirement%%==*}" 2>/dev/null | sed -n 's/^Version: //p')"
   echo "adapter_floors.sh: tests/adapters/$module.py on ${requirement%%==*} $installed (the floor)"
   # TURNLOG_TEST_REPORTS (set by tests/tiers.py): a JUnit XML report per floor in that folder.

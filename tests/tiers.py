@@ -16,7 +16,8 @@ The tiers, in the order they run:
   broker and Postgres, so they run beside the tiers that use neither (``unit``, ``external_tools``)
   and never beside one that does.
 - ``adapter_floors``: ``deploy/adapter_floors.sh``, the adapter tests on each framework's oldest
-  release in venvs of their own, beside ``services``.
+  release in venvs of their own, beside ``services``; ``floor_venvs`` builds those venvs earlier,
+  beside ``outages``.
 
 The tiers of a stage (``STAGES``) run side by side; each one's output is printed whole when it ends.
 Every tier runs even when an earlier one failed; the exit code is 1 if any failed. Each tier writes
@@ -59,10 +60,12 @@ UNIT = Tier("unit", ("tests/unit",))
 EXTERNAL_TOOLS = Tier("external_tools", ("tests/external_tools",))
 OUTAGES = Tier("outages", SERVICE_FOLDERS, ("-m", "outage"))
 SERVICES = Tier("services", SERVICE_FOLDERS, ("-m", "not outage"), parallel=True)
+FLOOR_VENVS = Tier("floor_venvs", command=("bash", "deploy/adapter_floors.sh", "--build"))  # pip only, no test
 ADAPTER_FLOORS = Tier("adapter_floors", command=("bash", "deploy/adapter_floors.sh"))
-TIERS = (UNIT, EXTERNAL_TOOLS, OUTAGES, SERVICES, ADAPTER_FLOORS)
-# Side by side within a stage, stage after stage: the outages never overlap a tier of the shared services.
-STAGES = ((OUTAGES, UNIT, EXTERNAL_TOOLS), (SERVICES, ADAPTER_FLOORS))
+TIERS = (UNIT, EXTERNAL_TOOLS, OUTAGES, FLOOR_VENVS, SERVICES, ADAPTER_FLOORS)
+# Side by side within a stage, stage after stage: the outages never overlap a tier of the shared services,
+# and the floors' venvs are built while the outages mostly wait.
+STAGES = ((OUTAGES, UNIT, EXTERNAL_TOOLS, FLOOR_VENVS), (SERVICES, ADAPTER_FLOORS))
 
 
 @dataclass
@@ -186,7 +189,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     options.reports.mkdir(parents=True, exist_ok=True)
     chosen = {tier for tier in TIERS if not options.only or tier.name in options.only}
     if os.environ.get("TURNLOG_ADAPTER_FLOORS", "1") == "0":
-        chosen.discard(ADAPTER_FLOORS)
+        chosen -= {FLOOR_VENVS, ADAPTER_FLOORS}
+    if ADAPTER_FLOORS not in chosen:
+        chosen.discard(FLOOR_VENVS)
     runs = [run for stage in STAGES
             for run in run_stage([tier for tier in stage if tier in chosen], options.reports.resolve(),
                                  options.workers, pytest_args)]
