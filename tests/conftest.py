@@ -25,7 +25,6 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.migrate import upgrade_to_head
 
-ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_BOOTSTRAP = "127.0.0.1:9092"
 DEFAULT_DATABASE_URL = "postgresql+psycopg://turnlog:turnlog@127.0.0.1:5433/turnlog"
 HOW_TO_START = "start them with `bash deploy/services.sh start` (or set TURNLOG_TEST_BOOTSTRAP_SERVERS / TURNLOG_TEST_DATABASE_URL)"
@@ -115,15 +114,3 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
     yield store
     store.engine.dispose()
 
-
-@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which reads the groups
-def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Groups for pytest-xdist's ``--dist loadgroup`` (tests/tiers.py): a file's tests run on one
-    worker, in their order, so a module's shared pipeline starts once; every test of tests/cluster
-    runs on one worker, which starts the 3-node cluster once for them all."""
-    if not config.pluginmanager.hasplugin("xdist"):
-        return
-    for item in items:
-        path = item.path.relative_to(ROOT)
-        group = "tests/cluster" if path.parts[:2] == ("tests", "cluster") else path.as_posix()
-        item.add_marker(pytest.mark.xdist_group(group))

@@ -7,11 +7,13 @@ The tiers, in the order they run:
 
 - ``unit``: ``tests/unit``. Nothing but ``pip install -e '.[test]'``: no service, no root, no browser.
 - ``external_tools``: ``tests/external_tools``. Programs outside Python: promtool, Node.js.
-- ``services``: ``tests/cluster``, ``tests/crash``, ``tests/integration`` and ``tests/adapters`` on
-  ``--workers`` pytest-xdist workers (they mostly wait: on the broker, Postgres, real-time audio,
-  a killed process's successor). Each test makes its own topics (a random prefix), consumer groups
-  and Postgres database, so workers never share state; a file runs on one worker, and the cluster
-  tests all on one, which starts their 3-node cluster once (tests/conftest.py).
+- ``services``: ``tests/crash``, ``tests/integration`` and ``tests/adapters`` on ``--workers``
+  pytest-xdist workers, a file to a worker (``--dist loadfile``: a module's shared pipeline starts
+  once). They mostly wait: on the broker, Postgres, real-time audio, a killed process's successor.
+  Each test makes its own topics (a random prefix), consumer groups and Postgres database, so
+  workers never share state.
+- ``cluster``: ``tests/cluster``, in one process beside ``services``: its tests share the 3-node
+  cluster that process starts once.
 - ``outages``: the tests marked ``outage``, one after the other. They stop or SIGKILL the shared
   broker and Postgres, so they run beside the tiers that use neither (``unit``, ``external_tools``)
   and never beside one that does.
@@ -53,19 +55,19 @@ class Tier:
     command: tuple[str, ...] = ()  # a tier run by a script rather than by one pytest
 
 
-SERVICE_FOLDERS = ("tests/cluster", "tests/crash", "tests/integration", "tests/adapters")  # cluster first: its
-# group is the longest, so it starts before the others are handed out
+SERVICE_FOLDERS = ("tests/crash", "tests/integration", "tests/adapters")  # the longest files first
 
 UNIT = Tier("unit", ("tests/unit",))
 EXTERNAL_TOOLS = Tier("external_tools", ("tests/external_tools",))
 OUTAGES = Tier("outages", SERVICE_FOLDERS, ("-m", "outage"))
 SERVICES = Tier("services", SERVICE_FOLDERS, ("-m", "not outage"), parallel=True)
+CLUSTER = Tier("cluster", ("tests/cluster",))
 FLOOR_VENVS = Tier("floor_venvs", command=("bash", "deploy/adapter_floors.sh", "--build"))  # pip only, no test
 ADAPTER_FLOORS = Tier("adapter_floors", command=("bash", "deploy/adapter_floors.sh"))
-TIERS = (UNIT, EXTERNAL_TOOLS, OUTAGES, FLOOR_VENVS, SERVICES, ADAPTER_FLOORS)
+TIERS = (UNIT, EXTERNAL_TOOLS, OUTAGES, FLOOR_VENVS, SERVICES, CLUSTER, ADAPTER_FLOORS)
 # Side by side within a stage, stage after stage: the outages never overlap a tier of the shared services,
 # and the floors' venvs are built while the outages mostly wait.
-STAGES = ((OUTAGES, UNIT, EXTERNAL_TOOLS, FLOOR_VENVS), (SERVICES, ADAPTER_FLOORS))
+STAGES = ((OUTAGES, UNIT, EXTERNAL_TOOLS, FLOOR_VENVS), (CLUSTER, SERVICES, ADAPTER_FLOORS))
 
 
 @dataclass
@@ -102,7 +104,7 @@ def read_junit(path: Path) -> list[CaseResult]:
         for tag in ("failure", "error", "skipped"):
             if case.find(tag) is not None:
                 outcome = {"failure": "failed"}.get(tag, tag)
-        name = case.get("name", "").split("@", 1)[0]  # loadgroup names a test "name@group"
+        name = case.get("name", "")
         node = file if not case.get("classname") else f"{file}::{name}"
         cases.append(CaseResult(node, float(case.get("time", 0.0)), outcome))
     return cases
@@ -127,7 +129,7 @@ def start_tier(tier: Tier, reports: Path, workers: int, pytest_args: Sequence[st
         argv = [sys.executable, "-m", "pytest", *tier.paths, *tier.options, f"--junitxml={reports / tier.name}.xml",
                 *pytest_args]
         if tier.parallel and workers > 1:
-            argv += ["-n", str(workers), "--dist", "loadgroup"]
+            argv += ["-n", str(workers), "--dist", "loadfile"]
     print(f"=== tier {tier.name} started: {' '.join(argv)}", flush=True)
     output = reports / f"{tier.name}.log"
     with output.open("wb") as sink:
@@ -181,8 +183,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", action="append", choices=[tier.name for tier in TIERS],
                         help="run this tier (repeatable; default: all)")
-    parser.add_argument("--workers", type=int, default=int(os.environ.get("TURNLOG_TEST_WORKERS", "4")),
-                        help="pytest-xdist workers of the services tier (default 4, TURNLOG_TEST_WORKERS)")
+    parser.add_argument("--workers", type=int, default=int(os.environ.get("TURNLOG_TEST_WORKERS", "3")),
+                        help="pytest-xdist workers of the services tier (default 3, TURNLOG_TEST_WORKERS)")
     parser.add_argument("--reports", type=Path, default=ROOT / "build" / "test-reports",
                         help="folder of the JUnit XML reports (default build/test-reports)")
     options, pytest_args = parser.parse_known_args(argv)

@@ -7,7 +7,7 @@ from tests.tiers import SERVICES, UNIT, CaseResult, TierRun, read_junit, summary
 REPORT = """<?xml version="1.0" encoding="utf-8"?>
 <testsuites><testsuite name="pytest">
   <testcase classname="tests.unit.test_tiers" name="test_a" time="0.5"/>
-  <testcase classname="tests.integration.test_api" name="test_b[x]@tests/integration/test_api.py" time="12.25">
+  <testcase classname="tests.integration.test_api" name="test_b[x]" time="12.25">
     <failure message="boom"/>
   </testcase>
   <testcase classname="" name="tests.unit.test_tiers" time="0.0"><skipped message="no extra"/></testcase>
@@ -20,7 +20,7 @@ def test_a_report_gives_each_test_its_file_name_time_and_outcome(tmp_path: Path)
     report.write_text(REPORT)
     assert read_junit(report) == [
         CaseResult("tests/unit/test_tiers.py::test_a", 0.5, "passed"),
-        CaseResult("tests/integration/test_api.py::test_b[x]", 12.25, "failed"),  # xdist's "@group" dropped
+        CaseResult("tests/integration/test_api.py::test_b[x]", 12.25, "failed"),
         CaseResult("tests/unit/test_tiers.py", 0.0, "skipped"),
     ]
 
