@@ -156,15 +156,16 @@ def run_stage(tiers: Sequence[Tier], reports: Path, workers: int, pytest_args: S
     return [finish_tier(ended.get(), reports) for _ in tiers]
 
 
-def summary(runs: Sequence[TierRun]) -> str:
-    """The time of each tier (wall clock, and the sum of its tests' own times) and the slowest tests."""
+def summary(runs: Sequence[TierRun], elapsed: float) -> str:
+    """The time of each tier (wall clock, and the sum of its tests' own times), of the whole run
+    (``elapsed`` s: tiers of a stage overlap, so it is less than their sum) and the slowest tests."""
     lines = ["", "=== test time per tier", f"{'tier':<16} {'wall s':>8} {'tests':>6} {'sum of tests s':>15}  result"]
     for run in runs:
         failed = sum(case.outcome in ("failed", "error") for case in run.cases)
         result = "ok" if run.exit_code == 0 else f"FAILED (exit {run.exit_code}, {failed} failed)"
         lines.append(f"{run.tier.name:<16} {run.seconds:>8.0f} {len(run.cases):>6} "
                      f"{sum(c.seconds for c in run.cases):>15.0f}  {result}")
-    lines.append(f"{'total':<16} {sum(run.seconds for run in runs):>8.0f} {sum(len(run.cases) for run in runs):>6}")
+    lines.append(f"{'all (elapsed)':<16} {elapsed:>8.0f} {sum(len(run.cases) for run in runs):>6}")
     folders: dict[str, list[float]] = {}
     for run in runs:
         for case in run.cases:
@@ -194,11 +195,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         chosen -= {FLOOR_VENVS, ADAPTER_FLOORS}
     if ADAPTER_FLOORS not in chosen:
         chosen.discard(FLOOR_VENVS)
+    started = time.monotonic()
     runs = [run for stage in STAGES
             for run in run_stage([tier for tier in stage if tier in chosen], options.reports.resolve(),
                                  options.workers, pytest_args)]
     runs.sort(key=lambda run: TIERS.index(run.tier))
-    print(summary(runs), flush=True)
+    print(summary(runs, time.monotonic() - started), flush=True)
     return 0 if all(run.exit_code == 0 for run in runs) else 1
 
 
