@@ -178,6 +178,23 @@ def require_extra(module: str, extra: str) -> None:
         pytest.skip(f"{module} is not importable: the optional extra turnlog[{extra}]", allow_module_level=True)
 
 
+def watermark_offsets(consumer, topic: str, partition: int, timeout: float = 30.0) -> tuple[int, int]:
+    """``(low, high)`` of ``topic``'s ``partition``, asked again while the broker answers with a
+    retriable error (a topic just created may have no leader yet: NOT_LEADER_FOR_PARTITION)."""
+    from confluent_kafka import KafkaError, KafkaException, TopicPartition
+
+    not_yet = {KafkaError.NOT_LEADER_FOR_PARTITION, KafkaError.LEADER_NOT_AVAILABLE, KafkaError.UNKNOWN_TOPIC_OR_PART}
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        except KafkaException as e:
+            error = e.args[0]
+            if not (error.retriable() or error.code() in not_yet) or time.monotonic() >= deadline:
+                raise
+            time.sleep(0.2)
+
+
 def partition_records(
     bootstrap_servers: str, topic: str, partition: int
 ) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]:
@@ -192,7 +209,7 @@ def partition_records(
                          "enable.auto.commit": False, "enable.partition.eof": True})
     found: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
     try:
-        low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+        low, high = watermark_offsets(consumer, topic, partition)
         consumer.assign([TopicPartition(topic, partition, low)])
         deadline = time.monotonic() + 30
         while consumer.position([TopicPartition(topic, partition)])[0].offset < high and time.monotonic() < deadline:

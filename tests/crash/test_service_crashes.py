@@ -23,7 +23,16 @@ from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import session_events, sink_offsets
 
 from tests.integration.test_pipeline import finalized, logged_payloads, session_row, stored_turns
-from tests.support import EventFactory, dump_store, fenced_batches, free_port, store_content, unfinalize, wait_until
+from tests.support import (
+    EventFactory,
+    dump_store,
+    fenced_batches,
+    free_port,
+    store_content,
+    unfinalize,
+    wait_until,
+    watermark_offsets,
+)
 
 TIMEOUT = 120
 
@@ -69,7 +78,7 @@ def read_topic(settings, topic):
     found = []
     try:
         for partition in range(settings.partitions):
-            low, high = consumer.get_watermark_offsets(TopicPartition(topic, partition), timeout=10)
+            low, high = watermark_offsets(consumer, topic, partition)
             if high <= low:
                 continue
             consumer.assign([TopicPartition(topic, partition, low)])
