@@ -113,4 +113,3 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[SqlStore]:
     upgrade_to_head(store.engine)
     yield store
     store.engine.dispose()
-
