@@ -229,6 +229,7 @@ def test_the_environment_is_read(monkeypatch):
         (KafkaError._ALL_BROKERS_DOWN, kafka.BrokerUnavailableError, True),
         (KafkaError.COORDINATOR_LOAD_IN_PROGRESS, kafka.BrokerUnavailableError, True),
         (KafkaError.NOT_COORDINATOR, kafka.BrokerUnavailableError, True),
+        (KafkaError.OFFSET_NOT_AVAILABLE, kafka.BrokerUnavailableError, True),
         (KafkaError._INVALID_ARG, kafka.BrokerConfigurationError, False),
         (KafkaError.SASL_AUTHENTICATION_FAILED, kafka.BrokerConfigurationError, False),
         (KafkaError.TOPIC_AUTHORIZATION_FAILED, kafka.BrokerConfigurationError, False),

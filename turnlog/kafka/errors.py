@@ -47,6 +47,9 @@ UNAVAILABLE_CODES = frozenset(
         KafkaError.UNKNOWN_LEADER_EPOCH,
         KafkaError.NOT_ENOUGH_REPLICAS,
         KafkaError.NOT_ENOUGH_REPLICAS_AFTER_APPEND,
+        # A new leader answers this for offset lookups until its high watermark has caught up
+        # with the followers' (KIP-207); librdkafka does not flag it retriable.
+        KafkaError.OFFSET_NOT_AVAILABLE,
     }
 )
 # Bad client settings, TLS or SASL failures, and access the broker denies.
