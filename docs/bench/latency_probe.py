@@ -17,7 +17,9 @@ Run from the repository root with the broker and Postgres up
 
     python docs/bench/latency_probe.py 800 30      # RATE events/s, SECONDS
 
-``LAT_ENV='{"NAME": "value"}'`` adds environment variables to the services.
+``LAT_ENV='{"NAME": "value"}'`` adds environment variables to the services;
+``LAT_PROFILE=folder`` samples every service with py-spy during the load
+(``<service>.collapsed.txt`` there).
 """
 import asyncio
 import json
@@ -88,8 +90,14 @@ try:
     wait_all_ready(procs, 180)
     chosen = plans_for_rate(plans, RATE, speed=10.0, flush_interval=0.5)
     cpu_before = machine_cpu(procs)
+    profiling = []
+    if os.environ.get("LAT_PROFILE"):  # py-spy on every service during the load: collapsed stacks in that folder
+        from turnlog.tools.bench.profile import start_profiles
+        profiling = start_profiles({n: p.pid for n, p in procs.items()}, Path(os.environ["LAT_PROFILE"]), SECONDS)
     load = asyncio.run(run_load(settings, chosen, speed=10.0, seconds=SECONDS, tag="q"))
     cpu_after = machine_cpu(procs)
+    for _name, _path, profiler in profiling:
+        profiler.wait()
     print(f"offered {load.events_per_second:,.0f} ev/s, {load.events:,} events, {load.turns:,} turns;"
           f" complete_turn p50 {base.percentile(load.complete_ms, 50):.1f} / p99"
           f" {base.percentile(load.complete_ms, 99):.1f} ms")
