@@ -5,6 +5,7 @@ then the sink resumed and its lag back to 0."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import math
 import signal
@@ -26,6 +27,8 @@ from turnlog.sinks.tables import sink_offsets
 from tests.support import EventFactory, free_port, wait_until
 
 TIMEOUT = 90
+#: Longer than Postgres' idle_in_transaction_session_timeout (10 s, sinks/postgres.py).
+SETTLE_TIMEOUT = 30
 SESSIONS = 6
 TURNS = 4
 
@@ -106,9 +109,20 @@ def test_lag_of_a_frozen_sink_matches_independent_offsets_and_returns_to_zero(ne
             record_sessions(settings, SESSIONS)
             # Every new event is on the transcript: the sequencer (still running) committed them all.
             wait_until(lambda: sequencer_caught_up(pipeline), timeout=TIMEOUT, what="the sequencer caught up")
-            stored, ends = sink_rows(pipeline), transcript_ends(pipeline)
-            lags = sink_lag(monitor, pipeline)
-            expected = {p: ends[p] - stored.get(p, 0) for p in range(settings.partitions)}
+            # A commit the sink sent just before its SIGSTOP lands when Postgres gets to it (or its
+            # transaction is ended after idle_in_transaction_session_timeout): the figures are
+            # compared once the store has settled, each read afresh.
+            observed: dict[str, dict] = {}
+
+            def lag_matches_offsets() -> bool:
+                stored, ends = sink_rows(pipeline), transcript_ends(pipeline)
+                observed["lags"] = sink_lag(monitor, pipeline)
+                observed["expected"] = {p: ends[p] - stored.get(p, 0) for p in range(settings.partitions)}
+                return {p: records for p, (records, _) in observed["lags"].items()} == observed["expected"]
+
+            with contextlib.suppress(AssertionError):  # the assertion below shows the difference
+                wait_until(lag_matches_offsets, timeout=SETTLE_TIMEOUT, what="the frozen sink's lag settled")
+            lags, expected = observed["lags"], observed["expected"]
             assert {p: records for p, (records, _) in lags.items()} == expected
             assert sum(expected.values()) >= SESSIONS * (2 + TURNS)
             lagging = [p for p, records in expected.items() if records > 0]
