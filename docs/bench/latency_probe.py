@@ -17,6 +17,10 @@ Run from the repository root with the broker and Postgres up
 
     python docs/bench/latency_probe.py 800 30      # RATE events/s, SECONDS
 
+The pipeline runs as a real deployment does: Kafka transactions, envelope encryption
+(``encryption=required``, a keyring of the run's own) and fleet keys (every record signed by
+the recorder, verified by the sequencer); ``LAT_SECURITY=off`` runs it open and unencrypted.
+
 ``LAT_ENV='{"NAME": "value"}'`` adds environment variables to the services;
 ``LAT_PROFILE=folder`` samples every service with py-spy during the load
 (``<service>.collapsed.txt`` there).
@@ -30,7 +34,10 @@ import time
 import uuid
 from pathlib import Path
 
+import secrets
+
 import psycopg
+from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
 from turnlog.deploy.processes import start_pipeline, stop_all, wait_all_ready
@@ -39,10 +46,11 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.tools.bench import baselines as base
+from turnlog.tools.bench.encryption import encryption_settings
 from turnlog.tools.bench.load import plans_for_rate, run_load
 from turnlog.tools.bench.probes import cpu_seconds, turn_latencies_ms
 from turnlog.tools.bench.stages import turn_stage_latencies
-from turnlog.tools.bench.workload import plan_sessions
+from turnlog.tools.bench.workload import BENCH_FLEET, plan_sessions
 
 RATE = float(sys.argv[1]) if len(sys.argv) > 1 else 800.0
 SECONDS = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
@@ -81,6 +89,13 @@ settings = TurnlogSettings().model_copy(update=dict(
     database_url=sqlalchemy_url, topic_prefix=f"lat-{run}", sequencer_group=f"lat-{run}-sequencer",
     sink_group=f"lat-{run}-sink", finalizer_group=f"lat-{run}-finalizer", faust_data_dir=str(log_dir / "faust"),
     spool_dir=str(log_dir / "spool"), api_url=None, api_token=None, flush_interval_seconds=0.5, log_level="WARNING"))
+SECURED = os.environ.get("LAT_SECURITY", "on") != "off"
+if SECURED:
+    settings = encryption_settings(settings.model_copy(update=dict(
+        fleet_keys={BENCH_FLEET: SecretStr(secrets.token_urlsafe(32))},
+        epoch_grant_key=SecretStr(secrets.token_urlsafe(32)))), True, log_dir / "keyring")
+print(f"transactions {'on' if settings.sequencer_transactions else 'off'}, encryption {settings.encryption},"
+      f" fleet keys {'on' if settings.fleet_keys else 'off'}")
 upgrade_to_head(open_store(sqlalchemy_url).engine)
 create_topics(settings)
 plans = plan_sessions(Path("data/sessions"), 1000, 40, run_id=run)
