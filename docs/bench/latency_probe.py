@@ -28,13 +28,12 @@ the recorder, verified by the sequencer); ``LAT_SECURITY=off`` runs it open and 
 import asyncio
 import json
 import os
+import secrets
 import subprocess
 import sys
 import time
 import uuid
 from pathlib import Path
-
-import secrets
 
 import psycopg
 from pydantic import SecretStr

@@ -40,6 +40,8 @@ UPSTREAM_SOURCES = {
     (ThreadDelegateConsumer, "_getmany"): "f9d47aa9010b5ff2b874ba65f927871f3612718d8a9db00b58601554a35236c4",
     (faust.App, "_new_consumer"): "bff6ccd646b71ea99a7e7a7d1c62adbf3d34432a0b42a39e6f60b4c0307d89c8",
     (AIOKafkaConsumerThread, "_fetch_records"): "39a2c6c79fc1455a199629912b533458a720c64983bc957420a42feef6593baa",
+    (AIOKafkaConsumerThread, "on_start"): "38b4e8bd1e10723aed02bb1e8c74ccb02a0b04dec35b9001c51f45fa7f2b611c",
+    (Fetcher, "_get_actions_per_node"): "1dab2cf937d165d0eeacc8da8ed2b0ebd80b321bb6583757e01cdc1013d31635",
 }
 EVENTS = TP("events", 0)
 CHANGELOG = TP("app-state-changelog", 0)
@@ -191,18 +193,63 @@ def test_records_to_hand_back_names_the_first_offset_of_each_inactive_partition(
     assert records_to_hand_back({EVENTS: []}, set()) == {}
 
 
-async def test_the_worker_consumer_reads_committed_records_and_its_fetches_wait_briefly(tmp_path) -> None:
-    # A fetch of only partitions that never get records (the assignor's leader topic) is held for
-    # the whole wait while the stream's partitions cannot be fetched: Faust's 1,500 ms stalled the
-    # sequencer's input ~1.4 s out of every ~1.75 s under load.
+async def test_the_worker_consumer_reads_committed_records_and_fetches_promptly(tmp_path) -> None:
     from turnlog.settings import TurnlogSettings
     from turnlog.stream_processors.app import make_app
-    from turnlog.stream_processors.fetching import FETCH_MAX_WAIT_MS
+    from turnlog.stream_processors.fetching import PROMPT_FETCH_MAX_WAIT_MS
 
     app = make_app(TurnlogSettings(faust_data_dir=str(tmp_path)), "unit-fetch")
     worker_consumer = app.consumer._thread._create_worker_consumer(app.transport)
     try:
         assert worker_consumer._isolation_level == "read_committed"
-        assert worker_consumer._fetch_max_wait_ms == FETCH_MAX_WAIT_MS <= 100
+        assert worker_consumer._fetch_max_wait_ms == PROMPT_FETCH_MAX_WAIT_MS  # until the fetcher is swapped
     finally:
         await worker_consumer.stop()
+
+
+def _fetcher(undrained: set[TP]) -> Any:
+    """A :class:`PromptFetcher` holding what upstream's ``_get_actions_per_node`` reads: one broker
+    (node 0) leads every partition, nothing in flight, ``undrained`` prefetched and not drained."""
+    from turnlog.stream_processors.fetching import PromptFetcher
+
+    fetcher = PromptFetcher.__new__(PromptFetcher)
+    fetcher._records = {tp: SimpleNamespace(calculate_backoff=lambda: 0) for tp in undrained}
+    fetcher._in_flight = set()
+    fetcher._preferred_read_replica = {}
+    fetcher._client = SimpleNamespace(cluster=SimpleNamespace(leader_for_partition=lambda tp: 0))
+    fetcher._max_partition_fetch_bytes = 1 << 20
+    fetcher._fetch_min_bytes = 1
+    fetcher._fetch_max_bytes = 50 << 20
+    fetcher._isolation_level = 1
+    fetcher._client_rack = None
+    fetcher._fetcher_timeout = 0.2
+    fetcher._fetch_max_wait_ms = 0
+    return fetcher
+
+
+def _assignment(*tps: TP) -> Any:
+    state = SimpleNamespace(has_valid_position=True, paused=False, position=7)
+    return SimpleNamespace(tps=list(tps), state_value=lambda tp: state)
+
+
+def test_a_fetch_that_leaves_out_an_undrained_partition_waits_briefly_at_the_broker() -> None:
+    # A fetch of only partitions that get no records (the assignor's leader topic) is held for the
+    # whole wait while the stream's partitions cannot be fetched: Faust's 1,500 ms stalled the
+    # sequencer's input ~1.4 s out of every ~1.75 s under load.
+    from turnlog.stream_processors.fetching import PROMPT_FETCH_MAX_WAIT_MS
+
+    leader = TP("app-__assignor-__leader", 0)
+    requests, *_ = _fetcher(undrained={EVENTS})._get_actions_per_node(_assignment(EVENTS, leader))
+    [(node, request)] = requests
+    assert (node, request.topics) == (0, [(leader.topic, [(0, 7, 1 << 20)])])
+    assert request._max_wait_ms == PROMPT_FETCH_MAX_WAIT_MS <= 100
+
+
+def test_a_fetch_of_every_partition_waits_long_so_an_idle_consumer_does_not_spin() -> None:
+    from turnlog.stream_processors.fetching import IDLE_FETCH_MAX_WAIT_MS
+
+    leader = TP("app-__assignor-__leader", 0)
+    requests, *_ = _fetcher(undrained=set())._get_actions_per_node(_assignment(EVENTS, leader))
+    [(_, request)] = requests
+    assert sorted(topic for topic, _ in request.topics) == sorted([EVENTS.topic, leader.topic])
+    assert request._max_wait_ms == IDLE_FETCH_MAX_WAIT_MS >= 1000
