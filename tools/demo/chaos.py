@@ -857,6 +857,7 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
             " (postgresql+psycopg://USER:PASSWORD@127.0.0.1:5433/DATABASE, deploy/README.md)"
         )
     ensure_local_services(settings)
+    _require_killable_services(options.state_dir, broker=cluster is None)
     store = open_store(settings.database_url)
     upgrade_to_head(store.engine)
     created = create_topics(settings)
@@ -1318,6 +1319,25 @@ def _running_pid(pid_file: Path) -> int | None:
     except (OSError, ValueError, IndexError):
         return None
     return pid if Path(f"/proc/{pid}").exists() else None
+
+
+def _require_killable_services(state_dir: Path, *, broker: bool) -> None:
+    """Fail before the run when the services the schedule SIGKILLs and stops are not the local
+    deploy scripts' of ``state_dir`` (their pid files are how chaos finds them).
+
+    Raises:
+        ConfigurationError: no running broker (``broker``) or Postgres has its pid file there.
+    """
+    pid_files = {"Postgres": state_dir / "postgres" / "postmaster.pid"}
+    if broker:
+        pid_files["the broker"] = state_dir / "kafka" / "kafka.pid"
+    for name, pid_file in pid_files.items():
+        if _running_pid(pid_file) is None:
+            raise ConfigurationError(
+                f"turnlog chaos kills {name} started by deploy/services.sh with TURNLOG_STATE_DIR={state_dir},"
+                f" and none runs there ({pid_file}): set TURNLOG_STATE_DIR to the state dir its services"
+                " were started with"
+            )
 
 
 def _kill_broker(state_dir: Path) -> str:
