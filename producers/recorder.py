@@ -99,6 +99,8 @@ __all__ = ["SessionRecorder", "RecordedSession"]
 
 logger = logging.getLogger(__name__)
 MAX_NAME_CHARS = 200
+#: Longest number or time an error message shows as it is (characters of its repr).
+MAX_SHOWN_CHARS = 80
 MAX_TURN_INDEX = 2**31 - 1  # the schema's (and the store's integer column's) bound
 #: Largest encoded event (bytes): under the producer's and the broker's default record
 #: limit (1,000,000 bytes), so no spooled event can be refused by Kafka for its size.
@@ -285,9 +287,9 @@ class RecordedSession:
         self._check_turn(turn_index, speaker, text)
         for name, value in (("input_tokens", input_tokens), ("output_tokens", output_tokens)):
             if not _is_int(value) or value < 0:
-                raise InvalidTurnError(f"{name} must be an int >= 0, got {value!r}")
+                raise InvalidTurnError(f"{name} must be an int >= 0, got {_shown(value)}")
         if not isinstance(barged_in, bool):
-            raise InvalidTurnError(f"barged_in must be a bool, got {barged_in!r}")
+            raise InvalidTurnError(f"barged_in must be a bool, got {_shown(barged_in)}")
         span_attributes = self._trace_attributes
         if trace_attributes is not None:
             span_attributes = _trace_attributes({**self._trace_attributes, **_trace_attributes(trace_attributes)})
@@ -440,7 +442,7 @@ class RecordedSession:
 
     def _check_turn(self, turn_index: int, speaker: str, text: str) -> None:
         if not _is_int(turn_index) or not 0 <= turn_index <= MAX_TURN_INDEX:
-            raise InvalidTurnError(f"turn_index must be an int from 0 to {MAX_TURN_INDEX}, got {turn_index!r}")
+            raise InvalidTurnError(f"turn_index must be an int from 0 to {MAX_TURN_INDEX}, got {_shown(turn_index)}")
         if turn_index < self._first_turn_index or turn_index in self._completed:
             raise InvalidTurnError(
                 f"turn {turn_index} of {self.session_id} is already recorded; a fresh turn index is"
@@ -985,8 +987,20 @@ def _trace_attributes(attributes: object) -> dict[str, str | int | bool]:
 
 def _check_name(name: str, value: object) -> None:
     if not isinstance(value, str) or not 0 < len(value) <= MAX_NAME_CHARS:
-        raise InvalidTurnError(f"{name} must be a non-empty str of at most {MAX_NAME_CHARS} chars, got {value!r}")
+        raise InvalidTurnError(f"{name} must be a non-empty str of at most {MAX_NAME_CHARS} chars, got {_shown(value)}")
     _utf8_size(name, value)
+
+
+def _shown(value: object) -> str:
+    """``value`` as an error message shows it: a number, a bool, None or a datetime as it is,
+    anything else by its type and size only. A wrong value may be transcript text or a tool's
+    arguments (which encryption would have sealed), and the adapters log these errors."""
+    if value is None or isinstance(value, (bool, int, float, dt.datetime)):
+        text = repr(value)
+        return text if len(text) <= MAX_SHOWN_CHARS else f"{type(value).__name__} of {len(text)} characters"
+    if isinstance(value, (str, bytes, Mapping, list, tuple)):
+        return f"{type(value).__name__} of length {len(value)}"
+    return type(value).__name__
 
 
 def _is_int(value: object) -> bool:
@@ -995,7 +1009,7 @@ def _is_int(value: object) -> bool:
 
 def _checked_time(value: object, name: str) -> dt.datetime:
     if not isinstance(value, dt.datetime) or value.tzinfo is None or value.utcoffset() is None:
-        raise InvalidTurnError(f"{name} must be a timezone-aware datetime, got {value!r}")
+        raise InvalidTurnError(f"{name} must be a timezone-aware datetime, got {_shown(value)}")
     if not EARLIEST_YEAR <= value.year <= LATEST_YEAR:
         raise InvalidTurnError(f"{name} must fall in the years {EARLIEST_YEAR}..{LATEST_YEAR}, got {value!r}")
     return value.astimezone(dt.UTC)
@@ -1005,7 +1019,8 @@ def _tool_call(call: ToolCall | Mapping[str, Any]) -> ToolCall:
     if isinstance(call, ToolCall):
         return call
     if not isinstance(call, Mapping) or "name" not in call:
-        raise InvalidTurnError(f"a tool call must be a ToolCall or a mapping with 'name', got {call!r}")
+        got = "a mapping without 'name'" if isinstance(call, Mapping) else _shown(call)
+        raise InvalidTurnError(f"a tool call must be a ToolCall or a mapping with 'name', got {got}")
     arguments = call.get("arguments", {})
     if not isinstance(arguments, Mapping):
         raise InvalidTurnError(f"a tool call's arguments must be a mapping, got {type(arguments).__name__}")

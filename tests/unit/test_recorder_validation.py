@@ -83,6 +83,39 @@ async def test_tokens_and_times_are_checked(session):
     assert session._recorder.sent == []
 
 
+SECRET = "the caller's card number 4111 1111 1111 1111"
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "match"),
+    [
+        ({"tool_calls": [("lookup", {"card": SECRET})]}, "got tuple of length 2"),
+        ({"tool_calls": [{"arguments": {"card": SECRET}, "result": SECRET}]}, "got a mapping without 'name'"),
+        ({"input_tokens": SECRET}, "input_tokens must be an int >= 0, got str of length"),
+        ({"barged_in": SECRET}, "barged_in must be a bool, got str of length"),
+        ({"started_at": SECRET}, "timezone-aware datetime, got str of length"),
+    ],
+)
+async def test_a_wrong_value_is_named_by_its_type_never_quoted(session, kwargs, match):
+    # The adapters log these errors; a wrong value may be words or tool arguments encryption would seal.
+    with pytest.raises(InvalidTurnError, match=match) as refused:
+        await session.complete_turn(0, "A", "x", **kwargs)
+    assert "4111" not in str(refused.value)
+    with pytest.raises(InvalidTurnError, match="speaker") as refused:
+        await session.complete_turn(0, SECRET * 10, "x")
+    assert "4111" not in str(refused.value)
+    assert session._recorder.sent == []
+
+
+async def test_a_wrong_number_is_shown_as_it_is(session):
+    with pytest.raises(InvalidTurnError, match=r"input_tokens must be an int >= 0, got -3"):
+        await session.complete_turn(0, "A", "x", input_tokens=-3)
+    with pytest.raises(InvalidTurnError, match=r"turn_index must be an int from 0 to \d+, got 2147483648"):
+        await session.complete_turn(2**31, "A", "x")
+    with pytest.raises(InvalidTurnError, match=r"turn_index must be an int from 0 to \d+, got str of length 1"):
+        await session.complete_turn("0", "A", "x")
+
+
 async def test_turn_order_and_several_open_turns(session):
     await session.complete_turn(0, "A", "first")
     with pytest.raises(InvalidTurnError, match="already recorded"):
