@@ -41,7 +41,7 @@ def dlq_headers(reason: str, topic: str, partition: int, offset: int) -> list[tu
 #: (stream_processors/sequencer.py, sequencing.py, admission.py) and the sink's (sinks/service.py).
 REASON_CLASSES = frozenset({
     "after session.ended", "epoch not issued", "fenced", "forged fleet", "foreign fleet", "internal", "invalid",
-    "misrouted", "no owner", "overflow", "refused", "sink", "too large", "unauthenticated", "unreadable",
+    "lost", "misrouted", "no owner", "overflow", "refused", "sink", "too large", "unauthenticated", "unreadable",
 })
 
 

@@ -11,7 +11,8 @@ from typing import Any
 
 import pytest
 
-from turnlog import kafka
+from turnlog import kafka, metrics
+from turnlog.dlq import reason_class
 from turnlog.schemas import decode_event, encode_event
 from turnlog.settings import TopicNames
 from turnlog.stream_processors import sequencer as sequencer_module
@@ -168,6 +169,8 @@ async def test_a_buffered_event_gone_from_the_log_goes_to_the_dlq_as_lost_and_th
     f = EventFactory()
     log = Log()
     sequencer, _, broker = make(log)
+    routed = metrics.DLQ_ROUTED.labels("sequencer", "lost")
+    before = routed._value.get()
     await feed(sequencer, log.append(f.started(), f.completed(2, 1, "b"), f.completed(3, 2, "c")))
     log.records[1] = SourceRecord(log.records[1].key, b"", 0, 1)  # offset 1 deleted by retention (or rewritten)
     await feed(sequencer, log.append(f.completed(1, 0, "a")))
@@ -175,6 +178,8 @@ async def test_a_buffered_event_gone_from_the_log_goes_to_the_dlq_as_lost_and_th
     [lost] = broker.on(TOPICS.dlq)
     assert lost.value == b"" and lost.reason.startswith("lost: buffered seq 2 is not in t.events[0]@1")
     assert lost.headers["turnlog-source-offset"] == b"1"
+    assert routed._value.get() == before + 1  # its own class of the bounded label set (turnlog.dlq.REASON_CLASSES)
+    assert reason_class(lost.reason) == "lost"
 
 
 async def test_a_legacy_state_with_raw_buffered_bytes_loads_and_releases_them_without_a_read() -> None:
