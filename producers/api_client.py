@@ -14,6 +14,7 @@ answer                                exception
 401, or no token given                :class:`ResumeUnauthorizedError`
 404 (missing, or another fleet's)     :class:`SessionNotFoundError`
 409 (ended, finalized, abandoned)     :class:`SessionClosedError`
+410 (forgotten, or being forgotten)   :class:`SessionErasedError`
 429 past the call's timeout           :class:`ResumeBarrierTimeout` (retry later)
 502, 503, 504; timeout; no connection :class:`ResumeBarrierTimeout` (retry later)
 any other status, or a garbled body   :class:`ResumeApiError`
@@ -50,6 +51,7 @@ from turnlog.producers.exceptions import (
     ResumeBarrierTimeout,
     ResumeUnauthorizedError,
     SessionClosedError,
+    SessionErasedError,
     SessionNotFoundError,
 )
 from turnlog.producers.grant import (
@@ -294,6 +296,8 @@ def _refusal(response: httpx.Response, session_id: str) -> Exception:
         return SessionNotFoundError(f"no session {session_id} (or not within the token's fleets): {detail}")
     if status == 409:
         return SessionClosedError(f"session {session_id} cannot be resumed: {detail}")
+    if status == 410:
+        return SessionErasedError(session_id)
     if status in (502, 503, 504):
         retry_after = response.headers.get("Retry-After")
         hint = f"; retry after {retry_after}s" if retry_after else ""

@@ -616,6 +616,7 @@ class SessionRecorder:
                 catch up, within ``timeout`` seconds (default ``settings.resume_timeout_seconds``).
             SessionNotFoundError: the store has no such session (or the API token
                 does not cover its fleet).
+            SessionErasedError: the session is being forgotten, or was (through the API).
             SessionClosedError: the session has ended.
         """
         self._require_started()

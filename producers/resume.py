@@ -32,7 +32,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if
 
 from turnlog import metrics
 from turnlog.kafka import BrokerError, OffsetReader
-from turnlog.producers.exceptions import ResumeBarrierTimeout
+from turnlog.producers.exceptions import ResumeBarrierTimeout, SessionErasedError
 from turnlog.producers.grant import ResumeGrant, StoredTurn
 from turnlog.producers.partitioning import partition_for
 from turnlog.schemas import SessionStatus
@@ -88,10 +88,16 @@ def claim_resume(
     ``turn_limit`` (None: every turn) and ``max_bytes`` bound the turns read
     (:func:`~turnlog.sinks.reads.turn_page`); when more are stored, the grant's
     ``next_after_turn`` says where the rest starts (``producers/grant.py``).
+
+    Raises:
+        SessionErasedError: the session is being forgotten (its erasure is in the store, not
+            applied yet): nothing is claimed and no turn is read, as the API answers 410.
     """
     session = get_session(conn, session_id, fleets=fleets, include_metadata=False)  # its fleet; no metadata
     if session is None:
         return None
+    if store.erasures.state(conn, session_id) is not None:
+        raise SessionErasedError(session_id)
     claimed = store.claim_epoch(conn, session_id)  # locks the session row to the end of the transaction
     if claimed is None:
         return None
@@ -156,12 +162,13 @@ class ResumeBarrier:
         ``active`` claimed nothing: the session cannot be resumed.
 
         Each call is recorded in ``turnlog_resume_seconds`` (:func:`record_resume`) with its
-        outcome: ``granted``, ``timeout``, ``erased`` (the store has no such session but an
-        erasure of it), ``refused`` (none, or not active), ``error``.
+        outcome: ``granted``, ``timeout``, ``erased`` (an erasure of the session is in the
+        store, applied or not), ``refused`` (none, or not active), ``error``.
 
         Raises:
             ResumeBarrierTimeout: the sequencer or the sink did not catch up, or
                 the store did not answer, within ``timeout`` seconds.
+            SessionErasedError: the session is being forgotten (:func:`claim_resume`).
         """
         started = time.monotonic()
         outcome = "error"
@@ -175,6 +182,9 @@ class ResumeBarrier:
             return grant
         except ResumeBarrierTimeout:
             outcome = "timeout"
+            raise
+        except SessionErasedError:
+            outcome = "erased"
             raise
         finally:
             record_resume(outcome, started)

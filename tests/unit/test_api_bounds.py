@@ -6,6 +6,7 @@ default, and the security headers on every response."""
 
 from __future__ import annotations
 
+import datetime as dt
 import re
 import threading
 from collections.abc import AsyncIterator, Iterator
@@ -20,7 +21,9 @@ from fastapi.testclient import TestClient
 from turnlog.api import app as api_app
 from turnlog.api.app import CUTOFF_EVENT, create_app
 from turnlog.follow import FollowerFellBehind
+from turnlog.producers.exceptions import SessionErasedError
 from turnlog.producers.grant import ResumeGrant
+from turnlog.schemas.erasure import Erasure
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.migrate import upgrade_to_head
@@ -126,6 +129,38 @@ def test_resume_inputs_out_of_range_are_refused_before_any_work(store):
             assert answer.status_code == 422, timeout
         assert client.post("/api/sessions/" + "x" * 201 + "/resume", headers=auth("tok-a")).status_code == 404
     assert barrier.calls == []
+
+
+class ForgottenAtTheBarrier:
+    """The resume barrier's stand-in for a session whose erasure is asked for while it waits
+    there: the erasure is recorded in the store, and the barrier's claim refuses the session."""
+
+    def __init__(self, store: SqlStore) -> None:
+        self.store = store
+
+    def grant(self, session_id, timeout, *, fleets=None, turn_limit=None, max_bytes=None):
+        with self.store.engine.begin() as conn:
+            self.store.erasures.request(conn, Erasure(session_id=session_id, fleet="fleet-a", requested_by="cli:test",
+                                                      requested_at=dt.datetime.now(dt.UTC)))
+        raise SessionErasedError(session_id)
+
+    def close(self) -> None:
+        pass
+
+
+def test_a_session_forgotten_while_at_the_barrier_is_410_to_its_fleet_and_404_to_others(store):
+    record(store, "forgotten-a", "fleet-a", turns=2)
+    record(store, "forgotten-b", "fleet-a", turns=2)
+    record(store, "forgotten-c", "fleet-a", turns=2)
+    app = create_app(settings(), store, live=False, barrier=ForgottenAtTheBarrier(store))
+    with TestClient(app, raise_server_exceptions=False) as client:
+        own = client.post("/api/sessions/forgotten-a/resume", headers=auth("tok-a"), params={"timeout": 5})
+        assert own.status_code == 410 and own.json()["status"] == "pending"
+        assert "words" not in own.text
+        other = client.post("/api/sessions/forgotten-b/resume", headers=auth("tok-all"), params={"timeout": 5})
+        assert other.status_code == 410  # a token of every fleet sees it as forgotten too
+        hidden = client.post("/api/sessions/forgotten-c/resume", headers=auth("tok-b"), params={"timeout": 5})
+        assert hidden.status_code == 404  # another fleet's erasure: never confirm the session exists
 
 
 # -- live streams: caps, the slot's release, the cut-off ------------------------------

@@ -14,6 +14,7 @@ from turnlog.producers import (
     ResumeBarrierTimeout,
     ResumeUnauthorizedError,
     SessionClosedError,
+    SessionErasedError,
     SessionNotFoundError,
 )
 from turnlog.producers.api_client import resume_via_api, resume_via_api_async
@@ -72,6 +73,13 @@ def test_each_http_answer_becomes_the_recorders_exception(status, error):
     assert "tok-1" not in str(caught.value)
     if status == 503:
         assert "retry after 2s" in str(caught.value)
+
+
+def test_a_forgotten_session_is_the_recorders_erasure_error():
+    body = b'{"session_id": "call/42", "status": "pending", "requested_at": "2026-12-07T00:00:00Z"}'
+    with pytest.raises(SessionErasedError) as caught:
+        resume_via_api(API, "tok-1", "call/42", 3, transport=answering(410, body))
+    assert caught.value.session_id == "call/42"
 
 
 def test_a_garbled_or_foreign_grant_is_refused():

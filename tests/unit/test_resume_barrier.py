@@ -11,12 +11,13 @@ from prometheus_client import REGISTRY
 from sqlalchemy import text
 
 from turnlog.producers import resume
-from turnlog.producers.exceptions import ResumeBarrierTimeout
+from turnlog.producers.exceptions import ResumeBarrierTimeout, SessionErasedError
 from turnlog.producers.resume import ResumeBarrier
 from turnlog.schemas.erasure import Erasure
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import StoreError, StoreUnavailableError, open_store
 from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.sinks.reads import get_session
 
 from tests.support import EventFactory, messages
 
@@ -99,6 +100,26 @@ def test_a_session_the_token_sees_closed_is_answered_without_the_barrier_and_hid
     assert granted.max_turn_index == 4
     whole = gate.grant("active-a", 5, fleets={"fleet-a"})  # the direct path: every turn
     assert [t.turn_index for t in whole.turns] == [0, 1, 2, 3, 4] and whole.next_after_turn is None
+    store.engine.dispose()
+
+
+def test_a_session_being_forgotten_is_refused_before_any_claim_or_read(tmp_path, monkeypatch):
+    # The direct-store path answers as the API does (410): no new epoch, no turns handed out.
+    store = recorded_store(tmp_path)
+    with store.engine.begin() as conn:
+        store.erasures.request(conn, Erasure(session_id="active-a", fleet="fleet-a", requested_by="cli:test",
+                                             requested_at=dt.datetime.now(dt.UTC)))
+        epoch_before = get_session(conn, "active-a", fleets=None)["epoch"]
+    gate = ResumeBarrier(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), store)
+    monkeypatch.setattr(gate, "_catch_up", lambda session_id, deadline: None)
+    erased_before = resume_count("erased")
+    with pytest.raises(SessionErasedError) as refused:
+        gate.grant("active-a", 5, fleets={"fleet-a"})
+    assert refused.value.session_id == "active-a"
+    assert resume_count("erased") == erased_before + 1
+    with store.engine.connect() as conn:
+        assert get_session(conn, "active-a", fleets=None)["epoch"] == epoch_before  # nothing claimed
+    assert gate.grant("active-a", 5, fleets={"fleet-b"}) is None  # another fleet's: as if missing
     store.engine.dispose()
 
 

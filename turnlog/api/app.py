@@ -100,7 +100,7 @@ from turnlog.api.limits import SlotLimiter
 from turnlog.api.ops import OpsBoard
 from turnlog.follow import FollowerFellBehind, SessionErased, TranscriptHub, follow_session, store_fetch
 from turnlog.kafka import BrokerUnavailableError
-from turnlog.producers.exceptions import ResumeBarrierTimeout
+from turnlog.producers.exceptions import ResumeBarrierTimeout, SessionErasedError
 from turnlog.producers.grant import MAX_RESUME_TIMEOUT_SECONDS, RESUME_TURN_PAGE, ResumeGrant, encode_grant
 from turnlog.producers.resume import ResumeBarrier, record_resume
 from turnlog.readiness import mark_not_ready, mark_ready
@@ -521,9 +521,15 @@ def create_app(
                 except SessionGone:  # refused before the barrier, which records every other resume
                     record_resume("erased", started)
                     raise
-            return resume_barrier.grant(
-                session_id, left, fleets=granted.fleets, turn_limit=RESUME_TURN_PAGE, max_bytes=settings.api_page_bytes
-            )
+            try:
+                return resume_barrier.grant(
+                    session_id, left, fleets=granted.fleets, turn_limit=RESUME_TURN_PAGE,
+                    max_bytes=settings.api_page_bytes,
+                )
+            except SessionErasedError:  # its erasure was asked for while it waited at the barrier
+                with store.engine.connect() as conn:
+                    refuse_if_erased(conn, session_id, granted)
+                raise HTTPException(404, f"no session {session_id!r}") from None  # an erasure row is never removed
 
         # The slot is the worker's until it finishes, or, while queued, until it is cancelled below.
         work, outcome = _run_in_slot(resume_workers, claim, resumes, key, RESUME_RETRY_AFTER_SECONDS)
