@@ -10,7 +10,7 @@ Usage (asyncio)::
         await session.complete_turn(0, "user", "I'd like to cancel")
         await session.end("hangup")
 
-Guarantees (DESIGN.md, "The recorder"): every event is fsynced in the spool
+Guarantees (docs/design.md, "The recorder"): every event is fsynced in the spool
 (``producers/spool.py``) before ``complete_turn`` returns, and ``complete_turn``
 returns once the broker has acknowledged it (``acks=all``, idempotent
 producer) or, if the broker does not answer within ``ack_wait_seconds``, on the

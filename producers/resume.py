@@ -1,4 +1,4 @@
-"""The resume barrier (DESIGN.md, "Events"): before a new process continues a
+"""The resume barrier (docs/design.md, "Events"): before a new process continues a
 session, every event its predecessor got acknowledged must be applied.
 
 1. read the end offset E of the session's partition of ``<prefix>.events``;

@@ -1,4 +1,4 @@
-"""Event model, version 3 (see DESIGN.md, "Events").
+"""Event model, version 3 (see docs/design.md, "Events").
 
 Every event carries the envelope ``schema_version``, ``event_id``, ``type``,
 ``session_id``, ``seq``, ``epoch``, ``producer_id`` and ``emitted_at`` (UTC).

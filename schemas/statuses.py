@@ -1,7 +1,7 @@
 """The statuses of a stored session and of a stored turn, defined once.
 
 They are the values of ``sessions.status`` and ``transcript_turns.status``
-(DESIGN.md, "Store") and travel in the API's answers and in a resume grant.
+(docs/design.md, "Store") and travel in the API's answers and in a resume grant.
 Each is a :class:`~enum.StrEnum`: a member *is* its string, so it compares
 equal to the value read from the database or from JSON, binds as that string
 in SQL (SQLAlchemy, psycopg and sqlite3 send ``"ended"`` for

@@ -35,8 +35,8 @@ Order inside :meth:`SqlStore.apply_batch` (one transaction, so all or nothing):
    guarded ``UPDATE`` of :meth:`SqlStore.finalize_session`, after the rows (finalization);
 5. move ``sink_offsets`` forward (never backward) (offsets).
 
-Finalization sits in the batch's transaction (DESIGN.md, "finalize once" and
-"exactly-once effect in the store"). The aggregates are computed in SQL from
+Finalization sits in the batch's transaction (docs/design.md, "Guarantees":
+finalize once, exactly-once effect in the store). The aggregates are computed in SQL from
 the rows this transaction just wrote, never from running totals; the guard
 (``status = 'ended' AND last_seq >= end_seq``) matches once, and the offsets
 of the ``session.ended`` (or of the record that closed the session's last gap)

@@ -2,7 +2,7 @@
 
 No I/O here: :func:`plan_batch` turns consumed messages into rows; the store
 (``sinks/transcript.py``) writes the plan in one transaction. The rules are the ones
-of DESIGN.md ("Guarantees"): dedupe by ``(session_id, seq)``, a turn is only
+of docs/design.md ("Guarantees"): dedupe by ``(session_id, seq)``, a turn is only
 overwritten by a newer ``(epoch, seq)``, and a partial never downgrades a
 completed turn.
 
@@ -56,7 +56,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
-# The turn statuses (``turnlog.schemas.TurnStatus``), under the names this module always gave them.
+# The turn statuses (``turnlog.schemas.TurnStatus``), by this module's short names.
 TURN_PARTIAL = TurnStatus.PARTIAL
 TURN_COMPLETE = TurnStatus.COMPLETE
 TURN_INTERRUPTED = TurnStatus.INTERRUPTED

@@ -1,7 +1,7 @@
 """Resume claims: where a session stands in the store, and its next epoch.
 
-The store side of a resume (``producers/resume.py``, DESIGN.md "resume
-barrier"): :meth:`SqlResumeClaims.claim_epoch` hands out the next epoch of an
+The store side of a resume (``producers/resume.py``, docs/design.md, "Events":
+resume barrier): :meth:`SqlResumeClaims.claim_epoch` hands out the next epoch of an
 active session under the session row's lock, so two concurrent resumers get
 different epochs and the higher one fences the other. The claim is written in
 the caller's transaction (the same one that reads the stored turns); nothing

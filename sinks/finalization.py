@@ -1,7 +1,7 @@
 """Finalization: a session's aggregates, computed exactly once from its persisted rows.
 
 :meth:`SqlFinalization.finalize_session` is the guarded ``UPDATE ... WHERE
-status = 'ended' AND last_seq >= end_seq`` (DESIGN.md, "finalize once"): it
+status = 'ended' AND last_seq >= end_seq`` (docs/design.md, "Guarantees": finalize once): it
 matches one row only while the session is ended, complete in the store and
 not yet finalized.
 
@@ -103,7 +103,7 @@ class SqlFinalization:
         The guarded ``UPDATE ... WHERE status = 'ended' AND last_seq >= end_seq``
         matches one row only while the session is ended, complete in the store
         and not yet finalized: True means this call finalized it; False means it
-        was finalized already or is not complete yet (DESIGN.md, "finalize once").
+        was finalized already or is not complete yet (docs/design.md, "Guarantees": finalize once).
         """
         result = conn.execute(self._finalize, {"finalized_session": session_id, "finalized_time": finalized_at})
         return result.rowcount == 1

@@ -10,8 +10,8 @@ engine; each lives in its own module behind one of these interfaces:
 - resume claims: :class:`ResumeClaims` (``sinks/claims.py``).
 
 Every method takes the caller's connection and never commits: the caller's
-``engine.begin()`` block is the transaction (STYLE.md, "transaction scope is
-explicit"). The order of work inside one batch's transaction (rows, then
+``engine.begin()`` block is the transaction: its scope is explicit, as in
+``eventsourcing``'s recorders. The order of work inside one batch's transaction (rows, then
 finalization, then offsets) is stated in ``sinks/base.py``.
 
 The implementations get the backend through :class:`Dialect` (the three hooks
@@ -102,7 +102,7 @@ class Dialect(Protocol):
 class OffsetTracking(Protocol):
     """Tracking records: the consumed offsets (``sink_offsets``), written in the
     transaction of the rows they cover, so a replayed record is recognised as
-    one (STYLE.md, after eventsourcing's tracking records)."""
+    one (as ``eventsourcing``'s tracking records are)."""
 
     def stored_offsets(
         self, conn: Connection, consumer_group: str, partitions: Iterable[tuple[str, int]], *, lock: bool = False

@@ -1,7 +1,7 @@
 """The store's tables (SQLAlchemy Core), as created by the Alembic migrations.
 
 ``sessions``, ``session_events``, ``transcript_turns`` and ``sink_offsets``, as
-DESIGN.md ("Store") describes them. The migrations in ``sinks/migrations`` are
+docs/design.md ("Store") describes them. The migrations in ``sinks/migrations`` are
 the history; a test checks that a migrated database matches this metadata.
 """
 

@@ -24,8 +24,8 @@ move. Its own order:
 
 Steps 2 to 5 read no results, so they are sent together in one round trip
 (:meth:`~turnlog.sinks.interfaces.Dialect.pipeline`: Postgres' pipeline
-mode). The sink's transaction waited for the server 9 times per batch; now
-6 (``BEGIN``, the offsets lock, the sessions lock, the writes, the offsets
+mode). The sink's transaction waits for the server 6 times per batch
+(``BEGIN``, the offsets lock, the sessions lock, the writes, the offsets
 and the commit; the sink's pool also skips the liveness check per checkout:
 ``turnlog sink``), plus 2 in a batch with a new session (its placeholder
 and its lock), 1 per session finalized and 1 per gap closed from the log.

@@ -1,21 +1,19 @@
 """The finalizer (``turnlog finalizer``): the safety-net sweep of finalization.
 
 Sessions are finalized by the sink, in the transaction of the batch that
-leaves them ended and complete (``SqlStore.write_transcript``; DESIGN.md,
-"finalize once"): the guarded ``UPDATE`` runs after the batch's rows and
+leaves them ended and complete (``SqlStore.write_transcript``; docs/design.md,
+"Guarantees": finalize once): the guarded ``UPDATE`` runs after the batch's rows and
 commits with the batch's offsets, so a crash before the commit re-applies the
 rows and the finalization together, and a re-delivered batch finalizes
 nothing twice. The aggregates are computed in SQL from the persisted rows and
 event timestamps, never from running totals or ``now()``, so it does not
 matter which process runs the ``UPDATE``.
 
-So this service no longer consumes the transcript (it used to read every
-record to find one ``session.ended`` per session, then wait for the sink). It
-only sweeps: every ``finalizer_sweep_seconds`` it finalizes each session that
-is ended and complete in the store but not finalized, each in its own
-transaction. There are none in a store the sink writes; the sweep is for
-stores written otherwise: by a sink from before finalization moved into its
-transaction, or restored from such a backup. The same guard makes it safe to
+This service consumes no topic. It sweeps: every ``finalizer_sweep_seconds``
+it finalizes each session that is ended and complete in the store but not
+finalized, each in its own transaction. There are none in a store the sink
+writes; the sweep is for stores written otherwise: by a sink of a release that
+finalized outside its batch's transaction, or restored from such a backup. The same guard makes it safe to
 run beside the sink, in any number: a session finalized already matches 0 rows.
 
 It stays a Faust app of one timer and no agent (consumer group

@@ -563,7 +563,8 @@ class Sequencer:
             reason = f"{item.reason}; its bytes are left out: {what}"
         else:
             reason = f"{why}: {what}; the event is left out of the transcript"
-            metrics.DLQ_ROUTED.labels("sequencer", reason_class(reason)).inc()  # a DLQ record's own was counted at its rejection
+            # A DLQ record's own reason was counted at its rejection.
+            metrics.DLQ_ROUTED.labels("sequencer", reason_class(reason)).inc()
         reason = _bounded(reason, MAX_REASON_BYTES)
         logger.warning("DLQ %s[%d]@%d: %s", self._topics.events, item.partition, item.source_offset, reason)
         key = item.key if item.key is None or len(item.key) <= MAX_REFERENCE_KEY_BYTES else None

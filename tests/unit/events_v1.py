@@ -1,7 +1,7 @@
 # The event model as released in version 1 (schemas/events.py at commit c151c3f),
 # copied verbatim and never edited: the old reader and the old writer of the
 # rolling-upgrade tests (tests/unit/test_schemas.py).
-"""Event model, version 1 (see DESIGN.md, "Events").
+"""Event model, version 1 (see docs/design.md, "Events").
 
 Every event carries the envelope ``schema_version``, ``event_id``, ``type``,
 ``session_id``, ``seq``, ``epoch``, ``producer_id`` and ``emitted_at`` (UTC).

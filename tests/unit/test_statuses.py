@@ -15,7 +15,7 @@ from turnlog.sinks.tables import metadata, sessions, transcript_turns
 
 
 def test_the_values_are_the_stored_strings():
-    # DESIGN.md, "Store": what rows written before these enums hold, and what API clients filter on.
+    # docs/design.md, "Store": what rows written before these enums hold, and what API clients filter on.
     assert [s.value for s in SessionStatus] == ["active", "ended", "finalized", "abandoned"]
     assert [s.value for s in TurnStatus] == ["partial", "complete", "interrupted"]
     assert tuple(TurnStatus) == (TURN_PARTIAL, TURN_COMPLETE, TURN_INTERRUPTED)

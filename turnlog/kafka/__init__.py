@@ -1,4 +1,4 @@
-"""turnlog's one Kafka layer (DESIGN.md, "One Kafka layer").
+"""turnlog's one Kafka layer (docs/design.md, "One Kafka layer").
 
 - one connection config from the ``TURNLOG_KAFKA_*`` settings
   (:func:`client_config`; Faust's side in ``turnlog.kafka.faust_auth``);

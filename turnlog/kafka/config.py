@@ -17,7 +17,7 @@ from turnlog.settings import TurnlogSettings
 
 __all__ = ["client_config", "producer_config", "consumer_config", "IDEMPOTENT_PRODUCER", "ssl_context"]
 
-#: What DESIGN.md requires of every producer that writes turnlog's topics:
+#: What docs/design.md requires of every producer that writes turnlog's topics:
 #: idempotence, ``acks=all``, and the murmur2 partitioner (the Java client's, so
 #: both agree on partitions); small batches (5 ms) compressed with lz4.
 IDEMPOTENT_PRODUCER: dict[str, Any] = {

@@ -19,7 +19,7 @@ declare, named and configured as faust-streaming 0.15.3 makes them (its source,
 
 The sequencer (app id ``sequencer_group``) has the ``sequencer-state`` table and an
 assignor topic; the finalizer (``finalizer_group``) only its assignor topic.
-``tests/unit/test_topic_specs.py`` checks this list against what Faust itself declares.
+``tests/unit/test_topic_settings.py`` checks this list against what Faust itself declares.
 
 ``<prefix>.events``, ``<prefix>.transcript`` and the sequencer's changelog are
 co-partitioned (same partition count, same murmur2 key hashing), so a session's
