@@ -326,3 +326,21 @@ def test_quick_mode_shortens_every_phase_and_keeps_the_rest():
     assert quick.memory_sessions < full.memory_sessions and quick.resume_samples < full.resume_samples
     assert quick.resume_seconds < full.resume_seconds
     assert (quick.sessions, quick.direct_connections, quick.admin_url.get_secret_value()) == (700, 8, "postgresql://x")
+
+
+def test_a_plot_or_profile_without_the_bench_extra_is_refused_before_any_work(monkeypatch, tmp_path):
+    import sys
+
+    from turnlog.exceptions import ConfigurationError
+    from turnlog.settings import TurnlogSettings
+    from turnlog.tools.bench import runner
+
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: find_spec answers None
+    options = runner.BenchOptions(sessions_dir=tmp_path, admin_url=SecretStr("postgresql+psycopg://nobody@127.0.0.1:1/none"),
+                                  plot_path=tmp_path / "bench.png", log_dir=tmp_path / "logs")
+    with pytest.raises(ConfigurationError, match="--plot needs matplotlib"):
+        runner.run_bench(TurnlogSettings(), options)
+    monkeypatch.setattr(runner.shutil, "which", lambda name: None)
+    with pytest.raises(ConfigurationError, match="--profile-dir needs py-spy"):
+        runner.require_extras(runner.BenchOptions(sessions_dir=tmp_path, admin_url=SecretStr("x"), profile_dir=tmp_path))
+    assert not (tmp_path / "logs").exists()  # nothing was started

@@ -60,8 +60,10 @@ Phases, in order, on a run-private database, topics and consumer groups:
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import math
+import shutil
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -74,6 +76,7 @@ from sqlalchemy.engine import make_url
 
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, wait_all_ready
 from turnlog.deploy.topics import create_topics, delete_topics_with_prefix
+from turnlog.exceptions import ConfigurationError
 from turnlog.schemas import SessionStarted, TurnPartial, encode_event
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
@@ -192,8 +195,25 @@ class Phase:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def require_extras(options: BenchOptions) -> None:
+    """Refuse, before any work, a plot or profile the ``bench`` extra's tools are missing for.
+
+    Raises:
+        ConfigurationError: ``plot_path`` without matplotlib, ``profile_dir`` without py-spy.
+    """
+    if options.plot_path is not None and importlib.util.find_spec("matplotlib") is None:
+        raise ConfigurationError("--plot needs matplotlib: pip install 'turnlog[bench]'")
+    if options.profile_dir is not None and shutil.which("py-spy") is None:
+        raise ConfigurationError("--profile-dir needs py-spy: pip install 'turnlog[bench]'")
+
+
 def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any]:
-    """Run every phase; print the table; return (and write) the report."""
+    """Run every phase; print the table; return (and write) the report.
+
+    Raises:
+        ConfigurationError: a plot or profile is asked for without its tool (:func:`require_extras`).
+    """
+    require_extras(options)
     run = uuid.uuid4().hex[:8]
     admin = make_url(options.admin_url.get_secret_value())
     database = f"turnlog_bench_{run}"
