@@ -22,7 +22,7 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
-from sqlalchemy import ColumnElement, and_, delete, func, or_, select, update
+from sqlalchemy import ColumnElement, and_, case, delete, func, or_, select, update
 from sqlalchemy.engine import Connection
 
 from turnlog.schemas import SessionStatus
@@ -141,18 +141,26 @@ class SqlErasures:
         self, conn: Connection, default_cutoff: dt.datetime | None, fleet_cutoffs: Mapping[str, dt.datetime],
         limit: int = 500,
     ) -> list[tuple[str, str]]:
-        """``(session_id, fleet)`` of settled sessions (finalized or abandoned) that ended
-        before their fleet's cutoff (``fleet_cutoffs``, else ``default_cutoff``; None: no
-        policy) and have no erasure yet: the retention sweep's candidates, oldest first, at
-        most ``limit``. A session whose ``ended_at`` is unset never expires. ``ended_at`` is
-        the agent's word; a session the sink finalized before the cutoff (``finalized_at``,
-        the store's clock) expires too, so an ``ended_at`` in the future (a skewed clock, a
-        hostile agent) cannot keep a session past the policy."""
+        """``(session_id, fleet)`` of the sessions past their fleet's cutoff (``fleet_cutoffs``,
+        else ``default_cutoff``; None: no policy) that have no erasure yet: the retention
+        sweep's candidates, oldest first, at most ``limit``.
+
+        A settled session (finalized or abandoned) is past the cutoff when it ended before it.
+        ``ended_at`` is the agent's word; a session the sink finalized before the cutoff
+        (``finalized_at``, the store's clock) is past it too, so an ``ended_at`` in the future
+        (a skewed clock, a hostile agent) cannot keep a session past the policy. A settled
+        session whose ``ended_at`` is unset never expires.
+
+        A session that never settled (its agent crashed and was never resumed, or its end
+        never became complete) is past the cutoff when the sink last applied an event of it
+        before the cutoff (``last_applied_at``, the sink host's clock)."""
         settled = sessions.c.status.in_([SessionStatus.FINALIZED, SessionStatus.ABANDONED])
 
         def before(cutoff: dt.datetime) -> ColumnElement[bool]:
-            return and_(sessions.c.ended_at.is_not(None),
-                        or_(sessions.c.ended_at < cutoff, sessions.c.finalized_at < cutoff))
+            ended_before = and_(settled, sessions.c.ended_at.is_not(None),
+                                or_(sessions.c.ended_at < cutoff, sessions.c.finalized_at < cutoff))
+            idle_since = and_(~settled, sessions.c.last_applied_at < cutoff)
+            return or_(ended_before, idle_since)
 
         by_fleet = [and_(sessions.c.fleet == fleet, before(cutoff)) for fleet, cutoff in sorted(fleet_cutoffs.items())]
         if default_cutoff is not None:
@@ -161,10 +169,11 @@ class SqlErasures:
         if not by_fleet:
             return []
         not_erased = ~select(erasures.c.session_id).where(erasures.c.session_id == sessions.c.id).exists()
+        age = case((settled, sessions.c.ended_at), else_=sessions.c.last_applied_at)
         rows = conn.execute(
             select(sessions.c.id, sessions.c.fleet)
-            .where(settled, or_(*by_fleet), not_erased)
-            .order_by(sessions.c.ended_at)
+            .where(or_(*by_fleet), not_erased)
+            .order_by(age, sessions.c.id)
             .limit(limit)
         ).all()
         return [(row.id, row.fleet) for row in rows]

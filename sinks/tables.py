@@ -141,6 +141,9 @@ sessions = Table(
     Column("output_tokens", BigInteger),
     Column("finalized_at", UtcDateTime),
     Column("metadata", JSON(none_as_null=True)),
+    # When the sink last applied an event of the session (its host's clock, never an agent's):
+    # the age retention counts for a session that never settled.
+    Column("last_applied_at", UtcDateTime),
     Index("ix_sessions_status", "status"),
     Index("ix_sessions_fleet_started_at", "fleet", "started_at"),
 )

@@ -36,6 +36,7 @@ together in the caller's ``engine.begin()`` block (``sinks/base.py``).
 
 from __future__ import annotations
 
+import datetime as dt
 import functools
 from collections.abc import Mapping, Sequence
 from typing import Any, NamedTuple
@@ -103,6 +104,7 @@ class TranscriptWriter:
                 self._insert_events(conn, event_rows)
                 event_rows = []
             session_rows = self._session_rows(conn, plan.sessions, stored, reaches)
+            _stamp_progress(session_rows, stored, dt.datetime.now(dt.UTC))
         # The writes read no results: they go out together, one round trip for all.
         with self._dialect.pipeline(conn):
             if event_rows:
@@ -155,6 +157,7 @@ class TranscriptWriter:
             "max_seq",
             "end_seq",
             "metadata",
+            "last_applied_at",
         )
         # No IN (...) here: expanding parameters cannot be used with executemany.
         status_kept = or_(sessions.c.status == SessionStatus.FINALIZED, sessions.c.status == SessionStatus.ABANDONED)
@@ -272,6 +275,18 @@ class TranscriptWriter:
                    or_(epoch.is_(None), t.epoch < epoch))
             .values(status=TURN_INTERRUPTED)
         )
+
+
+def _stamp_progress(rows: list[dict[str, Any]], stored: Mapping[str, RowMapping], now: dt.datetime) -> None:
+    """Set each row's ``last_applied_at``: ``now`` (this host's clock: the age retention counts for
+    a session that never settles) where the batch moved the session's seqs on, else the stored
+    value, so a batch of duplicates (a restarted sequencer's re-emission) changes nothing."""
+    for row in rows:
+        before = stored.get(row["id"])
+        moved = before is None or before["last_applied_at"] is None or (
+            (row["last_seq"], row["max_seq"]) != (before["last_seq"], before["max_seq"])
+        )
+        row["last_applied_at"] = now if moved else before["last_applied_at"]
 
 
 def _placeholder(session_id: str) -> dict[str, Any]:

@@ -1,6 +1,7 @@
 """Retention (issue 21, item 3): the sweep on a store of sessions of several ages, fleets and
 statuses (SQLite and Postgres), then on the real pipeline: `turnlog retention-sweep` and the
-sink's own sweep forget exactly the settled sessions past their fleet's policy, end to end;
+sink's own sweep forget exactly the sessions past their fleet's policy (settled ones by their end,
+unsettled ones by the sink's last new event of them), end to end;
 and `turnlog topics check` reports the log outliving the policy from the broker's configs."""
 
 from __future__ import annotations
@@ -33,16 +34,18 @@ def days_ago(days: float, now: dt.datetime = NOW) -> dt.datetime:
 
 
 def add_session(store, session_id: str, fleet: str, status: str, ended_days_ago: float | None,
-                finalized_days_ago: float | None = None) -> None:
+                finalized_days_ago: float | None = None, applied_days_ago: float | None = None) -> None:
     """A session row as the sink leaves it: started an hour before it ended (or 400 days ago if it
-    never ended), finalized when it ended unless ``finalized_days_ago`` says otherwise."""
+    never ended), finalized when it ended unless ``finalized_days_ago`` says otherwise, its last
+    event applied ``applied_days_ago`` (None: a day ago)."""
     ended = None if ended_days_ago is None else days_ago(ended_days_ago)
     started = (ended or days_ago(400)) - dt.timedelta(hours=1)
     finalized = days_ago(finalized_days_ago) if finalized_days_ago is not None else ended
+    applied = days_ago(applied_days_ago if applied_days_ago is not None else 1)
     with store.engine.begin() as conn:
         conn.execute(insert(sessions).values(
             id=session_id, fleet=fleet, agent_id="a", status=status, epoch=0, last_seq=3, started_at=started,
-            ended_at=ended, finalized_at=finalized if status == "finalized" else None,
+            ended_at=ended, finalized_at=finalized if status == "finalized" else None, last_applied_at=applied,
         ))
 
 
@@ -53,7 +56,7 @@ def erasure_rows(store) -> dict[str, tuple[str, str, str]]:
     return {row.session_id: (row.requested_by, row.reason, row.fleet) for row in rows}
 
 
-def test_the_sweep_requests_exactly_the_settled_sessions_past_their_fleets_policy(store):
+def test_the_sweep_requests_exactly_the_sessions_past_their_fleets_policy(store):
     # Default 30 days; the fleet "brief" keeps 7, the fleet "long" 90.
     settings = TurnlogSettings(retention_days=30, retention_days_by_fleet={"brief": 7, "long": 90})
     sessions_by_id = {
@@ -74,6 +77,12 @@ def test_the_sweep_requests_exactly_the_settled_sessions_past_their_fleets_polic
         add_session(store, session_id, fleet, status, ended)
     # An agent's clock (or the agent) said the session ends in a year; the sink finalized it 35 days ago.
     add_session(store, "calls-finalized-35d-ends-next-year", "calls", "finalized", -365, finalized_days_ago=35)
+    # Never settled: an agent that crashed and was never resumed, an end whose last turns never came.
+    # Their age is the sink's last write of them (its clock), whatever the agent said.
+    add_session(store, "calls-active-idle-45d", "calls", "active", None, applied_days_ago=45)
+    add_session(store, "calls-ended-gap-idle-33d", "calls", "ended", 34, applied_days_ago=33)
+    add_session(store, "calls-active-idle-10d", "calls", "active", None, applied_days_ago=10)
+    add_session(store, "brief-active-idle-9d-ended-next-year", "brief", "active", -365, applied_days_ago=9)
     # Already asked for by a person: its erasure stands, not duplicated nor rewritten by the sweep.
     add_session(store, "calls-finalized-50d-requested", "calls", "finalized", 50)
     with store.engine.begin() as conn:
@@ -83,14 +92,14 @@ def test_the_sweep_requests_exactly_the_settled_sessions_past_their_fleets_polic
     duties = ErasureDuties(settings, store)
     swept = duties.sweep_retention(NOW)
 
-    # Oldest first, by ended_at.
-    assert swept == ["long-abandoned-100d", "calls-finalized-40d", "calls-abandoned-31d", "brief-finalized-8d",
-                     "calls-finalized-35d-ends-next-year"]
-    assert {sid for sid, (*_, expired) in sessions_by_id.items() if expired} == set(swept[:4])
+    # Oldest first: a settled session by ended_at, an unsettled one by its last applied event.
+    assert swept == ["long-abandoned-100d", "calls-active-idle-45d", "calls-finalized-40d",
+                     "calls-ended-gap-idle-33d", "calls-abandoned-31d", "brief-active-idle-9d-ended-next-year",
+                     "brief-finalized-8d", "calls-finalized-35d-ends-next-year"]
+    assert {sid for sid, (*_, expired) in sessions_by_id.items() if expired} <= set(swept)
     rows = erasure_rows(store)
     assert rows == {
-        **{sid: ("retention", "retention", sessions_by_id[sid][0]) for sid in swept[:4]},
-        "calls-finalized-35d-ends-next-year": ("retention", "retention", "calls"),
+        **{sid: ("retention", "retention", sid.split("-", 1)[0]) for sid in swept},
         "calls-finalized-50d-requested": ("cli:alice", "request", "calls"),
     }
     with store.engine.connect() as conn:

@@ -62,6 +62,25 @@ def test_the_same_events_at_new_offsets_change_nothing(store):
     assert dump_store(store, skip_columns=("next_offset",)) == once
 
 
+def test_last_applied_at_moves_with_new_events_only(store):
+    # The age retention counts for a session that never settles: the sink's clock at its last new event.
+    f = EventFactory()
+    events = whole_session(f)
+    apply(store, messages(events[:3]))
+    long_ago = dt.datetime(2020, 1, 1, tzinfo=dt.UTC)
+    with store.engine.begin() as conn:
+        conn.execute(sessions.update().values(last_applied_at=long_ago))
+
+    def last_applied_at():
+        with store.engine.connect() as conn:
+            return conn.execute(select(sessions.c.last_applied_at)).scalar_one()
+
+    apply(store, messages(events[:3], first_offset=50))  # duplicates only
+    assert last_applied_at() == long_ago
+    apply(store, messages(events[3:4], first_offset=60))
+    assert last_applied_at() > long_ago
+
+
 def test_a_stale_lower_seq_update_in_the_same_batch_loses(store):
     f = EventFactory()
     apply(store, messages([f.started(), f.completed(2, 0, "the final text"), f.partial(1, 0, "the fin")]))
