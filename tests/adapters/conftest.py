@@ -51,7 +51,6 @@ def recorder_spans(monkeypatch: pytest.MonkeyPatch) -> Iterator[RecorderSpans]:
     """Tracing on, every span sampled, for the recorders started in this process from now on:
     a recorder takes its tracer from ``service_tracing`` at ``start()``, which gives it one
     exporting to memory (``RecorderSpans``) instead of OTLP."""
-    pytest.importorskip("opentelemetry.sdk")
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import SimpleSpanProcessor
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
