@@ -195,24 +195,29 @@ def watermark_offsets(consumer, topic: str, partition: int, timeout: float = 30.
             time.sleep(0.2)
 
 
-def partition_records(
-    bootstrap_servers: str, topic: str, partition: int
-) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]:
-    """``(key, value, headers)`` of every committed record of ``topic``'s ``partition``, from its low
+def read_partition(bootstrap_servers: str, topic: str, partition: int) -> list[Any]:
+    """Every committed record (confluent-kafka ``Message``) of ``topic``'s ``partition``, from its low
     watermark to the high watermark taken at the call (a transaction's markers, which no consumer is
-    given, may lie between the last record and it)."""
+    given, may lie between the last record and it).
+
+    Raises:
+        AssertionError: the partition was not read up to that watermark within 30 s.
+    """
     from confluent_kafka import Consumer, KafkaError, TopicPartition
 
     # The end of the partition is an event (PARTITION_EOF), not a position: no record follows a
     # transaction's markers, so the position can stay short of the high watermark until more is written.
     consumer = Consumer({"bootstrap.servers": bootstrap_servers, "group.id": f"test-reader-{uuid.uuid4()}",
                          "enable.auto.commit": False, "enable.partition.eof": True})
-    found: list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]] = []
+    found: list[Any] = []
     try:
         low, high = watermark_offsets(consumer, topic, partition)
+        if high <= low:
+            return found
         consumer.assign([TopicPartition(topic, partition, low)])
         deadline = time.monotonic() + 30
-        while consumer.position([TopicPartition(topic, partition)])[0].offset < high and time.monotonic() < deadline:
+        while consumer.position([TopicPartition(topic, partition)])[0].offset < high:
+            assert time.monotonic() < deadline, f"{topic}[{partition}] not read up to offset {high}"
             record = consumer.poll(0.5)
             if record is None:
                 continue
@@ -220,7 +225,15 @@ def partition_records(
                 if record.error().code() == KafkaError._PARTITION_EOF and record.offset() >= high:
                     break
                 continue
-            found.append((record.key(), record.value(), record.headers() or []))
+            found.append(record)
     finally:
         consumer.close()
     return found
+
+
+def partition_records(
+    bootstrap_servers: str, topic: str, partition: int
+) -> list[tuple[bytes | None, bytes | None, list[tuple[str, bytes]]]]:
+    """``(key, value, headers)`` of every committed record of ``topic``'s ``partition``
+    (:func:`read_partition`)."""
+    return [(m.key(), m.value(), m.headers() or []) for m in read_partition(bootstrap_servers, topic, partition)]

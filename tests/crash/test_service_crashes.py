@@ -9,11 +9,10 @@ from __future__ import annotations
 
 import signal
 import threading
-import time
 import uuid
 
 import pytest
-from confluent_kafka import Consumer, KafkaError, Producer, TopicPartition
+from confluent_kafka import Producer
 from sqlalchemy import func, select
 
 from turnlog.ops.audit import fold_events
@@ -28,10 +27,10 @@ from tests.support import (
     dump_store,
     fenced_batches,
     free_port,
+    read_partition,
     store_content,
     unfinalize,
     wait_until,
-    watermark_offsets,
 )
 
 TIMEOUT = 120
@@ -72,29 +71,11 @@ def expected_turns(events):
 
 
 def read_topic(settings, topic):
-    # PARTITION_EOF at the high watermark ends a partition: no record follows a transaction's last markers.
-    consumer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": f"reader-{uuid.uuid4()}",
-                         "enable.auto.commit": False, "enable.partition.eof": True})
-    found = []
-    try:
-        for partition in range(settings.partitions):
-            low, high = watermark_offsets(consumer, topic, partition)
-            if high <= low:
-                continue
-            consumer.assign([TopicPartition(topic, partition, low)])
-            deadline = time.monotonic() + 30  # the position passes a transaction's markers, never given as records
-            while consumer.position([TopicPartition(topic, partition)])[0].offset < high:
-                assert time.monotonic() < deadline, f"{topic}[{partition}] not read up to offset {high}"
-                record = consumer.poll(0.5)
-                if record is not None and record.error() and record.error().code() == KafkaError._PARTITION_EOF \
-                        and record.offset() >= high:
-                    break
-                if record is None or record.error():
-                    continue
-                found.append(SourceMessage(record.topic(), record.partition(), record.offset(), record.value(), record.key()))
-    finally:
-        consumer.close()
-    return found
+    return [
+        SourceMessage(m.topic(), m.partition(), m.offset(), m.value(), m.key())
+        for partition in range(settings.partitions)
+        for m in read_partition(settings.bootstrap_servers, topic, partition)
+    ]
 
 
 @pytest.mark.parametrize("point", ["sink.after_write", "sink.after_commit"])
