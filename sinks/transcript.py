@@ -283,10 +283,11 @@ def _stamp_progress(rows: list[dict[str, Any]], stored: Mapping[str, RowMapping]
     value, so a batch of duplicates (a restarted sequencer's re-emission) changes nothing."""
     for row in rows:
         before = stored.get(row["id"])
-        moved = before is None or before["last_applied_at"] is None or (
-            (row["last_seq"], row["max_seq"]) != (before["last_seq"], before["max_seq"])
-        )
-        row["last_applied_at"] = now if moved else before["last_applied_at"]
+        kept = None if before is None else before["last_applied_at"]
+        if before is not None and (row["last_seq"], row["max_seq"]) == (before["last_seq"], before["max_seq"]):
+            row["last_applied_at"] = kept or now
+        else:
+            row["last_applied_at"] = now
 
 
 def _placeholder(session_id: str) -> dict[str, Any]:

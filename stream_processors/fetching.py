@@ -139,7 +139,9 @@ class UnreadableSafeConsumerThread(AIOKafkaConsumerThread):
     async def on_start(self) -> None:
         await super().on_start()
         # aiokafka makes its Fetcher in start(); its fetch routine looks the method up on each pass.
-        self._consumer._fetcher.__class__ = PromptFetcher
+        consumer = self._consumer
+        assert consumer is not None  # made by upstream's on_start
+        consumer._fetcher.__class__ = PromptFetcher
 
     @property
     def scanner(self) -> PartitionScanner | None:
