@@ -1,4 +1,4 @@
-"""Event model (version 2; reads version 1): structs, JSON encoding, validation and the JSON Schema files;
+"""Event model (version 3; reads versions 1 and 2): structs, JSON encoding, validation and the JSON Schema files;
 the session and turn statuses of the store; the typed record headers (``turnlog-type``)."""
 
 from turnlog.schemas.events import (

@@ -32,7 +32,7 @@ never stops a consumer:
   send such a record to the DLQ with that reason (the finalizer and the live followers skip it), and
   none of them stops. A v2 reader reads every v1 event (``barged_in``
   defaults to False).
-* A reader accepts every version it knows (1 and 2). It rejects a version
+* A reader accepts every version it knows (``SCHEMA_VERSIONS``). It rejects a version
   it does not know, and an event labelled lower than its fields need
   (``schema_version: 1`` with ``barged_in: true``).
 * Upgrade the readers first (sequencer, sink, finalizer, analytics, API and
@@ -44,8 +44,11 @@ never stops a consumer:
   regenerated; the generator writes the current version's files.
 
 The next field follows the same steps: give it a falsy default, raise
-``SCHEMA_VERSION``, widen the ``schema_version`` literal, and list the field
-in its event type's ``added_in``; regenerate the JSON Schema files.
+``SCHEMA_VERSION``, add the version to ``SCHEMA_VERSIONS`` and the
+``schema_version`` literal, list the field in its event type's ``added_in``,
+freeze the previous version's JSON Schema files (their hashes in
+``tests/unit/test_schemas.py``), regenerate the files, and move the test's
+"unknown version" case up by one (README, "Events and schema versions").
 
 Sealed content
 --------------
@@ -497,7 +500,7 @@ def decode_event(data: bytes | bytearray | memoryview | str | None) -> Event:
     Raises:
         EventValidationError: for any failure to decode one record, and nothing
             else: no value (a tombstone), not UTF-8 JSON, nested deeper than
-            ``MAX_EVENT_DEPTH``, not an event of a known version (1 or 2), a
+            ``MAX_EVENT_DEPTH``, not an event of a known version (``SCHEMA_VERSIONS``), a
             ``schema_version`` too low for the fields used, a field out of range,
             or a free-form value over its bounds (``MAX_VALUE_DEPTH``,
             ``MAX_METADATA_BYTES``, ``MAX_TOOL_VALUE_BYTES``). ``reason`` names the
