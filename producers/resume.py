@@ -232,10 +232,16 @@ class ResumeBarrier:
         Raises:
             ResumeBarrierTimeout: the sequencer or the sink did not catch up, or
                 the store did not answer, within ``timeout`` seconds.
+            SessionErasedError: the session is being forgotten (nothing claimed).
         """
         deadline = time.monotonic() + timeout
         self._catch_up(session_id, deadline)
-        return self._in_store(deadline, lambda conn: self._store.claim_epoch(conn, session_id))
+        def claim(conn: Connection) -> tuple[int, SessionPosition] | None:
+            if self._store.erasures.state(conn, session_id) is not None:
+                raise SessionErasedError(session_id)
+            return self._store.claim_epoch(conn, session_id)
+
+        return self._in_store(deadline, claim)
 
     def _catch_up(self, session_id: str, deadline: float) -> None:
         """Steps 1 to 4 of the module docstring: until the store holds everything

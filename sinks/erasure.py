@@ -153,7 +153,9 @@ class SqlErasures:
 
         A session that never settled (its agent crashed and was never resumed, or its end
         never became complete) is past the cutoff when the sink last applied an event of it
-        before the cutoff (``last_applied_at``, the sink host's clock)."""
+        before the cutoff (``last_applied_at``, the sink host's clock). A session whose
+        ``session.started`` was never applied has no fleet, so no fleet's policy, and is left to
+        ``turnlog forget``."""
         settled = sessions.c.status.in_([SessionStatus.FINALIZED, SessionStatus.ABANDONED])
 
         def before(cutoff: dt.datetime) -> ColumnElement[bool]:

@@ -121,7 +121,7 @@ class ErasureDuties:
             logger.warning("erasure duties: the store is unavailable (%s); next round in %.0f s", e, self.interval)
 
     def sweep_retention(self, now: dt.datetime | None = None) -> list[str]:
-        """Give settled sessions past the retention policy a pending erasure (``requested_by``
+        """Give the sessions past the retention policy (``SqlErasures.expired``) a pending erasure (``requested_by``
         and ``reason`` ``retention``), at most :data:`SWEEP_BATCH` in one transaction; the ids,
         oldest first (a full batch: call again for the rest)."""
         now = now or dt.datetime.now(dt.UTC)

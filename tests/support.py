@@ -80,9 +80,10 @@ def dump_store(store: SqlStore, *, skip_columns: tuple[str, ...] = ("finalized_a
 
 def store_content(store: SqlStore) -> dict[str, list[tuple[Any, ...]]]:
     """:func:`dump_store` without the sink's bookkeeping, for comparing stores written by
-    different sink runs: no ``finalized_at``, no fencing token (``owner_generation``), and no
-    ``sink_offsets`` row that has consumed nothing (a claim of a partition that had no record)."""
-    dump = dump_store(store, skip_columns=("finalized_at", "owner_generation"))
+    different sink runs: no ``finalized_at`` or ``last_applied_at`` (the sink's clock), no fencing
+    token (``owner_generation``), and no ``sink_offsets`` row that has consumed nothing (a claim of a
+    partition that had no record)."""
+    dump = dump_store(store, skip_columns=("finalized_at", "last_applied_at", "owner_generation"))
     dump["sink_offsets"] = [row for row in dump["sink_offsets"] if row[-1] != 0]  # (group, topic, partition, next_offset)
     return dump
 

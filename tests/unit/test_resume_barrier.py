@@ -117,6 +117,8 @@ def test_a_session_being_forgotten_is_refused_before_any_claim_or_read(tmp_path,
         gate.grant("active-a", 5, fleets={"fleet-a"})
     assert refused.value.session_id == "active-a"
     assert resume_count("erased") == erased_before + 1
+    with pytest.raises(SessionErasedError):
+        gate.wait("active-a", 5)  # the barrier's claim without turns refuses it too
     with store.engine.connect() as conn:
         assert get_session(conn, "active-a", fleets=None)["epoch"] == epoch_before  # nothing claimed
     assert gate.grant("active-a", 5, fleets={"fleet-b"}) is None  # another fleet's: as if missing

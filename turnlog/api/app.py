@@ -493,7 +493,8 @@ def create_app(
         cancelled and never runs; a running one has ``RESUME_GRACE_SECONDS``
         more to give its own answer). 404: no such session, or one outside the
         token's fleets (answered alike; see ``ResumeBarrier.grant``); 409: the
-        session has ended, was finalized or abandoned (nothing claimed); 429
+        session has ended, was finalized or abandoned (nothing claimed); 410: the
+        session is forgotten or being forgotten (to its fleet; 404 to any other); 429
         with ``Retry-After``: the token already has ``api_resume_per_token``
         resumes running or queued; 503 with ``Retry-After``: the sequencer, the
         sink, the broker or the store did not catch up in time.
