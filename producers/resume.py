@@ -96,9 +96,7 @@ def claim_resume(
     session = get_session(conn, session_id, fleets=fleets, include_metadata=False)  # its fleet; no metadata
     if session is None:
         return None
-    if store.erasures.state(conn, session_id) is not None:
-        raise SessionErasedError(session_id)
-    claimed = store.claim_epoch(conn, session_id)  # locks the session row to the end of the transaction
+    claimed = _claim_epoch(store, conn, session_id)  # locks the session row to the end of the transaction
     if claimed is None:
         return None
     epoch, position = claimed
@@ -125,6 +123,18 @@ def claim_resume(
         epoch_grant=signed,
         next_after_turn=next_after_turn,
     )
+
+
+def _claim_epoch(store: SqlStore, conn: Connection, session_id: str) -> tuple[int, SessionPosition] | None:
+    """:meth:`SqlStore.claim_epoch`, refused for a session being forgotten: one whose erasure is
+    in the store, applied or not (the API answers 410 for it).
+
+    Raises:
+        SessionErasedError: an erasure of the session is in the store; nothing is claimed.
+    """
+    if store.erasures.state(conn, session_id) is not None:
+        raise SessionErasedError(session_id)
+    return store.claim_epoch(conn, session_id)
 
 
 class ResumeBarrier:
@@ -236,12 +246,7 @@ class ResumeBarrier:
         """
         deadline = time.monotonic() + timeout
         self._catch_up(session_id, deadline)
-        def claim(conn: Connection) -> tuple[int, SessionPosition] | None:
-            if self._store.erasures.state(conn, session_id) is not None:
-                raise SessionErasedError(session_id)
-            return self._store.claim_epoch(conn, session_id)
-
-        return self._in_store(deadline, claim)
+        return self._in_store(deadline, lambda conn: _claim_epoch(self._store, conn, session_id))
 
     def _catch_up(self, session_id: str, deadline: float) -> None:
         """Steps 1 to 4 of the module docstring: until the store holds everything
