@@ -196,6 +196,30 @@ def watermark_offsets(consumer, topic: str, partition: int, timeout: float = 30.
             time.sleep(0.2)
 
 
+def create_topic(admin, topic, timeout: float = 30.0) -> str:
+    """Create ``topic`` (a confluent-kafka ``NewTopic``) and return its name once the broker
+    describes its configs. CreateTopics answers when the controller has committed the topic; a
+    broker applies that metadata a moment later and until then answers UNKNOWN_TOPIC_OR_PART."""
+    from confluent_kafka import KafkaError, KafkaException
+    from confluent_kafka.admin import ConfigResource, ResourceType
+
+    admin.create_topics([topic])[topic.topic].result(timeout=timeout)
+
+    def described() -> bool:
+        (future,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, topic.topic)],
+                                           request_timeout=10).values()
+        try:
+            future.result(timeout=timeout)
+        except KafkaException as e:
+            if e.args[0].code() != KafkaError.UNKNOWN_TOPIC_OR_PART:
+                raise
+            return False
+        return True
+
+    wait_until(described, timeout=timeout, what=f"the broker to describe topic {topic.topic}", interval=0.2)
+    return topic.topic
+
+
 def read_partition(bootstrap_servers: str, topic: str, partition: int) -> list[Any]:
     """Every committed record (confluent-kafka ``Message``) of ``topic``'s ``partition``, from its low
     watermark to the high watermark taken at the call (a transaction's markers, which no consumer is

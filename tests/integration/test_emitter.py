@@ -18,6 +18,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.stream_processors.emitter import MESSAGE_MAX_BYTES, EmissionFailed, EmissionProducer
 
 from tests.integration.conftest import drop_topics
+from tests.support import create_topic
 
 pytestmark = pytest.mark.integration
 
@@ -84,7 +85,7 @@ async def test_a_record_too_large_for_the_client_is_reported_by_its_token_and_th
 async def test_a_record_the_topic_refuses_is_reported_and_the_producer_goes_on(settings: TurnlogSettings):
     topic = f"{settings.topic_prefix}.small-records"
     admin = AdminClient({"bootstrap.servers": settings.bootstrap_servers})
-    admin.create_topics([NewTopic(topic, 1, 1, config={"max.message.bytes": "100000"})])[topic].result(30)
+    create_topic(admin, NewTopic(topic, 1, 1, config={"max.message.bytes": "100000"}))
     emissions = EmissionProducer(lambda: kafka.producer(settings, client_id="test-emitter", delivery_timeout_seconds=10))
     try:
         batch = emissions.batch()

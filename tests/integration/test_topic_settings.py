@@ -21,6 +21,7 @@ from turnlog.kafka.replication import live_broker_count
 from turnlog.settings import TurnlogSettings
 
 from tests.integration.conftest import drop_topics
+from tests.support import create_topic
 
 pytestmark = pytest.mark.integration
 
@@ -46,10 +47,7 @@ def _configs(settings: TurnlogSettings, topic: str) -> dict[str, Any]:
 
 
 def _create_misconfigured_dlq(settings: TurnlogSettings) -> str:
-    topic = settings.topics.dlq
-    admin = kafka.admin(settings)
-    admin.create_topics([NewTopic(topic, settings.partitions, 1, config=WRONG)])[topic].result(timeout=30)
-    return topic
+    return create_topic(kafka.admin(settings), NewTopic(settings.topics.dlq, settings.partitions, 1, config=WRONG))
 
 
 def _wanted(settings: TurnlogSettings) -> dict[str, str]:
