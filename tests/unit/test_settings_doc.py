@@ -1,0 +1,45 @@
+"""docs/configuration.md's tables are what ``tools/settings_doc.py`` renders from the code, and
+every ``TURNLOG_*`` variable the code, the deploy scripts and the tests read is in them."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from turnlog.tools import settings_doc
+
+ROOT = Path(__file__).resolve().parents[2]
+#: Where variables are read: the library's folders, the deploy scripts, CI and the tests.
+SOURCES = ("turnlog", "producers", "stream_processors", "sinks", "schemas", "deploy", "tools", "tests", ".ci")
+#: A whole variable name (a prefix such as ``TURNLOG_KAFKA_`` ends in ``_`` and is left out).
+VARIABLE = re.compile(r"\bTURNLOG_[A-Z0-9_]*[A-Z0-9]\b")
+
+
+def _read_variables() -> set[str]:
+    found: set[str] = set()
+    for folder in SOURCES:
+        for path in (ROOT / folder).rglob("*"):
+            if path.is_file() and (path.suffix in {".py", ".sh"} or path.name == "run"):
+                found.update(VARIABLE.findall(path.read_text(encoding="utf-8", errors="replace")))
+    return found
+
+
+def test_the_generated_tables_are_up_to_date() -> None:
+    current = settings_doc.DOC.read_text(encoding="utf-8")
+    assert settings_doc.rendered_document(current) == current, "run: python -m turnlog.tools.settings_doc"
+
+
+def test_every_variable_the_code_reads_is_documented() -> None:
+    documented = set(settings_doc.settings_variables()) | set(settings_doc.OTHER_VARIABLES)
+    undocumented = _read_variables() - documented
+    assert not undocumented, f"add these to TurnlogSettings or tools/settings_doc.OTHER_VARIABLES: {sorted(undocumented)}"
+
+
+def test_no_other_variable_shadows_a_setting_and_every_one_is_still_read() -> None:
+    settings = set(settings_doc.settings_variables())
+    assert not settings & set(settings_doc.OTHER_VARIABLES)
+    assert set(settings_doc.OTHER_VARIABLES) <= _read_variables()  # none documented after it went
+
+
+def test_every_setting_has_a_description() -> None:
+    assert all(settings_doc.settings_variables().values())
