@@ -15,7 +15,7 @@ from turnlog.exceptions import ConfigurationError
 from turnlog.redact import redact
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import StoreUnavailableError, open_store, parse_database_url, safe_url
-from turnlog.sinks.errors import store_errors
+from turnlog.sinks.driver_errors import store_errors
 
 __all__ = ["ensure_local_services", "broker_answers", "is_local_default_broker", "LOCAL_DEFAULT_BROKERS"]
 

@@ -34,7 +34,7 @@ from collections.abc import Callable, Collection, Iterable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from turnlog import kafka
-from turnlog.kafka.errors import UNAVAILABLE_CODES
+from turnlog.kafka.client_errors import UNAVAILABLE_CODES
 from turnlog.schemas.erasure import Erasure, decode_erasure
 from turnlog.schemas.exceptions import EventValidationError
 from turnlog.settings import TurnlogSettings

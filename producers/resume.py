@@ -39,7 +39,7 @@ from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import EpochGrant, issue_epoch_grant
 from turnlog.sinks import SessionPosition, SqlStore, StoreError, StoreUnavailableError
-from turnlog.sinks.errors import store_errors
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.reads import get_session, get_turns, turn_page
 
 __all__ = ["ResumeBarrier", "claim_resume", "record_resume", "RESUME_OUTCOMES"]

@@ -28,7 +28,7 @@ from turnlog.kafka.partitioning import partition_for
 from turnlog.schemas.erasure import Erasure, encode_erasure
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.errors import store_errors
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.exceptions import StoreUnavailableError
 
 __all__ = ["publish_erasures", "ErasureDuties", "retention_cutoffs"]

@@ -39,7 +39,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.erasure import ErasureStatus
 from turnlog.sinks.erasure_ledger import publish_erasures
-from turnlog.sinks.errors import store_errors
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.exceptions import StoreUnavailableError
 from turnlog.sinks.tables import sessions
 

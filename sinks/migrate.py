@@ -13,7 +13,7 @@ from sqlalchemy import Engine
 from tenacity import before_sleep_log, retry, retry_if_exception_type, wait_exponential
 
 from turnlog.sinks import safe_url
-from turnlog.sinks.errors import store_errors
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.exceptions import StoreError, StoreUnavailableError
 
 __all__ = ["upgrade_to_head", "require_head", "wait_for_head", "MIGRATIONS_DIR"]

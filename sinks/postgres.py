@@ -58,7 +58,7 @@ class PostgresStore(SqlStore):
         yet. An error the server returns by then is raised at the block's end, as
         the SQLAlchemy ``DBAPIError`` subclass it would have been outside
         (``IntegrityError``, ``DataError``, ``OperationalError``...), so
-        ``sinks/errors.store_errors`` classifies it the same way; on a lost
+        ``sinks/driver_errors.store_errors`` classifies it the same way; on a lost
         connection, the connection is invalidated first (a new one is made for
         the next transaction). A libpq without pipeline mode runs the block
         statement by statement.

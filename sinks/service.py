@@ -60,7 +60,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import BatchResult, BatchWriter, SqlStore, report_finalized
 from turnlog.sinks.batch import RejectedMessage, SourceMessage, WriteResult, plan_each
 from turnlog.sinks.erasure_ledger import ErasureDuties
-from turnlog.sinks.errors import store_errors
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.exceptions import (
     RecordRejectedError,
     SinkFencedError,

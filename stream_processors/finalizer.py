@@ -36,7 +36,7 @@ from turnlog.faults import fault_point
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, StoreError, open_store
 from turnlog.sinks.base import report_finalized
-from turnlog.sinks.errors import store_errors
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.finalization import session_ended_at, unfinalized_sessions
 from turnlog.stream_processors.app import make_app
 from turnlog.tracing import NO_TRACING, Tracing, ended_on_failure, service_tracing

@@ -464,7 +464,7 @@ def replay(
 
     from turnlog.ops.replay import replay_events
     from turnlog.sinks import open_store
-    from turnlog.sinks.errors import store_errors
+    from turnlog.sinks.driver_errors import store_errors
     from turnlog.sinks.migrate import upgrade_to_head
 
     if from_ != "earliest":

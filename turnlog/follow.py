@@ -57,7 +57,7 @@ from turnlog.schemas import EventValidationError, decode_event, encode_event
 from turnlog.schemas.erasure import decode_erasure
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.errors import store_errors
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.reads import EventPage, StoredEvent, events_after
 
 __all__ = ["TranscriptHub", "Subscription", "follow_session", "store_fetch", "FollowerFellBehind", "SessionErased",

@@ -13,7 +13,7 @@ from psycopg import pq
 from sqlalchemy import event, insert, select, text
 
 from turnlog.sinks import SqlStore, open_store
-from turnlog.sinks.errors import store_errors
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.exceptions import RecordRejectedError, StoreUnavailableError
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import sessions, sink_offsets

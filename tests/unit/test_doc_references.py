@@ -37,7 +37,7 @@ def _exists(cited: str) -> bool:
     for package in SUBPACKAGES:  # turnlog/sinks/x.py is sinks/x.py in the repository
         if cited.startswith(f"turnlog/{package}/") or cited == f"turnlog/{package}":
             candidates.append(cited.removeprefix("turnlog/"))
-    for candidate in list(candidates):  # sinks/errors.store_errors: the module sinks/errors.py
+    for candidate in list(candidates):  # sinks/driver_errors.store_errors: the module sinks/driver_errors.py
         head, dot, suffix = candidate.rpartition(".")
         if dot and "/" not in suffix and suffix not in FILE_SUFFIXES:
             candidates.append(f"{head.split('.')[0]}.py")

@@ -104,7 +104,7 @@ from turnlog.readiness import NotReadyError
 from turnlog.schemas import SessionStatus, TurnStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, StoreUnavailableError, open_store, parse_database_url, safe_url
-from turnlog.sinks.errors import store_errors
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import sink_offsets, transcript_turns
 from turnlog.tools.demo.group_probe import GroupProbe

@@ -110,7 +110,7 @@ from turnlog.sinks.analytics import AnalyticsProjection
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.erasure import ErasureState
 from turnlog.sinks.erasure_request import ErasureNotFound, ErasureOutcome, request_erasure
-from turnlog.sinks.errors import store_errors
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.exceptions import StoreUnavailableError
 from turnlog.sinks.reads import MAX_TURN_INDEX, get_session, list_sessions, turn_page
 

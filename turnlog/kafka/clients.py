@@ -16,7 +16,7 @@ from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
 from turnlog.kafka.config import client_config, consumer_config, producer_config
-from turnlog.kafka.errors import broker_errors, to_broker_error
+from turnlog.kafka.client_errors import broker_errors, to_broker_error
 from turnlog.kafka.exceptions import RecordRefusedError
 from turnlog.settings import TurnlogSettings
 

@@ -14,7 +14,7 @@ from tenacity import RetryCallState, Retrying, retry_if_exception, retry_if_resu
 
 from turnlog.exceptions import ConfigurationError
 from turnlog.kafka.clients import admin
-from turnlog.kafka.errors import broker_errors
+from turnlog.kafka.client_errors import broker_errors
 from turnlog.kafka.exceptions import BrokerError
 from turnlog.redact import redact
 from turnlog.settings import TurnlogSettings

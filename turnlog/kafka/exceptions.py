@@ -29,7 +29,7 @@ __all__ = [
 class BrokerError(TurnlogError):
     """A Kafka client or broker error. ``code`` is librdkafka's error code (None when the
     client gave none); ``retriable`` is librdkafka's own verdict or turnlog's list of
-    transient conditions (see ``turnlog.kafka.errors``)."""
+    transient conditions (see ``turnlog.kafka.client_errors``)."""
 
     def __init__(self, message: str, *, code: int | None = None, retriable: bool = False) -> None:
         super().__init__(message)

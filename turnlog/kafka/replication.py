@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from turnlog.exceptions import ConfigurationError
 from turnlog.kafka.clients import admin
-from turnlog.kafka.errors import broker_errors
+from turnlog.kafka.client_errors import broker_errors
 from turnlog.settings import TurnlogSettings
 
 __all__ = ["Replication", "DEFAULT_MAX_REPLICATION_FACTOR", "replication_for", "live_broker_count",

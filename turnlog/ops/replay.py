@@ -49,7 +49,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.signing import ProvenanceError, RecordVerifier
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.batch import SourceMessage
-from turnlog.sinks.errors import store_errors
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.exceptions import RecordRejectedError
 from turnlog.sinks.tables import session_events, sessions
 from turnlog.stream_processors.admission import admit, authenticate, note_owner, record_verifier

@@ -31,7 +31,7 @@ from typing import Any
 from sqlalchemy import select
 
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.errors import store_errors
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.reads import SESSION_FIELDS, TURN_FIELDS
 from turnlog.sinks.tables import erasures, session_events, sessions, transcript_turns
 
