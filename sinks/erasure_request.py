@@ -37,9 +37,9 @@ from turnlog.faults import fault_point
 from turnlog.schemas.erasure import Erasure, ErasureReason
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.erasure import ErasureStatus
 from turnlog.sinks.erasure_ledger import publish_erasures
-from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.exceptions import StoreUnavailableError
 from turnlog.sinks.tables import sessions
 

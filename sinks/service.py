@@ -59,8 +59,8 @@ from turnlog.schemas.headers import Headers, record_event_type
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import BatchResult, BatchWriter, SqlStore, report_finalized
 from turnlog.sinks.batch import RejectedMessage, SourceMessage, WriteResult, plan_each
-from turnlog.sinks.erasure_ledger import ErasureDuties
 from turnlog.sinks.driver_errors import store_errors
+from turnlog.sinks.erasure_ledger import ErasureDuties
 from turnlog.sinks.exceptions import (
     RecordRejectedError,
     SinkFencedError,

@@ -108,9 +108,9 @@ from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.analytics import AnalyticsProjection
 from turnlog.sinks.base import SqlStore
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.erasure import ErasureState
 from turnlog.sinks.erasure_request import ErasureNotFound, ErasureOutcome, request_erasure
-from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.exceptions import StoreUnavailableError
 from turnlog.sinks.reads import MAX_TURN_INDEX, get_session, list_sessions, turn_page
 

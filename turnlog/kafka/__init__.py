@@ -11,10 +11,10 @@
   nothing catches confluent-kafka's ``KafkaException``.
 """
 
+from turnlog.kafka.client_errors import broker_errors, to_broker_error
 from turnlog.kafka.clients import admin, consumer, produce, producer, producer_from_config
 from turnlog.kafka.cluster import GroupMembers, broker_answers, group_members, wait_for_broker, while_unavailable
 from turnlog.kafka.config import IDEMPOTENT_PRODUCER, client_config, consumer_config, producer_config
-from turnlog.kafka.client_errors import broker_errors, to_broker_error
 from turnlog.kafka.exceptions import (
     BrokerConfigurationError,
     BrokerError,

@@ -15,8 +15,8 @@ from typing import Any
 from confluent_kafka import Consumer, KafkaException, Producer
 from confluent_kafka.admin import AdminClient
 
-from turnlog.kafka.config import client_config, consumer_config, producer_config
 from turnlog.kafka.client_errors import broker_errors, to_broker_error
+from turnlog.kafka.config import client_config, consumer_config, producer_config
 from turnlog.kafka.exceptions import RecordRefusedError
 from turnlog.settings import TurnlogSettings
 

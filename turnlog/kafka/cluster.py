@@ -13,8 +13,8 @@ from confluent_kafka.admin import AdminClient
 from tenacity import RetryCallState, Retrying, retry_if_exception, retry_if_result, wait_exponential
 
 from turnlog.exceptions import ConfigurationError
-from turnlog.kafka.clients import admin
 from turnlog.kafka.client_errors import broker_errors
+from turnlog.kafka.clients import admin
 from turnlog.kafka.exceptions import BrokerError
 from turnlog.redact import redact
 from turnlog.settings import TurnlogSettings

@@ -28,8 +28,8 @@ from dataclasses import dataclass
 
 from confluent_kafka import Consumer, KafkaError, TopicPartition
 
-from turnlog.kafka.clients import consumer as consumer_for
 from turnlog.kafka.client_errors import broker_errors
+from turnlog.kafka.clients import consumer as consumer_for
 from turnlog.kafka.exceptions import BrokerError, UnknownTopicError
 from turnlog.kafka.offsets import OffsetReader, Watermarks
 from turnlog.metrics import CONSUMER_LAG_RECORDS, CONSUMER_LAG_SECONDS

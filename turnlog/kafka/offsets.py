@@ -22,8 +22,8 @@ from typing import Any, TypeVar
 from confluent_kafka import Consumer, KafkaError, KafkaException, TopicPartition
 from tenacity import RetryCallState, Retrying, retry_if_exception, wait_exponential
 
-from turnlog.kafka.clients import consumer as consumer_for
 from turnlog.kafka.client_errors import broker_errors, to_broker_error
+from turnlog.kafka.clients import consumer as consumer_for
 from turnlog.kafka.exceptions import BrokerError, BrokerUnavailableError, UnknownTopicError
 from turnlog.settings import TurnlogSettings
 

@@ -19,8 +19,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from turnlog.exceptions import ConfigurationError
-from turnlog.kafka.clients import admin
 from turnlog.kafka.client_errors import broker_errors
+from turnlog.kafka.clients import admin
 from turnlog.settings import TurnlogSettings
 
 __all__ = ["Replication", "DEFAULT_MAX_REPLICATION_FACTOR", "replication_for", "live_broker_count",

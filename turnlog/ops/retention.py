@@ -22,8 +22,8 @@ from sqlalchemy import func, select
 
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.erasure_ledger import ErasureDuties
 from turnlog.sinks.driver_errors import store_errors
+from turnlog.sinks.erasure_ledger import ErasureDuties
 from turnlog.sinks.exceptions import StoreUnavailableError
 from turnlog.sinks.tables import erasures
 
