@@ -27,7 +27,17 @@ from livekit.agents import (
     utils,
     vad,
 )
-from livekit.agents.llm import LLM, ChatChunk, ChatContext, ChoiceDelta, CompletionUsage, LLMStream, Tool, ToolChoice
+from livekit.agents.llm import (
+    LLM,
+    ChatChunk,
+    ChatContext,
+    ChoiceDelta,
+    CompletionUsage,
+    FunctionToolCall,
+    LLMStream,
+    Tool,
+    ToolChoice,
+)
 from livekit.agents.tts import TTS, AudioEmitter, ChunkedStream, SynthesizeStream, TTSCapabilities
 from livekit.agents.voice.io import AudioInput, AudioOutput, AudioOutputCapabilities, TextOutput
 from livekit.agents.voice.transcription.synchronizer import TranscriptSynchronizer
@@ -37,7 +47,9 @@ from livekit.agents.voice.transcription.synchronizer import TranscriptSynchroniz
 class Reply:
     """What the fake LLM answers: ``text`` in ``chunk_chars``-character chunks,
     ``chunk_seconds`` apart, after a usage chunk of the given token counts.
-    ``fail``: the request fails instead, with an error LiveKit does not retry."""
+    ``fail``: the request fails instead, with an error LiveKit does not retry.
+    ``tool_call``: ``(tool name, JSON arguments)``: the model first calls that tool (LiveKit
+    runs it), and answers ``text`` once the tool's output is in the context."""
 
     text: str = ""
     input_tokens: int = 0
@@ -45,6 +57,7 @@ class Reply:
     chunk_chars: int = 4
     chunk_seconds: float = 0.0
     fail: bool = False
+    tool_call: tuple[str, str] | None = None
 
 
 class ScriptedLLM(LLM):
@@ -98,11 +111,23 @@ class _ScriptedStream(LLMStream):
             total_tokens=reply.input_tokens + reply.output_tokens,
         )
         self._event_ch.send_nowait(ChatChunk(id=request, usage=usage))
+        if reply.tool_call is not None and not self._tool_answered():
+            name, arguments = reply.tool_call
+            call = FunctionToolCall(name=name, arguments=arguments, call_id=f"call-{id(self)}")
+            self._event_ch.send_nowait(ChatChunk(id=request, delta=ChoiceDelta(role="assistant", tool_calls=[call])))
+            return
         for start in range(0, len(reply.text), reply.chunk_chars):
             if reply.chunk_seconds:
                 await asyncio.sleep(reply.chunk_seconds)
             piece = reply.text[start : start + reply.chunk_chars]
             self._event_ch.send_nowait(ChatChunk(id=request, delta=ChoiceDelta(role="assistant", content=piece)))
+
+
+    def _tool_answered(self) -> bool:
+        """True when a tool's output follows the last user message in the context."""
+        items = list(self.chat_ctx.items)
+        last_user = max((i for i, item in enumerate(items) if getattr(item, "role", None) == "user"), default=-1)
+        return any(item.type == "function_call_output" for item in items[last_user + 1:])
 
 
 class CapturedText(TextOutput):

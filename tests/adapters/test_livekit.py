@@ -5,6 +5,7 @@ and Postgres; and an agent process SIGKILLed mid-reply and restarted."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import re
 import time
@@ -17,7 +18,7 @@ from tests.support import require_extra
 
 require_extra("livekit.agents", "livekit")
 
-from livekit.agents import Agent, AgentSession, APIConnectOptions, ChatContext, UserInputTranscribedEvent
+from livekit.agents import Agent, AgentSession, APIConnectOptions, ChatContext, UserInputTranscribedEvent, function_tool
 from livekit.agents.ipc.job_proc_lazy_main import _JobProc
 from livekit.agents.metrics.usage import LLMModelUsage
 from livekit.agents.testing import fake_job_context
@@ -343,6 +344,55 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
         (n + 1, "assistant", "It is 10 dollars a month.", "complete"),
         (n + 2, "assistant", "Goodbye!", "complete"),
     ]
+
+
+class _EndsTheCallAgent(Agent):
+    """Ends the call from a tool as LiveKit's examples do: the session closed in a task of its own."""
+
+    def __init__(self) -> None:
+        super().__init__(instructions="You are a test agent.")
+        self.closing: asyncio.Task[None] | None = None
+
+    @function_tool
+    async def end_call(self) -> str:
+        """End the call."""
+        self.closing = asyncio.create_task(self.session.aclose())
+        return "The call is over."
+
+
+@pytest.mark.parametrize("close", ["create_task from a tool", "wait_for in the entrypoint"])
+async def test_a_session_the_app_closes_in_a_task_of_its_own_inside_a_job_is_ended(pipeline, close):
+    session_id = f"lk-app-close-{uuid.uuid4().hex[:6]}"
+    llm = ScriptedLLM({**REPLIES, "That's all, bye": Reply("Goodbye!", tool_call=("end_call", "{}"))})
+    session, agent = new_session(llm), _EndsTheCallAgent()
+    recordings = []
+
+    async def entrypoint(ctx):
+        recordings.append(
+            await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit", settings=pipeline.settings)
+        )
+        await session.start(agent)
+        await session.run(user_input="Hello")
+        if close == "create_task from a tool":
+            with contextlib.suppress(RuntimeError):  # the session may close before the run's last step
+                await session.run(user_input="That's all, bye")
+            await eventually(lambda: agent.closing is not None, what="the tool called")
+        else:
+            await asyncio.wait_for(session.aclose(), 5)  # Python 3.11 runs the close in a task of its own
+        assert await recordings[0].wait_closed(TIMEOUT)
+
+    await run_job(entrypoint, shutdown="ctx.shutdown")  # the job shuts down after the app closed its session
+    [recording] = recordings
+    assert recording.failures == 0
+    if close == "create_task from a tool":
+        assert [call.name for call in _function_calls(session)] == ["end_call"]  # LiveKit ran the tool
+    # The app's close ends the session in turnlog: it is finalized, not left resumable.
+    row = await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
+    assert row["end_reason"] == "user_initiated"
+
+
+def _function_calls(session):
+    return [item for item in session.history.items if item.type == "function_call"]
 
 
 async def test_with_a_realtime_model_that_transcribes_the_user_after_its_reply_the_question_is_stored_before_the_answer(pipeline):

@@ -869,15 +869,37 @@ def _closed_by_job_shutdown() -> bool:
     ``aclose()`` closes with ``USER_INITIATED`` (``AgentSession.aclose``), the
     reason an app's own close has. ``CloseEvent`` is emitted in the closing
     task: the job's task (``job_task``) or, where ``asyncio.wait_for`` runs its
-    awaitable in a task of its own (Python 3.11), a task that runs
-    ``AgentSession.aclose`` and nothing else.
+    awaitable in a task of its own (Python 3.11), a task the job's task is
+    waiting for. An app's close in a task of its own (``asyncio.create_task(
+    session.aclose())`` from a tool, its own ``wait_for``) is neither.
     """
     task = asyncio.current_task()
     if task is None:
         return False
     if task.get_name() == _JOB_TASK_NAME:
         return True
-    return getattr(task.get_coro(), "__qualname__", "") == f"{AgentSession.__name__}.aclose"
+    job = next((other for other in asyncio.all_tasks() if other.get_name() == _JOB_TASK_NAME), None)
+    return job is not None and _awaits(job, task)
+
+
+def _awaits(waiting: asyncio.Task[Any], task: asyncio.Task[Any]) -> bool:
+    """True when suspended ``waiting`` awaits ``task``: a coroutine in its chain of awaits holds
+    ``task`` (Python 3.11's ``asyncio.wait_for`` holds the task it made in its local ``fut``)."""
+    awaited: Any = waiting.get_coro()
+    for _ in range(_MAX_AWAIT_DEPTH):
+        if awaited is task:
+            return True
+        frame = getattr(awaited, "cr_frame", None)
+        if frame is None:
+            return False
+        if any(value is task for value in frame.f_locals.values()):
+            return True
+        awaited = getattr(awaited, "cr_await", None)
+    return False
+
+
+#: Coroutines followed down a task's chain of awaits (LiveKit's job task: a few).
+_MAX_AWAIT_DEPTH = 32
 
 
 def _now() -> dt.datetime:
