@@ -5,7 +5,8 @@ A real ``AgentSession`` (text-only, scripted LLM) recorded through
 ``turnlog.adapters.livekit``; settings come from the environment (``TURNLOG_*``).
 Progress goes to stdout as JSON lines, flushed.
 
-- ``first``: "Hello" and its reply, then "Tell me a story", whose reply streams
+- ``first``: "Hello" and its reply (the model first calls the ``look_up_caller``
+  tool, which LiveKit runs), then "Tell me a story", whose reply streams
   slowly (over a minute); prints ``speaking`` and waits to be SIGKILLed mid-reply.
 - ``first-voice``: the same on the voice path (``SilentTTS``, audio played in real
   time behind LiveKit's ``TranscriptSynchronizer``): the story is generated at once
@@ -15,7 +16,7 @@ Progress goes to stdout as JSON lines, flushed.
   ``on_user_turn_completed`` stops it: LiveKit drops the turn) and starts "Tell me a
   story": prints ``speaking`` once "Tell me a" is heard, and waits to be SIGKILLed.
 - ``resume``: the same session id again: prints what the resume rebuilt (the
-  agent's ChatContext and ``session.history``), asks "What happened next?",
+  agent's ChatContext, its items with the tool call, and ``session.history``), asks "What happened next?",
   prints what the LLM was given, closes the session (it ends) and exits.
 """
 
@@ -25,15 +26,23 @@ import asyncio
 import json
 import sys
 
-from livekit.agents import AgentSession
+from livekit.agents import AgentSession, function_tool
 
 from turnlog.adapters.livekit import record_session
 
-from tests.adapters.livekit_fakes import Gatekeeper, Reply, ScriptedLLM, ScriptedUser, SilentTTS, voice_outputs
+from tests.adapters.livekit_fakes import (
+    Gatekeeper,
+    Reply,
+    ScriptedLLM,
+    ScriptedUser,
+    SilentTTS,
+    conversation_items,
+    voice_outputs,
+)
 
 STORY = "Once upon a time, " + " ".join(f"dragon{i}" for i in range(800))
 REPLIES = {
-    "Hello": Reply("Hi! How can I help you today?", input_tokens=12, output_tokens=9),
+    "Hello": Reply("Hi! How can I help you today?", input_tokens=12, output_tokens=9, tool_call=("look_up_caller", "{}")),
     "Tell me a story": Reply(STORY, input_tokens=30, output_tokens=500, chunk_chars=5, chunk_seconds=0.05),
     "What happened next?": Reply("The dragon slept.", input_tokens=70, output_tokens=4),
 }
@@ -41,6 +50,13 @@ REPLIES = {
 
 #: The voice phase's replies: generated at once, far faster than they play.
 FAST_REPLIES = {**REPLIES, "Tell me a story": Reply(STORY, input_tokens=30, output_tokens=500, chunk_chars=50)}
+
+
+class StoryTeller(Gatekeeper):
+    @function_tool
+    async def look_up_caller(self) -> str:
+        """Look up who is calling."""
+        return "The caller is Ada."
 
 
 def say(**fields: object) -> None:
@@ -63,13 +79,14 @@ async def main(phase: str, session_id: str) -> None:
         session = AgentSession(llm=llm, tts=SilentTTS() if voice else None, vad=None, user_away_timeout=None)
     if voice:
         voice_outputs(session)
-    agent = Gatekeeper(instructions="You tell stories.")
+    agent = StoryTeller(instructions="You tell stories.")
     recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-crash")
     say(
         resumed=recording.resumed,
         epoch=recording.recorded.epoch,
         chat_ctx=messages(agent.chat_ctx),
         history=messages(session.history),
+        items=conversation_items(agent.chat_ctx.items),
     )
     await session.start(agent)
     if phase == "first-dropped":

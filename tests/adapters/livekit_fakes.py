@@ -9,6 +9,7 @@ still reports its tokens, as LiveKit's metrics do for a cancelled stream).
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -71,6 +72,8 @@ class ScriptedLLM(LLM):
         super().__init__()
         self.replies = dict(replies)
         self.contexts: list[list[tuple[str, str | None, bool]]] = []
+        #: per call, the items of the context it was given
+        self.items: list[list[Any]] = []
 
     @property
     def model(self) -> str:
@@ -91,7 +94,28 @@ class ScriptedLLM(LLM):
         extra_kwargs: NotGivenOr[dict[str, Any]] = NOT_GIVEN,
     ) -> LLMStream:
         self.contexts.append([(m.role, m.text_content, m.interrupted) for m in chat_ctx.messages()])
+        self.items.append(list(chat_ctx.items))
         return _ScriptedStream(self, chat_ctx=chat_ctx, tools=tools or [], conn_options=conn_options)
+
+
+def item_view(item: Any) -> tuple[Any, ...]:
+    """A context item as the model reads it: a message's role and text, a tool call's name and
+    arguments (parsed), a tool output's name, text and error flag."""
+    if item.type == "message":
+        return ("message", item.role, item.text_content)
+    if item.type == "function_call":
+        return ("function_call", item.name, json.loads(item.arguments or "{}"))
+    if item.type == "function_call_output":
+        return ("function_call_output", item.name, item.output, item.is_error)
+    return (item.type,)
+
+
+def conversation_items(items: Any) -> list[tuple[Any, ...]]:
+    """:func:`item_view` of the user's and assistant's messages and the tool calls and outputs
+    among ``items`` (a context's or a history's), in order; handoffs and instructions left out."""
+    views = [item_view(item) for item in items]
+    return [view for view in views if view[0] in ("function_call", "function_call_output")
+            or view[:2] in (("message", "user"), ("message", "assistant"))]
 
 
 class _ScriptedStream(LLMStream):

@@ -39,6 +39,7 @@ from tests.adapters.livekit_fakes import (
     ScriptedLLM,
     ScriptedUser,
     SilentTTS,
+    conversation_items,
     run_job,
     shut_down_job,
     voice_outputs,
@@ -344,6 +345,62 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
         (n + 1, "assistant", "It is 10 dollars a month.", "complete"),
         (n + 2, "assistant", "Goodbye!", "complete"),
     ]
+
+
+class _PricingAgent(Agent):
+    def __init__(self) -> None:
+        super().__init__(instructions="You are a test agent.")
+
+    @function_tool
+    async def lookup_price(self, plan: str) -> str:
+        """Look up the monthly price of a plan."""
+        return f"The {plan} plan is 10 dollars a month."
+
+
+PRICING = {**REPLIES, "How much is the basic plan?": Reply("It is 10 dollars a month.", input_tokens=20, output_tokens=7,
+                                                          tool_call=("lookup_price", '{"plan": "basic"}'))}
+
+
+async def test_a_tool_livekit_ran_is_recorded_with_its_reply_and_a_resume_puts_it_back_in_the_context(pipeline):
+    session_id = f"lk-tool-{uuid.uuid4().hex[:6]}"
+    session, agent = new_session(ScriptedLLM(PRICING)), _PricingAgent()
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit",
+                                     settings=pipeline.settings)
+    await session.start(agent)
+    try:
+        await session.run(user_input="How much is the basic plan?")
+        await recording.wait_recorded()
+    finally:
+        await recording.aclose()  # stops recording; the session stays resumable
+        await session.aclose()
+    assert recording.failures == 0
+    seen = conversation_items(session.history.items)
+    assert seen == [
+        ("message", "user", "How much is the basic plan?"),
+        ("function_call", "lookup_price", {"plan": "basic"}),
+        ("function_call_output", "lookup_price", "The basic plan is 10 dollars a month.", False),
+        ("message", "assistant", "It is 10 dollars a month."),
+    ]
+    reply = await eventually(lambda: (t := stored_turn(pipeline, session_id, 1)) and t["status"] == "complete" and t,
+                             what="the reply in the store")
+    assert reply["tool_calls"] == [{"name": "lookup_price", "arguments": {"plan": "basic"},
+                                    "result": "The basic plan is 10 dollars a month."}]
+
+    # The next job resumes: the agent's context, and what the model is given next, hold the tool as LiveKit had it.
+    llm = ScriptedLLM(PRICING)
+    session, agent = new_session(llm), _PricingAgent()
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit",
+                                     settings=pipeline.settings)
+    assert recording.resumed
+    assert conversation_items(agent.chat_ctx.items) == seen
+    assert conversation_items(session.history.items) == seen
+    await session.start(agent)
+    try:
+        await session.run(user_input="wait, how much is it?")
+    finally:
+        await session.aclose()
+    assert await recording.wait_closed(TIMEOUT) and recording.failures == 0
+    assert conversation_items(llm.items[-1]) == [*seen, ("message", "user", "wait, how much is it?")]
 
 
 class _EndsTheCallAgent(Agent):
@@ -727,13 +784,20 @@ def test_an_agent_killed_mid_reply_resumes_with_its_conversation_rebuilt_from_tu
     ]
     assert heard.startswith(partial["text"]) and STORY.startswith(heard)
     assert resumed["history"] == resumed["chat_ctx"]
+    # The tool LiveKit ran for the greeting, before the kill, is back before the greeting.
+    assert resumed["items"][:4] == [
+        ["message", "user", "Hello"],
+        ["function_call", "look_up_caller", {}],
+        ["function_call_output", "look_up_caller", "The caller is Ada.", False],
+        ["message", "assistant", "Hi! How can I help you today?"],
+    ]
     # And the model saw that conversation on the next turn.
     assert done["llm_saw"] == [*resumed["chat_ctx"], ["user", "What happened next?", False]]
 
     row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="finalized after the restart")
     assert conversation(turns_of(pipeline, session_id)) == [
         (0, "user", "Hello", "complete", False, 0, 0),
-        (1, "assistant", "Hi! How can I help you today?", "complete", False, 12, 9),
+        (1, "assistant", "Hi! How can I help you today?", "complete", False, 24, 18),  # the tool's step and the reply
         (2, "user", "Tell me a story", "complete", False, 0, 0),
         (3, "assistant", heard, "interrupted", False, 0, 0),
         (4, "user", "What happened next?", "complete", False, 0, 0),
@@ -742,7 +806,10 @@ def test_an_agent_killed_mid_reply_resumes_with_its_conversation_rebuilt_from_tu
     payloads, _ = logged_events(pipeline, session_id)
     assert fold_events(payloads).seqs == list(range(len(payloads)))
     assert (row["epoch"], row["turn_count"], row["interrupted_turn_count"]) == (1, 6, 1)
-    assert (row["input_tokens"], row["output_tokens"]) == (82, 13)
+    assert (row["input_tokens"], row["output_tokens"]) == (94, 22)
+    assert stored_turn(pipeline, session_id, 1)["tool_calls"] == [
+        {"name": "look_up_caller", "arguments": {}, "result": "The caller is Ada."}
+    ]
 
 
 def test_an_agent_killed_while_the_user_speaks_after_a_dropped_turn_resumes_without_the_dropped_words(pipeline, tmp_path):
@@ -778,7 +845,7 @@ def test_an_agent_killed_while_the_user_speaks_after_a_dropped_turn_resumes_with
     wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="finalized after the restart")
     assert conversation(turns_of(pipeline, session_id)) == [
         (0, "user", "Hello", "complete", False, 0, 0),
-        (1, "assistant", "Hi! How can I help you today?", "complete", False, 12, 9),
+        (1, "assistant", "Hi! How can I help you today?", "complete", False, 24, 18),
         (2, "user", "", "complete", False, 0, 0),
         (3, "user", "Tell me a", "interrupted", False, 0, 0),
         (4, "user", "What happened next?", "complete", False, 0, 0),

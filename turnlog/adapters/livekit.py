@@ -62,6 +62,12 @@ turns) and otherwise starts it; then it listens to the session:
   completed no turn); a speech still running keeps its own for its turn.
 - ``speech_created``: which speeches are running (and which may commit a user
   turn LiveKit ended).
+- ``function_tools_executed``: the tools LiveKit ran (name, arguments, and the
+  output: its text, ``{"error": text}`` for a tool that raised, None for one
+  with no output) become the ``tool_calls`` of the next assistant turn, the
+  reply that reads them; a resume puts each back before that turn's message as
+  LiveKit's history holds it (a ``FunctionCall`` and its ``FunctionCallOutput``).
+  Tools whose reply never comes (the session closed by the tool) are not recorded.
 - traces: the recorder's spans carry LiveKit's own ids, under the keys LiveKit's
   spans use (``livekit/agents/telemetry/trace_types.py``): an assistant turn
   its speech's ``lk.speech_id`` (``SpeechHandle.id``, on LiveKit's
@@ -87,6 +93,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 import logging
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -101,6 +108,7 @@ from livekit.agents import (
     CloseEvent,
     CloseReason,
     ConversationItemAddedEvent,
+    FunctionToolsExecutedEvent,
     MetricsCollectedEvent,
     SessionUsageUpdatedEvent,
     SpeechCreatedEvent,
@@ -108,7 +116,7 @@ from livekit.agents import (
     UserStateChangedEvent,
 )
 from livekit.agents.job import get_job_context
-from livekit.agents.llm import RealtimeModel
+from livekit.agents.llm import FunctionCall, FunctionCallOutput, RealtimeModel
 from livekit.agents.metrics import LLMMetrics
 from livekit.agents.metrics.usage import LLMModelUsage
 from livekit.agents.voice.io import TextOutput
@@ -118,13 +126,14 @@ from turnlog.adapters._core import (
     ASSISTANT,
     USER,
     OrderedWriter,
+    PendingToolCalls,
     PendingUsage,
     conversation,
     framework_ids,
     open_or_resume,
 )
 from turnlog.producers import RecordedSession, SessionRecorder, StoredTurn
-from turnlog.schemas import TurnStatus
+from turnlog.schemas import ToolCall, TurnStatus
 from turnlog.settings import TurnlogSettings
 
 __all__ = [
@@ -211,9 +220,9 @@ async def record_session(
         opened = await open_or_resume(recorder, session_id, fleet=fleet, agent_id=agent_id, metadata=metadata,
                                       resume=resume, resume_timeout=resume_timeout)
         recorded, resumed = opened.recorded, opened.resumed
-        restored: list[ChatMessage] = []
+        restored: list[ChatItem] = []
         if resumed and recorded.turns:
-            restored = _messages(recorded.turns)
+            restored = _items(recorded.turns)
             context = agent.chat_ctx.copy()
             context.insert(restored)
             await agent.update_chat_ctx(context)
@@ -251,20 +260,37 @@ def chat_context_from_turns(turns: Iterable[StoredTurn], *, base: ChatContext | 
     (status ``partial`` or ``interrupted``). ``created_at`` is the turn's start
     (epoch seconds), raised where needed so the messages stay in turn order
     (LiveKit keeps a context sorted by ``created_at``). Turns of other speakers
-    and turns with no text are left out.
+    and turns with no text are left out. An assistant turn's tool calls come
+    before its message, each a ``FunctionCall`` (id ``turnlog_<turn_index>_<n>_call``,
+    the arguments as JSON) and its ``FunctionCallOutput`` (``is_error`` for a
+    result stored as ``{"error": text}``).
     """
     context = base.copy() if base is not None else ChatContext.empty()
-    context.insert(_messages(turns))
+    context.insert(_items(turns))
     return context
 
 
-def _messages(turns: Iterable[StoredTurn]) -> list[ChatMessage]:
-    messages = []
+#: What a rebuilt context holds: messages, and the tool calls and outputs before an assistant's message.
+ChatItem = ChatMessage | FunctionCall | FunctionCallOutput
+
+
+def _items(turns: Iterable[StoredTurn]) -> list[ChatItem]:
+    items: list[ChatItem] = []
     created_at = float("-inf")
     for turn in conversation(turns, unfinished=True):
         role = _ROLES[turn.speaker]
         created_at = max(turn.started_at.timestamp(), created_at + 1e-6)
-        messages.append(
+        for number, call in enumerate(turn.tool_calls or () if role == "assistant" else ()):
+            call_id = f"{_ID_PREFIX}{turn.turn_index}_{number}"
+            name = str(call.get("name", ""))
+            items.append(FunctionCall(id=f"{call_id}_call", call_id=call_id, name=name,
+                                      arguments=json.dumps(call.get("arguments") or {}), created_at=created_at))
+            created_at += 1e-6
+            output, is_error = _tool_output(call.get("result"))
+            items.append(FunctionCallOutput(id=f"{call_id}_output", call_id=call_id, name=name, output=output,
+                                            is_error=is_error, created_at=created_at))
+            created_at += 1e-6
+        items.append(
             ChatMessage(
                 id=f"{_ID_PREFIX}{turn.turn_index}",
                 role=role,
@@ -273,7 +299,24 @@ def _messages(turns: Iterable[StoredTurn]) -> list[ChatMessage]:
                 created_at=created_at,
             )
         )
-    return messages
+    return items
+
+
+def _tool_result(output: FunctionCallOutput | None) -> Any:
+    """A tool call's result as turnlog stores it: LiveKit's output text, ``{"error": text}`` for
+    a tool that raised, None for a call with no output (``StopResponse``, LiveKit 1.6)."""
+    if output is None:
+        return None
+    return {"error": output.output} if output.is_error else output.output
+
+
+def _tool_output(result: Any) -> tuple[str, bool]:
+    """:func:`_tool_result` read back: LiveKit's ``(output, is_error)``."""
+    if isinstance(result, dict) and set(result) == {"error"}:
+        return str(result["error"]), True
+    if result is None:
+        return "", False
+    return result if isinstance(result, str) else json.dumps(result), False
 
 
 # -- the writer's operations ---------------------------------------------------------
@@ -297,6 +340,8 @@ class _Complete:
     barged_in: bool = False
     #: the speech of an assistant turn (LiveKit's ``SpeechHandle.id``), for its span
     speech_id: str | None = None
+    #: an assistant turn's tool calls: those LiveKit ran since the assistant turn before it
+    tool_calls: tuple[ToolCall, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -438,8 +483,8 @@ class LiveKitRecording:
     """One ``AgentSession`` being recorded into turnlog; made by :func:`record_session`.
 
     ``recorded`` is the turnlog session (its ``turns`` are the stored ones after
-    a resume), ``resumed`` whether it was resumed, ``restored`` the messages
-    rebuilt from it (already in the agent's ``ChatContext`` and in
+    a resume), ``resumed`` whether it was resumed, ``restored`` the items (messages,
+    tool calls and their outputs) rebuilt from it (already in the agent's ``ChatContext`` and in
     ``session.history``). ``failures`` counts recorder calls that failed (each
     is logged at ERROR with its reason); the recording goes on after one.
     """
@@ -452,7 +497,7 @@ class LiveKitRecording:
         *,
         owns_recorder: bool,
         resumed: bool = False,
-        restored: Iterable[ChatMessage] = (),
+        restored: Iterable[ChatItem] = (),
     ) -> None:
         self.session = session
         self.recorded = recorded
@@ -478,6 +523,8 @@ class LiveKitRecording:
         self._watch: _Watch | None = None
         self._turn_watch: _EndOfTurnWatch | None = None
         self._finished_speeches: set[str] = set()
+        #: tool calls LiveKit ran, not yet given to an assistant turn
+        self._tool_calls = PendingToolCalls()
 
     # -- public ------------------------------------------------------------------
     @property
@@ -514,6 +561,7 @@ class LiveKitRecording:
         self.session.on("agent_state_changed", self._on_agent_state_changed)
         self.session.on("user_state_changed", self._on_user_state_changed)
         self.session.on("speech_created", self._on_speech_created)
+        self.session.on("function_tools_executed", self._on_function_tools_executed)
         self.session.on("close", self._on_close)
         # AgentSession.on warns that metrics_collected is deprecated (for usage and latency);
         # it is listened to only for the speech an LLM call was made for (LLMMetrics.speech_id).
@@ -692,8 +740,19 @@ class LiveKitRecording:
             input_tokens, output_tokens = self._take_usage(agent.speech_id if agent is not None else None)
             self._submit(
                 _Complete(index, AGENT_SPEAKER, text, started, ended, input_tokens, output_tokens,
-                          barged_in=item.interrupted, speech_id=agent.speech_id if agent is not None else None)
+                          barged_in=item.interrupted, speech_id=agent.speech_id if agent is not None else None,
+                          tool_calls=self._tool_calls.take())
             )
+
+    def _on_function_tools_executed(self, ev: FunctionToolsExecutedEvent) -> None:
+        """The tools LiveKit ran for a reply: kept for the next assistant turn (the reply that
+        reads their outputs), as LiveKit's history holds them before it."""
+        if self._stopping:
+            return
+        outputs: list[FunctionCallOutput | None] = list(ev.function_call_outputs)
+        for number, call in enumerate(ev.function_calls):
+            self._tool_calls.call(call.call_id, call.name, call.arguments)
+            self._tool_calls.result(call.call_id, _tool_result(outputs[number] if number < len(outputs) else None))
 
     def _on_metrics_collected(self, ev: MetricsCollectedEvent) -> None:
         """Emitted just before the ``session_usage_updated`` its metrics cause
@@ -845,6 +904,7 @@ class LiveKitRecording:
                 input_tokens=operation.input_tokens,
                 output_tokens=operation.output_tokens,
                 barged_in=operation.barged_in,
+                tool_calls=operation.tool_calls or None,
                 trace_attributes=framework_ids({SPEECH_ID_ATTRIBUTE: operation.speech_id},
                                                beside=session.trace_attributes) or None,
             )
