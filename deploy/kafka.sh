@@ -376,16 +376,22 @@ cmd_start() {
     log "started in $((SECONDS - t0))s; bootstrap.servers=$(node_addresses client)"
 }
 
-# Stop the selected node (SIGTERM, then SIGKILL after the stop timeout).
-stop_node() {
-    local pid deadline
+# Send SIGTERM to the selected node; prints its pid, or nothing if it is not running.
+signal_node() {
+    local pid
     if ! pid=$(broker_pid); then
         rm -f "$PID_FILE"
-        log "not running"
+        log "not running" >&2
         return 0
     fi
-    log "stopping broker (pid $pid)"
+    log "stopping broker (pid $pid)" >&2
     kill -TERM "$pid" 2>/dev/null || true
+    echo "$pid"
+}
+
+# Wait for the selected node, signalled as pid $1, to exit (SIGKILL after the stop timeout).
+await_node() {
+    local pid=$1 deadline
     deadline=$((SECONDS + STOP_TIMEOUT))
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do
         sleep 0.5
@@ -403,17 +409,26 @@ stop_node() {
     log "stopped"
 }
 
-# Stop node $1, or every node (the highest first: a cluster's last voters go last).
+# Stop node $1, or every node. Every node gets SIGTERM before any is waited for: stopped one by
+# one, the last node would lose its controller quorum (2 of 3 voters) and wait out its
+# controlled shutdown until SIGKILL.
 cmd_stop() {
-    local i
+    local i pid
+    local -a pids=()
     if [[ -n ${1:-} ]]; then
         select_node "$1"
-        stop_node
+        pid=$(signal_node)
+        [[ -n $pid ]] && await_node "$pid"
         return 0
     fi
-    for ((i = NODES; i >= 1; i--)); do
+    for ((i = 1; i <= NODES; i++)); do
         select_node "$i"
-        stop_node
+        pids[i]=$(signal_node)
+    done
+    for ((i = 1; i <= NODES; i++)); do
+        [[ -n ${pids[i]:-} ]] || continue
+        select_node "$i"
+        await_node "${pids[i]}"
     done
 }
 
