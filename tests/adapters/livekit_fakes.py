@@ -288,7 +288,8 @@ async def run_job(entrypoint: Any, *, shutdown: str) -> None:
     (what the process does on the parent's ``ShutdownRequest``, sent when a draining
     worker's timeout expires) or ``"job crashed"`` (the entrypoint raises). LiveKit's
     shutdown sequence then runs: ``session.aclose()`` on the primary session, then the
-    job's shutdown callbacks. Returns when the job task is done."""
+    job's shutdown callbacks. Returns when the job task is done; raises what ``entrypoint``
+    raised (LiveKit's job process only logs it)."""
     from livekit.agents.ipc.job_proc_lazy_main import _JobProc, _ShutdownInfo
     from livekit.agents.ipc.proto import StartJobRequest
     from livekit.agents.job import JobExecutorType, JobProcess
@@ -297,8 +298,14 @@ async def run_job(entrypoint: Any, *, shutdown: str) -> None:
     class _Crash(Exception):
         pass
 
+    failures: list[BaseException] = []
+
     async def job_entrypoint(ctx: Any) -> None:
-        await entrypoint(ctx)
+        try:
+            await entrypoint(ctx)
+        except BaseException as e:  # LiveKit's job process only logs an entrypoint's failure
+            failures.append(e)
+            raise
         if shutdown == "ctx.shutdown":
             ctx.shutdown()
         elif shutdown == "drain timeout":
@@ -319,6 +326,8 @@ async def run_job(entrypoint: Any, *, shutdown: str) -> None:
     proc._start_job(request)
     assert proc._job_task is not None
     await proc._job_task
+    if failures:  # an assertion of the test's entrypoint fails the test
+        raise failures[0]
 
 
 async def shut_down_job(job: Any, *, reason: str, user_initiated: bool) -> None:

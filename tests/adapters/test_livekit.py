@@ -417,7 +417,7 @@ class _EndsTheCallAgent(Agent):
         return "The call is over."
 
 
-@pytest.mark.parametrize("close", ["create_task from a tool", "wait_for in the entrypoint"])
+@pytest.mark.parametrize("close", ["create_task from a tool", "wait_for in the entrypoint", "await in the entrypoint"])
 async def test_a_session_the_app_closes_in_a_task_of_its_own_inside_a_job_is_ended(pipeline, close):
     session_id = f"lk-app-close-{uuid.uuid4().hex[:6]}"
     llm = ScriptedLLM({**REPLIES, "That's all, bye": Reply("Goodbye!", tool_call=("end_call", "{}"))})
@@ -434,8 +434,10 @@ async def test_a_session_the_app_closes_in_a_task_of_its_own_inside_a_job_is_end
             with contextlib.suppress(RuntimeError):  # the session may close before the run's last step
                 await session.run(user_input="That's all, bye")
             await eventually(lambda: agent.closing is not None, what="the tool called")
-        else:
+        elif close == "wait_for in the entrypoint":
             await asyncio.wait_for(session.aclose(), 5)  # Python 3.11 runs the close in a task of its own
+        else:
+            await session.aclose()  # in the entrypoint's task, which LiveKit's job task keeps a reference to
         assert await recordings[0].wait_closed(TIMEOUT)
 
     await run_job(entrypoint, shutdown="ctx.shutdown")  # the job shuts down after the app closed its session

@@ -19,6 +19,7 @@ from turnlog.adapters._core import (
 )
 from turnlog.producers import InvalidTurnError, StoredTurn
 from turnlog.schemas import ToolCall
+from turnlog.schemas.events import MAX_TOOL_VALUE_BYTES
 
 T0 = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
@@ -238,3 +239,20 @@ def test_framework_ids_leave_out_what_would_take_the_span_past_the_recorders_bou
         assert recorder._trace_attributes({**beside, **chosen})  # raises InvalidTurnError if a bound is broken
     with pytest.raises(InvalidTurnError):  # what the bound is there for
         recorder._trace_attributes({**large, **thread})
+
+
+def test_a_tool_value_the_schema_refuses_is_omitted_and_never_holds_the_other_calls_or_later_turns() -> None:
+    pending = PendingToolCalls()
+    pending.call("c1", "fetch_page", '{"url": "https://example.com"}')
+    pending.result("c1", "x" * (MAX_TOOL_VALUE_BYTES + 1))  # a web page: over the schema's bound
+    pending.call("c2", "lookup", '{"q": 1}')
+    pending.result("c2", "fine")
+    calls = pending.take()
+    assert [(c.name, c.arguments, c.result) for c in calls] == [
+        ("fetch_page", {"url": "https://example.com"}, {"omitted": "str"}),
+        ("lookup", {"q": 1}, "fine"),
+    ]
+    assert pending.take() == () and not pending  # nothing left behind to fail the next turn
+    pending.call("c3", "huge_args", {"blob": "y" * (MAX_TOOL_VALUE_BYTES + 1)})
+    [call] = pending.take()
+    assert (call.arguments, call.result) == ({"omitted": "dict"}, None)

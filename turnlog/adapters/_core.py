@@ -278,11 +278,30 @@ class PendingToolCalls:
         return True
 
     def take(self) -> tuple[ToolCall, ...]:
-        """The pending calls as :class:`ToolCall` values, and start again from none."""
-        calls = tuple(ToolCall(name=c["name"], arguments=c["arguments"], result=c.get("result"))
-                      for c in self._calls.values())
-        self._calls.clear()
-        return calls
+        """The pending calls as :class:`ToolCall` values, and start again from none. Never
+        raises: an argument or a result that is no valid free-form value (over the schema's
+        ``MAX_TOOL_VALUE_BYTES``, nested too deep, not JSON-encodable) is replaced by
+        :func:`omitted` (a warning names the tool, never the value), so one tool's output
+        never costs the turn it belongs to."""
+        pending, self._calls = list(self._calls.values()), {}
+        calls = []
+        for call in pending:
+            name, arguments, result = call["name"], call["arguments"], call.get("result")
+            tries = ((arguments, result), (arguments, omitted(result)), (omitted(arguments), result),
+                     (omitted(arguments), omitted(result)))
+            for number, (kept_arguments, kept_result) in enumerate(tries):
+                try:
+                    calls.append(ToolCall(name=name, arguments=kept_arguments, result=kept_result))
+                    break
+                except (ValueError, TypeError) as e:
+                    if number == 0:
+                        logger.warning("tool call %r: a value left out of the turn (%s)", name, e)
+        return tuple(calls)
+
+
+def omitted(value: Any) -> dict[str, Any]:
+    """What a tool call keeps of a value the schema refuses: ``{"omitted": "<type>"}``."""
+    return {"omitted": type(value).__name__}
 
 
 def arguments_object(raw: Any) -> dict[str, Any]:

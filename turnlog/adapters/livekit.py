@@ -66,8 +66,11 @@ turns) and otherwise starts it; then it listens to the session:
   output: its text, ``{"error": text}`` for a tool that raised, None for one
   with no output) become the ``tool_calls`` of the next assistant turn, the
   reply that reads them; a resume puts each back before that turn's message as
-  LiveKit's history holds it (a ``FunctionCall`` and its ``FunctionCallOutput``).
-  Tools whose reply never comes (the session closed by the tool) are not recorded.
+  LiveKit's history holds it (a ``FunctionCall`` and its ``FunctionCallOutput``;
+  none for a call with no output). They are written with that turn: tools
+  whose reply never comes (a user turn is committed first, the session closes,
+  the process dies before the reply is committed) are not recorded. A value
+  over the schema's bounds is kept as ``{"omitted": "<type>"}``.
 - traces: the recorder's spans carry LiveKit's own ids, under the keys LiveKit's
   spans use (``livekit/agents/telemetry/trace_types.py``): an assistant turn
   its speech's ``lk.speech_id`` (``SpeechHandle.id``, on LiveKit's
@@ -281,6 +284,8 @@ def _items(turns: Iterable[StoredTurn]) -> list[ChatItem]:
         role = _ROLES[turn.speaker]
         created_at = max(turn.started_at.timestamp(), created_at + 1e-6)
         for number, call in enumerate(turn.tool_calls or () if role == "assistant" else ()):
+            if call.get("result") is None:  # no output (LiveKit 1.6): its history holds neither
+                continue
             call_id = f"{_ID_PREFIX}{turn.turn_index}_{number}"
             name = str(call.get("name", ""))
             items.append(FunctionCall(id=f"{call_id}_call", call_id=call_id, name=name,
@@ -721,6 +726,10 @@ class LiveKitRecording:
         now = _now()
         text = item.text_content or ""
         if item.role == "user":
+            if self._tool_calls:  # no reply read them (StopResponse, no reply required): left out
+                dropped = self._tool_calls.take()
+                logger.info("session %s: %d tool call(s) with no reply are not recorded", self.recorded.session_id,
+                            len(dropped))
             if self._ended:  # LiveKit commits the turns it ended in the order it ended them
                 user: _UserTurn | None = self._ended.pop(0).turn
             else:
@@ -943,21 +952,25 @@ def _closed_by_job_shutdown() -> bool:
 
 
 def _awaits(waiting: asyncio.Task[Any], task: asyncio.Task[Any]) -> bool:
-    """True when suspended ``waiting`` awaits ``task``: a coroutine in its chain of awaits holds
-    ``task`` (Python 3.11's ``asyncio.wait_for`` holds the task it made in its local ``fut``)."""
+    """True when suspended ``waiting`` is awaiting ``task``: down its chain of awaits
+    (``cr_await``), a link is ``task`` itself, or is Python 3.11's ``asyncio.wait_for``
+    holding ``task`` as the awaitable it runs (its local ``fut``). Other locals are not
+    looked at: LiveKit's job task holds the entrypoint's task in one while it waits."""
     awaited: Any = waiting.get_coro()
     for _ in range(_MAX_AWAIT_DEPTH):
+        if awaited is None:
+            return False
         if awaited is task:
             return True
         frame = getattr(awaited, "cr_frame", None)
-        if frame is None:
-            return False
-        if any(value is task for value in frame.f_locals.values()):
+        if frame is not None and frame.f_code is _WAIT_FOR_CODE and frame.f_locals.get("fut") is task:
             return True
         awaited = getattr(awaited, "cr_await", None)
     return False
 
 
+#: The code of ``asyncio.wait_for`` where it is a coroutine function (Python 3.11), else None.
+_WAIT_FOR_CODE = getattr(asyncio.wait_for, "__code__", None)
 #: Coroutines followed down a task's chain of awaits (LiveKit's job task: a few).
 _MAX_AWAIT_DEPTH = 32
 
