@@ -39,7 +39,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
@@ -52,6 +51,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
 from turnlog.sinks.batch import SourceMessage, plan_batch
 from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.tools.bench.databases import create_database, drop_database
 from turnlog.tools.bench.histogram import compare as compare_histogram
 from turnlog.tools.bench.histogram import scrape_buckets
 from turnlog.tools.bench.histogram import summary as histogram_summary
@@ -290,8 +290,7 @@ def _variant(
         spool_dir=str(log_dir / name / "spool"),
     )), on, log_dir / name / "keyring")
     assert variant.topics.events == f"{prefix}.events", variant.topics.events  # not the run's own topics
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
+    create_database(admin_dsn, database)
     processes: dict[str, ServiceProcess] = {}
     out: dict[str, Any] = {"name": name, "encrypted": on, "load_average": [os.getloadavg()[0]]}
     try:
@@ -333,6 +332,5 @@ def _variant(
                 delete_topics_with_prefix(variant, prefix)
             except Exception as e:  # the broker is away: still drop the database
                 print(f"encryption: could not delete the topics {prefix}.* ({e}); delete them by hand")
-            with psycopg.connect(admin_dsn, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            drop_database(admin_dsn, database)
     return out

@@ -70,7 +70,6 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import psycopg
 from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
@@ -82,6 +81,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.tools.bench import baselines as base
+from turnlog.tools.bench.databases import create_database, drop_database
 from turnlog.tools.bench.direct import direct_summary, run_direct
 from turnlog.tools.bench.encryption import encryption_cost, run_encryption
 from turnlog.tools.bench.histogram import compare as compare_histogram
@@ -247,8 +247,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
     report: dict[str, Any] = {"run_id": run, "options": {k: str(v) for k, v in asdict(options).items()}}
     if options.only is not None:
         return _only_phase(settings, options, report, admin_psycopg)
-    with psycopg.connect(admin_psycopg, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
+    create_database(admin_psycopg, database)
     processes: dict[str, ServiceProcess] = {}
     try:
         require_commit_timestamps(psycopg_dsn)
@@ -415,8 +414,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
             except Exception as e:  # the broker is away: still drop the database
                 print(f"turnlog bench {run}: could not delete the topics {settings.topic_prefix}.* ({e}); delete"
                       " them by hand")
-            with psycopg.connect(admin_psycopg, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            drop_database(admin_psycopg, database)
     return _finish(report, options)
 
 
@@ -826,8 +824,7 @@ def _direct(plans, sustained: float, options: BenchOptions, database: str, run: 
     url = admin.set(database=database)
     dsn = url.set(drivername="postgresql").render_as_string(hide_password=False)
     admin_dsn = admin.set(drivername="postgresql").render_as_string(hide_password=False)
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
+    create_database(admin_dsn, database)
     out: dict[str, Any] = {"connections": options.direct_connections, "phase_seconds": options.phase_seconds}
     try:
         engine = open_store(url.render_as_string(hide_password=False)).engine
@@ -903,8 +900,7 @@ def _direct(plans, sustained: float, options: BenchOptions, database: str, run: 
               f" (its own count {a['transactions_per_turn']:.3f})")
     finally:
         if not options.keep:
-            with psycopg.connect(admin_dsn, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            drop_database(admin_dsn, database)
     return out
 
 

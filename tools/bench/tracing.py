@@ -39,7 +39,6 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psycopg
 from pydantic import SecretStr
 from sqlalchemy.engine import make_url
 
@@ -56,6 +55,7 @@ from turnlog.sinks.batch import SourceMessage
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.service import SinkService
 from turnlog.stream_processors.sequencer import Sequencer, SourceRecord
+from turnlog.tools.bench.databases import create_database, drop_database
 from turnlog.tools.bench.load import plans_for_rate, run_load
 from turnlog.tools.bench.probes import turn_latencies_ms
 from turnlog.tools.bench.transactions import MODERATE_RATE
@@ -204,8 +204,7 @@ def _variant_exporting(
     exporter_env = {"OTEL_EXPORTER_OTLP_ENDPOINT": endpoint}
     saved = {key: os.environ.get(key) for key in exporter_env}
     os.environ.update(exporter_env)  # the load's recorders (this process) export there too
-    with psycopg.connect(admin_dsn, autocommit=True) as conn:
-        conn.execute(f'CREATE DATABASE "{database}"')
+    create_database(admin_dsn, database)
     processes: dict[str, ServiceProcess] = {}
     out: dict[str, Any] = {"name": name, "traced": on, "load_average": [os.getloadavg()[0]]}
     try:
@@ -246,8 +245,7 @@ def _variant_exporting(
                 delete_topics_with_prefix(variant, prefix)
             except Exception as e:  # the broker is away: still drop the database
                 print(f"tracing: could not delete the topics {prefix}.* ({e}); delete them by hand")
-            with psycopg.connect(admin_dsn, autocommit=True) as conn:
-                conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
+            drop_database(admin_dsn, database)
     if on and not out["exports"]:
         raise RuntimeError(f"variant {name}: tracing on, but no span reached the receiver; see {log_dir / name}")
     if not on and out["exports"]:
