@@ -389,10 +389,10 @@ signal_node() {
     echo "$pid"
 }
 
-# Wait for the selected node, signalled as pid $1, to exit (SIGKILL after the stop timeout).
+# Wait for the selected node, signalled as pid $1, to exit; SIGKILL it at $2 (SECONDS), the
+# stop timeout after the signal.
 await_node() {
-    local pid=$1 deadline
-    deadline=$((SECONDS + STOP_TIMEOUT))
+    local pid=$1 deadline=$2
     while kill -0 "$pid" 2>/dev/null && ((SECONDS < deadline)); do
         sleep 0.5
     done
@@ -413,22 +413,23 @@ await_node() {
 # one, the last node would lose its controller quorum (2 of 3 voters) and wait out its
 # controlled shutdown until SIGKILL.
 cmd_stop() {
-    local i pid
+    local i pid deadline
     local -a pids=()
     if [[ -n ${1:-} ]]; then
         select_node "$1"
         pid=$(signal_node)
-        [[ -n $pid ]] && await_node "$pid"
+        [[ -n $pid ]] && await_node "$pid" $((SECONDS + STOP_TIMEOUT))
         return 0
     fi
     for ((i = 1; i <= NODES; i++)); do
         select_node "$i"
         pids[i]=$(signal_node)
     done
+    deadline=$((SECONDS + STOP_TIMEOUT))  # one stop timeout for all: they stop side by side
     for ((i = 1; i <= NODES; i++)); do
         [[ -n ${pids[i]:-} ]] || continue
         select_node "$i"
-        await_node "${pids[i]}"
+        await_node "${pids[i]}" "$deadline"
     done
 }
 
