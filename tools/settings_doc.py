@@ -87,7 +87,9 @@ def _default(value: Any) -> str:
 
 
 def _cell(text: str) -> str:
-    return " ".join(text.split()).replace("|", "\\|")
+    """``text`` as one Markdown table cell: one line, ``|`` escaped, ``<`` an entity (``<prefix>``
+    would be read as an HTML tag)."""
+    return " ".join(text.split()).replace("|", "\\|").replace("<", "&lt;")
 
 
 def render() -> str:

@@ -17,8 +17,9 @@ TOP = ("turnlog", *SUBPACKAGES, "tests", "docs", "examples", ".ci")
 #: A path: a top folder, then path characters, ending in a word character.
 TOPS = "|".join(re.escape(top) for top in TOP)
 PATH = re.compile(rf"(?<![\w./-])((?:{TOPS})/[\w./-]*\w)")
-#: Placeholders (``tests/adapters/test_<framework>.py``, ``docs/adapters/*.md``) are not paths.
-PLACEHOLDER = re.compile(r"[*{}<>$]|/$")
+#: A path followed by one of these is a pattern (``tests/adapters/test_<framework>.py``,
+#: ``docs/adapters/*.md``, ``venvs/${name}``), not a path.
+PATTERN_MARKS = frozenset("*{}<>$")
 
 
 def _cited_in() -> list[Path]:
@@ -50,7 +51,8 @@ def test_every_cited_path_exists() -> None:
         text = source.read_text(encoding="utf-8", errors="replace")
         for match in PATH.finditer(text):
             cited = match.group(1).rstrip(".")
-            if PLACEHOLDER.search(cited) or _exists(cited):
+            after = text[match.end():match.end() + 1]
+            if after in PATTERN_MARKS or _exists(cited):
                 continue
             dangling.setdefault(cited, []).append(str(source.relative_to(ROOT)))
     assert not dangling, f"cited paths that do not exist: {dangling}"

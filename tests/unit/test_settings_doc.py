@@ -9,8 +9,13 @@ from pathlib import Path
 from turnlog.tools import settings_doc
 
 ROOT = Path(__file__).resolve().parents[2]
-#: Where variables are read: the library's folders, the deploy scripts, CI and the tests.
-SOURCES = ("turnlog", "producers", "stream_processors", "sinks", "schemas", "deploy", "tools", "tests", ".ci")
+#: Where variables are read: the library's folders, the deploy scripts and configs, CI, the
+#: tests, the examples and the bench scripts under docs/.
+SOURCES = ("turnlog", "producers", "stream_processors", "sinks", "schemas", "deploy", "tools", "tests", ".ci",
+           "examples", "docs")
+SUFFIXES = {".py", ".sh", ".yml", ".yaml", ".js", ".toml"}
+#: Files that name variables without reading them: the generator's own list, this test.
+NOT_READERS = {Path(settings_doc.__file__).resolve(), Path(__file__).resolve()}
 #: A whole variable name (a prefix such as ``TURNLOG_KAFKA_`` ends in ``_`` and is left out).
 VARIABLE = re.compile(r"\bTURNLOG_[A-Z0-9_]*[A-Z0-9]\b")
 
@@ -19,7 +24,9 @@ def _read_variables() -> set[str]:
     found: set[str] = set()
     for folder in SOURCES:
         for path in (ROOT / folder).rglob("*"):
-            if path.is_file() and (path.suffix in {".py", ".sh"} or path.name == "run"):
+            if path.resolve() in NOT_READERS or "__pycache__" in path.parts:
+                continue
+            if path.is_file() and (path.suffix in SUFFIXES or path.name == "run"):
                 found.update(VARIABLE.findall(path.read_text(encoding="utf-8", errors="replace")))
     return found
 
