@@ -953,9 +953,11 @@ def _closed_by_job_shutdown() -> bool:
 
 def _awaits(waiting: asyncio.Task[Any], task: asyncio.Task[Any]) -> bool:
     """True when suspended ``waiting`` is awaiting ``task``: down its chain of awaits
-    (``cr_await``), a link is ``task`` itself, or is Python 3.11's ``asyncio.wait_for``
-    holding ``task`` as the awaitable it runs (its local ``fut``). Other locals are not
-    looked at: LiveKit's job task holds the entrypoint's task in one while it waits."""
+    (``cr_await``), a link is ``task`` itself, or is a ``wait_for`` coroutine holding ``task``
+    as the awaitable it runs (its local ``fut``: Python 3.11's ``asyncio.wait_for``, and
+    ``wait_for2.wait_for``, which Pipecat installs as ``asyncio.wait_for`` on Python < 3.12).
+    Other locals are not looked at: LiveKit's job task holds the entrypoint's task in some
+    while it waits."""
     awaited: Any = waiting.get_coro()
     for _ in range(_MAX_AWAIT_DEPTH):
         if awaited is None:
@@ -963,14 +965,12 @@ def _awaits(waiting: asyncio.Task[Any], task: asyncio.Task[Any]) -> bool:
         if awaited is task:
             return True
         frame = getattr(awaited, "cr_frame", None)
-        if frame is not None and frame.f_code is _WAIT_FOR_CODE and frame.f_locals.get("fut") is task:
+        if frame is not None and frame.f_code.co_name == "wait_for" and frame.f_locals.get("fut") is task:
             return True
         awaited = getattr(awaited, "cr_await", None)
     return False
 
 
-#: The code of ``asyncio.wait_for`` where it is a coroutine function (Python 3.11), else None.
-_WAIT_FOR_CODE = getattr(asyncio.wait_for, "__code__", None)
 #: Coroutines followed down a task's chain of awaits (LiveKit's job task: a few).
 _MAX_AWAIT_DEPTH = 32
 
