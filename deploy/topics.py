@@ -357,29 +357,46 @@ def _apply(admin: AdminClient, topic: str, differences: list[TopicDifference], t
     return differences
 
 
+#: How long a listed topic the broker does not know yet is asked again before it counts as deleted.
+UNKNOWN_TOPIC_PATIENCE_SECONDS = 5.0
+
+
 def _describe(
     admin: AdminClient, metadata: Mapping[str, TopicMetadata], topics: Sequence[str], timeout: float
 ) -> dict[str, DescribedTopic]:
     """The existing ``topics`` as the broker describes them: their partitions from ``metadata``
-    (the cluster's, from ``list_topics``), their configs asked now (a topic deleted meanwhile
-    is left out).
+    (the cluster's, from ``list_topics``), their configs asked now. A topic the broker answers
+    UNKNOWN_TOPIC_OR_PART for is asked again for up to ``UNKNOWN_TOPIC_PATIENCE_SECONDS`` (a
+    broker applies a new topic's metadata a moment after it is listed elsewhere), then left out
+    (deleted meanwhile).
 
     Raises:
         BrokerError: the broker did not answer, or refused to describe a topic.
     """
     if not topics:
         return {}
-    with kafka.broker_errors("describing topic configs"):
-        futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, name) for name in topics],
-                                         request_timeout=timeout)
     configs: dict[str, dict[str, str | None]] = {}
-    for resource, future in futures.items():
-        try:
-            with kafka.broker_errors(f"describing the configs of {resource.name}"):
-                entries: Mapping[str, Any] = future.result()
-        except kafka.UnknownTopicError:
-            continue
-        configs[resource.name] = {name: entry.value for name, entry in entries.items()}
+    asked = list(topics)
+    deadline = time.monotonic() + min(timeout, UNKNOWN_TOPIC_PATIENCE_SECONDS)
+    while asked:
+        with kafka.broker_errors("describing topic configs"):
+            futures = admin.describe_configs([ConfigResource(ResourceType.TOPIC, name) for name in asked],
+                                             request_timeout=timeout)
+        unknown = []
+        for resource, future in futures.items():
+            try:
+                with kafka.broker_errors(f"describing the configs of {resource.name}"):
+                    entries: Mapping[str, Any] = future.result()
+            except kafka.UnknownTopicError:
+                unknown.append(resource.name)
+                continue
+            configs[resource.name] = {name: entry.value for name, entry in entries.items()}
+        # Listed but unknown: created a moment ago (the answering broker has not applied the
+        # topic's metadata yet) or deleted meanwhile; asked again until the patience runs out.
+        if not unknown or time.monotonic() >= deadline:
+            break
+        asked = unknown
+        time.sleep(0.2)
     found = {}
     for name in topics:
         described = metadata.get(name)

@@ -224,6 +224,11 @@ def test_topics_check_reports_a_broker_retention_that_outlives_the_policy(transc
     for future in futures.values():
         future.result()
 
+    def applied() -> bool:  # the broker applies a config change a moment after it answers
+        (described,) = admin.describe_configs([ConfigResource(ResourceType.TOPIC, settings.topics.dlq)]).values()
+        return described.result(timeout=30)["retention.ms"].value == "-1"
+
+    wait_until(applied, timeout=30, what="the DLQ's retention.ms=-1 applied")
     dry = check_topics(settings, fix=False)
     found = {(f.topic, f.source): f for f in dry.log_retention}
     # Settings: events and DLQ keep 30 days, the transcript 7, all past the 3-day policy; the broker's DLQ: forever.
