@@ -277,6 +277,15 @@ async def test_on_the_voice_path_a_barged_in_reply_is_stored_with_the_words_hear
     assert partials and all(sent.startswith(text) for text in partials)
 
 
+async def _recorded_and_greeted(pipeline, session, agent, session_id):
+    """In a job's entrypoint: record ``session``, start it, and have the user say "Hello"."""
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit",
+                                     settings=pipeline.settings)
+    await session.start(agent)
+    await session.run(user_input="Hello")
+    return recording
+
+
 @pytest.mark.parametrize("close", ["drain timeout", "ctx.shutdown", "job crashed", "error", "drain timeout, wait_for2"])
 async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumable_and_resumes_its_context(
     pipeline, close, monkeypatch
@@ -294,11 +303,7 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
     recordings = []
 
     async def entrypoint(ctx):
-        recordings.append(
-            await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit", settings=pipeline.settings)
-        )
-        await session.start(agent)
-        await session.run(user_input="Hello")
+        recordings.append(await _recorded_and_greeted(pipeline, session, agent, session_id))
         if close == "error":
             session.generate_reply(user_input="break")  # an unrecoverable LLM error closes the session
             assert await recordings[0].wait_closed(TIMEOUT)
@@ -433,11 +438,7 @@ async def test_a_session_the_app_closes_in_a_task_of_its_own_inside_a_job_is_end
     recordings = []
 
     async def entrypoint(ctx):
-        recordings.append(
-            await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit", settings=pipeline.settings)
-        )
-        await session.start(agent)
-        await session.run(user_input="Hello")
+        recordings.append(await _recorded_and_greeted(pipeline, session, agent, session_id))
         if close == "create_task from a tool":
             with contextlib.suppress(RuntimeError):  # the session may close before the run's last step
                 await session.run(user_input="That's all, bye")

@@ -3,6 +3,7 @@ every ``TURNLOG_*`` variable the code, the deploy scripts and the tests read is 
 
 from __future__ import annotations
 
+import functools
 import re
 from pathlib import Path
 
@@ -20,7 +21,8 @@ NOT_READERS = {Path(settings_doc.__file__).resolve(), Path(__file__).resolve()}
 VARIABLE = re.compile(r"\bTURNLOG_[A-Z0-9_]*[A-Z0-9]\b")
 
 
-def _read_variables() -> set[str]:
+@functools.cache
+def _read_variables() -> frozenset[str]:
     found: set[str] = set()
     for folder in SOURCES:
         for path in (ROOT / folder).rglob("*"):
@@ -28,7 +30,7 @@ def _read_variables() -> set[str]:
                 continue
             if path.is_file() and (path.suffix in SUFFIXES or path.name == "run"):
                 found.update(VARIABLE.findall(path.read_text(encoding="utf-8", errors="replace")))
-    return found
+    return frozenset(found)
 
 
 def test_the_generated_tables_are_up_to_date() -> None:
