@@ -8,14 +8,12 @@ import subprocess
 from pathlib import Path
 
 from pydantic import SecretStr
-from sqlalchemy import text
 
 from turnlog import kafka
 from turnlog.exceptions import ConfigurationError
 from turnlog.redact import redact
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import StoreUnavailableError, open_store, parse_database_url, safe_url
-from turnlog.sinks.driver_errors import store_errors
 
 __all__ = ["ensure_local_services", "broker_answers", "is_local_default_broker", "LOCAL_DEFAULT_BROKERS"]
 
@@ -38,13 +36,13 @@ def broker_answers(settings: TurnlogSettings, timeout: float = 5.0) -> bool:
 def _database_answers(url: str | SecretStr) -> bool:
     store = open_store(url)
     try:
-        with store_errors(), store.engine.connect() as conn:
-            conn.execute(text("select 1"))
+        with store.reading() as reads:
+            reads.ping()
         return True
     except StoreUnavailableError:
         return False
     finally:
-        store.engine.dispose()
+        store.close()
 
 
 def is_local_default_broker(bootstrap_servers: str) -> bool:

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Collection
 from typing import TypeVar
 
-from sqlalchemy.engine import Connection
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if_result, wait_exponential, wait_fixed
 
 from turnlog import metrics
@@ -39,8 +38,7 @@ from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import EpochGrant, issue_epoch_grant
 from turnlog.sinks import SessionPosition, SqlStore, StoreError, StoreUnavailableError
-from turnlog.sinks.driver_errors import store_errors
-from turnlog.sinks.reads import get_session, get_turns, turn_page
+from turnlog.sinks.access import StoreWrites
 
 __all__ = ["ResumeBarrier", "claim_resume", "record_resume", "RESUME_OUTCOMES"]
 
@@ -63,8 +61,7 @@ def record_resume(outcome: str, started: float) -> None:
 
 
 def claim_resume(
-    store: SqlStore,
-    conn: Connection,
+    writes: StoreWrites,
     session_id: str,
     *,
     fleets: Collection[str] | None = None,
@@ -73,7 +70,7 @@ def claim_resume(
     max_bytes: int | None = None,
 ) -> ResumeGrant | None:
     """Claim the next epoch of ``session_id`` and read its stored turns, in the
-    caller's transaction (``with store.engine.begin() as conn``), so the turns
+    caller's transaction (``with store.writing() as writes``), so the turns
     are those of the position the epoch was claimed at.
 
     ``fleets`` scopes the claim (None: every fleet): a session outside it is
@@ -82,8 +79,7 @@ def claim_resume(
     :meth:`SqlStore.claim_epoch`). Returns None if the store has no such
     session within ``fleets``. With ``grant_key`` (the epoch grant issuer's
     key), an active session's grant carries the signed epoch grant the
-    sequencer admits the new epoch by (``turnlog/signing.py``). Driver errors pass through (wrap the call in
-    ``store_errors()``).
+    sequencer admits the new epoch by (``turnlog/signing.py``).
 
     ``turn_limit`` (None: every turn) and ``max_bytes`` bound the turns read
     (:func:`~turnlog.sinks.reads.turn_page`); when more are stored, the grant's
@@ -92,18 +88,19 @@ def claim_resume(
     Raises:
         SessionErasedError: the session is being forgotten (its erasure is in the store, not
             applied yet): nothing is claimed and no turn is read, as the API answers 410.
+        StoreUnavailableError: the store did not answer (from the caller's transaction).
     """
-    session = get_session(conn, session_id, fleets=fleets, include_metadata=False)  # its fleet; no metadata
+    session = writes.session(session_id, fleets=fleets, include_metadata=False)  # its fleet; no metadata
     if session is None:
         return None
-    claimed = _claim_epoch(store, conn, session_id)  # locks the session row to the end of the transaction
+    claimed = _claim_epoch(writes, session_id)  # locks the session row to the end of the transaction
     if claimed is None:
         return None
     epoch, position = claimed
     if turn_limit is None:
-        rows, next_after_turn = get_turns(conn, session_id), None
+        rows, next_after_turn = writes.turns(session_id), None
     else:
-        page = turn_page(conn, session_id, limit=turn_limit, max_bytes=max_bytes)
+        page = writes.turn_page(session_id, limit=turn_limit, max_bytes=max_bytes)
         rows, next_after_turn = page.turns, page.next_after_turn
     turns = tuple(StoredTurn.from_row(row) for row in rows)
     fleet = session["fleet"]
@@ -125,16 +122,16 @@ def claim_resume(
     )
 
 
-def _claim_epoch(store: SqlStore, conn: Connection, session_id: str) -> tuple[int, SessionPosition] | None:
+def _claim_epoch(writes: StoreWrites, session_id: str) -> tuple[int, SessionPosition] | None:
     """:meth:`SqlStore.claim_epoch`, refused for a session being forgotten: one whose erasure is
     in the store, applied or not (the API answers 410 for it).
 
     Raises:
         SessionErasedError: an erasure of the session is in the store; nothing is claimed.
     """
-    if store.erasures.state(conn, session_id) is not None:
+    if writes.erasure_state(session_id) is not None:
         raise SessionErasedError(session_id)
-    return store.claim_epoch(conn, session_id)
+    return writes.claim_epoch(session_id)
 
 
 class ResumeBarrier:
@@ -203,8 +200,8 @@ class ResumeBarrier:
         """Whether the store holds an erasure of ``session_id`` (for the outcome label only: a
         store that does not answer now counts as no erasure)."""
         try:
-            with store_errors(), self._store.engine.connect() as conn:
-                return self._store.erasures.state(conn, session_id) is not None
+            with self._store.reading() as reads:
+                return reads.erasure_state(session_id) is not None
         except StoreError:
             return False
 
@@ -220,12 +217,12 @@ class ResumeBarrier:
         key = self._settings.epoch_grant_key
         grant_key = key.get_secret_value() if key is not None else None
 
-        def claim(conn: Connection) -> ResumeGrant | None:
-            return claim_resume(self._store, conn, session_id, fleets=fleets, grant_key=grant_key,
+        def claim(writes: StoreWrites) -> ResumeGrant | None:
+            return claim_resume(writes, session_id, fleets=fleets, grant_key=grant_key,
                                 turn_limit=turn_limit, max_bytes=max_bytes)
 
         known = self._in_store(
-            deadline, lambda conn: get_session(conn, session_id, fleets=fleets, include_metadata=False)
+            deadline, lambda writes: writes.session(session_id, fleets=fleets, include_metadata=False)
         )
         if known is None or known["status"] == SessionStatus.ACTIVE:
             self._catch_up(session_id, deadline)
@@ -246,7 +243,7 @@ class ResumeBarrier:
         """
         deadline = time.monotonic() + timeout
         self._catch_up(session_id, deadline)
-        return self._in_store(deadline, lambda conn: _claim_epoch(self._store, conn, session_id))
+        return self._in_store(deadline, lambda writes: _claim_epoch(writes, session_id))
 
     def _catch_up(self, session_id: str, deadline: float) -> None:
         """Steps 1 to 4 of the module docstring: until the store holds everything
@@ -304,7 +301,7 @@ class ResumeBarrier:
         """Drop the offsets lookup client (a later resume makes a new one)."""
         self._offsets.close()
 
-    def _in_store(self, deadline: float, work: Callable[[Connection], _T]) -> _T:
+    def _in_store(self, deadline: float, work: Callable[[StoreWrites], _T]) -> _T:
         """``work`` in one store transaction, retried every ``POLL_INTERVAL_SECONDS`` while
         the store is away, up to ``deadline``.
 
@@ -313,8 +310,8 @@ class ResumeBarrier:
         """
 
         def attempt() -> _T:
-            with store_errors(), self._store.engine.begin() as conn:
-                return work(conn)
+            with self._store.writing() as writes:
+                return work(writes)
 
         def timed_out(state: RetryCallState) -> _T:
             error = state.outcome.exception() if state.outcome else None
@@ -331,8 +328,8 @@ class ResumeBarrier:
 
     def _sink_offset(self, topic: str, partition: int) -> int:
         try:
-            with store_errors(), self._store.engine.connect() as conn:
-                stored = self._store.stored_offsets(conn, self._settings.sink_group, [(topic, partition)])
+            with self._store.reading() as reads:
+                stored = reads.stored_offsets(self._settings.sink_group, [(topic, partition)])
         except StoreUnavailableError as e:
             logger.warning("resume barrier: store unavailable, polling on: %s", e)
             return -1

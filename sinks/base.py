@@ -15,9 +15,13 @@ jobs each live in a module of their own, behind a small interface
 - :attr:`SqlStore.claims`: resume claims (``sinks/claims.py``,
   :class:`~turnlog.sinks.interfaces.ResumeClaims`).
 
-The methods below are the store's public operations; each hands its work to
-the job that owns it. Helpers never commit: every method takes the caller's
-connection, whose ``engine.begin()`` block is the transaction.
+Callers outside ``sinks/`` open a transaction with :meth:`SqlStore.reading` or
+:meth:`SqlStore.writing`, which convert driver errors to turnlog's own
+(``sinks/driver_errors.py``), and call the named operations they hand out
+(``sinks/access.py``); they never hold a connection. The methods below that
+take a connection are the operations of the jobs, for the sink's own
+transactions and the named operations; each hands its work to the job that
+owns it, and none commits.
 
 Order inside :meth:`SqlStore.apply_batch` (one transaction, so all or nothing):
 
@@ -57,7 +61,7 @@ from __future__ import annotations
 import abc
 import contextlib
 import datetime as dt
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
 from typing import Any
 
@@ -65,8 +69,10 @@ from sqlalchemy import Engine
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import Select
 
+from turnlog.sinks.access import StoreReads, StoreWrites
 from turnlog.sinks.batch import SourceMessage, WriteResult
 from turnlog.sinks.claims import SqlResumeClaims
+from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.erasure import SqlErasures
 from turnlog.sinks.finalization import SqlFinalization, report_finalized
 from turnlog.sinks.interfaces import (
@@ -87,9 +93,9 @@ __all__ = ["SqlStore", "BatchResult", "BatchWriter", "SessionPosition", "WriteRe
 
 
 class SqlStore(abc.ABC):
-    """Store operations over one SQLAlchemy engine. Helpers never commit: every
-    method takes the caller's connection, whose ``engine.begin()`` block is the
-    transaction.
+    """Store operations over one SQLAlchemy engine. :meth:`reading` and :meth:`writing`
+    open a transaction and hand out the named operations; the methods that take a
+    connection never commit: the caller's transaction does.
 
     The jobs, each replaceable on its own (no I/O at construction):
     :attr:`offsets`, :attr:`transcript`, :attr:`finalization`, :attr:`claims`.
@@ -102,6 +108,76 @@ class SqlStore(abc.ABC):
         self.erasures = SqlErasures(self)
         self.transcript = TranscriptWriter(self, self.finalization, erasures=self.erasures)
         self.claims: ResumeClaims = SqlResumeClaims(self)
+
+    # -- transactions --------------------------------------------------------
+    @contextlib.contextmanager
+    def reading(self) -> Iterator[StoreReads]:
+        """A transaction for reads (``with store.reading() as reads:``), ended with the block.
+
+        Raises:
+            StoreUnavailableError: the database does not answer, or ended the transaction
+                (connection lost, serialization failure, shutdown).
+            RecordRejectedError: the database refused a value of a query.
+        """
+        with store_errors(), self.engine.connect() as conn:
+            yield StoreReads(self, conn)
+
+    @contextlib.contextmanager
+    def writing(self) -> Iterator[StoreWrites]:
+        """A transaction (``with store.writing() as writes:``), committed when the block ends
+        without an exception and rolled back otherwise.
+
+        Raises:
+            StoreUnavailableError: as :meth:`reading`; then nothing of the block is committed.
+            RecordRejectedError: the database refused rows of the block (SQLSTATE classes 22, 23).
+        """
+        with store_errors(), self.engine.begin() as conn:
+            yield StoreWrites(self, conn)
+
+    # -- the schema and the connections ---------------------------------------
+    def upgrade_schema(self) -> None:
+        """Bring the database to the newest schema (idempotent; ``turnlog migrate``).
+
+        Raises:
+            StoreUnavailableError: the database does not answer.
+        """
+        with store_errors():
+            from turnlog.sinks.migrate import upgrade_to_head  # alembic: loaded by the commands that use it
+
+            upgrade_to_head(self.engine)
+
+    def require_schema(self) -> None:
+        """Check that the schema is at the newest revision (:func:`~turnlog.sinks.migrate.require_head`).
+
+        Raises:
+            StoreUnavailableError: the database does not answer.
+            StoreError: the schema is missing or older; the message says to run ``turnlog migrate``.
+        """
+        from turnlog.sinks.migrate import require_head
+
+        require_head(self.engine)
+
+    def wait_for_schema(self) -> None:
+        """:meth:`require_schema`, waiting without limit while the database does not answer
+        (:func:`~turnlog.sinks.migrate.wait_for_head`): a service started during an outage waits.
+
+        Raises:
+            StoreError: the schema is missing or older (not retried).
+        """
+        from turnlog.sinks.migrate import wait_for_head
+
+        wait_for_head(self.engine)
+
+    @property
+    def location(self) -> str:
+        """The store's URL for messages and logs, its password hidden."""
+        from turnlog.sinks import safe_url
+
+        return safe_url(self.engine.url)
+
+    def close(self) -> None:
+        """Close the pooled connections (the store can still be used: it connects again)."""
+        self.engine.dispose()
 
     # -- dialect hooks -----------------------------------------------------
     @abc.abstractmethod
@@ -136,28 +212,9 @@ class SqlStore(abc.ABC):
         store as applying it once. ``consumer_group=None`` writes the rows
         without reading or moving any offsets (``turnlog replay``).
         """
-        return self.apply_tracked(conn, consumer_group, messages, self.write_transcript, on_rejected=on_rejected)
-
-    def apply_tracked(
-        self,
-        conn: Connection,
-        consumer_group: str | None,
-        messages: Sequence[SourceMessage],
-        write: BatchWriter,
-        *,
-        on_rejected: OnRejected | None = None,
-        fences: Mapping[tuple[str, int], int] | None = None,
-    ) -> BatchResult:
-        """The offset-in-transaction frame every projection of the transcript shares
-        (:meth:`SqlOffsets.apply_tracked <turnlog.sinks.offsets.SqlOffsets.apply_tracked>`).
-
-        Sessions in ``BatchResult.finalized`` are finalized once the caller
-        commits; :func:`report_finalized` counts them after that.
-
-        Raises:
-            SinkFencedError: another sink claimed a partition of the batch since ``fences`` were claimed.
-        """
-        return self.offsets.apply_tracked(conn, consumer_group, messages, write, on_rejected=on_rejected, fences=fences)
+        return self.offsets.apply_tracked(
+            conn, consumer_group, messages, self.write_transcript, on_rejected=on_rejected
+        )
 
     def write_transcript(self, conn: Connection, messages: Sequence[SourceMessage]) -> WriteResult:
         """The transcript sink's :data:`BatchWriter`: the rows of ``messages`` (no
@@ -173,7 +230,7 @@ class SqlStore(abc.ABC):
         (for records dead-lettered by the sink).
 
         Raises:
-            SinkFencedError: as :meth:`apply_tracked`.
+            SinkFencedError: as :meth:`SqlOffsets.apply_tracked <turnlog.sinks.offsets.SqlOffsets.apply_tracked>`.
         """
         self.offsets.skip_records(conn, consumer_group, messages, fences=fences)
 

@@ -31,15 +31,18 @@ from __future__ import annotations
 import functools
 import logging
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from sqlalchemy import bindparam, select
-from sqlalchemy.engine import Connection, Engine
+from sqlalchemy.engine import Connection
 
 from turnlog.sinks.batch import SourceMessage, next_offsets
 from turnlog.sinks.exceptions import SinkFencedError
 from turnlog.sinks.interfaces import BatchResult, BatchWriter, Dialect, OnRejected
 from turnlog.sinks.tables import sink_offsets
+
+if TYPE_CHECKING:
+    from turnlog.sinks.base import SqlStore
 
 __all__ = ["SqlOffsets", "offsets_to_store", "Fences", "stored_group_offsets"]
 
@@ -243,19 +246,14 @@ def offsets_past_end(stored: dict[tuple[str, int], int], ends: dict[tuple[str, i
     return {tp: (offset, ends[tp]) for tp, offset in stored.items() if tp in ends and offset > ends[tp]}
 
 
-def stored_group_offsets(engine: Engine, consumer_group: str, topics: Sequence[str]) -> dict[tuple[str, int], int]:
+def stored_group_offsets(store: SqlStore, consumer_group: str, topics: Sequence[str]) -> dict[tuple[str, int], int]:
     """``{(topic, partition): next offset}`` of ``consumer_group``'s ``sink_offsets`` rows on
     ``topics``, read in a short transaction of its own without locking them: what the lag
-    collector (``turnlog/kafka/lag.py``) compares with the partitions' ends.
+    collector (``turnlog/kafka/lag.py``) compares with the partitions' ends
+    (:meth:`StoreReads.group_offsets <turnlog.sinks.access.StoreReads.group_offsets>`).
 
     Raises:
-        sqlalchemy.exc.SQLAlchemyError: the store could not be read.
+        StoreUnavailableError: the store could not be read.
     """
-    if not topics:
-        return {}
-    query = (
-        select(sink_offsets.c.topic, sink_offsets.c.partition, sink_offsets.c.next_offset)
-        .where(sink_offsets.c.consumer_group == consumer_group, sink_offsets.c.topic.in_(sorted(set(topics))))
-    )
-    with engine.connect() as conn:
-        return {(r.topic, r.partition): r.next_offset for r in conn.execute(query)}
+    with store.reading() as reads:
+        return reads.group_offsets(consumer_group, topics)

@@ -32,7 +32,7 @@ class PostgresStore(SqlStore):
 
     @classmethod
     def from_url(cls, url: str, **engine_options: Any) -> PostgresStore:
-        engine: Engine = create_engine(url, **{"pool_pre_ping": True, **engine_options})
+        engine: Engine = create_engine(url, **{"pool_pre_ping": True, "hide_parameters": True, **engine_options})
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -453,7 +453,7 @@ class SinkService:
 
     def _apply_batch_once(self, batch: list[SourceMessage]) -> BatchResult:
         with store_errors(), self.store.engine.begin() as conn:
-            result = self.store.apply_tracked(
+            result = self.store.offsets.apply_tracked(
                 conn, self.consumer_group, batch, self._write, on_rejected=self._dead_letter, fences=self._fences
             )
             fault_point("sink.after_write")

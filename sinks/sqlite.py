@@ -26,7 +26,7 @@ class SqliteStore(SqlStore):
 
     @classmethod
     def from_url(cls, url: str, **engine_options: Any) -> SqliteStore:
-        engine: Engine = create_engine(url, **engine_options)
+        engine: Engine = create_engine(url, **{"hide_parameters": True, **engine_options})
 
         @event.listens_for(engine, "connect")
         def _on_connect(dbapi_connection: Any, _record: Any) -> None:

@@ -36,8 +36,6 @@ from turnlog.faults import fault_point
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, StoreError, open_store
 from turnlog.sinks.base import report_finalized
-from turnlog.sinks.driver_errors import store_errors
-from turnlog.sinks.finalization import session_ended_at, unfinalized_sessions
 from turnlog.stream_processors.app import make_app
 from turnlog.tracing import NO_TRACING, Tracing, ended_on_failure, service_tracing
 
@@ -57,9 +55,9 @@ def finalize_now(store: SqlStore, session_id: str, tracing: Tracing = NO_TRACING
         StoreUnavailableError: the database did not answer (retryable).
     """
     span = tracing.start("finalize", attributes={"turnlog.session_id": session_id, "turnlog.sweep": True})
-    with ended_on_failure(span), store_errors(), store.engine.begin() as conn:
-        done = store.finalize_session(conn, session_id, dt.datetime.now(dt.UTC))
-        ended_at = session_ended_at(conn, session_id) if done else None
+    with ended_on_failure(span), store.writing() as writes:
+        done = writes.finalize_session(session_id, dt.datetime.now(dt.UTC))
+        ended_at = writes.session_ended_at(session_id) if done else None
     if span is not None:
         span.set({"turnlog.finalized": done})
         span.end()
@@ -80,8 +78,8 @@ def sweep_once(store: SqlStore, *, page: int = SWEEP_PAGE, tracing: Tracing = NO
     """
     done: list[str] = []
     while True:
-        with store_errors(), store.engine.connect() as conn:
-            ready = store.finalizable_sessions(conn, limit=page)
+        with store.reading() as reads:
+            ready = reads.finalizable_sessions(limit=page)
         finalized = [session_id for session_id in ready if finalize_now(store, session_id, tracing)]
         done.extend(finalized)
         # A short page is the last; a page of which nothing matched was finalized
@@ -90,8 +88,8 @@ def sweep_once(store: SqlStore, *, page: int = SWEEP_PAGE, tracing: Tracing = NO
             if done:
                 logger.info("sweep finalized %d session(s) the sink had not", len(done))
             break
-    with store_errors(), store.engine.connect() as conn:
-        count, oldest = unfinalized_sessions(conn)
+    with store.reading() as reads:
+        count, oldest = reads.unfinalized_sessions()
     metrics.SESSIONS_UNFINALIZED.set(count)
     # This host's clock minus the agent's ended_at, at least 0 (clocks of different hosts may disagree).
     metrics.UNFINALIZED_OLDEST_SECONDS.set(0.0 if oldest is None else max(0.0, time.time() - oldest.timestamp()))

@@ -262,7 +262,7 @@ def retention_sweep(
         typer.echo(f"turnlog: the store is unavailable ({e}); erasures requested so far stay pending", err=True)
         raise typer.Exit(2) from None
     finally:
-        store.engine.dispose()
+        store.close()
     typer.echo(f"retention: {swept.requested} session(s) past the policy, {swept.published} ledger record(s) "
                f"published, {swept.done} forgotten, {swept.pending} pending")
     raise typer.Exit(3 if swept.pending else 0)
@@ -272,10 +272,9 @@ def retention_sweep(
 def migrate(database_url: DatabaseUrl = None) -> None:
     """Bring the store's schema to the newest Alembic revision."""
     from turnlog.sinks import open_store
-    from turnlog.sinks.migrate import upgrade_to_head
 
     settings = _settings(database_url=database_url)
-    upgrade_to_head(open_store(settings.database_url).engine)
+    open_store(settings.database_url).upgrade_schema()
 
 
 @app.command()
@@ -298,13 +297,12 @@ def sequencer(bootstrap_servers: Bootstrap = None) -> None:
 def finalizer(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = None) -> None:
     """Run a finalizer worker (guarded exactly-once aggregates)."""
     from turnlog.sinks import open_store
-    from turnlog.sinks.migrate import wait_for_head
     from turnlog.stream_processors.finalizer import build_finalizer
     from turnlog.stream_processors.worker import run_worker
 
     settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
-    wait_for_head(store.engine)
+    store.wait_for_schema()
     run_worker(build_finalizer(settings, store), settings, "finalizer")
 
 
@@ -312,7 +310,6 @@ def finalizer(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = N
 def sink(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = None) -> None:
     """Run a SQL sink worker (batched idempotent upserts, offsets in the same transaction)."""
     from turnlog.sinks import open_store
-    from turnlog.sinks.migrate import wait_for_head
     from turnlog.sinks.service import SinkService
 
     settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
@@ -321,7 +318,7 @@ def sink(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = None) 
     # connection fails as StoreUnavailableError and the sink applies it again.
     store = open_store(settings.database_url, pool_pre_ping=False)
     store.transcript.opener = opener
-    wait_for_head(store.engine)
+    store.wait_for_schema()
     service = SinkService(settings, store)
     # SIGTERM only shortens the stop; correctness never depends on it.
     signal.signal(signal.SIGTERM, lambda *_: service.stopping.set())
@@ -334,12 +331,11 @@ def analytics(bootstrap_servers: Bootstrap = None, database_url: DatabaseUrl = N
     """Run the analytics projection: per-fleet figures from the transcript, in its own consumer group."""
     from turnlog.sinks import open_store
     from turnlog.sinks.analytics import AnalyticsProjection
-    from turnlog.sinks.migrate import wait_for_head
     from turnlog.sinks.service import SinkService
 
     settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
-    wait_for_head(store.engine)
+    store.wait_for_schema()
     projection = AnalyticsProjection(store)
     service = SinkService(settings, store, consumer_group=settings.analytics_group, write=projection.write,
                           component="analytics", forget=projection.forget)
@@ -374,7 +370,7 @@ def lag_exporter(
         typer.echo("turnlog lag-exporter: set --port or TURNLOG_METRICS_PORT", err=True)
         raise typer.Exit(2)
     store = open_store(settings.database_url)
-    groups = pipeline_groups(settings, stored_offsets=functools.partial(stored_group_offsets, store.engine))
+    groups = pipeline_groups(settings, stored_offsets=functools.partial(stored_group_offsets, store))
     stopping = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stopping.set())
     signal.signal(signal.SIGINT, lambda *_: stopping.set())
@@ -383,7 +379,7 @@ def lag_exporter(
                                      settings.lag_refresh_seconds)
     with LagMonitor(settings, committed_sources=groups, refresh_seconds=settings.lag_refresh_seconds) as monitor:
         publish_every(monitor, settings.lag_refresh_seconds, stopping)
-    store.engine.dispose()
+    store.close()
 
 
 @app.command()
@@ -398,7 +394,6 @@ def api(
 
     from turnlog.api import create_app
     from turnlog.sinks import open_store
-    from turnlog.sinks.migrate import wait_for_head
 
     settings = _service_settings(bootstrap_servers=bootstrap_servers, database_url=database_url, api_host=host,
                                  api_port=port)
@@ -406,7 +401,7 @@ def api(
         logging.getLogger(__name__).warning("TURNLOG_API_TOKENS is empty: every API request will get 401")
     _opener(settings)  # the live hub opens sealed records: a bad keyring stops the API here
     store = open_store(settings.database_url)
-    wait_for_head(store.engine)
+    store.wait_for_schema()
     uvicorn.run(
         create_app(settings, store), host=settings.api_host, port=settings.api_port,
         log_level=settings.log_level.lower()
@@ -426,11 +421,10 @@ def tail(
 
     from turnlog.ops.tail import tail_session
     from turnlog.sinks import open_store
-    from turnlog.sinks.migrate import require_head
 
     settings = _settings(bootstrap_servers=bootstrap_servers, database_url=database_url)
     store = open_store(settings.database_url)
-    require_head(store.engine)
+    store.require_schema()
     result = asyncio.run(tail_session(settings, store, session_id, after))
     if not result.found:
         typer.echo(f"turnlog: no session {session_id!r} in the store", err=True)
@@ -464,8 +458,6 @@ def replay(
 
     from turnlog.ops.replay import replay_events
     from turnlog.sinks import open_store
-    from turnlog.sinks.driver_errors import store_errors
-    from turnlog.sinks.migrate import upgrade_to_head
 
     if from_ != "earliest":
         typer.echo("turnlog: --from takes only 'earliest'; use --from-time for a time", err=True)
@@ -480,8 +472,7 @@ def replay(
         start = start if start.tzinfo else start.replace(tzinfo=dt.UTC)
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     store = open_store(settings.database_url)
-    with store_errors():
-        upgrade_to_head(store.engine)
+    store.upgrade_schema()
     columns = (TextColumn("replay {task.description}"), BarColumn(), MofNCompleteColumn(),
                TextColumn("{task.fields[rate]:,.0f} records/s"), TimeRemainingColumn())
     with Progress(*columns, transient=False) as bar:
@@ -529,23 +520,22 @@ def verify(
     from turnlog.ops.replay import replay_events
     from turnlog.ops.verify import compare_digests, erased_session_ids, session_digests
     from turnlog.sinks import open_store, safe_url
-    from turnlog.sinks.migrate import require_head, upgrade_to_head
 
     if (against_url is None) == (not against_log):
         typer.echo("turnlog: give exactly one of --against-url DSN and --against-log", err=True)
         raise typer.Exit(2)
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     store_a = open_store(settings.database_url)
-    require_head(store_a.engine)
+    store_a.require_schema()
     wanted = session or ()
     with tempfile.TemporaryDirectory(prefix="turnlog-verify-") as scratch:
         if against_url is not None:
             store_b = open_store(against_url)
-            require_head(store_b.engine)
+            store_b.require_schema()
             label = safe_url(against_url)
         else:
             store_b = open_store(f"sqlite:///{scratch}/from-log.db")
-            upgrade_to_head(store_b.engine)
+            store_b.upgrade_schema()
             replayed = replay_events(settings, store_b, session_ids=wanted)
             label = f"{settings.topics.events} ({replayed.records_read:,} records replayed)"
         # A session forgotten in either store is left out of both: each holds nothing of it, or will.

@@ -57,8 +57,7 @@ from turnlog.schemas import EventValidationError, decode_event, encode_event
 from turnlog.schemas.erasure import decode_erasure
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.driver_errors import store_errors
-from turnlog.sinks.reads import EventPage, StoredEvent, events_after
+from turnlog.sinks.reads import EventPage, StoredEvent
 
 __all__ = ["TranscriptHub", "Subscription", "follow_session", "store_fetch", "FollowerFellBehind", "SessionErased",
            "SESSION_ENDED", "SUBSCRIPTION_QUEUE_SIZE", "SUBSCRIPTION_QUEUE_BYTES", "ERASED_IDS_KEPT"]
@@ -119,10 +118,10 @@ def store_fetch(store: SqlStore, *, max_bytes: int | None = None) -> Fetch:
     """
 
     def read(session_id: str, after_seq: int) -> EventPage:
-        with store.engine.connect() as conn:
-            if store.erasures.erased_among(conn, [session_id]):
+        with store.reading() as reads:
+            if reads.erased_among([session_id]):
                 raise SessionErased(session_id)
-            return events_after(conn, session_id, after_seq, max_bytes=max_bytes)
+            return reads.events_after(session_id, after_seq, max_bytes=max_bytes)
 
     async def fetch(session_id: str, after_seq: int) -> EventPage:
         return await asyncio.to_thread(read, session_id, after_seq)
@@ -381,8 +380,8 @@ class TranscriptHub:
                 followed = [sid for sid in self._subscribers if sid not in self._erased]
             try:
                 for start in range(0, len(followed), ERASURE_CHECK_BATCH):
-                    with store_errors(), self._store.engine.connect() as conn:
-                        erased = self._store.erasures.erased_among(conn, followed[start:start + ERASURE_CHECK_BATCH])
+                    with self._store.reading() as reads:
+                        erased = reads.erased_among(followed[start:start + ERASURE_CHECK_BATCH])
                     for session_id in sorted(erased):
                         self.mark_erased(session_id)
             except Exception as error:  # noqa: BLE001 (an outage or a bug: logged, tried again next round)

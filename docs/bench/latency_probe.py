@@ -43,7 +43,6 @@ from turnlog.deploy.processes import start_pipeline, stop_all, wait_all_ready
 from turnlog.deploy.topics import create_topics, delete_topics_with_prefix
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
-from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.tools.bench import baselines as base
 from turnlog.tools.bench.encryption import encryption_settings
 from turnlog.tools.bench.load import plans_for_rate, run_load
@@ -95,7 +94,7 @@ if SECURED:
         epoch_grant_key=SecretStr(secrets.token_urlsafe(32)))), True, log_dir / "keyring")
 print(f"transactions {'on' if settings.sequencer_transactions else 'off'}, encryption {settings.encryption},"
       f" fleet keys {'on' if settings.fleet_keys else 'off'}")
-upgrade_to_head(open_store(sqlalchemy_url).engine)
+open_store(sqlalchemy_url).upgrade_schema()
 create_topics(settings)
 plans = plan_sessions(Path("data/sessions"), 1000, 40, run_id=run)
 env = {"TURNLOG_LOG_LEVEL": "WARNING", **json.loads(os.environ.get("LAT_ENV", "{}"))}

@@ -117,7 +117,7 @@ def main() -> None:
     finally:
         silent.close()
         stop_all(pipeline.processes)
-        pipeline.store.engine.dispose()
+        pipeline.store.close()
         drop_topics(pipeline.settings)
 
 

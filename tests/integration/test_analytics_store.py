@@ -10,7 +10,7 @@ GROUP = "analytics-test"
 
 def project(store, batch, group=GROUP):
     with store.engine.begin() as conn:
-        return store.apply_tracked(conn, group, batch, AnalyticsProjection(store).write)
+        return store.offsets.apply_tracked(conn, group, batch, AnalyticsProjection(store).write)
 
 
 def figures(store, fleet="tests"):
@@ -74,7 +74,7 @@ def test_undecodable_records_are_refused_and_offsets_still_move(store):
     batch = messages([a.started()]) + [SourceMessage("t.transcript", 0, 1, b"{not json")]
     refused = []
     with store.engine.begin() as conn:
-        result = store.apply_tracked(conn, GROUP, batch, AnalyticsProjection(store).write, on_rejected=lambda m, r: refused.append((m.offset, r)))
+        result = store.offsets.apply_tracked(conn, GROUP, batch, AnalyticsProjection(store).write, on_rejected=lambda m, r: refused.append((m.offset, r)))
         offsets = store.stored_offsets(conn, GROUP, [("t.transcript", 0)])
     assert result.rejected == 1 and [o for o, _ in refused] == [1]
     assert offsets == {("t.transcript", 0): 2}

@@ -96,7 +96,7 @@ def test_lag_of_a_frozen_sink_matches_independent_offsets_and_returns_to_zero(ne
     pipeline.wait_ready()
     settings = pipeline.settings
     monitor = LagMonitor(settings, committed_sources=pipeline_groups(
-        settings, stored_offsets=functools.partial(stored_group_offsets, pipeline.store.engine)))
+        settings, stored_offsets=functools.partial(stored_group_offsets, pipeline.store)))
     try:
         # Caught up first: a session stored, every partition at 0 (the commit markers are no lag).
         record_sessions(settings, 1)
@@ -157,7 +157,7 @@ def test_a_group_that_never_ran_is_not_reported_and_stale_series_are_removed(new
     settings = pipeline.settings
     record_sessions(settings, 1)
     monitor = LagMonitor(settings, committed_sources=pipeline_groups(
-        settings, stored_offsets=functools.partial(stored_group_offsets, pipeline.store.engine)))
+        settings, stored_offsets=functools.partial(stored_group_offsets, pipeline.store)))
     try:
         wait_until(lambda: any(lag.group == settings.sink_group for lag in monitor.read(timeout=20)),
                    timeout=TIMEOUT, what="the sink's offsets stored")

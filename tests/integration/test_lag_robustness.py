@@ -102,7 +102,7 @@ def test_a_store_that_never_answers_leaves_the_kafka_groups_lag_read(transcript)
         port = black_hole.getsockname()[1]
         hung = open_store(f"postgresql+psycopg://turnlog:x@127.0.0.1:{port}/turnlog")
         stored = CommittedSource("sink-on-hung-store", (settings.topics.transcript,),
-                                 functools.partial(stored_group_offsets, hung.engine, "sink-on-hung-store"))
+                                 functools.partial(stored_group_offsets, hung, "sink-on-hung-store"))
         monitor = LagMonitor(settings, committed_sources=[CommittedSource(group, (events,)), stored])
         read: list = []
         reader = threading.Thread(target=lambda: read.append(monitor.read(timeout=5)), daemon=True)
@@ -125,7 +125,7 @@ def test_a_process_whose_store_never_answers_still_exits_after_a_lag_read(transc
         black_hole = socket.create_server(("127.0.0.1", 0))  # accepts, never speaks; open until the exit
         hung = open_store(f"postgresql+psycopg://turnlog:x@127.0.0.1:{{black_hole.getsockname()[1]}}/turnlog")
         source = CommittedSource("g", ({settings.topics.transcript!r},),
-                                 functools.partial(stored_group_offsets, hung.engine, "g"))
+                                 functools.partial(stored_group_offsets, hung, "g"))
         with LagMonitor(TurnlogSettings(bootstrap_servers={settings.bootstrap_servers!r}),
                         committed_sources=[source]) as monitor:
             assert monitor.read(timeout=2) == []

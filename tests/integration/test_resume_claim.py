@@ -15,8 +15,8 @@ def apply(store, events):
 
 
 def claim(store, session_id, fleets=None):
-    with store.engine.begin() as conn:
-        return claim_resume(store, conn, session_id, fleets=fleets)
+    with store.writing() as writes:
+        return claim_resume(writes, session_id, fleets=fleets)
 
 
 def claimed_epoch(store, session_id):

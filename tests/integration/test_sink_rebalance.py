@@ -52,7 +52,7 @@ def test_a_partition_moved_away_and_back_while_the_store_is_down_is_read_again(t
     outage = threading.Event()
     outage.set()
     tried = threading.Semaphore(0)  # released at each batch the sink tries to write
-    real_apply = store.apply_tracked
+    real_apply = store.offsets.apply_tracked
 
     def apply_tracked(*args, **kwargs):
         tried.release()
@@ -60,7 +60,7 @@ def test_a_partition_moved_away_and_back_while_the_store_is_down_is_read_again(t
             raise StoreUnavailableError("store unavailable: the test's outage")
         return real_apply(*args, **kwargs)
 
-    monkeypatch.setattr(store, "apply_tracked", apply_tracked)
+    monkeypatch.setattr(store.offsets, "apply_tracked", apply_tracked)
     service = SinkService(settings, store)
     seeked_back = threading.Event()  # the sink resumed its assignment after the outage
     real_seek_back = service._seek_back

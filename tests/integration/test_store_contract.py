@@ -223,7 +223,7 @@ def test_a_sink_whose_partition_another_sink_claimed_since_writes_no_row_and_no_
         zombie = store.claim_partitions(conn, GROUP, partition)
 
     def apply_as(conn, fences, batch):
-        return store.apply_tracked(conn, GROUP, batch, store.write_transcript, fences=fences)
+        return store.offsets.apply_tracked(conn, GROUP, batch, store.write_transcript, fences=fences)
 
     with store.engine.begin() as conn:
         assert apply_as(conn, zombie, messages([f.started()])).applied == 1

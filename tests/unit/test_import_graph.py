@@ -320,3 +320,70 @@ def test_every_package_folder_is_in_the_packages_list():
     listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
     folders = {module for module, path in source_files() if path.name == "__init__.py"}
     assert folders == listed, f"missing from packages: {sorted(folders - listed)}; no folder: {sorted(listed - folders)}"
+
+
+# The store's boundary: only sinks/ opens transactions and speaks SQL (docs/architecture.md).
+
+#: Third-party packages that only ``turnlog.sinks`` may import.
+STORE_PACKAGES = ("sqlalchemy", "alembic", "psycopg")
+#: Modules of ``turnlog.sinks`` that only ``turnlog.sinks`` may import: the tables, the driver-error
+#: mapping and the connection-taking queries (others reach them through ``SqlStore.reading()`` /
+#: ``writing()``, ``sinks/access.py``).
+STORE_INTERNALS = ("turnlog.sinks.tables", "turnlog.sinks.driver_errors", "turnlog.sinks.migrate")
+#: Modules outside ``turnlog.sinks`` allowed across the boundary, each with its reason.
+STORE_BOUNDARY_EXCEPTIONS = {
+    "turnlog.redact": "parses a database URL as SQLAlchemy will (make_url) to hide its password; no connection",
+}
+#: The tooling that audits a store with its own SQL (the demo's verdict, chaos's invariants, the
+#: bench's databases) is outside the library: the rule covers the library only.
+STORE_RULE_EXEMPT_LAYERS = {"tools"}
+
+
+def store_boundary_problems(module: str, source: str) -> list[str]:
+    """One line per place where ``module`` crosses the store's boundary: an import of a store
+    package or of a sinks internal, or a use of an ``.engine`` attribute."""
+    problems = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level:
+            targets = [node.module or ""] + [f"{node.module}.{alias.name}" for alias in node.names]
+        else:
+            targets = []
+        crossing = [t for t in targets if t.split(".")[0] in STORE_PACKAGES or t in STORE_INTERNALS]
+        if crossing:
+            problems.append(f"{module}:{node.lineno} imports {crossing[0]}")
+        if isinstance(node, ast.Attribute) and node.attr == "engine":
+            problems.append(f"{module}:{node.lineno} uses .engine")
+    return problems
+
+
+def test_only_the_store_opens_transactions_and_speaks_sql():
+    problems = []
+    for module, path in source_files():
+        layer = layer_of(module)
+        if layer in ("sinks", *STORE_RULE_EXEMPT_LAYERS) or module in STORE_BOUNDARY_EXCEPTIONS:
+            continue
+        problems += store_boundary_problems(module, path.read_text())
+    assert not problems, (
+        "outside sinks/, reach the store through SqlStore.reading() / writing() (sinks/access.py):\n"
+        + "\n".join(problems)
+    )
+
+
+def test_the_store_boundary_check_can_fail():
+    source = (
+        "from sqlalchemy import select\n"
+        "import alembic.command\n"
+        "from turnlog.sinks.tables import sessions\n"
+        "from turnlog.sinks import access\n"
+        "def f(store):\n"
+        "    with store.engine.connect() as conn:\n"
+        "        pass\n"
+    )
+    assert store_boundary_problems("turnlog.api.app", source) == [
+        "turnlog.api.app:1 imports sqlalchemy",
+        "turnlog.api.app:2 imports alembic.command",
+        "turnlog.api.app:3 imports turnlog.sinks.tables",
+        "turnlog.api.app:6 uses .engine",
+    ]

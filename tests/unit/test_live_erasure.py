@@ -6,6 +6,7 @@ SessionErased; the API's audit id of a token."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import hashlib
 import threading
@@ -170,21 +171,14 @@ async def test_the_hub_asks_the_store_about_the_sessions_it_serves_and_survives_
     fail.set()
 
     class Erasures:
-        def erased_among(self, conn, session_ids):
+        def erased_among(self, session_ids):
             asked.append(sorted(session_ids))
             if fail.is_set():
                 fail.clear()
                 raise RuntimeError("the store is away")
             return {"s-gone"} & set(session_ids)
 
-    class Connection:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-    store = SimpleNamespace(engine=SimpleNamespace(connect=Connection), erasures=Erasures())
+    store = SimpleNamespace(reading=lambda: contextlib.nullcontext(Erasures()))
     hub = TranscriptHub(SETTINGS, store=store, erasure_check_seconds=0.01)  # type: ignore[arg-type]
     hub._loop = asyncio.get_running_loop()
     gone, kept = hub.subscribe("s-gone"), hub.subscribe("s-kept")
@@ -269,17 +263,10 @@ async def test_a_backlog_page_stops_at_the_erasure_between_two_events():
 
 async def test_store_fetch_reads_nothing_of_a_session_with_an_erasure_row():
     class Erasures:
-        def erased_among(self, conn, session_ids):
+        def erased_among(self, session_ids):
             return {"s-gone"} & set(session_ids)
 
-    class Connection:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-    store = SimpleNamespace(engine=SimpleNamespace(connect=Connection), erasures=Erasures())
+    store = SimpleNamespace(reading=lambda: contextlib.nullcontext(Erasures()))
     fetch = store_fetch(store)  # type: ignore[arg-type]
     with pytest.raises(SessionErased):
         await fetch("s-gone", -1)

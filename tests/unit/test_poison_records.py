@@ -3,6 +3,7 @@ with a reason that names the failure and never the content, and the others are p
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from types import SimpleNamespace
 
@@ -180,18 +181,11 @@ async def test_tail_skips_an_event_it_cannot_show_and_counts_it(monkeypatch, cap
         def stop(self):
             pass
 
-    class Connection:
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            return False
-
-    store = SimpleNamespace(engine=SimpleNamespace(connect=Connection))
+    reads = SimpleNamespace(session=lambda session_id, fleets: object())
+    store = SimpleNamespace(reading=lambda: contextlib.nullcontext(reads))
     monkeypatch.setattr(tail, "follow_session", follow)
     monkeypatch.setattr(tail, "TranscriptHub", Hub)
     monkeypatch.setattr(tail, "store_fetch", lambda store: None)
-    monkeypatch.setattr(tail, "get_session", lambda conn, session_id, fleets: object())
     out = (tmp_path / "out.txt").open("w+")
     with caplog.at_level(logging.WARNING):
         result = await tail.tail_session(SimpleNamespace(api_poll_seconds=0.1), store, "tailed", out=out)  # type: ignore[arg-type]

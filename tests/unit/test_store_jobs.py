@@ -119,7 +119,7 @@ def test_a_writer_that_fails_leaves_neither_rows_nor_finalization_nor_offsets(st
         raise RuntimeError("the writer failed after the rows and the finalize")
 
     with pytest.raises(RuntimeError), store.engine.begin() as conn:
-        store.apply_tracked(conn, GROUP, batch, write_then_fail)
+        store.offsets.apply_tracked(conn, GROUP, batch, write_then_fail)
     assert finalized == [(f.session_id,)]  # it did finalize, in the transaction that rolled back
     with store.engine.connect() as conn:
         assert conn.execute(select(sessions.c.id)).all() == []

@@ -156,7 +156,7 @@ async def _one(
     finally:
         await successor.close()
         if store is not None:
-            store.engine.dispose()
+            store.close()
 
 
 async def run_probe_process(

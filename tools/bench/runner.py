@@ -251,7 +251,7 @@ def run_bench(settings: TurnlogSettings, options: BenchOptions) -> dict[str, Any
     processes: dict[str, ServiceProcess] = {}
     try:
         require_commit_timestamps(psycopg_dsn)
-        upgrade_to_head(open_store(sqlalchemy_dsn).engine)
+        open_store(sqlalchemy_dsn).upgrade_schema()
         create_topics(settings)
         plans = plan_sessions(options.sessions_dir, options.sessions, options.turns_per_session, run_id=run)
         payloads = encoded_events(plans, flush_interval=options.flush_interval, speed=options.speed)

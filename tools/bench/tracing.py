@@ -400,7 +400,7 @@ def tracing_cost(
         settings = TurnlogSettings(topic_prefix="bench-tracing", encryption="off", keyring_file=None,
                                    database_url=f"sqlite:///{folder}/{name}.db")
         store = open_store(settings.database_url)
-        upgrade_to_head(store.engine)
+        store.upgrade_schema()
         service = SinkService(settings, store, consumer_group=f"bench-{name}")
         service._tracing = tracing
         started = time.process_time()
@@ -417,7 +417,7 @@ def tracing_cost(
         tracing.flush()
         timings.setdefault(f"sink_{'on' if tracing.enabled else 'off'}", []).append(
             (time.process_time() - started) * 1e6 / max(n, 1))
-        store.engine.dispose()
+        store.close()
 
     def timed(name: str, work: Any, *args: Any) -> None:
         started = time.process_time()

@@ -105,7 +105,6 @@ from turnlog.schemas import SessionStatus, TurnStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, StoreUnavailableError, open_store, parse_database_url, safe_url
 from turnlog.sinks.driver_errors import store_errors
-from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import sink_offsets, transcript_turns
 from turnlog.tools.demo.group_probe import GroupProbe
 from turnlog.tools.demo.keys import with_run_keys
@@ -859,7 +858,7 @@ def run_chaos(base: TurnlogSettings, options: ChaosOptions) -> bool:
     ensure_local_services(settings)
     _require_killable_services(options.state_dir, broker=cluster is None)
     store = open_store(settings.database_url)
-    upgrade_to_head(store.engine)
+    store.upgrade_schema()
     created = create_topics(settings)
     run = _Run(settings, options, run_id, store, cluster)
     run.topics = [spec.topic for spec in created.specs]

@@ -31,8 +31,7 @@ from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, t
 from turnlog.deploy.topics import create_topics
 from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import SqlStore, open_store, safe_url
-from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.tables import session_events, sessions
 from turnlog.tools.demo.keys import with_run_keys
 from turnlog.tools.demo.scrape_targets import ScrapeTargets
@@ -130,11 +129,11 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
 
     ensure_local_services(settings)
     store = open_store(settings.database_url)
-    print(f"store {safe_url(store.engine.url)}, logs in {log_dir}")
+    print(f"store {store.location}, logs in {log_dir}")
     if settings.kek_public_key:
         print(f"content sealed before the spool with KEK {parse_public_key(settings.kek_public_key).id} (agents hold "
               "its public half only)")
-    upgrade_to_head(store.engine)
+    store.upgrade_schema()
     create_topics(settings)
     started = time.monotonic()
     scrape_targets = ScrapeTargets(options.prometheus_targets, "turnlog-demo")
@@ -250,7 +249,7 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
             "failed_agents": failed_agents,
             "orphaned_spool_events_at_end": spools.found,
             "undelivered_spool_events": spools.undelivered,
-            "database": safe_url(store.engine.url),
+            "database": store.location,
             "sessions": [v.as_json() for v in verdicts],
         }
         options.report_path.write_bytes(msgspec.json.format(msgspec.json.encode(report), indent=2) + b"\n")

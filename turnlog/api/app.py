@@ -87,7 +87,6 @@ from typing import Annotated, Any, Protocol, TypeVar
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request
 from fastapi.responses import JSONResponse, RedirectResponse, Response
-from sqlalchemy.exc import DBAPIError
 from sse_starlette import EventSourceResponse, ServerSentEvent
 from sse_starlette.sse import SendTimeoutError
 from starlette.types import Receive, Send
@@ -106,13 +105,12 @@ from turnlog.producers.resume import ResumeBarrier, record_resume
 from turnlog.readiness import mark_not_ready, mark_ready
 from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks.analytics import AnalyticsProjection
+from turnlog.sinks.access import StoreReads
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.erasure import ErasureState
 from turnlog.sinks.erasure_request import ErasureNotFound, ErasureOutcome, request_erasure
 from turnlog.sinks.exceptions import StoreUnavailableError
-from turnlog.sinks.reads import MAX_TURN_INDEX, get_session, list_sessions, turn_page
+from turnlog.sinks.reads import MAX_TURN_INDEX
 
 __all__ = ["create_app", "CUTOFF_EVENT", "ERASED_EVENT", "MAX_SEQ"]
 
@@ -275,17 +273,6 @@ def create_app(
     async def broker_unavailable(_: Request, error: BrokerUnavailableError) -> JSONResponse:
         return unavailable("broker", error)
 
-    @app.exception_handler(DBAPIError)
-    async def database_error(request: Request, error: DBAPIError) -> JSONResponse:
-        try:
-            with store_errors():
-                raise error
-        except StoreUnavailableError as converted:
-            return unavailable("store", converted)
-        except Exception:  # not an outage: a bug, reported as one
-            logger.exception("%s %s failed", request.method, request.url.path)
-            return JSONResponse({"detail": "internal error"}, status_code=500)
-
     def scope(authorization: Annotated[str | None, Header()] = None) -> Scope:
         granted = tokens.scope_of(authorization)
         if granted is None:
@@ -295,10 +282,10 @@ def create_app(
     Scoped = Annotated[Scope, Depends(scope)]
     Include = Annotated[str | None, Query(pattern="^metadata$", description="`metadata`: include each session's")]
 
-    def refuse_if_erased(conn: Any, session_id: str, granted: Scope) -> None:
+    def refuse_if_erased(reads: StoreReads, session_id: str, granted: Scope) -> None:
         """Raises SessionGone (410) for a forgotten session of the token's fleets, HTTPException(404)
         for another fleet's; nothing for a session without an erasure."""
-        erased = store.erasures.state(conn, session_id)
+        erased = reads.erasure_state(session_id)
         if erased is not None:
             if granted.allows(erased.fleet):
                 raise SessionGone(erased)
@@ -307,9 +294,9 @@ def create_app(
     def visible_session(session_id: str, granted: Scope, *, include_metadata: bool = True) -> dict[str, Any]:
         if not _may_exist(session_id):
             raise HTTPException(404, "no such session")
-        with store.engine.connect() as conn:
-            refuse_if_erased(conn, session_id, granted)
-            session = get_session(conn, session_id, fleets=granted.fleets, include_metadata=include_metadata)
+        with store.reading() as reads:
+            refuse_if_erased(reads, session_id, granted)
+            session = reads.session(session_id, fleets=granted.fleets, include_metadata=include_metadata)
         if session is None:  # also outside the token's fleets: never confirm it exists
             raise HTTPException(404, f"no session {session_id!r}")
         return session
@@ -373,9 +360,8 @@ def create_app(
         include: Include = None,
     ) -> dict[str, Any]:
         _no_nul(fleet=fleet, cursor=cursor)
-        with store.engine.connect() as conn:
-            rows, more = list_sessions(
-                conn,
+        with store.reading() as reads:
+            rows, more = reads.sessions(
                 fleets=granted.fleets,
                 status=status,
                 fleet=fleet,
@@ -401,8 +387,8 @@ def create_app(
         include: Include = None,
     ) -> dict[str, Any]:
         session = visible_session(session_id, granted, include_metadata=include == "metadata")
-        with store.engine.connect() as conn:
-            page = turn_page(conn, session_id, after_turn=after_turn, limit=limit, max_bytes=settings.api_page_bytes)
+        with store.reading() as reads:
+            page = reads.turn_page(session_id, after_turn=after_turn, limit=limit, max_bytes=settings.api_page_bytes)
         return {"session": session, "turns": page.turns, "next_after_turn": page.next_after_turn}
 
     @app.get("/api/sessions/{session_id}/events")
@@ -516,9 +502,9 @@ def create_app(
             left = deadline - time.monotonic()
             if left <= 0:
                 raise ResumeBarrierTimeout(f"resume of {session_id}: no free resume worker within {wait:g}s")
-            with store.engine.connect() as conn:  # a forgotten session is never claimed again
+            with store.reading() as reads:  # a forgotten session is never claimed again
                 try:
-                    refuse_if_erased(conn, session_id, granted)
+                    refuse_if_erased(reads, session_id, granted)
                 except SessionGone:  # refused before the barrier, which records every other resume
                     record_resume("erased", started)
                     raise
@@ -528,8 +514,8 @@ def create_app(
                     max_bytes=settings.api_page_bytes,
                 )
             except SessionErasedError:  # its erasure was asked for while it waited at the barrier
-                with store.engine.connect() as conn:
-                    refuse_if_erased(conn, session_id, granted)
+                with store.reading() as reads:
+                    refuse_if_erased(reads, session_id, granted)
                 raise HTTPException(404, f"no session {session_id!r}") from None  # an erasure row is never removed
 
         # The slot is the worker's until it finishes, or, while queued, until it is cancelled below.
@@ -655,8 +641,8 @@ def create_app(
     ) -> dict[str, Any]:
         if not granted.allows(fleet) or not _may_exist(fleet):
             raise HTTPException(404, f"no fleet {fleet!r}")
-        with store.engine.connect() as conn:
-            figures = AnalyticsProjection(store).figures(conn, fleet, minutes=minutes)
+        with store.reading() as reads:
+            figures = reads.fleet_figures(fleet, minutes=minutes)
         return {
             "fleet": figures.fleet,
             "active_sessions": figures.active_sessions,

@@ -45,7 +45,6 @@ import httpx
 
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.reads import count_open_sessions
 
 __all__ = [
     "OpsBoard",
@@ -132,7 +131,7 @@ def pipeline_lag_reader(settings: TurnlogSettings, store: SqlStore) -> LagReader
     from turnlog.sinks.offsets import stored_group_offsets
 
     def stored(group: str, topics: Sequence[str]) -> Any:
-        return stored_group_offsets(store.engine, group, topics)
+        return stored_group_offsets(store, group, topics)
 
     return LagMonitor(settings, committed_sources=pipeline_groups(settings, stored_offsets=stored),
                       refresh_seconds=settings.ops_refresh_seconds)
@@ -459,8 +458,8 @@ class OpsBoard:
 
     def _read_sessions(self, _timeout: float) -> int:
         assert self._store is not None
-        with self._store.engine.connect() as conn:
-            return count_open_sessions(conn)
+        with self._store.reading() as reads:
+            return reads.open_session_count()
 
     # -- the answer ---------------------------------------------------------------------------
 

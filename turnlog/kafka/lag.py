@@ -91,7 +91,7 @@ def pipeline_groups(settings: TurnlogSettings, *, stored_offsets: Callable[[str,
     """The pipeline's consumer groups: the sequencer's (Faust, commits to Kafka) on
     ``<prefix>.events``; the sink's and the analytics projection's on ``<prefix>.transcript``
     and ``<prefix>.erasures``, whose offsets ``stored_offsets(group, topics)`` reads from the
-    store (``turnlog.sinks.offsets.stored_group_offsets`` over the store's engine). The
+    store (``turnlog.sinks.offsets.stored_group_offsets``). The
     finalizer's Faust app consumes no topic of the pipeline and has no lag."""
     topics = settings.topics
 

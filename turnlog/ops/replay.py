@@ -34,7 +34,6 @@ from dataclasses import dataclass, field
 from typing import cast
 
 from confluent_kafka import KafkaError, TopicPartition
-from sqlalchemy import select
 
 from turnlog import kafka
 from turnlog.crypto.config import event_opener
@@ -49,9 +48,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.signing import ProvenanceError, RecordVerifier
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.batch import SourceMessage
-from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.exceptions import RecordRejectedError
-from turnlog.sinks.tables import session_events, sessions
 from turnlog.stream_processors.admission import admit, authenticate, note_owner, record_verifier
 from turnlog.stream_processors.sequencing import SessionSequence, raw_of, sequence
 
@@ -173,8 +170,8 @@ def replay_events(
                 progress(result.records_read, total)
         _write(store, emitted, result)
         if ledger:
-            with store_errors(), store.engine.begin() as conn:
-                store.erasures.apply(conn, list(ledger.values()), dt.datetime.now(dt.UTC))
+            with store.writing() as writes:
+                writes.apply_erasures(list(ledger.values()), dt.datetime.now(dt.UTC))
     finally:
         consumer.close()
     result.sessions_seen = len(states)
@@ -315,23 +312,19 @@ def _skip(record: object, result: ReplayResult, kind: str, reason: str) -> None:
 
 def _initial_state(store: SqlStore, session_id: str) -> SessionSequence | None:
     """Where sequencing of ``session_id`` starts: its stored position, or the beginning."""
-    with store_errors(), store.engine.connect() as conn:
-        position = store.session_position(conn, session_id)
-        first_event_id = conn.execute(
-            select(session_events.c.event_id).where(session_events.c.session_id == session_id,
-                                                    session_events.c.seq == 0)
-        ).scalar()
-        fleet = conn.execute(select(sessions.c.fleet).where(sessions.c.id == session_id)).scalar()
+    with store.reading() as reads:
+        start = reads.sequencing_start(session_id)
+    position = start.position
     if position is None:
         return SessionSequence()
     if position.status in SETTLED_SESSION_STATUSES:  # a replay never touches these
         return None
     return SessionSequence(
-        fleet=fleet,  # the stored session's owner: another fleet's records of the id are refused
+        fleet=start.fleet,  # the stored session's owner: another fleet's records of the id are refused
         epoch=position.epoch,
         next_seq=position.last_seq + 1,
         ended=position.status == SessionStatus.ENDED,
-        started_event_id=first_event_id,  # so a re-read session.started is known as a re-send
+        started_event_id=start.started_event_id,  # so a re-read session.started is known as a re-send
     )
 
 
@@ -367,8 +360,8 @@ def _write(store: SqlStore, emitted: list[SourceMessage], result: ReplayResult) 
 def _apply(store: SqlStore, messages: list[SourceMessage], result: ReplayResult) -> None:
     """Write ``messages`` in one transaction; count what it applied and refused once it committed."""
     refused: list[tuple[SourceMessage, str]] = []
-    with store_errors(), store.engine.begin() as conn:
-        applied = store.apply_batch(conn, None, messages, on_rejected=lambda m, reason: refused.append((m, reason)))
+    with store.writing() as writes:
+        applied = writes.apply_batch(None, messages, on_rejected=lambda m, reason: refused.append((m, reason)))
     result.events_applied += applied.applied
     result.sessions_finalized += len(applied.finalized)
     for message, reason in refused:
@@ -381,6 +374,6 @@ def _finalize(store: SqlStore, session_ids: list[str]) -> int:
     finalized = 0
     now = dt.datetime.now(dt.UTC)
     for session_id in sorted(session_ids):
-        with store_errors(), store.engine.begin() as conn:
-            finalized += int(store.finalize_session(conn, session_id, now))
+        with store.writing() as writes:
+            finalized += int(writes.finalize_session(session_id, now))
     return finalized

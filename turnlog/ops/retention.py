@@ -18,21 +18,15 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from sqlalchemy import func, select
-
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.erasure_ledger import ErasureDuties
 from turnlog.sinks.exceptions import StoreUnavailableError
-from turnlog.sinks.tables import erasures
 
 __all__ = ["RetentionSweep", "run_retention_sweep"]
 
 #: How often the wait looks whether the sink has applied the sweep's erasures (seconds).
 _POLL_SECONDS = 0.5
-#: Session ids per query when counting the applied ones.
-_IDS_PER_QUERY = 500
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,15 +76,8 @@ def run_retention_sweep(
 
 def _count_done(store: SqlStore, session_ids: Sequence[str]) -> int:
     """How many of ``session_ids`` the store holds as erased; 0 for those it cannot be asked about now."""
-    done = 0
     try:
-        with store_errors(), store.engine.connect() as conn:
-            for start in range(0, len(session_ids), _IDS_PER_QUERY):
-                chunk = session_ids[start:start + _IDS_PER_QUERY]
-                done += conn.execute(
-                    select(func.count()).select_from(erasures)
-                    .where(erasures.c.session_id.in_(chunk), erasures.c.completed_at.is_not(None))
-                ).scalar_one()
+        with store.reading() as reads:
+            return reads.completed_erasures(session_ids)
     except StoreUnavailableError:
         return 0
-    return done

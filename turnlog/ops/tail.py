@@ -30,7 +30,7 @@ from turnlog.schemas import EventValidationError
 from turnlog.schemas.events import MAX_EVENT_DEPTH, nesting_exceeds
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.reads import StoredEvent, get_session
+from turnlog.sinks.reads import StoredEvent
 
 __all__ = ["TailResult", "tail_session", "format_event"]
 
@@ -105,8 +105,8 @@ async def tail_session(
     An event that cannot be formatted (any exception from :func:`format_event`) is
     skipped with a warning naming its session and seq, and counted in ``skipped``.
     """
-    with store.engine.connect() as conn:
-        if get_session(conn, session_id, fleets=None) is None:
+    with store.reading() as reads:
+        if reads.session(session_id, fleets=None) is None:
             return TailResult(found=False)
 
     redraw = out.isatty()

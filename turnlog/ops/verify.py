@@ -28,12 +28,8 @@ from collections.abc import Collection, Iterator
 from dataclasses import dataclass
 from typing import Any
 
-from sqlalchemy import select
-
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.reads import SESSION_FIELDS, TURN_FIELDS
-from turnlog.sinks.tables import erasures, session_events, sessions, transcript_turns
 
 __all__ = ["SessionDigest", "Difference", "session_digests", "compare_digests", "erased_session_ids"]
 
@@ -93,11 +89,8 @@ def erased_session_ids(store: SqlStore, session_ids: Collection[str] = ()) -> se
     Raises:
         StoreError: the store cannot be read.
     """
-    query = select(erasures.c.session_id)
-    if session_ids:
-        query = query.where(erasures.c.session_id.in_(sorted(set(session_ids))))
-    with store_errors(), store.engine.connect() as conn:
-        return set(conn.execute(query).scalars())
+    with store.reading() as reads:
+        return reads.erased_sessions(session_ids)
 
 
 def session_digests(store: SqlStore, session_ids: Collection[str] = ()) -> dict[str, SessionDigest]:
@@ -106,28 +99,18 @@ def session_digests(store: SqlStore, session_ids: Collection[str] = ()) -> dict[
     Raises:
         StoreError: the store cannot be read.
     """
-    wanted = sorted(set(session_ids))
-    query = select(sessions.c.id, *(sessions.c[name] for name in _SESSION_FIELDS)).order_by(sessions.c.id)
-    turn_query = select(transcript_turns.c.session_id, *(transcript_turns.c[n] for n in _TURN_FIELDS)).order_by(
-        transcript_turns.c.session_id, transcript_turns.c.turn_index
-    )
-    e = session_events.c
-    event_query = select(e.session_id, e.seq, e.epoch, e.type, e.payload).order_by(e.session_id, e.seq)
-    if wanted:
-        query = query.where(sessions.c.id.in_(wanted))
-        turn_query = turn_query.where(transcript_turns.c.session_id.in_(wanted))
-        event_query = event_query.where(e.session_id.in_(wanted))
-    with store_errors(), store.engine.connect() as conn:
-        rows = {
-            row.id: {name: _canonical(row._mapping[name]) for name in _SESSION_FIELDS} for row in conn.execute(query)
-        }
-        turns: dict[str, list[dict[str, Any]]] = {}
-        for row in conn.execute(turn_query):
-            turns.setdefault(row.session_id, []).append({name: _canonical(row._mapping[name]) for name in _TURN_FIELDS})
-        events: dict[str, list[list[Any]]] = {}
-        for row in conn.execute(event_query):
-            payload_sha = hashlib.sha256(row.payload.encode("utf-8")).hexdigest()
-            events.setdefault(row.session_id, []).append([row.seq, row.epoch, row.type, payload_sha])
+    with store.reading() as reads:
+        snapshot = reads.snapshot(session_ids, _SESSION_FIELDS, _TURN_FIELDS)
+    rows = {sid: {name: _canonical(value) for name, value in row.items()} for sid, row in snapshot.sessions.items()}
+    turns = {
+        sid: [{name: _canonical(value) for name, value in turn.items()} for turn in session_turns]
+        for sid, session_turns in snapshot.turns.items()
+    }
+    events = {
+        sid: [[seq, epoch, kind, hashlib.sha256(payload.encode("utf-8")).hexdigest()]
+              for seq, epoch, kind, payload in session_events]
+        for sid, session_events in snapshot.events.items()
+    }
     ids = sorted(set(rows) | set(turns) | set(events))
     return {
         sid: _digest(sid, rows.get(sid, {"row": "missing"}), turns.get(sid, []), events.get(sid, []))
