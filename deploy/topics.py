@@ -160,7 +160,8 @@ def create_topics(settings: TurnlogSettings, *, timeout: float = 30.0, log_diffe
             futures = admin.create_topics([spec.new_topic() for spec in missing], request_timeout=timeout,
                                           operation_timeout=timeout)
         try:
-            created = _settle(futures, "creating topic", "created topic", already=kafka.TopicAlreadyExistsError)
+            created = _await_topic_changes(futures, "creating topic", "created topic",
+                                           already=kafka.TopicAlreadyExistsError)
         except kafka.BrokerError as e:  # its message names the topic
             raise ConfigurationError(f"cannot create the topics: {e}") from e
         # A topic the answering broker did not list yet (its metadata lags the controller's)
@@ -239,7 +240,8 @@ def delete_topics_with_prefix(settings: TurnlogSettings, prefix: str, *, timeout
         return []
     with kafka.broker_errors("delete_topics"):
         futures = admin.delete_topics(names, request_timeout=timeout, operation_timeout=timeout)
-    _settle(futures, "deleting topic", "deleted topic", already=kafka.UnknownTopicError)  # unknown: deleted meanwhile
+    # An unknown topic was deleted meanwhile.
+    _await_topic_changes(futures, "deleting topic", "deleted topic", already=kafka.UnknownTopicError)
     return names
 
 
@@ -469,7 +471,7 @@ def _wait_until_listed(admin: AdminClient, topics: Sequence[str], timeout: float
         time.sleep(0.2)
 
 
-def _settle(
+def _await_topic_changes(
     futures: Mapping[str, Future[None]], doing: str, done: str, *, already: type[kafka.BrokerError]
 ) -> list[str]:
     """Wait for each topic's future of an admin request (``{topic: future}``, in order)

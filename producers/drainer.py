@@ -105,7 +105,11 @@ def _log_unexpected_error(state: RetryCallState) -> None:
     logger.error("spool drainer: unexpected error; delivering again in %.1f s", RETRY_FIRST_SECONDS, exc_info=error)
 
 
-def _settle(future: concurrent.futures.Future[Any], result: Any = None, error: BaseException | None = None) -> None:
+def _resolve_once(
+    future: concurrent.futures.Future[Any], result: Any = None, error: BaseException | None = None
+) -> None:
+    """Give ``future`` its result, or ``error``, unless it has one already (a cancelled or
+    failed waiter)."""
     if future.done():
         return
     if error is not None:
@@ -350,7 +354,7 @@ class SpoolDrainer:
                     self._adopt_now(waiter)
             except Exception:
                 for waiter in adopt_waiters:  # those adopted already are settled: this is a no-op for them
-                    _settle(waiter, error=SpoolError("adopting orphaned spools failed; see the recorder's log"))
+                    _resolve_once(waiter, error=SpoolError("adopting orphaned spools failed; see the recorder's log"))
                 raise
             if self._stopping:
                 return
@@ -431,7 +435,7 @@ class SpoolDrainer:
         for row_id, ticket in zip(ids, tickets, strict=True):
             self._tickets[row_id] = ticket
         for ticket in tickets:
-            _settle(ticket.spooled)
+            _resolve_once(ticket.spooled)
 
     def _adopt_now(self, waiter: concurrent.futures.Future[int]) -> None:
         assert self._spool is not None
@@ -444,7 +448,7 @@ class SpoolDrainer:
         try:
             self._spool.adopt_orphans(take_in)
         finally:
-            _settle(waiter, sum(counted))
+            _resolve_once(waiter, sum(counted))
 
     def _take_in(self, rows: list[SpoolRow]) -> None:
         """Count adopted rows as held, and hold them (and all after them) back from delivery
@@ -486,8 +490,8 @@ class SpoolDrainer:
                 if event.session_id in erased:
                     with self._lock:
                         self._backlog.remove(event.session_id, len(event.value))
-                    _settle(ticket.spooled, error=erased[event.session_id])
-                    _settle(ticket.acked, error=erased[event.session_id])
+                    _resolve_once(ticket.spooled, error=erased[event.session_id])
+                    _resolve_once(ticket.acked, error=erased[event.session_id])
                 else:
                     kept[0].append(event)
                     kept[1].append(ticket)
@@ -508,7 +512,7 @@ class SpoolDrainer:
         for row_id, session_id, _ in rows:
             waiting = self._tickets.pop(row_id, None)
             if waiting is not None:
-                _settle(waiting.acked, error=erased[session_id])
+                _resolve_once(waiting.acked, error=erased[session_id])
         if skipped:
             ERASED_RECORDS_SKIPPED.labels(component="spool").inc(skipped)
         logger.warning("spool: %d sessions forgotten (%s); %d of their undelivered events dropped from %s",
@@ -591,7 +595,7 @@ class SpoolDrainer:
         )
         ticket = self._tickets.pop(row.id, None)
         if ticket is not None:
-            _settle(ticket.acked, error=SpoolError(f"the producer refused the event for good: {error}"))
+            _resolve_once(ticket.acked, error=SpoolError(f"the producer refused the event for good: {error}"))
 
     def _on_delivery(self, row_id: int, err: KafkaError | None) -> None:
         held = self._in_flight.pop(row_id, None)
@@ -612,7 +616,7 @@ class SpoolDrainer:
         SPOOL_DRAINED.inc()
         ticket = self._tickets.pop(row_id, None)
         if ticket is not None:
-            _settle(ticket.acked)
+            _resolve_once(ticket.acked)
         if empty:
             self._recovered_if_empty()
 
@@ -665,12 +669,12 @@ class SpoolDrainer:
             closed = RecorderError("the recorder closed before the broker acknowledged this event; it stays"
                                    " in the spool")
             for ticket in self._tickets.values():
-                _settle(ticket.acked, error=closed)
+                _resolve_once(ticket.acked, error=closed)
             for _, tickets in self._pending_appends:
                 for ticket in tickets:
-                    _settle(ticket.spooled,
+                    _resolve_once(ticket.spooled,
                             error=SpoolError("the recorder closed while the spool could not be written"))
-                    _settle(ticket.acked, error=closed)
+                    _resolve_once(ticket.acked, error=closed)
             self._spool.close(remove_if_empty=True)
             self._publish_stats_closed()
 

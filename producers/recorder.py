@@ -325,7 +325,7 @@ class RecordedSession:
         self._open.pop(turn_index, None)
         self._completed.add(turn_index)
         self._next_turn_index = max(self._next_turn_index, turn_index + 1)
-        await self._recorder._settle(ticket, span)
+        await self._recorder._await_durable(ticket, span)
 
     async def flush_partial(self) -> None:
         """Spool every open turn's newest text now, if it changed, and wait as :meth:`complete_turn` does.
@@ -336,7 +336,7 @@ class RecordedSession:
         if self.erased:
             raise SessionErasedError(self.session_id)
         for ticket in self._emit_partials():
-            await self._recorder._settle(ticket)
+            await self._recorder._await_durable(ticket)
 
     async def end(self, reason: str = "completed", *, ended_at: dt.datetime | None = None) -> None:
         """Record ``session.ended`` after the open turns' newest partials (those
@@ -357,7 +357,7 @@ class RecordedSession:
         self.closed = True
         self._open.clear()
         self._recorder._forget(self)
-        await self._recorder._settle(ticket, span)
+        await self._recorder._await_durable(ticket, span)
 
     async def wait_acknowledged(self, timeout: float | None = None) -> bool:
         """Wait up to ``timeout`` seconds (None: no limit) until the broker acknowledged
@@ -593,7 +593,7 @@ class SessionRecorder:
             metadata=dict(metadata or {}),
         )
         self._open_session(session)
-        await self._settle(ticket)
+        await self._await_durable(ticket)
         return session
 
     async def resume(self, session_id: str, *, timeout: float | None = None) -> RecordedSession:
@@ -797,13 +797,13 @@ class SessionRecorder:
         [ticket] = self._drainer.submit([event])
         return ticket
 
-    async def _settle(self, ticket: Ticket, span: TraceSpan | None = None) -> None:
+    async def _await_durable(self, ticket: Ticket, span: TraceSpan | None = None) -> None:
         """Wait until ``ticket`` is spooled, then for its ack up to ``ack_wait_seconds``
         (not at all while degraded). ``span`` (a traced turn) gets the events ``spool.fsync``
         and ``broker.ack`` at the times they happened, or ``turnlog.degraded`` when the
         turn returned on the spool alone, and ends here."""
         if span is None:
-            await self._settle_untraced(ticket)
+            await self._await_durable_untraced(ticket)
             return
         # The futures resolve on the drainer's thread: each callback notes when, the span is told here.
         marks: dict[str, int] = {}
@@ -811,7 +811,7 @@ class SessionRecorder:
         ticket.acked.add_done_callback(lambda _: marks.setdefault("broker.ack", time.time_ns()))
         failed = False
         try:
-            await self._settle_untraced(ticket)
+            await self._await_durable_untraced(ticket)
         except BaseException as e:
             failed = True
             span.fail(type(e).__name__)
@@ -827,7 +827,7 @@ class SessionRecorder:
             except Exception as e:  # the turn is spooled: a tracing failure must not make it look refused
                 logger.warning("ending a turn's span failed (%s)", type(e).__name__)
 
-    async def _settle_untraced(self, ticket: Ticket) -> None:
+    async def _await_durable_untraced(self, ticket: Ticket) -> None:
         await asyncio.shield(asyncio.wrap_future(ticket.spooled))  # raises SpoolError
         if self._drainer.degraded:
             return

@@ -8,8 +8,8 @@ from sqlalchemy.exc import ArgumentError
 
 from turnlog import redact
 from turnlog.sinks.base import BatchResult, SessionPosition, SqlStore
-from turnlog.sinks.batch import SourceMessage
 from turnlog.sinks.exceptions import StoreError, StoreUnavailableError, UnsupportedDatabaseError
+from turnlog.sinks.source_records import SourceMessage
 
 __all__ = [
     "BatchResult",

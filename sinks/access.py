@@ -31,10 +31,10 @@ from sqlalchemy.engine import Connection
 
 from turnlog.schemas.erasure import Erasure
 from turnlog.sinks import reads as queries
-from turnlog.sinks.batch import SourceMessage
 from turnlog.sinks.erasure import ErasureState
 from turnlog.sinks.finalization import session_ended_at, unfinalized_sessions
 from turnlog.sinks.interfaces import BatchResult, OnRejected, SessionPosition
+from turnlog.sinks.source_records import SourceMessage
 from turnlog.sinks.tables import erasures, session_events, sessions, sink_offsets, transcript_turns
 
 if TYPE_CHECKING:
@@ -103,7 +103,7 @@ class StoreReads:
 
     def turn_page(
         self, session_id: str, *, after_turn: int = -1, limit: int, max_bytes: int | None = None
-    ) -> queries.TurnPage:
+    ) -> queries.TurnRowPage:
         """A bounded page of the session's turns (:func:`~turnlog.sinks.reads.turn_page`).
         Raises ValueError for ``limit`` < 1."""
         return queries.turn_page(self._conn, session_id, after_turn=after_turn, limit=limit, max_bytes=max_bytes)

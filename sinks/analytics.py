@@ -40,7 +40,8 @@ from sqlalchemy.engine import Connection
 from turnlog.schemas import Event, SessionEnded, SessionStarted, TurnCompleted, decode_event
 from turnlog.schemas.erasure import Erasure
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.batch import RejectedMessage, SourceMessage, WriteResult, plan_each
+from turnlog.sinks.batch import RejectedMessage, WriteResult, plan_each
+from turnlog.sinks.source_records import SourceMessage
 from turnlog.sinks.tables import (
     analytics_sessions,
     analytics_turns,

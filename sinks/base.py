@@ -70,7 +70,7 @@ from sqlalchemy.engine import Connection
 from sqlalchemy.sql import Select
 
 from turnlog.sinks.access import StoreReads, StoreWrites
-from turnlog.sinks.batch import SourceMessage, WriteResult
+from turnlog.sinks.batch import WriteResult
 from turnlog.sinks.claims import SqlResumeClaims
 from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.erasure import SqlErasures
@@ -85,6 +85,7 @@ from turnlog.sinks.interfaces import (
     SessionPosition,
 )
 from turnlog.sinks.offsets import SqlOffsets
+from turnlog.sinks.source_records import SourceMessage
 from turnlog.sinks.transcript import TranscriptWriter
 
 # BatchResult, BatchWriter, SessionPosition, WriteResult and report_finalized

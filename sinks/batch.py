@@ -33,9 +33,9 @@ from turnlog.schemas import (
     decode_event,
     encode_event,
 )
+from turnlog.sinks.source_records import SourceMessage, next_offsets
 
 __all__ = [
-    "SourceMessage",
     "TurnRow",
     "SessionChanges",
     "BatchPlan",
@@ -43,7 +43,6 @@ __all__ = [
     "plan_each",
     "turn_update_wins",
     "advance_contiguous",
-    "next_offsets",
     "RejectedMessage",
     "WriteResult",
     "merge_session",
@@ -60,17 +59,6 @@ T = TypeVar("T")
 TURN_PARTIAL = TurnStatus.PARTIAL
 TURN_COMPLETE = TurnStatus.COMPLETE
 TURN_INTERRUPTED = TurnStatus.INTERRUPTED
-
-
-@dataclass(frozen=True, slots=True)
-class SourceMessage:
-    """One consumed Kafka record: where it came from, its raw value and key (bytes)."""
-
-    topic: str
-    partition: int
-    offset: int
-    value: bytes
-    key: bytes | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,15 +280,6 @@ def _plan_record(message: SourceMessage, opener: EventOpener | None) -> tuple[Ev
         payload = message.value.decode("utf-8")  # valid: decode_event accepted it as UTF-8 JSON
     row = TurnRow.from_event(event) if isinstance(event, TurnPartial | TurnCompleted) else None
     return event, payload, row
-
-
-def next_offsets(messages: Iterable[SourceMessage]) -> dict[tuple[str, int], int]:
-    """``{(topic, partition): offset after the last of messages there}``: where to resume."""
-    positions: dict[tuple[str, int], int] = {}
-    for m in messages:
-        key = (m.topic, m.partition)
-        positions[key] = max(positions.get(key, 0), m.offset + 1)
-    return positions
 
 
 def advance_contiguous(last_seq: int, seqs: Iterable[int]) -> int:

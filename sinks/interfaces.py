@@ -30,7 +30,8 @@ from typing import Any, Protocol
 from sqlalchemy.engine import Connection
 from sqlalchemy.sql import Select
 
-from turnlog.sinks.batch import SourceMessage, WriteResult
+from turnlog.sinks.batch import WriteResult
+from turnlog.sinks.source_records import SourceMessage
 
 __all__ = [
     "BatchResult",

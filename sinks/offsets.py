@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import bindparam, select
 from sqlalchemy.engine import Connection
 
-from turnlog.sinks.batch import SourceMessage, next_offsets
 from turnlog.sinks.exceptions import SinkFencedError
 from turnlog.sinks.interfaces import BatchResult, BatchWriter, Dialect, OnRejected
+from turnlog.sinks.source_records import SourceMessage, next_offsets
 from turnlog.sinks.tables import sink_offsets
 
 if TYPE_CHECKING:

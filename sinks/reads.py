@@ -25,7 +25,7 @@ from sqlalchemy.engine import Connection
 from turnlog.schemas import SessionStatus
 from turnlog.sinks.tables import erasures, session_events, sessions, transcript_turns
 
-__all__ = ["StoredEvent", "EventPage", "TurnPage", "list_sessions", "get_session", "get_turns", "turn_page",
+__all__ = ["StoredEvent", "EventPage", "TurnRowPage", "list_sessions", "get_session", "get_turns", "turn_page",
            "events_after", "SESSION_FIELDS", "SESSION_SUMMARY_FIELDS", "TURN_FIELDS", "ROW_OVERHEAD_BYTES",
            "MAX_TURN_INDEX", "count_open_sessions"]
 
@@ -97,7 +97,7 @@ class EventPage:
 
 
 @dataclass(frozen=True, slots=True)
-class TurnPage:
+class TurnRowPage:
     """A page of a session's turns (``TURN_FIELDS`` mappings) in ``turn_index`` order.
     ``next_after_turn``: the last ``turn_index`` given, when more turns follow (ask
     again with ``after_turn`` set to it); None on the last page."""
@@ -221,7 +221,7 @@ def get_turns(conn: Connection, session_id: str) -> list[dict[str, Any]]:
 
 def turn_page(
     conn: Connection, session_id: str, *, after_turn: int = -1, limit: int, max_bytes: int | None = None
-) -> TurnPage:
+) -> TurnRowPage:
     """The session's turns with ``turn_index > after_turn`` in ``turn_index`` order, at
     most ``limit`` and, with ``max_bytes``, about that many bytes of text and tool calls
     (the first turn always). Raises ValueError for ``limit`` < 1."""
@@ -231,7 +231,7 @@ def turn_page(
         .order_by(transcript_turns.c.turn_index)
     )
     turns, more = _bounded_rows(conn, query, limit, max_bytes, _turn_bytes)
-    return TurnPage(turns, turns[-1]["turn_index"] if more else None)
+    return TurnRowPage(turns, turns[-1]["turn_index"] if more else None)
 
 
 def events_after(

@@ -58,7 +58,7 @@ from turnlog.schemas.erasure import Erasure, decode_erasure
 from turnlog.schemas.headers import Headers, record_event_type
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import BatchResult, BatchWriter, SqlStore, report_finalized
-from turnlog.sinks.batch import RejectedMessage, SourceMessage, WriteResult, plan_each
+from turnlog.sinks.batch import RejectedMessage, WriteResult, plan_each
 from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.erasure_ledger import ErasureDuties
 from turnlog.sinks.exceptions import (
@@ -70,6 +70,7 @@ from turnlog.sinks.exceptions import (
 )
 from turnlog.sinks.finalization import report_turns_stored
 from turnlog.sinks.offsets import offsets_past_end
+from turnlog.sinks.source_records import SourceMessage
 from turnlog.tracing import (
     TraceContext,
     TraceSpan,

@@ -52,7 +52,6 @@ from turnlog.sinks.batch import (
     TURN_INTERRUPTED,
     TURN_PARTIAL,
     SessionChanges,
-    SourceMessage,
     WriteResult,
     advance_contiguous,
     merge_session,
@@ -61,6 +60,7 @@ from turnlog.sinks.batch import (
 )
 from turnlog.sinks.erasure import SqlErasures
 from turnlog.sinks.interfaces import Dialect, Finalization
+from turnlog.sinks.source_records import SourceMessage
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
 __all__ = ["TranscriptWriter"]

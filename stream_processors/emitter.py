@@ -189,7 +189,7 @@ class EmissionBatch:
         with self._lock:
             self._sealed = True
             if self._pending == 0:
-                self._settle()
+                self._resolve_done()
         return await self._done
 
     def _on_delivery(self, error: KafkaError | None, _message: Message) -> None:
@@ -199,7 +199,7 @@ class EmissionBatch:
             if error is not None and self._error is None:
                 self._error = error
             if self._sealed and self._pending == 0:
-                self._producer.call_soon(self._settle)
+                self._producer.call_soon(self._resolve_done)
 
     def _on_token_delivery(self, token: Any, error: KafkaError | None, message: Message) -> None:
         """Called on the poll thread, for a record sent with a token."""
@@ -210,9 +210,9 @@ class EmissionBatch:
             self._pending -= 1
             self._refused.append((token, kafka.to_broker_error(error, "delivering an emission")))
             if self._sealed and self._pending == 0:
-                self._producer.call_soon(self._settle)
+                self._producer.call_soon(self._resolve_done)
 
-    def _settle(self) -> None:
+    def _resolve_done(self) -> None:
         if self._done.done():
             return
         if self._error is not None:

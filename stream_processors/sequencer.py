@@ -83,7 +83,7 @@ from turnlog.stream_processors.emitter import (
     Emissions,
     record_bytes,
 )
-from turnlog.stream_processors.gap_repair import LogRangeReader, LogRecord, offset_runs
+from turnlog.stream_processors.log_ranges import LogRangeReader, LogRecord, offset_runs
 from turnlog.stream_processors.outbox import Outbox, Outgoing
 from turnlog.stream_processors.sequencing import DEFAULT_MAX_BUFFER_BYTES, Buffered, SessionSequence, sequence
 from turnlog.stream_processors.transactions import PartitionTransactions, transactional_id

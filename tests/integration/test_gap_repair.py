@@ -9,7 +9,7 @@ from confluent_kafka import Consumer, Producer, TopicPartition
 
 from turnlog.producers import partition_for
 from turnlog.schemas import encode_event
-from turnlog.stream_processors.gap_repair import LogRangeReader
+from turnlog.stream_processors.log_ranges import LogRangeReader
 
 from tests.integration.test_pipeline import finalized, stored_turns
 from tests.support import EventFactory, wait_until

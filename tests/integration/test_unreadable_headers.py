@@ -19,7 +19,7 @@ from turnlog.ops.replay import replay_events
 from turnlog.schemas import encode_event
 from turnlog.sinks import open_store
 from turnlog.sinks.migrate import upgrade_to_head
-from turnlog.stream_processors.gap_repair import LogRangeReader
+from turnlog.stream_processors.log_ranges import LogRangeReader
 
 from tests.integration.test_pipeline import finalized, stored_turns
 from tests.integration.test_poison_records import dead_letters

@@ -280,7 +280,7 @@ class SpoolingRecorder:
         ticket.acked.set_result(None)
         return ticket
 
-    async def _settle(self, ticket, span=None):
+    async def _await_durable(self, ticket, span=None):
         await asyncio.wrap_future(ticket.spooled)
 
     def _forget(self, session):

@@ -31,7 +31,7 @@ class RecordingSend:
         ticket.acked.set_result(None)
         return ticket
 
-    async def _settle(self, ticket, span=None):
+    async def _await_durable(self, ticket, span=None):
         await asyncio.wrap_future(ticket.spooled)
 
     def _forget(self, session):

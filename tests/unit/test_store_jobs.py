@@ -16,9 +16,10 @@ from sqlalchemy import event, select
 from sqlalchemy.engine import Connection
 
 from turnlog.sinks import SqlStore, open_store
-from turnlog.sinks.batch import SourceMessage, WriteResult
+from turnlog.sinks.batch import WriteResult
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.offsets import offsets_to_store
+from turnlog.sinks.source_records import SourceMessage
 from turnlog.sinks.tables import session_events, sessions, sink_offsets
 from turnlog.sinks.transcript import TranscriptWriter
 

@@ -409,9 +409,9 @@ async def test_a_failing_tracer_costs_the_sequencer_its_span_never_the_event():
 def test_a_failing_tracer_costs_the_sink_its_batch_span_never_the_batch(tmp_path):
     from turnlog.schemas import encode_event
     from turnlog.sinks import open_store
-    from turnlog.sinks.batch import SourceMessage
     from turnlog.sinks.migrate import upgrade_to_head
     from turnlog.sinks.service import SinkService
+    from turnlog.sinks.source_records import SourceMessage
 
     from tests.support import EventFactory
 

@@ -42,7 +42,8 @@ from turnlog.kafka.replication import resolve_replication
 from turnlog.producers.partitioning import partition_for
 from turnlog.schemas import SessionStatus, TurnStatus
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks.batch import SourceMessage, plan_batch
+from turnlog.sinks.batch import plan_batch
+from turnlog.sinks.source_records import SourceMessage
 
 __all__ = [
     "KafkaBaseline",

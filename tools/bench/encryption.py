@@ -49,8 +49,9 @@ from turnlog.deploy.topics import create_topics, delete_topics_with_prefix
 from turnlog.schemas import decode_event, encode_event
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import open_store
-from turnlog.sinks.batch import SourceMessage, plan_batch
+from turnlog.sinks.batch import plan_batch
 from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.sinks.source_records import SourceMessage
 from turnlog.tools.bench.databases import create_database, drop_database
 from turnlog.tools.bench.histogram import compare as compare_histogram
 from turnlog.tools.bench.histogram import scrape_buckets

@@ -700,7 +700,8 @@ def _wait_http(url: str, timeout: float, process: ServiceProcess) -> None:
 
 
 def _rows_per_event(payloads: list[tuple[str, bytes]], batch_size: int) -> float:
-    from turnlog.sinks.batch import SourceMessage, plan_batch
+    from turnlog.sinks.batch import plan_batch
+    from turnlog.sinks.source_records import SourceMessage
 
     rows = 0
     for i in range(0, len(payloads), batch_size):

@@ -51,9 +51,9 @@ from turnlog.schemas import EventType, SessionEnded, TurnCompleted, TurnPartial,
 from turnlog.schemas.headers import event_type, record_event_type, type_headers
 from turnlog.settings import TopicNames, TurnlogSettings
 from turnlog.sinks import open_store
-from turnlog.sinks.batch import SourceMessage
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.service import SinkService
+from turnlog.sinks.source_records import SourceMessage
 from turnlog.stream_processors.sequencer import Sequencer, SourceRecord
 from turnlog.tools.bench.databases import create_database, drop_database
 from turnlog.tools.bench.load import plans_for_rate, run_load

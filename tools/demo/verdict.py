@@ -51,7 +51,7 @@ from turnlog.tools.demo.transcripts import InputTurn, recording_time, token_coun
 __all__ = [
     "ProblemKind",
     "Problem",
-    "TurnRow",
+    "VerdictTurn",
     "SessionVerdict",
     "judge_session",
     "check_turns",
@@ -92,7 +92,7 @@ class Problem:
 
 
 @dataclass(frozen=True, slots=True)
-class TurnRow:
+class VerdictTurn:
     """A stored turn, as the verdict needs it (a ``transcript_turns`` row)."""
 
     turn_index: int
@@ -103,7 +103,7 @@ class TurnRow:
     epoch: int
 
     @classmethod
-    def from_row(cls, row: Any) -> TurnRow:
+    def from_row(cls, row: Any) -> VerdictTurn:
         return cls(row["turn_index"], row["speaker"], row["text"], row["status"], row["started_at"], row["epoch"])
 
 
@@ -162,7 +162,7 @@ def judge_session(
             .where(session_events.c.session_id == session_id)
             .order_by(session_events.c.seq)
         ).scalars().all()
-    rows = [TurnRow.from_row(t) for t in turns]
+    rows = [VerdictTurn.from_row(t) for t in turns]
     expected_duration = round(max(t.end_s for t in expected) - expected[0].start_s, 3)
     verdict = SessionVerdict(
         session_id=session_id,
@@ -232,7 +232,7 @@ def judge_session(
 
 
 def check_turns(
-    rows: Sequence[TurnRow], expected: Sequence[InputTurn], *, base_time: dt.datetime, kills: int
+    rows: Sequence[VerdictTurn], expected: Sequence[InputTurn], *, base_time: dt.datetime, kills: int
 ) -> list[Problem]:
     """The problems of a session's stored turns against its input (module docstring).
 
@@ -275,7 +275,7 @@ def check_turns(
         )
 
     # Each generation's layout: where it must have put each input turn it said.
-    by_epoch: dict[int, list[TurnRow]] = defaultdict(list)
+    by_epoch: dict[int, list[VerdictTurn]] = defaultdict(list)
     for r in rows:
         by_epoch[r.epoch].append(r)
     epochs = sorted(by_epoch)

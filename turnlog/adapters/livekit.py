@@ -806,7 +806,7 @@ class LiveKitRecording:
     def _on_user_turn_ended(self, activity: Any, task_before: asyncio.Task[Any] | None) -> None:
         """LiveKit ended the user's turn (:class:`_EndOfTurnWatch`): the open turn takes no
         more words. Its message comes with ``conversation_item_added``, or never
-        (:meth:`_settle`). A message LiveKit committed during the hook (a session closing)
+        (:meth:`_forget_if_committed`). A message LiveKit committed during the hook (a session closing)
         has completed the turn already."""
         turn = self._user
         if self._stopping or turn is None or self._transcribed_by_realtime_model():
@@ -818,9 +818,9 @@ class LiveKitRecording:
             return
         ended = _EndedTurn(turn, task, list(turn.speeches))
         self._ended.append(ended)
-        task.add_done_callback(lambda _task: self._settle(ended))
+        task.add_done_callback(lambda _task: self._forget_if_committed(ended))
 
-    def _settle(self, ended: _EndedTurn) -> None:
+    def _forget_if_committed(self, ended: _EndedTurn) -> None:
         """Drop ``ended`` once LiveKit can no longer commit its message: its task is done,
         and no speech that may carry the message was scheduled, or each scheduled one is
         done (:class:`_EndedTurn`)."""
@@ -828,7 +828,7 @@ class LiveKitRecording:
             return
         for speech in ended.speeches:
             if speech.scheduled and not speech.done():
-                speech.add_done_callback(lambda _speech: self._settle(ended))
+                speech.add_done_callback(lambda _speech: self._forget_if_committed(ended))
                 return
         self._ended.remove(ended)
         self._drop_user_turn(ended.turn)

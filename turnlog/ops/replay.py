@@ -47,8 +47,8 @@ from turnlog.schemas.erasure import Erasure
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import ProvenanceError, RecordVerifier
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.batch import SourceMessage
 from turnlog.sinks.exceptions import RecordRejectedError
+from turnlog.sinks.source_records import SourceMessage
 from turnlog.stream_processors.admission import admit, authenticate, note_owner, record_verifier
 from turnlog.stream_processors.sequencing import SessionSequence, raw_of, sequence
 
