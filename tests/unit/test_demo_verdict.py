@@ -17,18 +17,18 @@ import pytest
 from turnlog.exceptions import ConfigurationError
 from turnlog.tools.demo.agent import replay_plan
 from turnlog.tools.demo.transcripts import InputTurn, check_replayable, recording_time, unfinished_turns
-from turnlog.tools.demo.verdict import Problem, ProblemKind, TurnRow, check_turns, problem_totals
+from turnlog.tools.demo.verdict import Problem, ProblemKind, VerdictTurn, check_turns, problem_totals
 
 from tests.unit.demo_turns import OVERLAPPING_TURNS
 
 BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 
-def simulate(turns: list[InputTurn], kills: list[float]) -> list[TurnRow]:
+def simulate(turns: list[InputTurn], kills: list[float]) -> list[VerdictTurn]:
     """The stored turns of a replay whose agent is SIGKILLed at each recording
     time in ``kills``, every open turn of several words having had its first
     partial flushed (a one-word turn has no partial: it leaves no row)."""
-    rows: dict[int, TurnRow] = {}
+    rows: dict[int, VerdictTurn] = {}
     epoch, first, todo = 0, 0, turns
     for kill in [*kills, None]:
         if todo:
@@ -44,7 +44,7 @@ def simulate(turns: list[InputTurn], kills: list[float]) -> list[TurnRow]:
             if status == "partial" and len(words) == 1:
                 continue
             text = t.text if status == "complete" else words[0]
-            rows[spoken.turn_index] = TurnRow(spoken.turn_index, t.speaker, text, status, recording_time(BASE, t.start_s), epoch)
+            rows[spoken.turn_index] = VerdictTurn(spoken.turn_index, t.speaker, text, status, recording_time(BASE, t.start_s), epoch)
         if kill is None:
             break
         for index, row in rows.items():  # the next epoch's first event marks them
