@@ -18,7 +18,7 @@ import msgspec
 import pytest
 from fastapi.testclient import TestClient
 
-from turnlog.api import app as api_app
+from turnlog.api import live as api_live
 from turnlog.api.app import CUTOFF_EVENT, create_app
 from turnlog.follow import FollowerFellBehind
 from turnlog.producers.exceptions import SessionErasedError
@@ -230,7 +230,7 @@ def test_a_follower_that_fell_behind_ends_with_a_cutoff_event_naming_its_last_ev
         yield StoredEvent(after_seq + 1, "turn.completed", '{"n": 1}')
         raise FollowerFellBehind(session_id, after_seq + 1)
 
-    monkeypatch.setattr(api_app, "follow_session", fell_behind)
+    monkeypatch.setattr(api_live, "follow_session", fell_behind)
     app = create_app(settings(api_stream_queue_bytes=64 * 1024), store, live=False)
     with TestClient(app) as client:
         body = client.get("/api/sessions/slow/events", headers={**auth("tok-a"), "Last-Event-ID": "0"}).text
