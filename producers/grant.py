@@ -52,7 +52,8 @@ class StoredTurn:
     once the new epoch's first event is applied). ``barged_in``: the turn was
     cut short by the other speaker (False where the store has no such column).
     Token counts are whole tokens; ``tool_calls`` are the stored
-    ``{"name", "arguments", "result"}`` objects, or None.
+    ``{"name", "arguments", "result"}`` objects, or None. ``attributes``: the turn's
+    optional attributes (the event model's ``stored_attributes``), or None.
     """
 
     turn_index: int
@@ -65,6 +66,7 @@ class StoredTurn:
     output_tokens: int
     tool_calls: tuple[dict[str, Any], ...] | None
     barged_in: bool = False
+    attributes: dict[str, Any] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> StoredTurn:
@@ -81,6 +83,7 @@ class StoredTurn:
             output_tokens=row["output_tokens"],
             tool_calls=tuple(tool_calls) if tool_calls is not None else None,
             barged_in=bool(row.get("barged_in") or False),
+            attributes=row.get("attributes"),
         )
 
 

@@ -14,6 +14,7 @@ from turnlog.schemas.events import (
     TurnPartial,
     decode_event,
     encode_event,
+    turn_attributes,
 )
 from turnlog.schemas.exceptions import EventValidationError, SchemaError
 from turnlog.schemas.headers import EVENT_TYPE_HEADER, EventType
@@ -39,4 +40,5 @@ __all__ = [
     "TurnStatus",
     "decode_event",
     "encode_event",
+    "turn_attributes",
 ]

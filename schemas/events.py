@@ -43,12 +43,15 @@ never stops a consumer:
   ``*.v1.schema.json`` files are the v1 readers' contract and are never
   regenerated; the generator writes the current version's files.
 
-The next field follows the same steps: give it a falsy default, raise
+The next field follows the same steps, all in this module: give it a falsy
+default, list it in its event type's ``added_in`` with the new version, raise
 ``SCHEMA_VERSION``, add the version to ``SCHEMA_VERSIONS`` and the
-``schema_version`` literal, list the field in its event type's ``added_in``,
-freeze the previous version's JSON Schema files (their hashes in
-``tests/unit/test_schemas.py``), regenerate the files, and move the test's
-"unknown version" case up by one (README, "Events and schema versions").
+``schema_version`` literal; then run ``python -m turnlog.schemas.generate``,
+which freezes the previous version's JSON Schema files (``json/frozen.json``)
+and writes the new version's. A turn's optional field that the store should
+keep and give back also goes in its type's ``stored_attributes``: the sink
+stores it in the turn's ``attributes`` (no new column, no migration), and the
+readers, the resume grant and the audit fold carry it.
 
 Sealed content
 --------------
@@ -107,6 +110,7 @@ __all__ = [
     "SessionStarted",
     "TurnPartial",
     "TurnCompleted",
+    "turn_attributes",
     "SessionEnded",
     "ToolCall",
     "Sealed",
@@ -209,6 +213,11 @@ class _Envelope(
     #: field has a falsy default (False, None, 0, empty) and an event uses it
     #: when its value is truthy.
     added_in: ClassVar[Mapping[str, int]] = {}
+    #: A turn's optional fields that the store keeps as they are, in the turn's ``attributes``
+    #: (one JSON object: no column per field), and gives back to readers and on resume
+    #: (:func:`turn_attributes`). Each is one of ``added_in`` (a falsy default); metadata of the
+    #: turn, never its content (content is what ``sealed`` encrypts).
+    stored_attributes: ClassVar[tuple[str, ...]] = ()
 
     def required_version(self) -> int:
         """The lowest schema version whose model has every field this event uses."""
@@ -331,6 +340,14 @@ class SessionEnded(_Envelope, frozen=True, kw_only=True, tag="session.ended"):
 
 Event = SessionStarted | TurnPartial | TurnCompleted | SessionEnded
 EVENT_TYPES: Final = (SessionStarted, TurnPartial, TurnCompleted, SessionEnded)
+
+
+def turn_attributes(event: TurnPartial | TurnCompleted) -> dict[str, Any] | None:
+    """``{name: value}`` of the event's ``stored_attributes`` that it uses (truthy), as JSON
+    values (msgspec's builtins); None when it uses none. What the store keeps in the turn's
+    ``attributes`` and what the audit fold compares."""
+    used = {name: getattr(event, name) for name in event.stored_attributes if getattr(event, name)}
+    return msgspec.to_builtins(used) if used else None
 
 _encoder = msgspec.json.Encoder()
 _decoder = msgspec.json.Decoder(Event)

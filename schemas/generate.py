@@ -4,13 +4,16 @@ Run ``python -m turnlog.schemas.generate`` after changing ``events.py``; a unit
 test fails while the files and the model disagree.
 
 Only the current version's files (``*.v{SCHEMA_VERSION}.schema.json``) are
-written. The files of earlier versions (``*.v1.schema.json``) are frozen: they
-are the contract of readers still running that version, and a unit test pins
-their content.
+written. The files of earlier versions are frozen: they are the contract of
+readers still running that version. The first run after ``SCHEMA_VERSION`` is
+raised freezes the previous version's files first: their SHA-256 go into
+``json/frozen.json`` (``{version: {file: sha256}}``), which the generator only
+ever adds to and a unit test holds the files to.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -20,6 +23,8 @@ import msgspec
 from turnlog.schemas.events import EVENT_TYPES, SCHEMA_VERSION, SCHEMA_VERSIONS, Event
 
 SCHEMA_DIR = Path(__file__).parent / "json"
+#: ``{version: {file name: sha256}}`` of every frozen version (all below ``SCHEMA_VERSION``).
+FROZEN_FILE = SCHEMA_DIR / "frozen.json"
 
 #: JSON values a field added after version 1 holds while unused (its falsy default).
 _UNUSED: list[Any] = [False, None, 0, "", [], {}]
@@ -61,8 +66,42 @@ def _version_rule(field: str, version: int) -> dict[str, Any]:
     }
 
 
+def frozen_hashes() -> dict[int, dict[str, str]]:
+    """The frozen versions' files and their SHA-256, from ``json/frozen.json`` ({} if absent)."""
+    if not FROZEN_FILE.exists():
+        return {}
+    return {int(version): files for version, files in json.loads(FROZEN_FILE.read_text("utf-8")).items()}
+
+
+def freeze_previous() -> list[int]:
+    """Freeze every version below ``SCHEMA_VERSION`` not frozen yet: the SHA-256 of its files as
+    they are on disk go into ``json/frozen.json``. Entries already there are never changed.
+    Returns the versions frozen now.
+
+    Raises:
+        FileNotFoundError: a version to freeze has no files on disk (it was never generated).
+    """
+    frozen = frozen_hashes()
+    added = []
+    for version in SCHEMA_VERSIONS:
+        if version >= SCHEMA_VERSION or version in frozen:
+            continue
+        files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
+                 for p in sorted(SCHEMA_DIR.glob(f"*.v{version}.schema.json"))}
+        if not files:
+            raise FileNotFoundError(f"no schema files of version {version} in {SCHEMA_DIR} to freeze")
+        frozen[version] = files
+        added.append(version)
+    if added:
+        body = {str(version): dict(sorted(files.items())) for version, files in sorted(frozen.items())}
+        FROZEN_FILE.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
+    return added
+
+
 def main() -> None:
     SCHEMA_DIR.mkdir(exist_ok=True)
+    for version in freeze_previous():
+        print(f"froze version {version}'s files in {FROZEN_FILE}")
     for name, text in render_schemas().items():
         (SCHEMA_DIR / name).write_text(text, encoding="utf-8")
         print(f"wrote {SCHEMA_DIR / name}")

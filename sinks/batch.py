@@ -32,6 +32,7 @@ from turnlog.schemas import (
     TurnStatus,
     decode_event,
     encode_event,
+    turn_attributes,
 )
 from turnlog.sinks.source_records import SourceMessage, next_offsets
 
@@ -79,6 +80,8 @@ class TurnRow:
     seq: int
     #: A complete turn cut short by the other speaker (its status stays ``complete``).
     barged_in: bool = False
+    #: The turn's optional attributes (``turnlog.schemas.turn_attributes``), or None.
+    attributes: dict[str, Any] | None = None
 
     @classmethod
     def from_event(cls, event: TurnPartial | TurnCompleted) -> TurnRow:
@@ -101,6 +104,7 @@ class TurnRow:
                 epoch=event.epoch,
                 seq=event.seq,
                 barged_in=event.barged_in,
+                attributes=turn_attributes(event),
             )
         return cls(
             session_id=event.session_id,
@@ -115,6 +119,7 @@ class TurnRow:
             tool_calls=None,
             epoch=event.epoch,
             seq=event.seq,
+            attributes=turn_attributes(event),
         )
 
     def as_row(self) -> dict[str, Any]:

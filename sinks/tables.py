@@ -177,6 +177,9 @@ transcript_turns = Table(
     Column("input_tokens", BigInteger, nullable=False),
     Column("output_tokens", BigInteger, nullable=False),
     Column("tool_calls", JSON(none_as_null=True)),
+    # The turn's optional attributes (the event model's ``stored_attributes``), one JSON
+    # object; NULL when the turn has none.
+    Column("attributes", JSON(none_as_null=True)),
     # The (epoch, seq) of the event last applied to this row: the upsert guard.
     Column("epoch", Integer, nullable=False),
     Column("seq", BigInteger, nullable=False),

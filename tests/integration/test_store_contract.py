@@ -349,3 +349,45 @@ def test_migration_0005_reads_earlier_turns_as_not_barged_in_and_downgrades(stor
         )
     upgrade_to_head(store.engine)
     assert stored_turn_flags(store, f.session_id) == [(0, "complete", False, "old")]
+
+
+def test_a_turns_stored_attributes_reach_the_readers_the_resume_and_the_audit_fold(store, monkeypatch):
+    """The event model's ``stored_attributes`` are kept in ``transcript_turns.attributes`` with no
+    column of their own; a turn that uses none stores NULL. ``barged_in`` stands in here for a
+    future optional field."""
+    from turnlog.producers.resume import claim_resume
+    from turnlog.schemas import TurnCompleted
+
+    monkeypatch.setattr(TurnCompleted, "stored_attributes", ("barged_in",))
+    f = EventFactory()
+    events = [f.started(), f.completed(1, 0, "hello", barged_in=True), f.completed(2, 1, "hi", speaker="agent")]
+    apply(store, messages(events))
+    with store.reading() as reads:
+        assert [t["attributes"] for t in reads.turns(f.session_id)] == [{"barged_in": True}, None]
+        page = reads.turn_page(f.session_id, limit=10)
+    assert [t["attributes"] for t in page.turns] == [{"barged_in": True}, None]
+    with store.writing() as writes:
+        grant = claim_resume(writes, f.session_id)
+    assert [t.attributes for t in grant.turns] == [{"barged_in": True}, None]
+    folded = fold_events(encode_event(e) for e in events)
+    assert [t.attributes for t in folded.ordered_turns] == [{"barged_in": True}, None]
+
+
+def test_migration_0009_adds_turn_attributes_as_null_and_downgrades(store):
+    from alembic import command
+    from alembic.config import Config
+    from sqlalchemy import inspect
+
+    from turnlog.sinks.migrate import MIGRATIONS_DIR
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    f = EventFactory()
+    apply(store, messages([f.started(), f.completed(1, 0, "kept")]))
+    with store.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0008")
+    assert "attributes" not in {c["name"] for c in inspect(store.engine).get_columns("transcript_turns")}
+    store.upgrade_schema()
+    with store.reading() as reads:
+        assert [(t["text"], t["attributes"]) for t in reads.turns(f.session_id)] == [("kept", None)]

@@ -6,8 +6,16 @@ import jsonschema
 import msgspec
 import pytest
 
-from turnlog.schemas import SCHEMA_VERSION, EventValidationError, SessionEnded, ToolCall, decode_event, encode_event
-from turnlog.schemas.generate import SCHEMA_DIR, render_schemas
+from turnlog.schemas import (
+    SCHEMA_VERSION,
+    SCHEMA_VERSIONS,
+    EventValidationError,
+    SessionEnded,
+    ToolCall,
+    decode_event,
+    encode_event,
+)
+from turnlog.schemas.generate import FROZEN_FILE, SCHEMA_DIR, frozen_hashes, render_schemas
 
 from tests.support import EventFactory
 from tests.unit import events_v1 as v1
@@ -46,11 +54,40 @@ def test_checked_in_json_schemas_match_the_model():
     assert on_disk == rendered, "run `python -m turnlog.schemas.generate` and commit schemas/json"
 
 
-def test_released_v1_and_v2_schema_files_are_frozen_and_nothing_else_lies_beside_them():
-    for version, frozen in ((1, FROZEN_V1_SHA256), (2, FROZEN_V2_SHA256)):
+def test_every_earlier_version_is_frozen_and_nothing_else_lies_beside_the_files():
+    frozen = frozen_hashes()
+    assert set(frozen) == {v for v in SCHEMA_VERSIONS if v < SCHEMA_VERSION}, (
+        "run `python -m turnlog.schemas.generate`: it freezes the previous version's files"
+    )
+    assert (frozen[1], frozen[2]) == (FROZEN_V1_SHA256, FROZEN_V2_SHA256)  # the released files, whatever frozen.json says
+    for version, files in frozen.items():
         on_disk = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in SCHEMA_DIR.glob(f"*.v{version}.schema.json")}
-        assert on_disk == frozen, f"the v{version} files are the old readers' contract: restore them from git"
-    assert {p.name for p in SCHEMA_DIR.iterdir()} == set(FROZEN_V1_SHA256) | set(FROZEN_V2_SHA256) | set(render_schemas())
+        assert on_disk == files, f"the v{version} files are the old readers' contract: restore them from git"
+    frozen_names = {name for files in frozen.values() for name in files}
+    assert {p.name for p in SCHEMA_DIR.iterdir()} == frozen_names | set(render_schemas()) | {FROZEN_FILE.name}
+
+
+def test_the_generator_freezes_a_version_once_and_never_changes_a_frozen_one(tmp_path, monkeypatch):
+    from turnlog.schemas import generate
+
+    for p in SCHEMA_DIR.glob("*.json"):
+        (tmp_path / p.name).write_bytes(p.read_bytes())
+    monkeypatch.setattr(generate, "SCHEMA_DIR", tmp_path)
+    monkeypatch.setattr(generate, "FROZEN_FILE", tmp_path / "frozen.json")
+    assert generate.freeze_previous() == []  # every version below the current one is frozen already
+    # The next version: the current one's files become the previous version's and are frozen.
+    monkeypatch.setattr(generate, "SCHEMA_VERSION", SCHEMA_VERSION + 1)
+    monkeypatch.setattr(generate, "SCHEMA_VERSIONS", (*SCHEMA_VERSIONS, SCHEMA_VERSION + 1))
+    assert generate.freeze_previous() == [SCHEMA_VERSION]
+    frozen = generate.frozen_hashes()
+    assert set(frozen[SCHEMA_VERSION]) == {p.name for p in SCHEMA_DIR.glob(f"*.v{SCHEMA_VERSION}.schema.json")}
+    assert (frozen[1], frozen[2]) == (FROZEN_V1_SHA256, FROZEN_V2_SHA256)
+    assert generate.freeze_previous() == []
+    (tmp_path / "frozen.json").unlink()
+    for p in tmp_path.glob(f"*.v{SCHEMA_VERSION}.schema.json"):
+        p.unlink()
+    with pytest.raises(FileNotFoundError, match=f"version {SCHEMA_VERSION}"):
+        generate.freeze_previous()
 
 
 def test_every_event_type_round_trips_and_satisfies_its_json_schema():
@@ -150,7 +187,7 @@ def test_the_v2_json_schema_holds_the_models_version_rule():
         ({"unexpected": 1}, "unexpected"),
         ({"emitted_at": "2026-01-01T00:00:00"}, "emitted_at"),
         ({"session_id": ""}, "session_id"),
-        ({"schema_version": 4}, "schema_version"),
+        ({"schema_version": SCHEMA_VERSION + 1}, "schema_version"),
         ({"schema_version": 0}, "schema_version"),
         ({"emitted_at": "9999-12-31T23:00:00-05:00"}, "emitted_at"),
         ({"session_id": "s-1\n"}, "session_id"),

@@ -12,8 +12,17 @@ import datetime as dt
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from decimal import ROUND_HALF_UP, Decimal
+from typing import Any
 
-from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, TurnStatus, decode_event
+from turnlog.schemas import (
+    SessionEnded,
+    SessionStarted,
+    TurnCompleted,
+    TurnPartial,
+    TurnStatus,
+    decode_event,
+    turn_attributes,
+)
 
 __all__ = ["FoldedTurn", "FoldedSession", "fold_events"]
 
@@ -29,6 +38,7 @@ class FoldedTurn:
     epoch: int
     seq: int
     barged_in: bool = False  # complete, but cut short by the other speaker
+    attributes: dict[str, Any] | None = None  # turnlog.schemas.turn_attributes of the turn's last event
 
 
 @dataclass(slots=True)
@@ -109,5 +119,6 @@ def fold_events(payloads: Iterable[str | bytes]) -> FoldedSession:
                 epoch=event.epoch,
                 seq=event.seq,
                 barged_in=isinstance(event, TurnCompleted) and event.barged_in,
+                attributes=turn_attributes(event),
             )
     return folded
