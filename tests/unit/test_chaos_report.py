@@ -8,7 +8,8 @@ import threading
 from types import SimpleNamespace
 
 from turnlog.tools.demo import chaos
-from turnlog.tools.demo.chaos import SessionProblem, tally_problems
+from turnlog.tools.demo.chaos import SessionProblem, faults, report, tally_problems
+from turnlog.tools.demo.chaos.state import _Run
 from turnlog.tools.demo.verdict import Problem, ProblemKind, SessionVerdict
 
 
@@ -56,7 +57,7 @@ def test_no_problems_tally_to_zero_and_nothing_listed():
 
 
 class StandInRun:
-    """What :meth:`chaos._Run.resume_agent` uses of a run: resume processes whose outcome is scripted."""
+    """What :func:`faults.resume_agent` uses of a run: resume processes whose outcome is scripted."""
 
     def __init__(self, outcomes: list[str]) -> None:
         self.outcomes = outcomes
@@ -81,9 +82,9 @@ class StandInRun:
 
 
 def test_a_failed_resume_is_retried_and_the_attempt_that_worked_is_recorded(monkeypatch):
-    monkeypatch.setattr(chaos, "RESUME_RETRY_SECONDS", 0.01)
+    monkeypatch.setattr(faults, "RESUME_RETRY_SECONDS", 0.01)
     run = StandInRun(["failed", "failed", "running"])
-    chaos._Run.resume_agent(run, "s", 10.0, 2, None)
+    faults.resume_agent(run, "s", 10.0, 2, None)
     assert run.spawned == [("--resume",)] * 3
     assert run.killed == ["agent1.log", "agent2.log"]  # each failed attempt's process, not the one that worked
     [entry] = run.records
@@ -91,12 +92,12 @@ def test_a_failed_resume_is_retried_and_the_attempt_that_worked_is_recorded(monk
 
 
 def test_a_resume_that_fails_every_attempt_is_recorded_as_not_recovered(monkeypatch):
-    monkeypatch.setattr(chaos, "RESUME_RETRY_SECONDS", 0.01)
-    run = StandInRun(["failed"] * chaos.RESUME_ATTEMPTS)
-    chaos._Run.resume_agent(run, "s", 10.0, 2, "broker down")
-    assert len(run.spawned) == chaos.RESUME_ATTEMPTS and len(run.killed) == chaos.RESUME_ATTEMPTS
+    monkeypatch.setattr(faults, "RESUME_RETRY_SECONDS", 0.01)
+    run = StandInRun(["failed"] * faults.RESUME_ATTEMPTS)
+    faults.resume_agent(run, "s", 10.0, 2, "broker down")
+    assert len(run.spawned) == faults.RESUME_ATTEMPTS and len(run.killed) == faults.RESUME_ATTEMPTS
     [entry] = run.records
-    assert entry["recovery_seconds"] is None and entry["resume_attempts"] == chaos.RESUME_ATTEMPTS
+    assert entry["recovery_seconds"] is None and entry["resume_attempts"] == faults.RESUME_ATTEMPTS
     assert entry["error"] == "every resume attempt failed" and run.failed_resumes == ["s"]
 
 
@@ -106,7 +107,7 @@ def test_a_schedule_step_that_raises_is_recorded_and_voids_the_run(tmp_path) -> 
     from turnlog.settings import load_settings
 
     sessions = Path(__file__).resolve().parents[2] / "data" / "sessions"
-    run = chaos._Run(load_settings(), chaos.ChaosOptions(sessions, log_dir=tmp_path), "step-test", store=None)
+    run = _Run(load_settings(), chaos.ChaosOptions(sessions, log_dir=tmp_path), "step-test", store=None)
 
     def restart_broker() -> None:
         raise RuntimeError("kafka.sh start failed")
@@ -137,7 +138,7 @@ def test_each_kill_outage_and_fault_is_a_latency_window_until_it_recovered_and_t
     ]
     run = SimpleNamespace(started=started, records=records, completed=completed, stored_turns=stored)
 
-    pause, agent, sink, outage = chaos._fault_windows(run)
+    pause, agent, sink, outage = report._fault_windows(run)
 
     assert (pause.kind, pause.start, pause.lifted, pause.end, pause.held) == ("broker pause", 1020.0, 1032.0, 1045.0, 12.0)
     assert pause.caught_up == 13.0 and records[0]["caught_up_seconds"] == 13.0
@@ -152,8 +153,8 @@ def test_each_kill_outage_and_fault_is_a_latency_window_until_it_recovered_and_t
 def test_a_cluster_fault_is_named_by_its_kind_and_a_worker_pause_by_its_service():
     from turnlog.tools.demo.schedule import PlannedFault
 
-    assert chaos._fault_label(PlannedFault(1.0, "two_brokers_down", 30.0, 75.0)) == "two brokers down"
-    assert chaos._fault_label(PlannedFault(1.0, "worker_pause", 20.0, 40.0, target="sink")) == "sink pause"
+    assert report._fault_label(PlannedFault(1.0, "two_brokers_down", 30.0, 75.0)) == "two brokers down"
+    assert report._fault_label(PlannedFault(1.0, "worker_pause", 20.0, 40.0, target="sink")) == "sink pause"
 
 
 def test_the_end_of_a_run_continues_every_worker_it_stopped(tmp_path):
@@ -173,7 +174,7 @@ def test_the_end_of_a_run_continues_every_worker_it_stopped(tmp_path):
 
         wait_until(lambda: state() == "T", timeout=10, what="the worker stopped")
         run = SimpleNamespace(lock=threading.Condition(), paused_pids={worker.pid, 2**22 + 17}, cluster=None)  # one gone
-        chaos._Run.release_paused(run)
+        faults.release_paused(run)
         wait_until(lambda: state() in ("S", "R"), timeout=10, what="the worker continued")
         assert run.paused_pids == set()
     finally:

@@ -10,6 +10,8 @@ from typing import Any
 import pytest
 
 from turnlog.tools.demo import chaos
+from turnlog.tools.demo.chaos import run as chaos_run
+from turnlog.tools.demo.chaos import state
 from turnlog.tools.demo.scrape_targets import ScrapeTargets
 
 #: Ports far from deploy/prometheus.sh's and the services' defaults, so a test never meets a real one.
@@ -99,13 +101,13 @@ def test_the_chaos_run_gives_every_service_worker_and_agent_a_listed_metrics_por
 ) -> None:
     from turnlog.settings import load_settings
 
-    monkeypatch.setattr(chaos, "ServiceProcess", FakeProcess)
-    monkeypatch.setattr(chaos, "AgentProcess", lambda process, on_line: process)
+    monkeypatch.setattr(state, "ServiceProcess", FakeProcess)
+    monkeypatch.setattr(state, "AgentProcess", lambda process, on_line: process)
     FakeProcess.started = []
     sessions = Path(__file__).resolve().parents[2] / "data" / "sessions"
     folder = tmp_path / "targets"
     options = chaos.ChaosOptions(sessions, log_dir=tmp_path, prometheus_targets=folder)
-    run = chaos._Run(load_settings(), options, "targets-test", store=None)
+    run = state._Run(load_settings(), options, "targets-test", store=None)
     monkeypatch.setattr(run.scrape_targets, "_next_port", TEST_FIRST_PORT)
     monkeypatch.setattr(run, "background", lambda *args: None)  # no watcher threads on the stand-ins
 
@@ -131,11 +133,11 @@ def test_the_chaos_run_takes_an_agent_off_the_list_when_its_session_is_done(
 ) -> None:
     from turnlog.settings import load_settings
 
-    monkeypatch.setattr(chaos, "ServiceProcess", FakeProcess)
-    monkeypatch.setattr(chaos, "AgentProcess", lambda process, on_line: process)
+    monkeypatch.setattr(state, "ServiceProcess", FakeProcess)
+    monkeypatch.setattr(state, "AgentProcess", lambda process, on_line: process)
     sessions = Path(__file__).resolve().parents[2] / "data" / "sessions"
     options = chaos.ChaosOptions(sessions, log_dir=tmp_path, prometheus_targets=tmp_path / "targets")
-    run = chaos._Run(load_settings(), options, "done-test", store=None)
+    run = state._Run(load_settings(), options, "done-test", store=None)
     monkeypatch.setattr(run.scrape_targets, "_next_port", TEST_FIRST_PORT)
     monkeypatch.setattr(run, "background", lambda *args: None)
     first, second = list(run.transcripts)[:2]
@@ -155,11 +157,11 @@ def test_the_chaos_run_takes_an_agent_off_the_list_when_its_session_is_done(
 def test_a_chaos_run_without_a_folder_gives_no_metrics_port(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from turnlog.settings import load_settings
 
-    monkeypatch.setattr(chaos, "ServiceProcess", FakeProcess)
+    monkeypatch.setattr(state, "ServiceProcess", FakeProcess)
     monkeypatch.delenv("TURNLOG_METRICS_PORT", raising=False)
     FakeProcess.started = []
     sessions = Path(__file__).resolve().parents[2] / "data" / "sessions"
-    run = chaos._Run(load_settings(), chaos.ChaosOptions(sessions, log_dir=tmp_path), "no-targets", store=None)
+    run = state._Run(load_settings(), chaos.ChaosOptions(sessions, log_dir=tmp_path), "no-targets", store=None)
     run.start_service("sink", "sink", "sink")
     [sink] = FakeProcess.started
     assert "TURNLOG_METRICS_PORT" not in sink.env
@@ -191,13 +193,13 @@ def test_a_run_with_targets_starts_a_listed_lag_exporter_and_none_without(
 def test_the_chaos_runs_ops_api_is_listed_too(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from turnlog.settings import load_settings
 
-    monkeypatch.setattr(chaos, "ServiceProcess", FakeProcess)
+    monkeypatch.setattr(chaos_run, "ServiceProcess", FakeProcess)
     FakeProcess.started = []
     sessions = Path(__file__).resolve().parents[2] / "data" / "sessions"
     options = chaos.ChaosOptions(sessions, log_dir=tmp_path, prometheus_targets=tmp_path / "targets")
-    run = chaos._Run(load_settings(), options, "ops-test", store=None)
+    run = state._Run(load_settings(), options, "ops-test", store=None)
     monkeypatch.setattr(run.scrape_targets, "_next_port", TEST_FIRST_PORT)
-    api = chaos._start_ops_api(run, TEST_FIRST_PORT - 1)
+    api = chaos_run._start_ops_api(run, TEST_FIRST_PORT - 1)
     assert api.env["TURNLOG_API_PORT"] == str(TEST_FIRST_PORT - 1)
     [listed] = read_targets(tmp_path / "targets" / "turnlog-chaos.json")
     assert listed == {"targets": [f"127.0.0.1:{api.env['TURNLOG_METRICS_PORT']}"],
