@@ -8,7 +8,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from sqlalchemy import func, select, text
+from sqlalchemy import select
 
 from turnlog import kafka
 from turnlog.polling import WaitTimeoutError, wait_until
@@ -16,7 +16,8 @@ from turnlog.schemas import TurnStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, StoreUnavailableError
 from turnlog.sinks.driver_errors import store_errors
-from turnlog.sinks.tables import sink_offsets, transcript_turns
+from turnlog.sinks.offsets import stored_group_offsets
+from turnlog.sinks.tables import transcript_turns
 from turnlog.tools.demo.group_probe import GroupProbe
 
 logger = logging.getLogger(__name__)
@@ -38,9 +39,10 @@ def _held_within(probe: Callable[[], object], timeout: float, what: str, *, ever
 
 
 def _database_answers(store: SqlStore) -> bool:
+    """The database answers a round trip (``reads.ping()``)."""
     try:
-        with store_errors(), store.engine.connect() as conn:
-            conn.execute(text("select 1"))
+        with store.reading() as reads:
+            reads.ping()
         return True
     except StoreUnavailableError:
         return False
@@ -84,14 +86,14 @@ def _complete_turns(store: SqlStore, session_ids: list[str]) -> list[tuple[str, 
 
 
 def _sink_progress(store: SqlStore, settings: TurnlogSettings) -> int:
+    """The sink's stored offsets summed (its group's ``sink_offsets`` rows, on the topics it consumes),
+    or -1 if the store did not answer."""
+    topics = settings.topics
     try:
-        with store_errors(), store.engine.connect() as conn:
-            return conn.execute(
-                select(func.coalesce(func.sum(sink_offsets.c.next_offset), 0))
-                .where(sink_offsets.c.consumer_group == settings.sink_group)
-            ).scalar_one()
+        stored = stored_group_offsets(store, settings.sink_group, (topics.transcript, topics.erasures))
     except StoreUnavailableError:
         return -1
+    return sum(stored.values())
 
 
 def _sink_moved(store: SqlStore, settings: TurnlogSettings, before: int) -> bool:
