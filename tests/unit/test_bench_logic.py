@@ -34,8 +34,9 @@ from turnlog.tools.bench.probes import (
     spool_counters,
 )
 from turnlog.tools.bench.profile import summarize
+from turnlog.tools.bench.ratios import peer_ratios
 from turnlog.tools.bench.resume_probe import resume_summary
-from turnlog.tools.bench.runner import BenchOptions, _lag_slope, peer_ratios, quick_options
+from turnlog.tools.bench.runner import BenchOptions, _lag_slope, quick_options
 from turnlog.tools.bench.workload import encoded_events, events_per_second, plan_sessions
 
 SESSIONS = Path(__file__).resolve().parents[2] / "data" / "sessions"

@@ -7,7 +7,7 @@ import math
 import pytest
 
 from turnlog.tools.bench.probes import Sample, pipeline_drained
-from turnlog.tools.bench.runner import transactions_rows
+from turnlog.tools.bench.table import transactions_rows
 from turnlog.tools.bench.transactions import on_over_off, pool_runs, variant_order
 from turnlog.tools.bench.variants import moderate_on_off
 
