@@ -601,7 +601,8 @@ def bench(
 ) -> None:
     """Benchmark the pipeline on Postgres against baselines measured in the same run (see docs/benchmarks.md)."""
     from turnlog.sinks import parse_database_url
-    from turnlog.tools.bench.runner import BenchOptions, quick_options, run_bench
+    from turnlog.tools.bench.options import BenchOptions, quick_options
+    from turnlog.tools.bench.runner import run_bench
 
     settings = _settings(database_url=database_url, bootstrap_servers=bootstrap_servers)
     if parse_database_url(settings.database_url).get_backend_name() != "postgresql":

@@ -14,7 +14,7 @@ from turnlog.crypto.config import event_opener, recorder_kek
 from turnlog.crypto.keys import create_keyring_file, public_key_text
 from turnlog.settings import TurnlogSettings
 from turnlog.tools.bench.encryption import encryption_cost, encryption_settings
-from turnlog.tools.bench.runner import BenchOptions
+from turnlog.tools.bench.options import BenchOptions
 from turnlog.tools.bench.table import ENCRYPTION_TARGET_RATIO, encryption_rows
 from turnlog.tools.bench.variants import on_over_off
 from turnlog.tools.bench.workload import encoded_events, plan_sessions

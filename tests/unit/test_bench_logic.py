@@ -21,6 +21,8 @@ from turnlog.tools.bench.direct import (
     least_squares_slope,
 )
 from turnlog.tools.bench.load import _sleep_until, plans_for_rate
+from turnlog.tools.bench.options import BenchOptions, quick_options
+from turnlog.tools.bench.pipeline_phases import _lag_slope
 from turnlog.tools.bench.probes import (
     Sample,
     SinkBatches,
@@ -36,7 +38,6 @@ from turnlog.tools.bench.probes import (
 from turnlog.tools.bench.profile import summarize
 from turnlog.tools.bench.ratios import peer_ratios
 from turnlog.tools.bench.resume_probe import resume_summary
-from turnlog.tools.bench.runner import BenchOptions, _lag_slope, quick_options
 from turnlog.tools.bench.workload import encoded_events, events_per_second, plan_sessions
 
 SESSIONS = Path(__file__).resolve().parents[2] / "data" / "sessions"
@@ -337,11 +338,11 @@ def test_a_plot_or_profile_without_the_bench_extra_is_refused_before_any_work(mo
     from turnlog.tools.bench import runner
 
     monkeypatch.setitem(sys.modules, "matplotlib", None)  # as if not installed: find_spec answers None
-    options = runner.BenchOptions(sessions_dir=tmp_path, admin_url=SecretStr("postgresql+psycopg://nobody@127.0.0.1:1/none"),
+    options = BenchOptions(sessions_dir=tmp_path, admin_url=SecretStr("postgresql+psycopg://nobody@127.0.0.1:1/none"),
                                   plot_path=tmp_path / "bench.png", log_dir=tmp_path / "logs")
     with pytest.raises(ConfigurationError, match="--plot needs matplotlib"):
         runner.run_bench(TurnlogSettings(), options)
     monkeypatch.setattr(runner.shutil, "which", lambda name: None)
     with pytest.raises(ConfigurationError, match="--profile-dir needs py-spy"):
-        runner.require_extras(runner.BenchOptions(sessions_dir=tmp_path, admin_url=SecretStr("x"), profile_dir=tmp_path))
+        runner.require_extras(BenchOptions(sessions_dir=tmp_path, admin_url=SecretStr("x"), profile_dir=tmp_path))
     assert not (tmp_path / "logs").exists()  # nothing was started
