@@ -13,7 +13,7 @@ from turnlog import kafka
 from turnlog.exceptions import ConfigurationError
 from turnlog.redact import redact
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import StoreUnavailableError, open_store, parse_database_url, safe_url
+from turnlog.sinks import open_store, parse_database_url, safe_url
 
 __all__ = ["ensure_local_services", "broker_answers", "is_local_default_broker", "LOCAL_DEFAULT_BROKERS"]
 
@@ -36,11 +36,7 @@ def broker_answers(settings: TurnlogSettings, timeout: float = 5.0) -> bool:
 def _database_answers(url: str | SecretStr) -> bool:
     store = open_store(url)
     try:
-        with store.reading() as reads:
-            reads.ping()
-        return True
-    except StoreUnavailableError:
-        return False
+        return store.answers()
     finally:
         store.close()
 

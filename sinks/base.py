@@ -74,6 +74,7 @@ from turnlog.sinks.batch import WriteResult
 from turnlog.sinks.claims import SqlResumeClaims
 from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.erasure import SqlErasures
+from turnlog.sinks.exceptions import StoreUnavailableError
 from turnlog.sinks.finalization import SqlFinalization, report_finalized
 from turnlog.sinks.interfaces import (
     BatchResult,
@@ -168,6 +169,15 @@ class SqlStore(abc.ABC):
         from turnlog.sinks.migrate import wait_for_head
 
         wait_for_head(self.engine)
+
+    def answers(self) -> bool:
+        """Whether the database answers a round trip now (a health check: never raises for an outage)."""
+        try:
+            with self.reading() as reads:
+                reads.ping()
+        except StoreUnavailableError:
+            return False
+        return True
 
     @property
     def location(self) -> str:
