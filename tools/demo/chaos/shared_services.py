@@ -15,9 +15,28 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore
 from turnlog.tools.demo.chaos.probes import _broker_answers, _database_answers, _held_within
 
+#: How long a deploy script may take (seconds). A broker SIGKILLed with many partitions recovers
+#: every log at its next start (no clean-shutdown file): on two busy cores, 400 partitions took
+#: over a minute, longer than ``kafka.sh``'s own 90 s default, which the run therefore raises.
+SCRIPT_TIMEOUT_SECONDS = 240
+_SCRIPT_ENVIRONMENT = {"TURNLOG_KAFKA_START_TIMEOUT": str(SCRIPT_TIMEOUT_SECONDS - 20)}
+
 
 def _script(name: str, command: str) -> None:
-    subprocess.run(["bash", str(SCRIPTS / name), command], check=True, capture_output=True, timeout=180)
+    """Run ``deploy/<name> <command>``.
+
+    Raises:
+        RuntimeError: it failed or took longer than :data:`SCRIPT_TIMEOUT_SECONDS`; the message
+            ends with the script's last line of output (the deploy scripts print no secret).
+    """
+    try:
+        subprocess.run(["bash", str(SCRIPTS / name), command], check=True, capture_output=True, text=True,
+                       timeout=SCRIPT_TIMEOUT_SECONDS, env={**os.environ, **_SCRIPT_ENVIRONMENT})
+    except subprocess.CalledProcessError as e:
+        said = (e.stderr or e.stdout or "").strip().splitlines()
+        raise RuntimeError(f"deploy/{name} {command} exited {e.returncode}: {said[-1] if said else 'no output'}") from e
+    except subprocess.TimeoutExpired as e:
+        raise RuntimeError(f"deploy/{name} {command} took over {SCRIPT_TIMEOUT_SECONDS}s") from e
 
 
 def _running_pid(pid_file: Path) -> int | None:
