@@ -49,3 +49,61 @@ def test_a_partition_that_stays_unknown_is_reported_once_the_lookup_gives_up(mon
     with pytest.raises(UnknownTopicError) as raised:
         reader.end_offsets("t", [1])
     assert raised.value.retriable  # the caller's own deadline may try again
+
+
+class _BrokerNotServingYet:
+    """A consumer whose fetches give nothing for the first ``stalls`` reads of a partition (a
+    broker just restarted, still recovering its logs), then the records up to the high watermark."""
+
+    def __init__(self, stalls: int, high: int) -> None:
+        self.stalls, self.high, self.position_at = stalls, high, -1001
+        self.reads = 0
+
+    def get_watermark_offsets(self, tp: TopicPartition, timeout: float, cached: bool) -> tuple[int, int]:
+        return 0, self.high
+
+    def assign(self, partitions: list[TopicPartition]) -> None:
+        self.reads += 1
+        self.position_at = -1001
+
+    def unassign(self) -> None:
+        pass
+
+    def consume(self, num_messages: int, timeout: float) -> list[Any]:
+        if self.reads <= self.stalls:
+            return []
+        self.position_at = self.high
+        return [_Record(self.high - 1)]
+
+    def position(self, partitions: list[TopicPartition]) -> list[TopicPartition]:
+        return [TopicPartition(partitions[0].topic, partitions[0].partition, self.position_at)]
+
+    def list_topics(self, topic: str, timeout: float) -> Any:
+        pass
+
+
+class _Record:
+    def __init__(self, offset: int) -> None:
+        self._offset = offset
+
+    def error(self) -> None:
+        return None
+
+    def offset(self) -> int:
+        return self._offset
+
+    def topic(self) -> str:
+        return "t"
+
+    def partition(self) -> int:
+        return 1
+
+
+def test_a_last_record_not_served_in_time_is_looked_up_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Seen in chaos (seed 16180): right after a broker restart the changelog read made no
+    progress in the request's time, and a non-retriable error crashed the sequencer's restore."""
+    monkeypatch.setattr(offsets_module, "REQUEST_TIMEOUT_SECONDS", 0.2)
+    consumer = _BrokerNotServingYet(stalls=2, high=376)
+    reader = _reader_with(consumer, monkeypatch)  # type: ignore[arg-type]
+    assert reader.record_ends("t", [1]) == {1: 376}
+    assert consumer.reads == 3  # two reads timed out, the third found the last record

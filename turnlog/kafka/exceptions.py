@@ -38,7 +38,11 @@ class BrokerError(TurnlogError):
 
 
 class BrokerUnavailableError(BrokerError):
-    """No broker, leader or group coordinator answered in time; retrying later can succeed."""
+    """No broker, leader or group coordinator answered in time; retrying later can succeed
+    (``retriable`` unless the client said otherwise)."""
+
+    def __init__(self, message: str, *, code: int | None = None, retriable: bool = True) -> None:
+        super().__init__(message, code=code, retriable=retriable)
 
 
 class BrokerConfigurationError(BrokerError, ConfigurationError):

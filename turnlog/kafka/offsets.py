@@ -220,7 +220,8 @@ class OffsetReader:
         longer than the last), until a committed record is found. Call it holding ``_lock``.
 
         Raises:
-            BrokerUnavailableError: the partition was not read up to ``marks.high`` in ``timeout`` seconds.
+            BrokerUnavailableError: the partition was not read up to ``marks.high`` in ``timeout``
+                seconds (retriable).
         """
         consumer = self._consumer(self._watermarks_group)
         deadline = time.monotonic() + timeout
@@ -241,9 +242,11 @@ class OffsetReader:
                     if position.offset >= end:
                         break
                     if time.monotonic() >= deadline:
+                        # Retriable: a broker that has just restarted serves a partition only
+                        # once it has recovered the partition's log (up to a minute after a SIGKILL).
                         raise BrokerUnavailableError(
                             f"the last record of {topic}[{partition}]: not read up to offset {end} "
-                            f"in {timeout:g} s (position {position.offset})"
+                            f"in {timeout:g} s (position {position.offset})", retriable=True,
                         )
             finally:
                 consumer.unassign()
