@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -80,14 +81,21 @@ def freeze_previous() -> list[int]:
 
     Raises:
         FileNotFoundError: a version to freeze has no files on disk (it was never generated).
+        ValueError: a file to freeze differs from the one committed (HEAD): a released
+            version is frozen as it was released, not as edited since.
     """
     frozen = frozen_hashes()
     added = []
     for version in SCHEMA_VERSIONS:
         if version >= SCHEMA_VERSION or version in frozen:
             continue
-        files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest()
-                 for p in sorted(SCHEMA_DIR.glob(f"*.v{version}.schema.json"))}
+        paths = sorted(SCHEMA_DIR.glob(f"*.v{version}.schema.json"))
+        for path in paths:
+            committed = _committed(path)
+            if committed is not None and committed != path.read_bytes():
+                raise ValueError(f"{path.name} differs from the committed file; restore it (git checkout -- {path})"
+                                 " before the version it belongs to is frozen")
+        files = {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in paths}
         if not files:
             raise FileNotFoundError(f"no schema files of version {version} in {SCHEMA_DIR} to freeze")
         frozen[version] = files
@@ -96,6 +104,18 @@ def freeze_previous() -> list[int]:
         body = {str(version): dict(sorted(files.items())) for version, files in sorted(frozen.items())}
         FROZEN_FILE.write_text(json.dumps(body, indent=2) + "\n", encoding="utf-8")
     return added
+
+
+def _committed(path: Path) -> bytes | None:
+    """``path`` as the checkout's HEAD holds it; None outside a git checkout, without git, or
+    for a file HEAD does not hold."""
+    try:
+        name = subprocess.run(["git", "-C", str(path.parent), "ls-files", "--full-name", "--error-unmatch", path.name],
+                              capture_output=True, text=True, check=True).stdout.strip()
+        return subprocess.run(["git", "-C", str(path.parent), "show", f"HEAD:{name}"],
+                              capture_output=True, check=True).stdout
+    except (OSError, subprocess.CalledProcessError):
+        return None
 
 
 def main() -> None:

@@ -15,8 +15,11 @@ operation below raises those and never a driver's own class.
     with store.writing() as writes:      # one transaction, committed at the end of the block
         writes.finalize_session(session_id, now)
 
-Several operations in one block see one transaction, so a page and the erasure
-check before it, or a claimed epoch and the turns read after it, agree.
+Several operations in one block share one transaction. Under the default
+isolation (read committed) each statement sees what was committed when it
+began: a check made after a read sees every erasure committed before that read
+(the API reads, then checks), and rows locked in a writing block (a claimed
+epoch's session row) stay as read to its end.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from contextlib import contextmanager
 
 from sqlalchemy.exc import DataError, DBAPIError, IntegrityError, OperationalError, StatementError
 
-from turnlog.sinks.exceptions import RecordRejectedError, StoreUnavailableError
+from turnlog.sinks.exceptions import RecordRejectedError, StoreError, StoreUnavailableError
 
 __all__ = ["store_errors", "RETRYABLE_SQLSTATE_CLASSES", "REJECTING_SQLSTATE_CLASSES"]
 
@@ -24,8 +24,11 @@ def store_errors() -> Iterator[None]:
 
     Retryable ones (connection, rollback, shutdown) become
     :class:`StoreUnavailableError`; data and integrity errors (SQLSTATE classes
-    22 and 23) become :class:`RecordRejectedError`. Decided by exception class
-    and SQLSTATE, never by message text. Other errors pass through unchanged.
+    22 and 23) become :class:`RecordRejectedError`; every other driver error
+    (a missing table, a permission, an internal error) becomes a plain
+    :class:`StoreError` naming its class and SQLSTATE only. Decided by exception
+    class and SQLSTATE, never by message text. Errors that are not the driver's
+    pass through unchanged.
     """
     try:
         yield
@@ -35,9 +38,10 @@ def store_errors() -> Iterator[None]:
             raise StoreUnavailableError(f"store unavailable: {e.orig}") from e
         if isinstance(e, (DataError, IntegrityError)) or sqlstate in REJECTING_SQLSTATE_CLASSES:
             raise RecordRejectedError(f"store refused the rows: {e.orig}", getattr(e.orig, "sqlstate", None)) from e
-        raise
+        code = getattr(e.orig, "sqlstate", None)
+        raise StoreError(f"store error: {type(e.orig).__name__}" + (f" (SQLSTATE {code})" if code else "")) from e
     except StatementError as e:
         # A value the driver or a column type could not bind (before any SQL ran).
         if isinstance(e.orig, (ValueError, OverflowError, TypeError, UnicodeError)):
             raise RecordRejectedError(f"store cannot bind a value: {e.orig!r}") from e
-        raise
+        raise StoreError(f"store error: {type(e.orig).__name__} before the statement ran") from e

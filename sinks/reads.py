@@ -51,12 +51,27 @@ SESSION_FIELDS = (
 )
 #: :data:`SESSION_FIELDS` without ``metadata`` (up to ~1 MB a row): what a list shows unless asked for more.
 SESSION_SUMMARY_FIELDS = tuple(name for name in SESSION_FIELDS if name != "metadata")
-#: The ``transcript_turns`` columns a reader sees: every one but the key's ``session_id``, in
-#: the table's order (``sinks/tables.py`` declares them once). ``status`` is ``partial``,
+#: The ``transcript_turns`` columns a reader sees: every one but the key's ``session_id``, listed
+#: so that a new column is shown only once someone decides it should be (a unit test holds the
+#: list to the table: ``tests/unit/test_reader_fields.py``). ``status`` is ``partial``,
 #: ``complete`` or ``interrupted`` (never completed: its writer died or the session ended);
 #: ``barged_in`` marks a complete turn the other speaker cut short; ``attributes`` holds the
 #: turn's optional attributes (the event model's ``stored_attributes``) or None.
-TURN_FIELDS = tuple(column.name for column in transcript_turns.c if column.name != "session_id")
+TURN_FIELDS = (
+    "turn_index",
+    "speaker",
+    "text",
+    "status",
+    "barged_in",
+    "started_at",
+    "ended_at",
+    "input_tokens",
+    "output_tokens",
+    "tool_calls",
+    "attributes",
+    "epoch",
+    "seq",
+)
 #: What a row counts for in a page's byte budget besides its text, tool calls, metadata or payload
 #: (its other columns, as JSON): so a page of tiny rows is bounded too.
 ROW_OVERHEAD_BYTES = 256

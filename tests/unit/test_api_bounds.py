@@ -387,3 +387,27 @@ def test_every_response_carries_the_security_headers(store):
     assert re.findall(r"<script\b[^>]*>(.*?)</script>", html, re.S) == [""]  # no inline code
     assert "<style" not in html and re.search(r"\son[a-z]+\s*=", html) is None and "style=" not in html
 
+
+
+def test_a_store_error_that_is_not_an_outage_is_a_json_500_with_the_security_headers(store, monkeypatch, caplog):
+    """A query the database refuses for good (a programming error, as after a bad migration)
+    is a 500 like any bug, but answered by the API: JSON, the security headers, and a log line
+    naming the error's class, never its SQL or bound values."""
+    from sqlalchemy.exc import ProgrammingError
+
+    from turnlog.sinks.access import StoreReads
+
+    class UndefinedTable(Exception):
+        sqlstate = "42P01"
+
+    def broken_session(self, session_id, *, fleets, include_metadata=True):
+        raise ProgrammingError("SELECT secret_words FROM no_such_table", {"words": "secret_words"}, UndefinedTable())
+
+    monkeypatch.setattr(StoreReads, "session", broken_session)
+    app = create_app(settings(), store, live=False, barrier=Barrier())
+    with caplog.at_level("ERROR"), TestClient(app, raise_server_exceptions=False) as client:
+        answer = client.get("/api/sessions/s-1", headers=auth("tok-a"))
+    assert answer.status_code == 500
+    assert answer.json() == {"detail": "internal error"}
+    assert answer.headers["x-content-type-options"] == "nosniff"
+    assert "StoreError" in caplog.text and "secret_words" not in caplog.text

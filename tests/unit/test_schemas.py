@@ -84,6 +84,12 @@ def test_the_generator_freezes_a_version_once_and_never_changes_a_frozen_one(tmp
     assert (frozen[1], frozen[2]) == (FROZEN_V1_SHA256, FROZEN_V2_SHA256)
     assert generate.freeze_previous() == []
     (tmp_path / "frozen.json").unlink()
+    edited = next(tmp_path.glob(f"event.v{SCHEMA_VERSION}.schema.json"))
+    monkeypatch.setattr(generate, "_committed", lambda path: b"{}" if path == edited else None)
+    with pytest.raises(ValueError, match="differs from the committed file"):
+        generate.freeze_previous()  # a released version is frozen as released, not as edited since
+    assert not (tmp_path / "frozen.json").exists()
+    monkeypatch.setattr(generate, "_committed", lambda path: None)
     for p in tmp_path.glob(f"*.v{SCHEMA_VERSION}.schema.json"):
         p.unlink()
     with pytest.raises(FileNotFoundError, match=f"version {SCHEMA_VERSION}"):

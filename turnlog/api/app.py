@@ -100,7 +100,7 @@ from turnlog.producers.resume import ResumeBarrier
 from turnlog.readiness import mark_not_ready, mark_ready
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
-from turnlog.sinks.exceptions import StoreUnavailableError
+from turnlog.sinks.exceptions import StoreError, StoreUnavailableError
 
 __all__ = ["create_app", "CUTOFF_EVENT", "ERASED_EVENT", "ERASURES_PER_TOKEN", "MAX_SEQ",
            "UNAVAILABLE_RETRY_AFTER_SECONDS"]
@@ -182,7 +182,7 @@ def create_app(
     # One place for outages, whichever route met them: a client gets 503 and when to try
     # again, never a raw 500 (the store's reading()/writing() decide by class and SQLSTATE).
     def unavailable(what: str, error: Exception) -> JSONResponse:
-        logger.warning("%s unavailable: %s", what, error)
+        logger.warning("answered 503, the %s is unavailable: %s", what, error)
         return JSONResponse(
             {"detail": f"the {what} is unavailable; try again"},
             status_code=503,
@@ -200,6 +200,13 @@ def create_app(
     @app.exception_handler(BrokerUnavailableError)
     async def broker_unavailable(_: Request, error: BrokerUnavailableError) -> JSONResponse:
         return unavailable("broker", error)
+
+    # Any other store error (a data error in a query, a missing table, a permission): a bug or a
+    # broken deployment, answered as JSON with the security headers; the log names its class only.
+    @app.exception_handler(StoreError)
+    async def store_failed(request: Request, error: StoreError) -> JSONResponse:
+        logger.error("%s %s failed: %s", request.method, request.url.path, type(error).__name__)
+        return JSONResponse({"detail": "internal error"}, status_code=500, headers={"Cache-Control": "no-store"})
 
     for routes in (page_routes, ops_routes, session_routes, live_routes, resume_routes, erasure_routes):
         app.include_router(routes(context))

@@ -109,14 +109,32 @@ class ApiContext:
             HTTPException: 404 for no such session, or one outside the token's fleets (alike).
             SessionGone: it is forgotten or being forgotten (410).
         """
+        session, _ = self.visible_session_and(session_id, granted, include_metadata=include_metadata)
+        return session
+
+    def visible_session_and(
+        self, session_id: str, granted: Scope, *, include_metadata: bool = True,
+        read: Callable[[StoreReads], T] | None = None,
+    ) -> tuple[dict[str, Any], T | None]:
+        """:meth:`visible_session`, and ``read(reads)`` in the same transaction (None without it).
+
+        The erasure check comes after the reads: an erasure committed before they began is seen
+        by it (each statement sees what was committed when it began), so nothing forgotten is
+        answered; one committed after them finds what was read before it.
+
+        Raises:
+            HTTPException: 404 for no such session, or one outside the token's fleets (alike).
+            SessionGone: it is forgotten or being forgotten (410).
+        """
         if not may_exist(session_id):
             raise HTTPException(404, "no such session")
         with self.store.reading() as reads:
-            self.refuse_if_erased(reads, session_id, granted)
             session = reads.session(session_id, fleets=granted.fleets, include_metadata=include_metadata)
+            extra = read(reads) if read is not None and session is not None else None
+            self.refuse_if_erased(reads, session_id, granted)
         if session is None:  # also outside the token's fleets: never confirm it exists
             raise HTTPException(404, f"no session {session_id!r}")
-        return session
+        return session, extra
 
 
 def may_exist(identifier: str) -> bool:

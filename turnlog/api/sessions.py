@@ -68,9 +68,12 @@ def session_routes(context: ApiContext) -> APIRouter:
         limit: Annotated[int, Query(ge=1, le=TURNS_PAGE_MAX)] = TURNS_PAGE_DEFAULT,
         include: Include = None,
     ) -> dict[str, Any]:
-        session = context.visible_session(session_id, granted, include_metadata=include == "metadata")
-        with store.reading() as reads:
-            page = reads.turn_page(session_id, after_turn=after_turn, limit=limit, max_bytes=settings.api_page_bytes)
+        session, page = context.visible_session_and(
+            session_id, granted, include_metadata=include == "metadata",
+            read=lambda reads: reads.turn_page(session_id, after_turn=after_turn, limit=limit,
+                                               max_bytes=settings.api_page_bytes),
+        )
+        assert page is not None  # read for every session that is visible
         return {"session": session, "turns": page.turns, "next_after_turn": page.next_after_turn}
 
     @router.get("/api/fleets/{fleet}/analytics")
