@@ -161,11 +161,11 @@ class StoreReads:
         return self._store.erasures.erased_among(self._conn, session_ids)
 
     def erased_sessions(self, session_ids: Collection[str] = ()) -> set[str]:
-        """Every session with an erasure row (of ``session_ids`` if given), pending or applied."""
-        query = select(erasures.c.session_id)
+        """Every session with an erasure row (of ``session_ids`` if given: :meth:`erased_among`),
+        pending or applied."""
         if session_ids:
-            query = query.where(erasures.c.session_id.in_(sorted(set(session_ids))))
-        return set(self._conn.execute(query).scalars())
+            return self.erased_among(session_ids)
+        return set(self._conn.execute(select(erasures.c.session_id)).scalars())
 
     def completed_erasures(self, session_ids: Sequence[str]) -> int:
         """How many of ``session_ids`` the store holds as erased (applied, not pending)."""

@@ -19,7 +19,6 @@ from tenacity import Retrying, retry_if_result, stop_after_attempt, wait_fixed
 from turnlog.tools.demo.chaos.options import RECOVERY_TIMEOUT_SECONDS
 from turnlog.tools.demo.chaos.probes import (
     _broker_answers,
-    _database_answers,
     _group_rejoined,
     _held_within,
     _sink_moved,
@@ -198,7 +197,7 @@ def run_outage(run: _Run, planned: PlannedOutage) -> None:
             answered = _held_within(lambda: _broker_answers(run.settings), RECOVERY_TIMEOUT_SECONDS,
                                     "the broker to answer")
         else:
-            answered = _held_within(lambda: _database_answers(run.store), RECOVERY_TIMEOUT_SECONDS,
+            answered = _held_within(run.store.answers, RECOVERY_TIMEOUT_SECONDS,
                                     "the database to answer")
         answered_at = time.monotonic()
         with run.lock:

@@ -38,11 +38,6 @@ def _held_within(probe: Callable[[], object], timeout: float, what: str, *, ever
     return True
 
 
-def _database_answers(store: SqlStore) -> bool:
-    """The database answers a round trip (:meth:`SqlStore.answers <turnlog.sinks.base.SqlStore.answers>`)."""
-    return store.answers()
-
-
 def _broker_answers(settings: TurnlogSettings) -> bool:
     return kafka.broker_answers(settings, 2.0, quiet=True)
 

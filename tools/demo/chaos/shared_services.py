@@ -13,7 +13,7 @@ from turnlog.deploy.local import SCRIPTS
 from turnlog.exceptions import ConfigurationError
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore
-from turnlog.tools.demo.chaos.probes import _broker_answers, _database_answers, _held_within
+from turnlog.tools.demo.chaos.probes import _broker_answers, _held_within
 
 #: How long a deploy script may take (seconds). A broker SIGKILLed with many partitions recovers
 #: every log at its next start (no clean-shutdown file): on two busy cores, 400 partitions took
@@ -116,5 +116,5 @@ def _ensure_services_up(state_dir: Path, settings: TurnlogSettings, store: SqlSt
     """Whatever happened, leave the shared broker (with ``broker``) and Postgres running (other people use them)."""
     if broker and not _broker_answers(settings):
         subprocess.run(["bash", str(SCRIPTS / "kafka.sh"), "start"], check=False, capture_output=True, timeout=180)
-    if not _database_answers(store):
+    if not store.answers():
         subprocess.run(["bash", str(SCRIPTS / "postgres.sh"), "start"], check=False, capture_output=True, timeout=180)
