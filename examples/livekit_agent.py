@@ -1,7 +1,7 @@
 """A LiveKit voice agent whose conversation turnlog records as it happens.
 
     pip install 'turnlog[livekit]'
-    export TURNLOG_BOOTSTRAP_SERVERS=...  TURNLOG_API_URL=... TURNLOG_API_TOKEN=...   # or TURNLOG_DATABASE_URL
+    export TURNLOG_BOOTSTRAP_SERVERS=...  TURNLOG_API_URL=... TURNLOG_API_TOKEN=...
     export LIVEKIT_URL=... LIVEKIT_API_KEY=... LIVEKIT_API_SECRET=...
     python examples/livekit_agent.py dev
 

@@ -1,6 +1,6 @@
 """The producer library: SessionRecorder over confluent-kafka's idempotent producer."""
 
-from turnlog.producers.api_client import resume_via_api, resume_via_api_async
+from turnlog.producers.api_client import ApiResumeSource, resume_via_api, resume_via_api_async
 from turnlog.producers.exceptions import (
     InvalidTurnError,
     RecorderError,
@@ -13,17 +13,19 @@ from turnlog.producers.exceptions import (
     SpoolError,
     SpoolFullError,
 )
-from turnlog.producers.grant import ResumeGrant, StoredTurn
+from turnlog.producers.grant import ResumeGrant, ResumeSource, StoredTurn
 from turnlog.producers.partitioning import partition_for
 from turnlog.producers.recorder import RecordedSession, SessionRecorder
 
 __all__ = [
+    "ApiResumeSource",
     "InvalidTurnError",
     "RecordedSession",
     "RecorderError",
     "ResumeApiError",
     "ResumeBarrierTimeout",
     "ResumeGrant",
+    "ResumeSource",
     "ResumeUnauthorizedError",
     "SessionClosedError",
     "SessionErasedError",

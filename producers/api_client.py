@@ -2,7 +2,7 @@
 database credentials.
 
 ``POST {api_url}/api/sessions/{id}/resume?timeout=<seconds>`` runs the resume
-barrier next to the store (``producers/resume.py``) and answers with the
+barrier next to the store (``turnlog/resume_barrier.py``) and answers with the
 :class:`~turnlog.producers.grant.ResumeGrant` as JSON. HTTP answers and
 transport errors become the recorder's own exceptions here, at this one
 boundary (``raise ... from e``):
@@ -64,7 +64,8 @@ from turnlog.producers.grant import (
 )
 from turnlog.redact import redact, redact_url
 
-__all__ = ["resume_via_api", "resume_via_api_async", "RESPONSE_MARGIN_SECONDS", "CONNECT_TIMEOUT_SECONDS"]
+__all__ = ["ApiResumeSource", "resume_via_api", "resume_via_api_async", "RESPONSE_MARGIN_SECONDS",
+           "CONNECT_TIMEOUT_SECONDS"]
 
 logger = logging.getLogger(__name__)
 
@@ -77,6 +78,24 @@ CONNECT_TIMEOUT_SECONDS = 10.0
 BUSY_RETRY_MIN_SECONDS, BUSY_RETRY_MAX_SECONDS = 0.1, 30.0
 #: The shortest barrier wait worth asking for after a 429 (seconds).
 _MIN_RESUME_WAIT_SECONDS = 0.1
+
+
+class ApiResumeSource:
+    """A :class:`~turnlog.producers.grant.ResumeSource` through turnlog's API at ``api_url``
+    with the bearer ``token``: :func:`resume_via_api_async` per grant. The recorder's default
+    when ``settings.api_url`` is set; it holds no client between resumes, so :meth:`close` has
+    nothing to release."""
+
+    def __init__(self, api_url: str, token: SecretStr | str | None) -> None:
+        self.api_url = api_url
+        self._token = token
+
+    async def grant(self, session_id: str, timeout: float) -> ResumeGrant:
+        """:func:`resume_via_api_async`: the same answers and exceptions."""
+        return await resume_via_api_async(self.api_url, self._token, session_id, timeout)
+
+    def close(self) -> None:
+        """Nothing to release: each resume uses a client of its own."""
 
 
 def resume_via_api(

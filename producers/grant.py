@@ -1,9 +1,10 @@
 """What a resume grants: the claimed epoch, the stored position and the stored turns.
 
-:class:`ResumeGrant` is the one value both resume paths give the recorder:
-the direct path (``ResumeBarrier.grant`` over the store, single-host setups)
-and the API path (``POST /api/sessions/{id}/resume``, read back by
-``turnlog.producers.api_client``). The API and the client share its JSON
+:class:`ResumeGrant` is the one value every :class:`ResumeSource` gives the
+recorder: the API path (``POST /api/sessions/{id}/resume``, read back by
+:class:`~turnlog.producers.api_client.ApiResumeSource`) and the direct path
+(:class:`~turnlog.resume_barrier.StoreResumeSource`, the barrier over the store
+in the same process, for single-host setups). The API and the client share its JSON
 shape through :func:`encode_grant` and :func:`decode_grant`, so they cannot
 drift apart.
 
@@ -27,13 +28,13 @@ from __future__ import annotations
 import datetime as dt
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import msgspec
 
 from turnlog.schemas import SessionStatus
 
-__all__ = ["StoredTurn", "ResumeGrant", "TurnPage", "encode_grant", "decode_grant", "decode_turn_page",
+__all__ = ["ResumeSource", "StoredTurn", "ResumeGrant", "TurnPage", "encode_grant", "decode_grant", "decode_turn_page",
            "MAX_RESUME_TIMEOUT_SECONDS", "RESUME_TURN_PAGE"]
 
 #: Longest resume barrier wait the API accepts for one request (seconds). A
@@ -169,3 +170,29 @@ def decode_turn_page(data: bytes | str) -> TurnPage:
             stored turn's shape.
     """
     return _page_decoder.decode(data)
+
+
+class ResumeSource(Protocol):
+    """Where :meth:`SessionRecorder.resume` gets its grant: the resume barrier, run by
+    whoever holds the store (docs/design.md, "Events").
+
+    The recorder holds one for its lifetime and calls :meth:`close` from its own ``close()``.
+    Implementations: :class:`~turnlog.producers.api_client.ApiResumeSource` (turnlog's API; the
+    recorder's default when ``TURNLOG_API_URL`` is set) and
+    :class:`~turnlog.resume_barrier.StoreResumeSource` (the store, in this process).
+    """
+
+    async def grant(self, session_id: str, timeout: float) -> ResumeGrant | None:
+        """Pass the barrier for ``session_id`` within ``timeout`` seconds, claim its next epoch
+        and return the grant (None: no such session within the caller's fleets).
+
+        Raises:
+            ResumeBarrierTimeout: the pipeline or the store did not catch up in time.
+            SessionErasedError: the session is being forgotten; nothing is claimed.
+            RecorderError: any other refusal (see the implementation).
+        """
+        ...
+
+    def close(self) -> None:
+        """Release what the source holds (clients, connections); a later grant may reopen them."""
+        ...

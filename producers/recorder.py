@@ -57,6 +57,8 @@ from turnlog import kafka, metrics
 from turnlog.crypto.config import recorder_kek
 from turnlog.crypto.envelope import EpochSealer
 from turnlog.crypto.keys import KekPublicKey
+from turnlog.exceptions import ConfigurationError
+from turnlog.producers.api_client import ApiResumeSource
 from turnlog.producers.drainer import SpoolDrainer, Ticket
 from turnlog.producers.erasure_watch import ErasureWatch
 from turnlog.producers.exceptions import (
@@ -67,7 +69,7 @@ from turnlog.producers.exceptions import (
     SessionErasedError,
     SessionNotFoundError,
 )
-from turnlog.producers.grant import ResumeGrant, StoredTurn
+from turnlog.producers.grant import ResumeSource, StoredTurn
 from turnlog.producers.pii import Redactor, partial_redaction, redact_values, redactor_from_settings
 from turnlog.producers.spool import SpooledEvent
 from turnlog.schemas import (
@@ -465,9 +467,11 @@ class SessionRecorder:
     died on this host (their events are delivered first), and starts the
     drainer and the flush timer.
 
-    :meth:`resume` goes through turnlog's API when ``settings.api_url`` is set
-    (the agent host needs no database credentials); otherwise it opens the
-    store at ``settings.database_url`` (single-host setups), or uses ``store``.
+    :meth:`resume` gets its grant from ``resume_source`` (a
+    :class:`~turnlog.producers.grant.ResumeSource`, closed by :meth:`close`); without one, from
+    turnlog's API when ``settings.api_url`` is set (the agent host needs no database
+    credentials). A host that holds the store passes
+    ``resume_source=StoreResumeSource(settings)`` (``turnlog.resume_barrier``).
 
     ``redactor`` (default: made by :meth:`start` from ``settings.redaction``,
     ``TURNLOG_REDACTION``) masks personal data before anything is spooled:
@@ -482,7 +486,7 @@ class SessionRecorder:
         *,
         producer_id: str | None = None,
         producer_config: Mapping[str, Any] | None = None,
-        store: Any | None = None,
+        resume_source: ResumeSource | None = None,
         redactor: Redactor | None = None,
     ) -> None:
         self.settings = settings or TurnlogSettings()
@@ -498,9 +502,11 @@ class SessionRecorder:
             Path(self.settings.spool_dir), {**config, **(producer_config or {})},
             max_bytes=self.settings.spool_max_bytes, erasure_check=self._erasures.check,
         )
-        self._store = store
         self._signer = RecordSigner(self.settings.fleet_key_rings())
-        self._barrier: Any | None = None  # ResumeBarrier, made at the first direct-store resume
+        if resume_source is None and self.settings.api_url:
+            resume_source = ApiResumeSource(self.settings.api_url, self.settings.api_token)
+        #: where resume() gets its grant; None: resume() raises ConfigurationError
+        self._resume_source = resume_source
         self._sessions: dict[str, RecordedSession] = {}
         self._timer: asyncio.Task[None] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None  # start()'s, where erasures are applied to sessions
@@ -603,7 +609,8 @@ class SessionRecorder:
         that died here left it behind; this recorder adopts it), and waits for
         another live recorder here that adopted it first to deliver it, so the
         resume position counts it. Then
-        waits at the resume barrier (``producers/resume.py``) until the pipeline
+        waits at the resume barrier (``turnlog/resume_barrier.py``, through the resume
+        source given to the constructor, or the API) until the pipeline
         has applied everything the predecessor got acknowledged, claims the next
         epoch, and continues after the stored ``last_seq`` and the highest
         stored turn; :attr:`RecordedSession.turns` holds the stored conversation.
@@ -618,8 +625,17 @@ class SessionRecorder:
                 does not cover its fleet).
             SessionErasedError: the session is being forgotten, or was (through the API).
             SessionClosedError: the session has ended.
+            ConfigurationError: the recorder has no resume source (no ``resume_source`` and no
+                ``TURNLOG_API_URL``).
         """
         self._require_started()
+        source = self._resume_source
+        if source is None:
+            raise ConfigurationError(
+                f"resume of {session_id}: no resume source; set TURNLOG_API_URL (and TURNLOG_API_TOKEN) to resume "
+                "through turnlog's API, or, on a host that holds the store, pass "
+                "SessionRecorder(resume_source=StoreResumeSource(settings)) from turnlog.resume_barrier"
+            )
         if session_id in self._sessions:
             raise SessionClosedError(f"session {session_id} is being recorded by this recorder already")
         wait = timeout if timeout is not None else self.settings.resume_timeout_seconds
@@ -637,7 +653,7 @@ class SessionRecorder:
                 f"were not delivered within {wait:.0f} s (is the broker reachable?)",
                 undelivered_events=sum(held.values()),
             )
-        grant = await self._grant(session_id, max(0.1, deadline - time.monotonic()))
+        grant = await source.grant(session_id, max(0.1, deadline - time.monotonic()))
         if grant is None:
             raise SessionNotFoundError(f"no session {session_id} in the store")
         if not grant.resumable:
@@ -711,9 +727,8 @@ class SessionRecorder:
         for session in list(self._sessions.values()):  # no longer recorded here (a later end() forgets nothing)
             self._forget(session)
         await asyncio.to_thread(self._erasures.close)
-        if self._barrier is not None:
-            self._barrier.close()
-            self._barrier = None
+        if self._resume_source is not None:
+            await asyncio.to_thread(self._resume_source.close)
         await asyncio.to_thread(self._tracing.flush)
 
     # -- internals -----------------------------------------------------------
@@ -867,20 +882,6 @@ class SessionRecorder:
             else:  # another recorder's spool: adopt it if that recorder died meanwhile
                 await asyncio.sleep(_OTHER_SPOOLS_POLL_SECONDS)
                 await asyncio.wrap_future(self._drainer.adopt_orphans())
-
-    async def _grant(self, session_id: str, timeout: float) -> ResumeGrant | None:
-        if self.settings.api_url:
-            from turnlog.producers.api_client import resume_via_api_async
-
-            return await resume_via_api_async(self.settings.api_url, self.settings.api_token, session_id, timeout)
-        from turnlog.producers.resume import ResumeBarrier  # the store path: SQLAlchemy only where it is used
-        from turnlog.sinks import open_store
-
-        if self._barrier is None:
-            if self._store is None:
-                self._store = open_store(self.settings.database_url)
-            self._barrier = ResumeBarrier(self.settings, self._store)
-        return await asyncio.to_thread(self._barrier.grant, session_id, timeout)
 
     def _matters(self, session_id: str) -> bool:
         """Whether an erasure of ``session_id`` concerns this recorder: it records the session, or

@@ -50,7 +50,7 @@ below the stored offsets, or finds the session ``finalized`` already and
 matches nothing. No moment exists where a committed session is ended and
 complete but not finalized, and no second consumer of the transcript is needed
 to find the ``session.ended``. The finalizer service remains as a sweep for
-stores written otherwise (``stream_processors/finalizer.py``).
+stores written otherwise (``sinks/sweep.py``).
 
 The Kafka consumer (``sinks/service.py``) never commits offsets to Kafka; on
 partition assignment it seeks to the offsets stored here.

@@ -1,6 +1,6 @@
 """Resume claims: where a session stands in the store, and its next epoch.
 
-The store side of a resume (``producers/resume.py``, docs/design.md, "Events":
+The store side of a resume (``turnlog/resume_barrier.py``, docs/design.md, "Events":
 resume barrier): :meth:`SqlResumeClaims.claim_epoch` hands out the next epoch of an
 active session under the session row's lock, so two concurrent resumers get
 different epochs and the higher one fences the other. The claim is written in

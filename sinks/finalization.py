@@ -14,7 +14,7 @@ the ``session.ended`` (or of the record that closed the session's last gap)
 commit with them. A crash before the commit loses the rows, the aggregates and
 the offsets together and the batch is applied again; a re-delivered batch is
 below the stored offsets, or finds the session ``finalized`` already and
-matches nothing. The finalizer service (``stream_processors/finalizer.py``)
+matches nothing. The sweep (``sinks/sweep.py``, run by the finalizer service)
 runs the same guarded ``UPDATE`` as a sweep, one session per transaction, for
 stores written otherwise (:meth:`SqlFinalization.finalizable_sessions`).
 

@@ -40,7 +40,7 @@ bytes left out, the reason and source offset kept): one record never stops the
 worker; only the broker's absence does (``EmissionFailed``, ``BrokerError``).
 
 The group's committed offset is what the resume barrier waits on
-(``producers/resume.py``): since Faust's recovery completion no longer drops
+(``turnlog/resume_barrier.py``): since Faust's recovery completion no longer drops
 fetched records (``recovery.py``), it never passes an unprocessed record.
 Two checks stay as tripwires: offset continuity per partition (a jump is an
 error log and ``turnlog_sequencer_offset_jumps_total``; the skipped records

@@ -14,7 +14,10 @@ from typing import Any, TypeVar
 from sqlalchemy import select, update
 
 from turnlog import polling
+from turnlog.producers import SessionRecorder
+from turnlog.resume_barrier import resume_source_for
 from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, encode_event
+from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SourceMessage, SqlStore
 from turnlog.sinks.tables import metadata, sessions
 
@@ -262,3 +265,10 @@ def partition_records(
     """``(key, value, headers)`` of every committed record of ``topic``'s ``partition``
     (:func:`read_partition`)."""
     return [(m.key(), m.value(), m.headers() or []) for m in read_partition(bootstrap_servers, topic, partition)]
+
+
+def recorder_for(settings: TurnlogSettings, **kwargs: Any) -> SessionRecorder:
+    """A :class:`SessionRecorder` that resumes as a host holding the store does: through the API
+    when ``settings.api_url`` is set, else by running the barrier over the store
+    (:func:`~turnlog.resume_barrier.resume_source_for`)."""
+    return SessionRecorder(settings, resume_source=resume_source_for(settings), **kwargs)

@@ -232,7 +232,8 @@ class TurnlogSettings(BaseSettings):
         description="Base URL of turnlog's HTTP API, e.g. http://127.0.0.1:8000 (no path). When set, "
         "SessionRecorder.resume() passes the resume barrier through the API (POST "
         "/api/sessions/{id}/resume) and needs no database credentials on the agent's host; unset: "
-        "resume() opens database_url itself (single-host setups).",
+        "resume() needs a resume source given to the recorder (StoreResumeSource on a host that "
+        "holds the store).",
     )
     api_token: SecretStr | None = Field(
         None,

@@ -26,10 +26,10 @@ from langchain_core.messages import AIMessageChunk
 from langgraph.checkpoint.memory import InMemorySaver
 
 from turnlog.adapters.langgraph import LangGraphMirror
-from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
 
 from tests.adapters.langgraph_fakes import ScriptedChat, chat_graph, reply
+from tests.support import recorder_for
 
 CALL = {"name": "order_status", "args": {"order": "42"}, "id": "call-1", "type": "tool_call"}
 
@@ -80,7 +80,7 @@ async def second(mirror: LangGraphMirror, config: dict) -> None:
 
 
 async def main(phase: str, thread: str) -> None:
-    async with SessionRecorder(TurnlogSettings()) as recorder:
+    async with recorder_for(TurnlogSettings()) as recorder:
         mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
         await {"first": first, "second": second}[phase](mirror, {"configurable": {"thread_id": thread}})
 

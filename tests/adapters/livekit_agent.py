@@ -29,6 +29,8 @@ import sys
 from livekit.agents import AgentSession, function_tool
 
 from turnlog.adapters.livekit import record_session
+from turnlog.resume_barrier import resume_source_for
+from turnlog.settings import TurnlogSettings
 
 from tests.adapters.livekit_fakes import (
     Gatekeeper,
@@ -80,7 +82,8 @@ async def main(phase: str, session_id: str) -> None:
     if voice:
         voice_outputs(session)
     agent = StoryTeller(instructions="You tell stories.")
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-crash")
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-crash",
+                                     resume_source=resume_source_for(TurnlogSettings()))
     say(
         resumed=recording.resumed,
         epoch=recording.recorded.epoch,

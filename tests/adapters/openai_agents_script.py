@@ -22,10 +22,10 @@ import sys
 from agents import Agent, Runner, SQLiteSession, set_tracing_disabled
 
 from turnlog.adapters.openai_agents import TurnlogSession
-from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
 
 from tests.adapters.openai_agents_fakes import FakeModel, Reply
+from tests.support import recorder_for
 
 
 def say(**fields: object) -> None:
@@ -73,7 +73,7 @@ async def second(session: TurnlogSession) -> None:
 
 async def main(phase: str, session_id: str) -> None:
     set_tracing_disabled(True)
-    async with SessionRecorder(TurnlogSettings()) as recorder:
+    async with recorder_for(TurnlogSettings()) as recorder:
         session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="bot")
         await {"first": first, "second": second}[phase](session)
 

@@ -50,8 +50,9 @@ from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
 from pipecat.workers.runner import WorkerRunner
 
 from turnlog.adapters.pipecat import TurnlogObserver
-from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
+
+from tests.support import recorder_for
 
 SYSTEM = {"role": "system", "content": "You are a delivery assistant."}
 STEP_TIMEOUT = 60.0
@@ -102,7 +103,7 @@ async def until(probe: Callable[[], bool], what: str, timeout: float = STEP_TIME
 
 
 async def main(session_id: str) -> None:
-    async with SessionRecorder(TurnlogSettings()) as recorder:
+    async with recorder_for(TurnlogSettings()) as recorder:
         observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat-agent")
         context = LLMContext([SYSTEM, *observer.messages])
         say(resumed=observer.resumed, epoch=observer.session.epoch, context=context.messages)

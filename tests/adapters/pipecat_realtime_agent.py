@@ -32,15 +32,15 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.workers.runner import WorkerRunner
 
 from turnlog.adapters.pipecat import TurnlogObserver
-from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
 
 from tests.adapters.pipecat_agent import STEP_TIMEOUT, SYSTEM, aggregator_pair, say, until
 from tests.adapters.pipecat_services import HeardDelta, HeardFinal, RealtimeLLM, Responds, SpeechStarted, SpeechStopped
+from tests.support import recorder_for
 
 
 async def main(session_id: str) -> None:
-    async with SessionRecorder(TurnlogSettings()) as recorder:
+    async with recorder_for(TurnlogSettings()) as recorder:
         observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat-realtime")
         context = LLMContext([SYSTEM, *observer.messages])
         say(resumed=observer.resumed, context=context.messages)

@@ -34,12 +34,12 @@ from pipecat.processors.aggregators.llm_context import LLMContext
 from pipecat.turns.user_mute import AlwaysUserMuteStrategy
 
 from turnlog.adapters.pipecat import TurnlogObserver
-from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
 
 from tests.adapters.pipecat_agent import STEP_TIMEOUT, SYSTEM, say
 from tests.adapters.pipecat_call import Call, says, voice_pair
 from tests.adapters.pipecat_services import Reply, ScriptedLLM, ScriptedSTT, SilentTTS, Speaker
+from tests.support import recorder_for
 
 #: The long rest of the answer the bot is speaking when it is killed (about 30 s of audio).
 LONG = " It will take a moment" + " while I check the courier's schedule" * 24 + "."
@@ -65,7 +65,7 @@ class Processed(BaseObserver):
 
 
 async def main(session_id: str) -> None:
-    async with SessionRecorder(TurnlogSettings()) as recorder:
+    async with recorder_for(TurnlogSettings()) as recorder:
         observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat-voice")
         context = LLMContext([SYSTEM, *observer.messages])
         say(resumed=observer.resumed, epoch=observer.session.epoch, context=context.messages)

@@ -9,7 +9,7 @@ from contextlib import aclosing
 
 import pytest
 
-from tests.support import require_extra
+from tests.support import recorder_for, require_extra
 
 require_extra("langgraph", "langgraph")
 
@@ -17,7 +17,6 @@ from langchain_core.messages import AIMessageChunk, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
 
 from turnlog.adapters.langgraph import LangGraphMirror
-from turnlog.producers import SessionRecorder
 
 from tests.adapters.langgraph_fakes import ScriptedChat, chat_graph, reply
 from tests.adapters.scripted import TURNS_AFTER_A_KILL_MID_ANSWER, kill_mid_answer_then_resume
@@ -49,7 +48,7 @@ def stored_conversation(pipeline, thread):
 
 async def run_exchanges(pipeline, thread, graph, questions, **mirror_kwargs):
     """Ask ``questions`` through a mirror, end the session, wait until it is finalized; the graph's final state."""
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot", **mirror_kwargs)
         for question in questions:
             async for _ in mirror.astream(graph, {"messages": [("user", question)]}, config(thread)):
@@ -68,7 +67,7 @@ async def test_the_mirror_records_the_conversation_partials_tokens_and_tool_call
         reply("ai-3", "You are welcome!", input_tokens=40, output_tokens=4),
     ]), seen=[])
     graph = chat_graph(model, InMemorySaver())
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="support")
         modes, chunks = set(), 0
         async for mode, chunk in mirror.astream(graph, {"messages": [("user", "Where is order 42?")]}, config(thread)):
@@ -113,7 +112,7 @@ async def test_the_turn_spans_carry_the_graphs_thread_id_as_langsmith_does(pipel
     ]), seen=[])
     graph = chat_graph(model, InMemorySaver())
     in_metadata = set()
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="support")
         async for mode, chunk in mirror.astream(graph, {"messages": [("user", "Where is order 42?")]}, config(thread)):
             if mode == "messages":
@@ -130,7 +129,7 @@ async def test_a_stream_cut_short_keeps_the_words_seen_as_a_barged_in_turn(pipel
     thread = f"lg-cut-{uuid.uuid4().hex[:8]}"
     model = ScriptedChat(replies=iter([reply("ai-1", "Let me read you all the terms and conditions.", output_tokens=9)]), seen=[])
     graph = chat_graph(model, InMemorySaver())
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="talker")
         words = 0
         async with aclosing(mirror.astream(graph, {"messages": [("user", "Tell me the terms")]}, config(thread))) as stream:
@@ -150,14 +149,14 @@ async def test_a_stream_cut_short_keeps_the_words_seen_as_a_barged_in_turn(pipel
 async def test_a_resumed_thread_whose_checkpointer_lost_it_continues_from_turnlog(pipeline):
     thread = f"lg-rebuild-{uuid.uuid4().hex[:8]}"
     first = ScriptedChat(replies=iter([reply("ai-1", "Hello, Ada.", output_tokens=3)]), seen=[])
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
         async for _ in mirror.astream(chat_graph(first, InMemorySaver()), {"messages": [("user", "I am Ada")]}, config(thread)):
             pass
     # A new process with a new in-memory checkpointer: the thread is gone there, not in turnlog.
     model = ScriptedChat(replies=iter([reply("ai-2", "You are Ada.", input_tokens=8, output_tokens=3)]), seen=[])
     graph = chat_graph(model, InMemorySaver())
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
         assert mirror.recorded.epoch == 1
         assert [(m.type, m.content) for m in mirror.history] == [("human", "I am Ada"), ("ai", "Hello, Ada.")]
@@ -216,7 +215,7 @@ def test_the_example_imports_without_network_or_api_keys(import_example):
 
 
 async def test_subgraphs_and_the_v2_stream_are_refused(pipeline):
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         mirror = await LangGraphMirror.open(recorder, f"lg-refuse-{uuid.uuid4().hex[:8]}", fleet="tests", agent_id="bot")
         graph = chat_graph(ScriptedChat(replies=iter([]), seen=[]), InMemorySaver())
         for kwargs in ({"subgraphs": True}, {"version": "v2"}):
@@ -235,13 +234,13 @@ async def test_a_resumed_mirror_records_what_the_checkpointer_saved_past_turnlog
         reply("ai-3", "Blue.", output_tokens=1),
     ]), seen=[])
     graph = chat_graph(model, InMemorySaver())  # the checkpointer outlives the "process"
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
         async for _ in mirror.astream(graph, {"messages": [("user", "I am Ada")]}, config(thread)):
             pass
         async for _ in graph.astream({"messages": [("user", "I like blue")]}, config(thread)):
             pass  # not mirrored: as if killed before the updates reached the mirror
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
         async for _ in mirror.astream(graph, {"messages": [("user", "My colour?")]}, config(thread)):
             pass
@@ -302,7 +301,7 @@ async def test_partial_nodes_keep_a_routers_text_out_of_the_partials(pipeline):
     thread = f"lg-partial-{uuid.uuid4().hex[:8]}"
     model = ScriptedChat(replies=iter([reply("route-1", "billing"), reply("ai-1", "Your invoice is attached.", output_tokens=5)]), seen=[])
     graph = chat_graph(model, InMemorySaver(), router=True)
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot", partial_nodes=["chat"])
         async for mode, chunk in mirror.astream(graph, {"messages": [("user", "My invoice?")]}, config(thread)):
             if mode == "updates" and "router" in chunk:
@@ -337,14 +336,14 @@ async def test_a_resume_whose_first_stream_failed_rebuilds_the_thread_on_the_nex
     was unreachable): the next one still puts turnlog's history in front of the input."""
     thread = f"lg-retry-{uuid.uuid4().hex[:8]}"
     first = ScriptedChat(replies=iter([reply("ai-1", "Hello, Ada.", output_tokens=3)]), seen=[])
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
         async for _ in mirror.astream(chat_graph(first, InMemorySaver()), {"messages": [("user", "I am Ada")]}, config(thread)):
             pass
     model = ScriptedChat(replies=iter([reply("ai-2", "You are Ada.", input_tokens=8, output_tokens=3)]), seen=[])
     saver = UnreachableOnce()
     graph = chat_graph(model, saver)
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
         with pytest.raises(ConnectionError):
             async for _ in mirror.astream(graph, {"messages": [("user", "Who am I?")]}, config(thread)):

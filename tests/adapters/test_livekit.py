@@ -14,7 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import require_extra
+from turnlog.resume_barrier import resume_source_for
+
+from tests.support import recorder_for, require_extra
 
 require_extra("livekit.agents", "livekit")
 
@@ -27,7 +29,7 @@ from sqlalchemy import select
 
 from turnlog.adapters.livekit import chat_context_from_turns, record_session
 from turnlog.ops.audit import fold_events
-from turnlog.producers import SessionRecorder, StoredTurn
+from turnlog.producers import StoredTurn
 from turnlog.schemas import TurnPartial, decode_event
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
@@ -159,7 +161,8 @@ async def test_a_conversation_with_interim_transcripts_and_a_barge_in_is_stored_
     session, agent = new_session(ScriptedLLM(REPLIES)), Agent(instructions="You are a test agent.")
     room_text = session.output.transcription = CapturedText()  # as RoomIO's transcription output would be
     recording = await record_session(
-        session, agent, session_id=session_id, fleet="tests", agent_id="livekit", settings=pipeline.settings
+        session, agent, session_id=session_id, fleet="tests", agent_id="livekit", settings=pipeline.settings,
+        resume_source=resume_source_for(pipeline.settings),
     )
     assert not recording.resumed and recording.recorded.epoch == 0
     await session.start(agent)
@@ -243,7 +246,7 @@ async def test_on_the_voice_path_a_barged_in_reply_is_stored_with_the_words_hear
     session = AgentSession(llm=ScriptedLLM(replies), tts=SilentTTS(), vad=None, user_away_timeout=None)
     room_text = voice_outputs(session)  # audio and text outputs as RoomIO sets them: text released as the audio plays
     agent = Agent(instructions="You are a test agent.")
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-voice", settings=pipeline.settings)
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-voice", settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     try:
         await session.run(user_input="Hello")
@@ -280,7 +283,7 @@ async def test_on_the_voice_path_a_barged_in_reply_is_stored_with_the_words_hear
 async def _recorded_and_greeted(pipeline, session, agent, session_id):
     """In a job's entrypoint: record ``session``, start it, and have the user say "Hello"."""
     recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit",
-                                     settings=pipeline.settings)
+                                     settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     await session.run(user_input="Hello")
     return recording
@@ -336,7 +339,7 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
     # The next job resumes it (through a recorder of its own): LiveKit's ChatContext is rebuilt from turnlog.
     llm = ScriptedLLM(REPLIES)
     session, agent = new_session(llm), Agent(instructions="You are a test agent.")
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit", recorder=recorder)
         assert recording.resumed and recording.recorded.epoch == 1
         rebuilt = seen
@@ -378,7 +381,7 @@ async def test_a_tool_livekit_ran_is_recorded_with_its_reply_and_a_resume_puts_i
     session_id = f"lk-tool-{uuid.uuid4().hex[:6]}"
     session, agent = new_session(ScriptedLLM(PRICING)), _PricingAgent()
     recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit",
-                                     settings=pipeline.settings)
+                                     settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     try:
         await session.run(user_input="How much is the basic plan?")
@@ -403,7 +406,7 @@ async def test_a_tool_livekit_ran_is_recorded_with_its_reply_and_a_resume_puts_i
     llm = ScriptedLLM(PRICING)
     session, agent = new_session(llm), _PricingAgent()
     recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit",
-                                     settings=pipeline.settings)
+                                     settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     assert recording.resumed
     assert conversation_items(agent.chat_ctx.items) == seen
     assert conversation_items(session.history.items) == seen
@@ -467,7 +470,7 @@ async def test_with_a_realtime_model_that_transcribes_the_user_after_its_reply_t
     session_id = f"lk-realtime-{uuid.uuid4().hex[:6]}"
     realtime = LateTranscriptRealtime()
     session, agent = AgentSession(llm=realtime.model, vad=None, user_away_timeout=None), Agent(instructions="You are a test agent.")
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-realtime", settings=pipeline.settings)
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-realtime", settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     try:
         await realtime.user_turn("What time is it?", "It is noon.", item_id="user-1")
@@ -531,7 +534,7 @@ async def test_user_turns_livekit_drops_leave_nothing_in_the_next_turn_and_are_s
     session, agent = AgentSession(llm=llm, **options), Gatekeeper(instructions="You are a test agent.")
     user.attach(session)
     recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-dropped",
-                                     settings=pipeline.settings)
+                                     settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     try:
         await eventually(lambda: user.listening, what="LiveKit listening to the user", timeout=30)
@@ -621,7 +624,7 @@ async def test_an_llm_calls_tokens_go_to_the_turn_of_the_speech_livekit_made_it_
     reported = []
     session.on("session_usage_updated", lambda ev: reported.append(session.current_speech))
     recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-tokens",
-                                     settings=pipeline.settings)
+                                     settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     try:
         await session.run(user_input="Hello")
@@ -673,7 +676,7 @@ async def test_the_turn_spans_carry_livekits_speech_id_and_the_jobs_room_and_job
     session.on("speech_created", lambda ev: speeches.append(ev.speech_handle.id))
     with fake_job_context() as job:
         recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-trace",
-                                         settings=pipeline.settings)
+                                         settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
         await session.start(agent)
         await session.run(user_input="Hello")
         await session.say("Goodbye!", add_to_chat_ctx=False)  # completed at its speech's end, not by a message
@@ -713,7 +716,7 @@ async def test_a_realtime_models_tokens_reported_after_its_turn_completed_go_to_
     realtime = LateTranscriptRealtime()
     session, agent = AgentSession(llm=realtime.model, vad=None, user_away_timeout=None), Agent(instructions="You are a test agent.")
     recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-realtime",
-                                     settings=pipeline.settings)
+                                     settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     try:
         await realtime.user_turn("What time is it?", "It is noon.", item_id="user-1")

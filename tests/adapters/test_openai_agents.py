@@ -8,7 +8,7 @@ import uuid
 
 import pytest
 
-from tests.support import require_extra
+from tests.support import recorder_for, require_extra
 
 require_extra("agents.memory", "openai-agents")
 
@@ -28,7 +28,6 @@ from agents.tracing import TracingProcessor
 from agents.tracing.processors import default_processor
 
 from turnlog.adapters.openai_agents import TurnlogSession
-from turnlog.producers import SessionRecorder
 
 from tests.adapters.openai_agents_fakes import FakeModel, Reply, fake_chat_client
 from tests.adapters.scripted import TURNS_AFTER_A_KILL_MID_ANSWER, kill_mid_answer_then_resume
@@ -74,7 +73,7 @@ async def test_runner_run_records_user_and_assistant_turns_with_tokens_and_tool_
     ])
     agent = Agent(name="support", instructions="Help with orders.", model=model, tools=[order_status])
     inner = SQLiteSession(session_id)
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="support")
         first = await Runner.run(agent, "Where is order 42?", session=session, hooks=session.hooks)
         second = await Runner.run(agent, "Thanks!", session=session, hooks=session.hooks)
@@ -144,7 +143,7 @@ async def test_the_turn_spans_carry_the_sdks_trace_group_and_response_ids(pipeli
     set_trace_processors([traces])
     set_tracing_disabled(False)
     try:
-        async with SessionRecorder(pipeline.settings) as recorder:
+        async with recorder_for(pipeline.settings) as recorder:
             session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="support")
             run_config = RunConfig(group_id=group_id)
             await Runner.run(agent, "Where is order 42?", session=session, hooks=session.hooks, run_config=run_config)
@@ -183,7 +182,7 @@ async def test_run_streamed_records_the_partial_then_completes_the_same_turn(pip
     answer = "Sure, the premium plan costs twelve euros a month."
     reply = Reply(text=answer, input_tokens=9, output_tokens=11, hold=4)
     agent = Agent(name="sales", model=FakeModel([reply]))
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="sales")
         result = Runner.run_streamed(agent, "How much is premium?", session=session, hooks=session.hooks)
         deltas = 0
@@ -212,7 +211,7 @@ async def test_a_streamed_run_cancelled_mid_answer_keeps_the_words_seen_as_a_bar
     reply = Reply(text="Let me read you the whole terms and conditions now.", hold=3)
     agent = Agent(name="talker", model=FakeModel([reply, Reply(text="Sorry! Yes?", output_tokens=3)]))
     inner = SQLiteSession(session_id)
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="talker")
         result = Runner.run_streamed(agent, "Tell me the terms", session=session, hooks=session.hooks)
         deltas = 0
@@ -252,7 +251,7 @@ async def test_a_run_cancelled_while_the_session_saves_loses_no_turn(pipeline):
     session_id = f"oa-cancel-{uuid.uuid4().hex[:8]}"
     agent = Agent(name="bot", model=FakeModel([Reply(text="Here is your answer.", input_tokens=5, output_tokens=4), Reply(text="Next.", output_tokens=1)]))
     inner = SlowSession(session_id)
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
         run = asyncio.create_task(Runner.run(agent, "A question", session=session, hooks=session.hooks))
         await asyncio.wait_for(inner.saving.wait(), TIMEOUT)
@@ -275,14 +274,14 @@ async def test_a_run_cancelled_while_the_session_saves_loses_no_turn(pipeline):
 async def test_open_resumes_and_rebuilds_an_inner_session_that_lost_its_items(pipeline):
     session_id = f"oa-rebuild-{uuid.uuid4().hex[:8]}"
     agent = Agent(name="bot", model=FakeModel([Reply(text="Hello, Ada.", output_tokens=3)]))
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         first = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="bot")
         await Runner.run(agent, "I am Ada", session=first, hooks=first.hooks)
     # A new process: the in-memory inner session is gone; turnlog has the conversation.
     model = FakeModel([Reply(text="You are Ada.", output_tokens=3)])
     agent = Agent(name="bot", model=model)
     inner = SQLiteSession(session_id)
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
         assert session.recorded.epoch == 1
         assert texts(await inner.get_items()) == [("user", "I am Ada"), ("assistant", "Hello, Ada.")]
@@ -316,20 +315,20 @@ async def test_open_appends_what_an_inner_session_lacks_and_leaves_a_different_o
     one write behind: open appends the rest. An inner session edited on purpose is not touched."""
     session_id = f"oa-behind-{uuid.uuid4().hex[:8]}"
     agent = Agent(name="bot", model=FakeModel([Reply(text="answer 0"), Reply(text="answer 1")]))
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         first = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="bot")
         await Runner.run(agent, "question 0", session=first, hooks=first.hooks)
         await Runner.run(agent, "question 1", session=first, hooks=first.hooks)
         kept = (await first.inner.get_items())[:2]
     behind = SQLiteSession(session_id)
     await behind.add_items(kept)
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         await TurnlogSession.open(recorder, behind, fleet="tests", agent_id="bot")
     assert texts(await behind.get_items()) == [("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1"), ("assistant", "answer 1")]
 
     other = SQLiteSession(session_id)
     await other.add_items([{"role": "user", "content": "a conversation of its own"}])
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await TurnlogSession.open(recorder, other, fleet="tests", agent_id="bot")
         await session.end("completed")
     assert texts(await other.get_items()) == [("user", "a conversation of its own")]
@@ -338,7 +337,7 @@ async def test_open_appends_what_an_inner_session_lacks_and_leaves_a_different_o
 async def test_a_popped_item_stays_recorded_and_its_restore_is_not_recorded_twice(pipeline):
     session_id = f"oa-pop-{uuid.uuid4().hex[:8]}"
     agent = Agent(name="bot", model=FakeModel([Reply(text="Paris."), Reply(text="Rome.")]))
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="bot")
         await Runner.run(agent, "Capital of France?", session=session, hooks=session.hooks)
         answer = await session.pop_item()
@@ -385,7 +384,7 @@ async def test_a_streamed_run_with_a_tool_call_gives_the_answer_every_tokens_and
         Reply(text="Order 7 ships tomorrow.", input_tokens=30, output_tokens=6),
     ])
     agent = Agent(name="support", model=model, tools=[order_status])
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="support")
         result = Runner.run_streamed(agent, "Order 7?", session=session, hooks=session.hooks)
         async for _ in session.stream(result):
@@ -407,7 +406,7 @@ async def test_a_chat_completions_model_loses_no_answer_after_a_cut_stream(pipel
     client = fake_chat_client([cut, Reply(text="Sorry! Yes?", output_tokens=3), Reply(text="It ships today.", output_tokens=4)])
     agent = Agent(name="talker", model=OpenAIChatCompletionsModel("gpt-4o", openai_client=client))
     inner = SQLiteSession(session_id)
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="talker")
         result = Runner.run_streamed(agent, "Tell me the terms", session=session, hooks=session.hooks)
         deltas = 0
@@ -494,7 +493,7 @@ async def test_a_wrapped_compaction_session_still_compacts_and_every_turn_is_rec
     )
     model = FakeModel([Reply(text="answer 0", output_tokens=2), Reply(text="answer 1", output_tokens=2)])
     agent = Agent(name="bot", model=model)
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
         await Runner.run(agent, "question 0", session=session, hooks=session.hooks)
         assert responses.requests == []  # two items: below the inner session's threshold
@@ -529,7 +528,7 @@ async def test_the_model_call_does_not_wait_for_the_questions_broker_ack(pipelin
     model = FakeModel([Reply(text="Hello!", input_tokens=3, output_tokens=1)])
     agent = Agent(name="bot", model=model)
     inner = SQLiteSession(session_id)
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
         record = session.recorded.complete_turn
 

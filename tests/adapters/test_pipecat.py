@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import require_extra
+from tests.support import recorder_for, require_extra
 
 require_extra("pipecat", "pipecat")
 
@@ -39,7 +39,6 @@ from sqlalchemy import select
 
 from turnlog.adapters.pipecat import TurnlogObserver
 from turnlog.deploy.processes import ServiceProcess
-from turnlog.producers import SessionRecorder
 from turnlog.sinks.tables import transcript_turns
 
 from tests.adapters.pipecat_agent import SYSTEM, aggregator_pair
@@ -119,7 +118,7 @@ async def test_the_store_holds_exactly_the_conversation_pipecat_saw(ready_pipeli
         Reply(("Last Monday, the 3rd.",), prompt_tokens=50, completion_tokens=6),
     ])
     speaker = Speaker()
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
         assert (observer.resumed, observer.messages) == (False, [])
         context = LLMContext([SYSTEM, *observer.messages])
@@ -175,7 +174,7 @@ async def test_a_reply_cut_off_by_a_cancelled_pipeline_is_kept_interrupted_not_b
     session_id = f"pipecat-cancel-{uuid.uuid4().hex[:8]}"
     llm = ScriptedLLM([Reply(("Let me look", " that up for you.", " It will take a few seconds, please hold on."))])
     speaker = Speaker()
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
         context = LLMContext([SYSTEM])
         aggregators = voice_pair(context)
@@ -217,7 +216,7 @@ async def test_the_turn_spans_carry_pipecats_conversation_id(ready_pipeline, rec
     options = {"conversation_id": f"conversation-{uuid.uuid4()}"} if given else {}
     llm = ScriptedLLM([Reply(("Sure,", " what is", " the order number?"))])
     speaker = Speaker()
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
         context = LLMContext([SYSTEM])
         aggregators = voice_pair(context)
@@ -253,7 +252,7 @@ async def test_with_stt_llm_and_tts_muted_speech_is_not_recorded_and_tokens_are_
         Reply(("Thanks.", " Order 1234", " shipped on Monday and arrives on Friday."), prompt_tokens=60, completion_tokens=9),
     ])
     speaker = Speaker()
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
         context = LLMContext([SYSTEM, *observer.messages])
         aggregators = voice_pair(context, mute=[AlwaysUserMuteStrategy()])
@@ -290,7 +289,7 @@ async def test_realtime_deltas_and_a_late_transcript_are_recorded_as_pipecat_hol
     is still the turn before the response's, as in Pipecat's context."""
     pipeline = ready_pipeline
     session_id = f"pipecat-realtime-{uuid.uuid4().hex[:8]}"
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
         context = LLMContext([SYSTEM])
         aggregators = aggregator_pair(context)

@@ -9,10 +9,9 @@ import asyncio
 import time
 
 from turnlog.kafka.partitioning import partition_for
-from turnlog.producers import SessionRecorder
 
 from tests.cluster.conversations import Conversations, assert_stored_as_said
-from tests.support import wait_until
+from tests.support import recorder_for, wait_until
 
 TIMEOUT = 240
 SERVICES = ("sequencer", "sink", "finalizer")
@@ -24,7 +23,7 @@ def test_a_leader_killed_under_load_loses_and_duplicates_nothing(cluster_pipelin
     events = pipeline.settings.topics.events
 
     async def talk_through_the_kill():
-        async with SessionRecorder(pipeline.settings) as recorder:
+        async with recorder_for(pipeline.settings) as recorder:
             talk = Conversations(recorder, 6, f"{pipeline.settings.topic_prefix}-leaderkill")
             await talk.open()
             await talk.talk(turns=3)
@@ -52,7 +51,7 @@ def test_a_leader_paused_past_the_request_timeout_loses_and_duplicates_nothing(c
     async def talk_through_the_pause():
         # The recorder's requests to the frozen leader time out (5 s here) and are sent again, to the
         # new leader once the controller has moved leadership off the node that stopped heartbeating.
-        async with SessionRecorder(
+        async with recorder_for(
             pipeline.settings, producer_config={"request.timeout.ms": int(request_timeout * 1000)}
         ) as recorder:
             talk = Conversations(recorder, 6, f"{pipeline.settings.topic_prefix}-pause")
@@ -80,7 +79,7 @@ def test_below_min_isr_the_recorder_degrades_to_its_spool_and_recovers_by_itself
     events = pipeline.settings.topics.events
 
     async def talk_through_the_loss():
-        async with SessionRecorder(pipeline.settings) as recorder:
+        async with recorder_for(pipeline.settings) as recorder:
             talk = Conversations(recorder, 4, f"{pipeline.settings.topic_prefix}-minisr")
             await talk.open()
             await talk.talk(turns=3)
@@ -115,7 +114,7 @@ def test_a_resume_passes_the_barrier_while_its_partition_leader_fails_over(clust
     partition = partition_for(session_id, settings.partitions)
 
     async def talk_then_leave():
-        async with SessionRecorder(settings) as recorder:
+        async with recorder_for(settings) as recorder:
             talk = Conversations(recorder, 1, talk_prefix)
             await talk.open()
             await talk.talk(turns=5)
@@ -126,7 +125,7 @@ def test_a_resume_passes_the_barrier_while_its_partition_leader_fails_over(clust
     leader = kafka_cluster.leader_of(settings.topics.events, partition)
 
     async def resume_during_the_failover():
-        async with SessionRecorder(settings) as recorder:
+        async with recorder_for(settings) as recorder:
             # The barrier reads the end offset of the session's events partition while its leader fails.
             killing = asyncio.create_task(asyncio.to_thread(kafka_cluster.kill, leader))
             session = await recorder.resume(session_id, timeout=TIMEOUT)

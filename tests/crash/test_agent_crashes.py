@@ -12,12 +12,11 @@ import uuid
 import pytest
 
 from turnlog.deploy.processes import ServiceProcess, turnlog_command
-from turnlog.producers import SessionRecorder
 from turnlog.schemas import TurnPartial, decode_event
 
 from tests.crash.test_service_crashes import read_topic
 from tests.integration.test_pipeline import finalized, stored_turns
-from tests.support import wait_until
+from tests.support import recorder_for, wait_until
 
 TIMEOUT = 120
 FLUSH = 0.2
@@ -91,7 +90,7 @@ def test_an_agent_killed_mid_turn_loses_nothing_the_broker_got_and_its_successor
     in_log = partials_in_log(pipeline, session_id, 3)
 
     async def resume_and_end():
-        async with SessionRecorder(pipeline.settings) as recorder:
+        async with recorder_for(pipeline.settings) as recorder:
             session = await recorder.resume(session_id, timeout=TIMEOUT)
             assert session.next_turn_index == 4
             await session.complete_turn(4, "A", turns[3]["text"])
@@ -119,7 +118,7 @@ def test_a_stopped_agent_that_wakes_after_a_resume_is_fenced_and_the_new_owner_w
     zombie.process.popen.send_signal(signal.SIGSTOP)
 
     async def take_over():
-        async with SessionRecorder(pipeline.settings) as recorder:
+        async with recorder_for(pipeline.settings) as recorder:
             session = await recorder.resume(session_id, timeout=TIMEOUT)
             assert session.epoch == 1
             owner_turn = session.next_turn_index

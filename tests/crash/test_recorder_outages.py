@@ -22,12 +22,12 @@ from sqlalchemy import select
 
 from turnlog.deploy.local import SCRIPTS
 from turnlog.ops.audit import fold_events
-from turnlog.producers import ResumeBarrierTimeout, SessionRecorder
+from turnlog.producers import ResumeBarrierTimeout
 from turnlog.sinks.tables import session_events, transcript_turns
 
 from tests.integration.test_pipeline import finalized
 from tests.progress import ScriptProcess
-from tests.support import wait_until
+from tests.support import recorder_for, wait_until
 
 TIMEOUT = 180
 STATE = Path(os.environ.get("TURNLOG_STATE_DIR", Path.home() / ".cache" / "turnlog"))
@@ -123,7 +123,7 @@ def test_an_agent_killed_during_a_long_broker_outage_loses_no_completed_turn(new
 
     async def resume_in_a_new_process():
         # Same host and spool folder: this recorder adopts the dead one's spool and delivers it first.
-        async with SessionRecorder(pipeline.settings) as recorder:
+        async with recorder_for(pipeline.settings) as recorder:
             session = await recorder.resume(session_id, timeout=TIMEOUT)
             assert session.epoch == 1 and session.next_turn_index in (last_completed + 1, last_completed + 2)
             assert [(t.turn_index, t.text, t.status) for t in session.turns[: last_completed + 1]] == [
@@ -156,7 +156,7 @@ def test_overlapping_open_turns_and_a_barge_in_survive_a_sigkill(new_pipeline, t
     agent.process.kill()
 
     async def resume_and_end():
-        async with SessionRecorder(pipeline.settings) as recorder:
+        async with recorder_for(pipeline.settings) as recorder:
             session = await recorder.resume(session_id, timeout=TIMEOUT)
             assert session.next_turn_index == 4
             assert [(t.turn_index, t.text, t.status, t.barged_in) for t in session.turns] == [
@@ -215,7 +215,7 @@ def test_a_resume_waits_for_another_live_recorder_that_adopted_the_dead_agents_s
     assert held > last_completed, "the holder adopted the dead agent's spool"
 
     async def resume_and_end():
-        async with SessionRecorder(pipeline.settings) as recorder:
+        async with recorder_for(pipeline.settings) as recorder:
             with pytest.raises(ResumeBarrierTimeout) as waited:
                 await recorder.resume(session_id, timeout=3)
             assert waited.value.undelivered_events == held

@@ -17,11 +17,10 @@ import pytest
 from sqlalchemy import select
 
 from turnlog.deploy.processes import stop_all, turnlog_command
-from turnlog.producers import SessionRecorder
 from turnlog.sinks.tables import session_events, transcript_turns
 
 from tests.integration.conftest import Pipeline, make_pipeline
-from tests.support import free_port, sse_events, wait_until
+from tests.support import free_port, recorder_for, sse_events, wait_until
 
 TIMEOUT = 90
 TOKENS = {"tok-a": ["fleet-a"], "tok-b": ["fleet-b"], "tok-all": ["*"], "tok-none": ["nobody"]}
@@ -99,7 +98,7 @@ def visible(pipeline: Pipeline, session_id: str, status: str | None = None) -> b
 
 async def record_session(pipeline: Pipeline, session_id: str, fleet: str, turns: int, *, pause: float = 0.0) -> None:
     """A session of ``turns`` turns, each with two growing partials, then its end."""
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await recorder.start_session(session_id, fleet=fleet, agent_id="agent-1")
         for index in range(turns):
             speaker = "agent" if index % 2 else "user"
@@ -192,7 +191,7 @@ def test_a_session_shows_its_durable_position_aggregates_and_transcript(api):
 
 async def record_barge_in(pipeline: Pipeline, session_id: str) -> None:
     """The user cuts the agent short (turn 0), the agent answers (turn 1), and turn 2 is left unfinished."""
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await recorder.start_session(session_id, fleet="fleet-a", agent_id="agent-1")
         session.update_partial(0, "agent", "Your order ships on")
         await session.flush_partial()

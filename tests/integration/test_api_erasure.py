@@ -23,11 +23,10 @@ from sqlalchemy import func, select
 
 from turnlog.api.app import ERASED_EVENT, ERASURES_PER_TOKEN, create_app
 from turnlog.deploy.processes import ServiceProcess, stop_all, turnlog_command, wait_all_ready
-from turnlog.producers import SessionRecorder
 from turnlog.sinks.tables import erasures, session_events, sessions, transcript_turns
 
 from tests.integration.conftest import Pipeline, make_pipeline
-from tests.support import SseEvent, free_port, sse_events, wait_until
+from tests.support import SseEvent, free_port, recorder_for, sse_events, wait_until
 
 TIMEOUT = 90
 #: Longest a live stream may take to end after the DELETE answered (the ledger reaches every hub
@@ -92,7 +91,7 @@ def stored_events(store, session_id: str) -> int:
 
 
 async def record_finished(pipeline: Pipeline, session_id: str, fleet: str) -> None:
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         session = await recorder.start_session(session_id, fleet=fleet, agent_id="a")
         await session.complete_turn(0, "user", f"I live in {SECRET_WORDS[0]}")
         await session.end("hangup")
@@ -131,7 +130,7 @@ async def test_a_live_session_deleted_through_one_api_ends_its_streams_everywher
     store = pipeline.store
     session_id = f"live-{uuid.uuid4().hex[:8]}"
     kept_id = f"kept-{uuid.uuid4().hex[:8]}"
-    async with SessionRecorder(pipeline.settings) as recorder:
+    async with recorder_for(pipeline.settings) as recorder:
         kept = await recorder.start_session(kept_id, fleet="fleet-a", agent_id="a")
         live = await recorder.start_session(session_id, fleet="fleet-a", agent_id="a")
         for index, word in enumerate(SECRET_WORDS):

@@ -25,7 +25,7 @@ from sqlalchemy import select
 from turnlog.deploy.processes import stop_all
 from turnlog.dlq import REASON_HEADER
 from turnlog.ops.replay import replay_events
-from turnlog.producers import InvalidTurnError, SessionRecorder, partition_for
+from turnlog.producers import InvalidTurnError, partition_for
 from turnlog.schemas import encode_event
 from turnlog.signing import EpochGrant, RecordSigner, issue_epoch_grant
 from turnlog.sinks import open_store
@@ -34,7 +34,7 @@ from turnlog.sinks.tables import sessions, transcript_turns
 
 from tests.integration.conftest import drop_topics, make_pipeline
 from tests.integration.test_pipeline import finalized, read_partition, session_row, stored_turns
-from tests.support import EventFactory, free_port, wait_until
+from tests.support import EventFactory, free_port, recorder_for, wait_until
 
 TIMEOUT = 90
 KEYS = {"alpha": "alpha-key-" + "a" * 32, "beta": "beta-key-" + "b" * 32}
@@ -110,7 +110,7 @@ async def test_no_other_fleet_unsigned_writer_or_invented_epoch_can_touch_a_sess
     session_id = f"room-{uuid.uuid4().hex[:8]}"
     forged_id = same_partition_id(pipeline, session_id, "forged")
     unsigned_id = same_partition_id(pipeline, session_id, "unsigned")
-    async with SessionRecorder(fleet_settings(pipeline, "alpha")) as recorder:
+    async with recorder_for(fleet_settings(pipeline, "alpha")) as recorder:
         session = await recorder.start_session(session_id, fleet="alpha", agent_id="a1")
         await session.complete_turn(0, "user", "alpha's first words")
         squatter = EventFactory(session_id)
@@ -150,11 +150,11 @@ async def record_crash_and_resume(pipeline, settings, session_id, *, while_resum
     """A first recorder says turn 0 and stops without ending the session; a second resumes it,
     calls ``while_resumed(resumed session)`` if given, says turn 1 and ends it. Returns the
     resumed session's ``(fleet, epoch, next_seq)`` and asserts what the store then holds."""
-    async with SessionRecorder(settings) as first:
+    async with recorder_for(settings) as first:
         session = await first.start_session(session_id, fleet="alpha", agent_id="a1")
         await session.complete_turn(0, "user", "before the crash")
         assert await session.wait_acknowledged(30)
-    async with SessionRecorder(settings) as second:
+    async with recorder_for(settings) as second:
         resumed = await second.resume(session_id, timeout=60)
         position = (resumed.fleet, resumed.epoch, resumed.next_seq)
         if while_resumed is not None:
@@ -208,7 +208,7 @@ async def test_a_replay_admits_exactly_what_the_sequencer_admitted(signed_pipeli
     pipeline = signed_pipeline
     session_id = f"replayed-{uuid.uuid4().hex[:8]}"
     forged_id = same_partition_id(pipeline, session_id, "forged")
-    async with SessionRecorder(fleet_settings(pipeline, "alpha")) as recorder:
+    async with recorder_for(fleet_settings(pipeline, "alpha")) as recorder:
         session = await recorder.start_session(session_id, fleet="alpha", agent_id="a1")
         await session.complete_turn(0, "user", "alpha's words")
         send(pipeline, [EventFactory(session_id).completed(2, 1, "beta's words")], fleet="beta")
@@ -265,7 +265,7 @@ async def test_values_nested_or_sized_past_the_schema_are_refused_at_the_recorde
         producer.produce(pipeline.settings.topics.events, key=key, value=value,
                          headers=signer.headers("alpha", key, value))
 
-    async with SessionRecorder(alpha) as recorder:
+    async with recorder_for(alpha) as recorder:
         with pytest.raises(InvalidTurnError):
             await recorder.start_session(victims["meta"], fleet="alpha", agent_id="a1",
                                          metadata=msgspec.json.decode(nested(40)))
@@ -306,7 +306,7 @@ async def test_values_nested_or_sized_past_the_schema_are_refused_at_the_recorde
 async def test_no_fleet_reads_another_fleets_words_through_the_api(signed_pipeline):
     pipeline = signed_pipeline
     session_id = f"private-{uuid.uuid4().hex[:8]}"
-    async with SessionRecorder(fleet_settings(pipeline, "alpha")) as recorder:
+    async with recorder_for(fleet_settings(pipeline, "alpha")) as recorder:
         session = await recorder.start_session(session_id, fleet="alpha", agent_id="a1")
         await session.complete_turn(0, "user", "alpha only")
         # beta reuses the id: its words are refused, and beta's token sees no such session.

@@ -6,10 +6,10 @@ import uuid
 
 import pytest
 
-from turnlog.producers import ResumeBarrierTimeout, SessionClosedError, SessionRecorder
+from turnlog.producers import ResumeBarrierTimeout, SessionClosedError
 
 from tests.integration.test_pipeline import finalized, stored_turns
-from tests.support import wait_until
+from tests.support import recorder_for, wait_until
 
 TIMEOUT = 90
 
@@ -26,7 +26,7 @@ async def test_a_resumed_agent_does_not_overwrite_its_predecessors_in_flight_tur
     session_id = f"resume-{uuid.uuid4().hex[:8]}"
     # The predecessor's turns are acknowledged by the broker, but no sink runs:
     # they are still in flight, nowhere in the store.
-    predecessor = SessionRecorder(pipeline.settings)
+    predecessor = recorder_for(pipeline.settings)
     await predecessor.start()
     session = await predecessor.start_session(session_id, fleet="tests", agent_id="first")
     for index, text in enumerate(["zero", "one", "the last completed turn"]):
@@ -35,7 +35,7 @@ async def test_a_resumed_agent_does_not_overwrite_its_predecessors_in_flight_tur
     await session.flush_partial()
     # The predecessor dies here (no end, no close).
 
-    async with SessionRecorder(pipeline.settings) as successor:
+    async with recorder_for(pipeline.settings) as successor:
         with pytest.raises(ResumeBarrierTimeout, match="sink"):
             await successor.resume(session_id, timeout=3)
         pipeline.start("sink")
@@ -62,7 +62,7 @@ async def test_a_resumed_agent_does_not_overwrite_its_predecessors_in_flight_tur
     assert (row["epoch"], row["turn_count"], row["interrupted_turn_count"]) == (1, 5, 1)
     await predecessor.close()
 
-    async with SessionRecorder(pipeline.settings) as late:
+    async with recorder_for(pipeline.settings) as late:
         with pytest.raises(SessionClosedError):
             await late.resume(session_id, timeout=TIMEOUT)
 

@@ -22,7 +22,6 @@ from turnlog.producers import (
     ResumeUnauthorizedError,
     SessionClosedError,
     SessionNotFoundError,
-    SessionRecorder,
 )
 from turnlog.producers.api_client import resume_via_api
 from turnlog.producers.partitioning import partition_for
@@ -30,7 +29,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks.tables import sessions
 
 from tests.integration.conftest import Pipeline, make_pipeline
-from tests.support import free_port, wait_until
+from tests.support import free_port, recorder_for, wait_until
 
 TIMEOUT = 90
 TOKENS = {"tok-a": ["fleet-a"], "tok-b": ["fleet-b"]}
@@ -86,7 +85,7 @@ async def record(settings: TurnlogSettings, session_id: str, fleet: str, *, end:
     """Two completed turns (the agent's cut short by the user: barged in) and an
     unfinished third; the recorder then goes away without ending the session
     (a crashed agent), unless ``end``."""
-    async with SessionRecorder(settings) as recorder:
+    async with recorder_for(settings) as recorder:
         session = await recorder.start_session(session_id, fleet=fleet, agent_id="agent-1")
         await session.complete_turn(0, "user", "I'd like to cancel my order", input_tokens=7, output_tokens=0)
         await session.complete_turn(
@@ -222,7 +221,7 @@ def test_a_recorder_with_api_url_resumes_continues_and_the_session_finalizes_wit
     agent = agent_settings(api, "tok-a")
 
     async def continue_it():
-        async with SessionRecorder(agent) as recorder:
+        async with recorder_for(agent) as recorder:
             session = await recorder.resume(session_id, timeout=TIMEOUT)
             assert session.epoch == 1 and session.next_turn_index == 3
             assert [t.text for t in session.turns] == [
@@ -253,7 +252,7 @@ def test_a_recorder_with_api_url_resumes_continues_and_the_session_finalizes_wit
 async def record_long(settings: TurnlogSettings, session_id: str, turns: int, chars: int) -> list[str]:
     """``turns`` completed turns of ``chars`` characters each; the session stays open (a crashed agent)."""
     texts = [f"{index:03d} " + "x" * (chars - 4) for index in range(turns)]
-    async with SessionRecorder(settings) as recorder:
+    async with recorder_for(settings) as recorder:
         session = await recorder.start_session(session_id, fleet="fleet-a", agent_id="agent-1")
         for index, text in enumerate(texts):
             await session.complete_turn(index, "user" if index % 2 == 0 else "agent", text)

@@ -3,7 +3,7 @@
 
 from sqlalchemy import select
 
-from turnlog.producers.resume import claim_resume
+from turnlog.resume_barrier import claim_resume
 from turnlog.sinks.tables import sessions
 
 from tests.support import EventFactory, messages

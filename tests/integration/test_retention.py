@@ -23,7 +23,7 @@ from turnlog.settings import TurnlogSettings
 from turnlog.sinks.erasure_ledger import ErasureDuties
 from turnlog.sinks.tables import erasures, session_events, sessions, transcript_turns
 
-from tests.support import wait_until
+from tests.support import recorder_for, wait_until
 
 TIMEOUT = 90
 NOW = dt.datetime(2026, 6, 1, 12, 0, tzinfo=dt.UTC)
@@ -164,7 +164,7 @@ async def test_retention_sweep_command_and_the_sinks_own_sweep_forget_expired_se
     settings, store = pipeline.settings, pipeline.store
     run = uuid.uuid4().hex[:6]
     old, mid, brief, fresh, open_old = (f"{kind}-{run}" for kind in ("old", "mid", "brief", "fresh", "open"))
-    async with SessionRecorder(settings) as recorder:
+    async with recorder_for(settings) as recorder:
         await record(recorder, old, "tests", 40)
         await record(recorder, mid, "tests", 10)
         await record(recorder, brief, "brief", 2)

@@ -11,7 +11,7 @@ from prometheus_client import REGISTRY
 
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.service import SinkService
-from turnlog.stream_processors.finalizer import sweep_once
+from turnlog.sinks.sweep import sweep_once
 
 from tests.support import EventFactory, messages, unfinalize
 

@@ -170,7 +170,7 @@ def test_racing_finalizers_finalize_once(store):
 
 
 def test_the_sweep_finalizes_a_session_stored_without_finalization_once(store):
-    from turnlog.stream_processors.finalizer import sweep_once
+    from turnlog.sinks.sweep import sweep_once
 
     f, g = EventFactory(), EventFactory()
     apply(store, messages(whole_session(f)))
@@ -355,7 +355,7 @@ def test_a_turns_stored_attributes_reach_the_readers_the_resume_and_the_audit_fo
     """The event model's ``stored_attributes`` are kept in ``transcript_turns.attributes`` with no
     column of their own; a turn that uses none stores NULL. ``barged_in`` stands in here for a
     future optional field."""
-    from turnlog.producers.resume import claim_resume
+    from turnlog.resume_barrier import claim_resume
     from turnlog.schemas import TurnCompleted
 
     monkeypatch.setattr(TurnCompleted, "stored_attributes", ("barged_in",))

@@ -180,6 +180,7 @@ LAYERS: dict[str, str] = {
     "turnlog": "public_api",
     "turnlog.adapters": "adapters",
     "turnlog.follow": "serving",
+    "turnlog.resume_barrier": "serving",
     "turnlog.api": "serving",
     "turnlog.ops": "ops",
     "turnlog.deploy": "deploy",
@@ -195,7 +196,7 @@ MAY_IMPORT: dict[str, set[str]] = {
     "crypto": {"foundation", "schemas"},
     "kafka": {"foundation", "schemas"},
     "sinks": {"foundation", "schemas", "crypto", "kafka"},
-    "producers": {"foundation", "schemas", "crypto", "kafka", "sinks"},
+    "producers": {"foundation", "schemas", "crypto", "kafka"},  # the store is reached through the API or a ResumeSource
     "stream_processors": {"foundation", "schemas", "crypto", "kafka", "sinks"},
     "public_api": {"foundation", "schemas", "producers"},
     "adapters": {"public_api", "foundation", "schemas", "producers"},
@@ -255,6 +256,14 @@ def test_every_import_goes_in_an_allowed_direction():
 def test_every_layer_has_its_rules():
     assert set(LAYERS.values()) == set(MAY_IMPORT)
     assert all(targets <= set(MAY_IMPORT) for targets in MAY_IMPORT.values())
+
+
+def test_the_recorder_does_not_reach_the_store():
+    """The resume barrier runs where the store is (the API, or a ``StoreResumeSource`` a composition
+    root injects): nothing in ``producers`` imports ``sinks``."""
+    assert "sinks" not in MAY_IMPORT["producers"]
+    problems = check("turnlog.producers.recorder", "def grant():\n    from turnlog.sinks import open_store\n")
+    assert [p.split(": ", 1)[1] for p in problems] == ["producers may import crypto, foundation, kafka, schemas; not sinks"]
 
 
 def test_no_library_layer_may_import_the_tools():

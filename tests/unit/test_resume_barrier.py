@@ -9,9 +9,9 @@ import msgspec
 import pytest
 from prometheus_client import REGISTRY
 
-from turnlog.producers import resume
+from turnlog import resume_barrier
 from turnlog.producers.exceptions import ResumeBarrierTimeout, SessionErasedError
-from turnlog.producers.resume import ResumeBarrier
+from turnlog.resume_barrier import ResumeBarrier
 from turnlog.schemas.erasure import Erasure
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import StoreError, StoreUnavailableError, open_store
@@ -37,7 +37,7 @@ def test_the_store_step_is_retried_while_the_store_is_away(tmp_path):
 
     assert barrier(f"sqlite:///{tmp_path / 'store.db'}")._in_store(time.monotonic() + 10, work) == 42
     assert len(calls) == 3
-    assert calls[2] - calls[0] >= 2 * resume.POLL_INTERVAL_SECONDS * 0.9  # it waited between the tries
+    assert calls[2] - calls[0] >= 2 * resume_barrier.POLL_INTERVAL_SECONDS * 0.9  # it waited between the tries
 
 
 def test_a_store_away_past_the_deadline_is_a_barrier_timeout(tmp_path):
@@ -137,7 +137,7 @@ def test_each_grant_is_recorded_once_with_its_outcome(tmp_path, monkeypatch):
                                              requested_at=dt.datetime.now(dt.UTC)))
     gate = ResumeBarrier(TurnlogSettings(bootstrap_servers="127.0.0.1:1"), store)
     monkeypatch.setattr(gate, "_catch_up", lambda session_id, deadline: None)
-    before = {outcome: resume_count(outcome) for outcome in resume.RESUME_OUTCOMES}
+    before = {outcome: resume_count(outcome) for outcome in resume_barrier.RESUME_OUTCOMES}
 
     assert gate.grant("active-a", 5).resumable  # granted
     assert not gate.grant("ended-a", 5).resumable  # refused: no longer active
@@ -157,6 +157,6 @@ def test_each_grant_is_recorded_once_with_its_outcome(tmp_path, monkeypatch):
     monkeypatch.setattr(gate, "_catch_up", broken)
     with pytest.raises(RuntimeError):
         gate.grant("active-a", 5)
-    after = {outcome: resume_count(outcome) - before[outcome] for outcome in resume.RESUME_OUTCOMES}
+    after = {outcome: resume_count(outcome) - before[outcome] for outcome in resume_barrier.RESUME_OUTCOMES}
     assert after == {"granted": 1, "refused": 2, "erased": 1, "timeout": 1, "error": 1}
     store.engine.dispose()

@@ -333,7 +333,7 @@ async def test_tracing_off_the_sequencer_adds_no_header():
 def test_the_finalizer_sweep_has_a_finalize_span_of_its_own(tmp_path):
     from turnlog.sinks import open_store
     from turnlog.sinks.migrate import upgrade_to_head
-    from turnlog.stream_processors.finalizer import finalize_now
+    from turnlog.sinks.sweep import finalize_now
 
     store = open_store(f"sqlite:///{tmp_path}/store.db")
     upgrade_to_head(store.engine)

@@ -42,9 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from turnlog.producers import SessionRecorder
+from turnlog.resume_barrier import resume_source_for
 from turnlog.schemas import TurnStatus
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import open_store
 from turnlog.tools.bench.baselines import percentile
 from turnlog.tools.bench.workload import BENCH_FLEET
 
@@ -112,7 +112,8 @@ async def resume_probe(
     ``begin_at`` and ``end_at`` (no sample starts after it); session ids get ``tag``.
 
     ``paths`` maps a path's name to the successor's settings: ``api_url`` set
-    means the API path, otherwise the recorder opens ``database_url`` itself.
+    means the API path, otherwise the recorder runs the barrier over ``database_url`` itself
+    (:func:`~turnlog.resume_barrier.resume_source_for`).
     """
     results = {name: ResumeSamples() for name in paths}
     names = list(paths)
@@ -138,8 +139,9 @@ async def _one(
         speaker, text = _TURNS[index % len(_TURNS)]
         await session.complete_turn(index, speaker, text, input_tokens=len(text.split()), output_tokens=0)
     # The origin now stops recording the session without ending it: its process died.
-    store = None if settings.api_url else open_store(settings.database_url)
-    successor = SessionRecorder(settings, producer_id=f"bench-{tag}-successor", store=store)
+    successor = SessionRecorder(
+        settings, producer_id=f"bench-{tag}-successor", resume_source=resume_source_for(settings)
+    )
     await successor.start()
     try:
         began = time.perf_counter()
@@ -155,8 +157,6 @@ async def _one(
         await resumed.end("completed")
     finally:
         await successor.close()
-        if store is not None:
-            store.close()
 
 
 async def run_probe_process(

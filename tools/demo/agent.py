@@ -38,6 +38,7 @@ from pathlib import Path
 import msgspec
 
 from turnlog.producers import SessionRecorder
+from turnlog.resume_barrier import resume_source_for
 from turnlog.settings import TurnlogSettings
 from turnlog.tools.demo.keys import DEMO_FLEET
 from turnlog.tools.demo.latency import CompletedTurn, LatencyLog
@@ -109,7 +110,9 @@ async def _replay(
     fleet: str,
     on_completed: Callable[[CompletedTurn], None] | None,
 ) -> None:
-    async with SessionRecorder(settings, producer_id=f"demo-agent-{os.getpid()}") as recorder:
+    recorder = SessionRecorder(settings, producer_id=f"demo-agent-{os.getpid()}",
+                               resume_source=resume_source_for(settings))
+    async with recorder:
         recorder.install_sigterm_drain()
         if resume:
             session = await recorder.resume(session_id)

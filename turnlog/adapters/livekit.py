@@ -135,7 +135,7 @@ from turnlog.adapters._core import (
     framework_ids,
     open_or_resume,
 )
-from turnlog.producers import RecordedSession, SessionRecorder, StoredTurn
+from turnlog.producers import RecordedSession, ResumeSource, SessionRecorder, StoredTurn
 from turnlog.schemas import ToolCall, TurnStatus
 from turnlog.settings import TurnlogSettings
 
@@ -192,6 +192,7 @@ async def record_session(
     metadata: Mapping[str, Any] | None = None,
     recorder: SessionRecorder | None = None,
     settings: TurnlogSettings | None = None,
+    resume_source: ResumeSource | None = None,
     resume: bool = True,
     resume_timeout: float | None = None,
 ) -> LiveKitRecording:
@@ -208,17 +209,20 @@ async def record_session(
 
     ``recorder``: a started :class:`SessionRecorder` to record through (the
     caller closes it). Without one, a recorder is made from ``settings``
-    (default: the environment, ``TURNLOG_*``), started, and closed when the
-    recording stops.
+    (default: the environment, ``TURNLOG_*``) and ``resume_source`` (default:
+    turnlog's API at ``TURNLOG_API_URL``; on a host that holds the store,
+    ``StoreResumeSource(settings)`` from ``turnlog.resume_barrier``), started,
+    and closed when the recording stops.
 
     Raises:
         SessionClosedError: the session has ended in turnlog (it cannot be resumed).
         ResumeBarrierTimeout: the pipeline did not catch up in time (retry later).
+        ConfigurationError: ``resume`` with a recorder that has no resume source.
         InvalidTurnError, SpoolError, RecorderError: as :meth:`SessionRecorder.start_session`.
     """
     owned = recorder is None
     if recorder is None:
-        recorder = await SessionRecorder(settings).start()
+        recorder = await SessionRecorder(settings, resume_source=resume_source).start()
     try:
         opened = await open_or_resume(recorder, session_id, fleet=fleet, agent_id=agent_id, metadata=metadata,
                                       resume=resume, resume_timeout=resume_timeout)

@@ -96,8 +96,8 @@ from turnlog.api.resuming import resume_routes
 from turnlog.api.sessions import session_routes
 from turnlog.follow import TranscriptHub
 from turnlog.kafka import BrokerUnavailableError
-from turnlog.producers.resume import ResumeBarrier
 from turnlog.readiness import mark_not_ready, mark_ready
+from turnlog.resume_barrier import ResumeBarrier
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.exceptions import StoreError, StoreUnavailableError

@@ -49,7 +49,7 @@ class SessionGone(Exception):
 
 
 class Barrier(Protocol):
-    """What the API needs of :class:`~turnlog.producers.resume.ResumeBarrier` (tests pass their own)."""
+    """What the API needs of :class:`~turnlog.resume_barrier.ResumeBarrier` (tests pass their own)."""
 
     def grant(
         self,

@@ -17,7 +17,7 @@ from turnlog.api.auth import Scope
 from turnlog.api.context import ApiContext, SessionGone, may_exist, run_in_slot
 from turnlog.producers.exceptions import ResumeBarrierTimeout, SessionErasedError
 from turnlog.producers.grant import MAX_RESUME_TIMEOUT_SECONDS, RESUME_TURN_PAGE, ResumeGrant, encode_grant
-from turnlog.producers.resume import record_resume
+from turnlog.resume_barrier import record_resume
 
 __all__ = ["resume_routes"]
 

@@ -15,14 +15,18 @@ session, every event its predecessor got acknowledged must be applied.
    and stored turns (:func:`claim_resume`), which :meth:`ResumeBarrier.grant`
    returns as a :class:`~turnlog.producers.grant.ResumeGrant`.
 
-This runs next to the store: in the recorder of a single-host setup, or in
-the API (``POST /api/sessions/{id}/resume``) for agents that have only the
-broker and the API (``turnlog.producers.api_client``).
+This runs next to the store: in the API (``POST /api/sessions/{id}/resume``) for
+agents that have only the broker and the API
+(:class:`~turnlog.producers.api_client.ApiResumeSource`), or, on a host that holds
+the store, in the recorder's process through :class:`StoreResumeSource`, which the
+composition root hands to ``SessionRecorder(resume_source=...)``.
 """
 
 from __future__ import annotations
 
+import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Collection
 from typing import TypeVar
@@ -31,16 +35,18 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if
 
 from turnlog import metrics
 from turnlog.kafka import BrokerError, OffsetReader
+from turnlog.producers.api_client import ApiResumeSource
 from turnlog.producers.exceptions import ResumeBarrierTimeout, SessionErasedError
-from turnlog.producers.grant import ResumeGrant, StoredTurn
+from turnlog.producers.grant import ResumeGrant, ResumeSource, StoredTurn
 from turnlog.producers.partitioning import partition_for
 from turnlog.schemas import SessionStatus
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import EpochGrant, issue_epoch_grant
-from turnlog.sinks import SessionPosition, SqlStore, StoreError, StoreUnavailableError
+from turnlog.sinks import SessionPosition, SqlStore, StoreError, StoreUnavailableError, open_store
 from turnlog.sinks.access import StoreWrites
 
-__all__ = ["ResumeBarrier", "claim_resume", "record_resume", "RESUME_OUTCOMES"]
+__all__ = ["ResumeBarrier", "StoreResumeSource", "resume_source_for", "claim_resume", "record_resume",
+           "RESUME_OUTCOMES"]
 
 logger = logging.getLogger(__name__)
 POLL_INTERVAL_SECONDS = 0.05
@@ -386,3 +392,57 @@ def _poll(probe: Callable[[], _T], again: Callable[[_T], bool], deadline: float,
         retry_error_callback=timed_out,
     )
     return retrying(probe)
+
+
+class StoreResumeSource:
+    """A :class:`~turnlog.producers.grant.ResumeSource` that runs the :class:`ResumeBarrier` in
+    this process, over ``store`` (default: opened at ``settings.database_url`` at the first
+    grant) and the broker of ``settings``: for a host that holds the store (the demo, a
+    single-host setup, tests)::
+
+        SessionRecorder(settings, resume_source=StoreResumeSource(settings))
+
+    Its grants are scoped to no fleet and carry a signed epoch grant when
+    ``settings.epoch_grant_key`` is set (the sequencer admits a resumed epoch only with one
+    when fleet keys are on). Agents that should not hold database credentials resume through
+    the API instead (``TURNLOG_API_URL``).
+    """
+
+    def __init__(self, settings: TurnlogSettings, store: SqlStore | None = None) -> None:
+        self._settings = settings
+        self._store = store
+        self._owns_store = store is None
+        self._barrier: ResumeBarrier | None = None
+        self._lock = threading.Lock()
+
+    async def grant(self, session_id: str, timeout: float) -> ResumeGrant | None:
+        """:meth:`ResumeBarrier.grant` in a worker thread: the same answers and exceptions."""
+        return await asyncio.to_thread(self._grant, session_id, timeout)
+
+    def _grant(self, session_id: str, timeout: float) -> ResumeGrant | None:
+        with self._lock:  # one barrier (and store) for every resume of the recorder
+            if self._barrier is None:
+                if self._store is None:
+                    self._store = open_store(self._settings.database_url)
+                self._barrier = ResumeBarrier(self._settings, self._store)
+            barrier = self._barrier
+        return barrier.grant(session_id, timeout)
+
+    def close(self) -> None:
+        """Close the barrier's offsets client, and the store if this source opened it."""
+        with self._lock:
+            if self._barrier is not None:
+                self._barrier.close()
+                self._barrier = None
+            if self._owns_store and self._store is not None:
+                self._store.close()
+                self._store = None
+
+
+def resume_source_for(settings: TurnlogSettings) -> ResumeSource:
+    """The resume source of a composition root that holds the store: turnlog's API when
+    ``settings.api_url`` is set (as the recorder's default), else :class:`StoreResumeSource`
+    over ``settings.database_url``."""
+    if settings.api_url:
+        return ApiResumeSource(settings.api_url, settings.api_token)
+    return StoreResumeSource(settings)
