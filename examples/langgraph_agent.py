@@ -9,7 +9,7 @@ and turnlog's services running (``turnlog sequencer``, ``turnlog sink``;
 The checkpointer here is in memory: kill the process (``kill -9``) and start it
 again with the same thread id, and the thread is rebuilt from turnlog.
 
-The lines marked ``# turnlog`` are all the code turnlog needs (6 lines, 2 of
+The lines marked ``# turnlog`` are all the code turnlog needs (8 lines, 3 of
 them imports); the rest is an ordinary LangGraph chat graph and loop.
 """
 
@@ -21,6 +21,7 @@ from langgraph.graph import START, MessagesState, StateGraph
 
 from turnlog import SessionRecorder, TurnlogSettings  # turnlog
 from turnlog.adapters.langgraph import LangGraphMirror  # turnlog
+from turnlog.resume_barrier import resume_source_for  # turnlog: the API with TURNLOG_API_URL, else the store
 
 
 async def chat(state: MessagesState) -> dict:
@@ -34,7 +35,8 @@ graph = StateGraph(MessagesState).add_node("chat", chat).add_edge(START, "chat")
 
 async def main(thread_id: str) -> None:
     config = {"configurable": {"thread_id": thread_id}}
-    async with SessionRecorder(TurnlogSettings()) as recorder:  # turnlog
+    settings = TurnlogSettings()  # turnlog
+    async with SessionRecorder(settings, resume_source=resume_source_for(settings)) as recorder:  # turnlog
         mirror = await LangGraphMirror.open(recorder, thread_id, fleet="support", agent_id="bot-7")  # turnlog
         while (question := await asyncio.to_thread(input, "you> ")) != "bye":
             async for mode, chunk in mirror.astream(graph, {"messages": [("user", question)]}, config):  # turnlog

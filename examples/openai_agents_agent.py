@@ -9,7 +9,7 @@ Kill it (``kill -9``) mid-conversation and start it again with the same id: the
 session resumes in turnlog, the inner session (in memory here, so lost) is
 rebuilt from turnlog, and the agent remembers what was said.
 
-The lines marked ``# turnlog`` are all the code turnlog needs (7 lines, 2 of
+The lines marked ``# turnlog`` are all the code turnlog needs (9 lines, 3 of
 them imports); the rest is an ordinary Agents SDK chat loop.
 """
 
@@ -20,12 +20,14 @@ from agents import Agent, Runner, SQLiteSession
 
 from turnlog import SessionRecorder, TurnlogSettings  # turnlog
 from turnlog.adapters.openai_agents import TurnlogSession  # turnlog
+from turnlog.resume_barrier import resume_source_for  # turnlog: the API with TURNLOG_API_URL, else the store
 
 agent = Agent(name="support", instructions="You help customers with their orders. Be brief.")
 
 
 async def main(session_id: str) -> None:
-    async with SessionRecorder(TurnlogSettings()) as recorder:  # turnlog
+    settings = TurnlogSettings()  # turnlog
+    async with SessionRecorder(settings, resume_source=resume_source_for(settings)) as recorder:  # turnlog
         session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="support", agent_id="bot-7")  # turnlog
         while (question := await asyncio.to_thread(input, "you> ")) != "bye":
             result = Runner.run_streamed(agent, question, session=session, hooks=session.hooks)  # turnlog

@@ -1,7 +1,7 @@
 """A Pipecat agent whose conversation survives a crash: turnlog records every turn as it happens,
 and a restarted agent continues the same session with its LLM context rebuilt from turnlog.
 
-The lines marked ``# turnlog`` are all the code turnlog needs (6 lines); the rest is an
+The lines marked ``# turnlog`` are all the code turnlog needs (8 lines); the rest is an
 ordinary pipecat-ai 1.x bot.
 
 Run it (turnlog's services up, ``TURNLOG_*`` set: broker, and the store or the API for resume)::
@@ -43,8 +43,9 @@ from pipecat.processors.frame_processor import FrameDirection, FrameProcessor
 from pipecat.turns.user_turn_strategies import ExternalUserTurnStrategies
 from pipecat.workers.runner import WorkerRunner
 
-from turnlog import SessionRecorder  # turnlog
+from turnlog import SessionRecorder, TurnlogSettings  # turnlog
 from turnlog.adapters.pipecat import TurnlogObserver  # turnlog
+from turnlog.resume_barrier import resume_source_for  # turnlog: the API with TURNLOG_API_URL, else the store
 
 SYSTEM = {"role": "system", "content": "You are a friendly voice assistant. Keep answers short."}
 
@@ -53,7 +54,8 @@ async def run_agent(session_id: str, processors: tuple[list[FrameProcessor], lis
     """Run one conversation. ``processors``: what goes before the user aggregator
     (transport input, STT) and between the aggregators (LLM, TTS, transport output)."""
     before, between = processors
-    async with SessionRecorder() as recorder:  # turnlog
+    settings = TurnlogSettings()  # turnlog
+    async with SessionRecorder(settings, resume_source=resume_source_for(settings)) as recorder:  # turnlog
         observer = await TurnlogObserver.open(recorder, session_id, fleet="support", agent_id="pipecat-bot")  # turnlog
         context = LLMContext([SYSTEM, *observer.messages])  # turnlog: the stored conversation after a crash
         aggregators = LLMContextAggregatorPair(

@@ -25,11 +25,11 @@ import sys
 from agents import Agent, OpenAIChatCompletionsModel, Runner, SQLiteSession, set_tracing_disabled
 
 from turnlog.adapters.openai_agents import TurnlogSession
-from turnlog.producers import SessionRecorder
 from turnlog.settings import TurnlogSettings
 
 from tests.adapters.openai_agents_fakes import Reply, fake_chat_client
 from tests.adapters.openai_agents_script import messages, say
+from tests.support import recorder_for
 
 
 class HeldSession(SQLiteSession):
@@ -80,7 +80,7 @@ async def second(session: TurnlogSession, inner: HeldSession) -> None:
 async def main(phase: str, session_id: str, db_path: str) -> None:
     set_tracing_disabled(True)
     inner = HeldSession(session_id, db_path)
-    async with SessionRecorder(TurnlogSettings()) as recorder:
+    async with recorder_for(TurnlogSettings()) as recorder:
         session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
         await {"first": first, "second": second}[phase](session, inner)
 
