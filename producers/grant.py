@@ -32,7 +32,7 @@ from typing import Any, Protocol
 
 import msgspec
 
-from turnlog.schemas import SessionStatus
+from turnlog.schemas import SessionStatus, TurnKind
 
 __all__ = ["ResumeSource", "StoredTurn", "ResumeGrant", "TurnPage", "encode_grant", "decode_grant", "decode_turn_page",
            "MAX_RESUME_TIMEOUT_SECONDS", "RESUME_TURN_PAGE"]
@@ -68,6 +68,13 @@ class StoredTurn:
     tool_calls: tuple[dict[str, Any], ...] | None
     barged_in: bool = False
     attributes: dict[str, Any] | None = None
+
+    @property
+    def kind(self) -> TurnKind:
+        """What the turn was (``attributes["kind"]``, schema version 4): ``spoken`` when the
+        turn has no kind, or one this release does not know."""
+        value = (self.attributes or {}).get("kind")
+        return TurnKind(value) if value in TurnKind._value2member_map_ else TurnKind.SPOKEN
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> StoredTurn:

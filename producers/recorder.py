@@ -79,6 +79,7 @@ from turnlog.schemas import (
     SessionStarted,
     ToolCall,
     TurnCompleted,
+    TurnKind,
     TurnPartial,
     decode_event,
     encode_event,
@@ -261,6 +262,7 @@ class RecordedSession:
         tool_calls: Iterable[ToolCall | Mapping[str, Any]] | None = None,
         barged_in: bool = False,
         trace_attributes: TraceAttributes | None = None,
+        kind: TurnKind | str | None = None,
     ) -> None:
         """Record the finished turn: return once the broker acknowledged it, or
         once it is fsynced in the spool if the broker does not answer within
@@ -272,6 +274,12 @@ class RecordedSession:
         that (stored as a completed turn flagged ``barged_in``, unlike a turn
         left ``interrupted`` by a crash). ``started_at`` defaults to the open
         partial's start (or now); token counts are integers >= 0.
+
+        ``kind``: what the turn was, where the framework tells it apart
+        (:class:`~turnlog.schemas.TurnKind` or its value: ``"typed"``, ``"summary"``,
+        ``"injected"``, ``"blocked"``). None or ``"spoken"`` (the default) writes no
+        kind; any other makes the event schema version 4. Kept in clear, in the
+        stored turn's ``attributes`` (``StoredTurn.kind`` after a resume).
 
         ``trace_attributes``: the framework's own ids for this turn (e.g. LiveKit's
         ``speech_id``), put on the turn's span only, with the session's
@@ -292,6 +300,7 @@ class RecordedSession:
                 raise InvalidTurnError(f"{name} must be an int >= 0, got {_shown(value)}")
         if not isinstance(barged_in, bool):
             raise InvalidTurnError(f"barged_in must be a bool, got {_shown(barged_in)}")
+        written_kind = _written_kind(kind)
         span_attributes = self._trace_attributes
         if trace_attributes is not None:
             span_attributes = _trace_attributes({**self._trace_attributes, **_trace_attributes(trace_attributes)})
@@ -323,6 +332,7 @@ class RecordedSession:
             output_tokens=output_tokens,
             tool_calls=calls,
             **({"barged_in": True} if barged_in else {}),
+            **({"kind": written_kind} if written_kind is not None else {}),
         )
         self._open.pop(turn_index, None)
         self._completed.add(turn_index)
@@ -1015,6 +1025,20 @@ def _checked_time(value: object, name: str) -> dt.datetime:
     if not EARLIEST_YEAR <= value.year <= LATEST_YEAR:
         raise InvalidTurnError(f"{name} must fall in the years {EARLIEST_YEAR}..{LATEST_YEAR}, got {value!r}")
     return value.astimezone(dt.UTC)
+
+
+def _written_kind(kind: object) -> str | None:
+    """A turn's ``kind`` as ``TurnCompleted.kind`` carries it: None for a spoken turn (None or
+    ``"spoken"``), else the :class:`TurnKind` value.
+
+    Raises:
+        InvalidTurnError: ``kind`` is no :class:`TurnKind` value.
+    """
+    if kind is None:
+        return None
+    if not isinstance(kind, str) or kind not in TurnKind._value2member_map_:
+        raise InvalidTurnError(f"kind must be one of {[k.value for k in TurnKind]} or None, got {_shown(kind)}")
+    return None if kind == TurnKind.SPOKEN else str(TurnKind(kind).value)
 
 
 def _tool_call(call: ToolCall | Mapping[str, Any]) -> ToolCall:

@@ -1,4 +1,4 @@
-"""Event model (version 3; reads versions 1 and 2): structs, JSON encoding, validation and the JSON Schema files;
+"""Event model (version 4; reads versions 1 to 3): structs, JSON encoding, validation and the JSON Schema files;
 the session and turn statuses of the store; the typed record headers (``turnlog-type``)."""
 
 from turnlog.schemas.events import (
@@ -11,6 +11,7 @@ from turnlog.schemas.events import (
     SessionStarted,
     ToolCall,
     TurnCompleted,
+    TurnKind,
     TurnPartial,
     decode_event,
     encode_event,
@@ -36,6 +37,7 @@ __all__ = [
     "SessionStatus",
     "ToolCall",
     "TurnCompleted",
+    "TurnKind",
     "TurnPartial",
     "TurnStatus",
     "decode_event",

@@ -1,4 +1,4 @@
-"""Event model, version 3 (see docs/design.md, "Events").
+"""Event model, version 4 (see docs/design.md, "Events").
 
 Every event carries the envelope ``schema_version``, ``event_id``, ``type``,
 ``session_id``, ``seq``, ``epoch``, ``producer_id`` and ``emitted_at`` (UTC).
@@ -15,7 +15,10 @@ Version 1 is the original model. Version 2 adds one field,
 ``TurnCompleted.barged_in`` (the turn was cut short by the other speaker and
 holds the words actually spoken; not the same as a turn left ``interrupted``
 by a crash). Version 3 adds ``sealed`` to the three event types that carry
-content (see "Sealed content" below). The rules, so that a rolling upgrade
+content (see "Sealed content" below). Version 4 adds ``TurnCompleted.kind``:
+what the turn was where the framework tells it apart (``typed``, ``summary``,
+``injected``, ``blocked``; absent: ``spoken``, see :class:`TurnKind`), one of
+the turn's ``stored_attributes``. The rules, so that a rolling upgrade
 never stops a consumer:
 
 * An event's ``schema_version`` is the lowest version that can carry it
@@ -92,6 +95,7 @@ import datetime as dt
 import re
 import uuid
 from collections.abc import Mapping
+from enum import StrEnum
 from typing import Annotated, Any, ClassVar, Final, Literal
 
 import msgspec
@@ -111,6 +115,7 @@ __all__ = [
     "TurnPartial",
     "TurnCompleted",
     "turn_attributes",
+    "TurnKind",
     "SessionEnded",
     "ToolCall",
     "Sealed",
@@ -125,9 +130,9 @@ __all__ = [
 ]
 
 #: The newest version this model reads and writes.
-SCHEMA_VERSION: Final = 3
+SCHEMA_VERSION: Final = 4
 #: Every version this model reads.
-SCHEMA_VERSIONS: Final = (1, 2, 3)
+SCHEMA_VERSIONS: Final = (1, 2, 3, 4)
 #: Hard limit of the schema on a turn's text, in characters. The producer's own
 #: (configurable, lower) limit is in bytes: ``TurnlogSettings.max_text_bytes``.
 MAX_TEXT_CHARS: Final = 262_144
@@ -191,7 +196,7 @@ EARLIEST_YEAR, LATEST_YEAR = 1900, 9000
 
 
 SchemaVersion = Annotated[
-    Literal[1, 2, 3],
+    Literal[1, 2, 3, 4],
     msgspec.Meta(description="Lowest model version that can carry the event; filled in by the model when omitted."),
 ]
 
@@ -301,12 +306,39 @@ class ToolCall(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         _check_free_form("result", self.result, MAX_TOOL_VALUE_BYTES)
 
 
+class TurnKind(StrEnum):
+    """What a turn was, where the framework tells it apart (``TurnCompleted.kind``, version 4).
+
+    ``SPOKEN`` is the default and is never written: a turn without ``kind`` was spoken
+    (or its framework does not tell). The others are written as their value."""
+
+    #: Said aloud (heard through speech-to-text, or spoken by the bot): the default.
+    SPOKEN = "spoken"
+    #: Typed by the user in a text channel beside the voice (e.g. Pipecat's RTVI ``send-text``).
+    TYPED = "typed"
+    #: A synthetic summary standing for earlier turns (e.g. a summarization middleware's message).
+    SUMMARY = "summary"
+    #: Put into the conversation by the application, not said by the speaker (e.g. a message appended to the context).
+    INJECTED = "injected"
+    #: An answer the framework blocked (e.g. a tripped guardrail): kept for the record, not part of the context.
+    BLOCKED = "blocked"
+
+
+#: ``TurnCompleted.kind`` on the wire: a :class:`TurnKind` other than ``spoken`` (absent means spoken).
+WrittenKind = Annotated[
+    Literal["typed", "summary", "injected", "blocked"],
+    msgspec.Meta(description="What the turn was, where the framework tells it apart; absent: spoken."),
+]
+
+
 class TurnCompleted(_Envelope, frozen=True, kw_only=True, tag="turn.completed"):
     """A finished turn; ``input_tokens``/``output_tokens`` are counts, not bytes.
 
     ``barged_in`` (version 2): the other speaker cut the turn short; ``text``
     is what was actually said. It is still a completed turn. ``sealed``
-    (version 3): ``text`` and ``tool_calls`` encrypted.
+    (version 3): ``text`` and ``tool_calls`` encrypted. ``kind`` (version 4):
+    what the turn was (:class:`TurnKind`; None: spoken), metadata kept in clear
+    and stored in the turn's ``attributes``.
     """
 
     turn_index: Int32
@@ -319,8 +351,10 @@ class TurnCompleted(_Envelope, frozen=True, kw_only=True, tag="turn.completed"):
     tool_calls: list[ToolCall] | None = None
     barged_in: bool = False
     sealed: Sealed | None = None
+    kind: WrittenKind | None = None
 
-    added_in: ClassVar[Mapping[str, int]] = {"barged_in": 2, "sealed": 3}
+    added_in: ClassVar[Mapping[str, int]] = {"barged_in": 2, "sealed": 3, "kind": 4}
+    stored_attributes: ClassVar[tuple[str, ...]] = ("kind",)
 
     def __post_init__(self) -> None:
         super().__post_init__()
