@@ -3,10 +3,13 @@
 - :class:`ScriptedLLM`: an ``LLMService`` that answers each ``LLMContextFrame``
   with the next scripted reply, streamed as ``LLMTextFrame`` chunks between
   ``LLMFullResponseStartFrame`` and ``LLMFullResponseEndFrame``, with its token
-  usage reported through ``start_llm_usage_metrics`` (as the OpenAI service does).
+  usage reported through ``start_llm_usage_metrics`` (as the OpenAI service does);
+  a reply's :class:`FunctionCall` s go through ``LLMService.run_function_calls`` before the
+  end frame, as the OpenAI service runs the function calls of a streamed answer.
 - :class:`SilentTTS`: a streaming ``TTSService`` that "speaks" each piece of the
-  LLM's text as silence as long as its words; Pipecat's ``TTSService`` pushes the
-  ``TTSTextFrame`` words the assistant aggregator records.
+  LLM's text as silence as long as its words, between the ``TTSStartedFrame`` and
+  ``TTSStoppedFrame`` Pipecat's ``TTSService`` sends for it (as for ``OpenAITTSService``);
+  it pushes the ``TTSTextFrame`` words the assistant aggregator records.
 - :class:`RealtimeLLM`: an ``LLMService`` that announces itself as a realtime
   (speech-to-speech) service, like ``OpenAIRealtimeLLMService``, driven by the
   script frames :class:`SpeechStarted` / :class:`SpeechStopped` (its server VAD),
@@ -27,6 +30,7 @@
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncGenerator, Sequence
 from dataclasses import dataclass
 
@@ -36,6 +40,7 @@ from pipecat.frames.frames import (
     BotStoppedSpeakingFrame,
     DataFrame,
     Frame,
+    FunctionCallFromLLM,
     InterimTranscriptionFrame,
     LLMContextFrame,
     LLMFullResponseEndFrame,
@@ -66,6 +71,15 @@ SAMPLE_RATE = 16000
 
 
 @dataclass(frozen=True)
+class FunctionCall:
+    """A function call the scripted LLM asks for: the registered function ``name`` with ``arguments``."""
+
+    name: str
+    arguments: dict
+    call_id: str = ""
+
+
+@dataclass(frozen=True)
 class Reply:
     """One scripted LLM answer: its streamed chunks and its usage (``prompt_tokens`` net of a
     cache read of ``cached`` tokens, as Anthropic reports it; ``total_tokens`` gross)."""
@@ -74,6 +88,7 @@ class Reply:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     cached: int = 0
+    calls: Sequence[FunctionCall] = ()
 
     @property
     def text(self) -> str:
@@ -108,6 +123,12 @@ class ScriptedLLM(LLMService):
         for chunk in reply.chunks:
             await self.push_frame(LLMTextFrame(chunk))
         await self.start_llm_usage_metrics(reply.usage())
+        if reply.calls:
+            await self.run_function_calls([
+                FunctionCallFromLLM(function_name=call.name, tool_call_id=call.call_id or f"call_{uuid.uuid4().hex[:8]}",
+                                    arguments=call.arguments, context=frame.context)
+                for call in reply.calls
+            ])
         await self.push_frame(LLMFullResponseEndFrame())
 
 
@@ -122,6 +143,10 @@ class SilentTTS(TTSService):
     ``TTSTextFrame``s a reply's words come in depends on the release."""
 
     def __init__(self, seconds_per_word: float = 0.0, **kwargs) -> None:
+        # What OpenAITTSService (and most HTTP TTS services) give the base class: it opens each
+        # reply's audio context with a TTSStartedFrame and closes it with a TTSStoppedFrame once
+        # the audio stopped coming, which is what commits the bot's words in Pipecat's context.
+        kwargs = {"push_start_frame": True, "push_stop_frames": True, **kwargs}
         super().__init__(sample_rate=SAMPLE_RATE, text_aggregation_mode=TextAggregationMode.TOKEN, **kwargs)
         self.seconds_per_word = seconds_per_word
 
