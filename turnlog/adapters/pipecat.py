@@ -67,6 +67,7 @@ makes the recorder calls in that order. Speakers are ``"user"`` and ``"assistant
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -78,8 +79,12 @@ try:
         CancelFrame,
         EndFrame,
         Frame,
+        FunctionCallCancelFrame,
+        FunctionCallInProgressFrame,
+        FunctionCallResultFrame,
         InterimTranscriptionFrame,
         LLMFullResponseStartFrame,
+        LLMMessagesAppendFrame,
         LLMServiceMetadataFrame,
         LLMTextFrame,
         MetricsFrame,
@@ -92,6 +97,7 @@ try:
     from pipecat.metrics.metrics import LLMTokenUsage, LLMUsageMetricsData
     from pipecat.observers.base_observer import BaseObserver, FrameProcessed, FramePushed
     from pipecat.processors.frame_processor import FrameDirection
+    from pipecat.processors.frameworks.rtvi import RTVIProcessor
     from pipecat.utils.string import TextPartForConcatenation, concatenate_aggregated_text
 except ImportError as e:  # pragma: no cover - exercised only without the extra
     raise ImportError(
@@ -109,15 +115,17 @@ from turnlog.adapters._core import (
     ASSISTANT,
     USER,
     OrderedWriter,
+    PendingToolCalls,
     PendingUsage,
-    conversation,
     framework_ids,
     open_or_resume,
 )
 from turnlog.producers import RecordedSession, RecorderError, SessionRecorder, StoredTurn
+from turnlog.schemas import TurnKind
 
 __all__ = [
     "ASSISTANT",
+    "CANCELLED",
     "CONVERSATION_ID_ATTRIBUTE",
     "END_REASONS",
     "USER",
@@ -168,16 +176,64 @@ def input_tokens(usage: LLMTokenUsage) -> int:
     return total - completion if total >= prompt + completion else prompt
 
 
-def history_messages(turns: Iterable[StoredTurn]) -> list[dict[str, str]]:
-    """The stored turns as LLM context messages, in ``turn_index`` order.
+#: What a tool call cancelled by the user speaking holds as its result (Pipecat writes
+#: ``"CANCELLED"`` as the tool message's content: ``LLMAssistantAggregator._handle_function_call_cancel``).
+CANCELLED: Mapping[str, bool] = {"cancelled": True}
+#: The prefix of the tool call ids of a rebuilt context (Pipecat's own ids are not stored).
+_CALL_ID_PREFIX = "turnlog_"
 
-    Returns ``[{"role": "user" | "assistant", "content": text}, ...]`` for the
-    turns of speakers ``"user"`` and ``"assistant"`` with text, a
-    predecessor's unfinished (``partial`` / ``interrupted``) turn included:
-    those are the words already said or heard before the crash
-    (:func:`turnlog.adapters._core.conversation` with ``unfinished=True``).
+
+def history_messages(turns: Iterable[StoredTurn]) -> list[dict[str, Any]]:
+    """The stored turns as LLM context messages, in ``turn_index`` order, as Pipecat's
+    context aggregators write them.
+
+    A turn of speaker ``"user"`` or ``"assistant"`` with text is
+    ``{"role": "user" | "assistant", "content": text}`` (a typed or injected user turn
+    too: Pipecat holds those as user messages). A predecessor's unfinished
+    (``partial`` / ``interrupted``) turn is included: those are the words already
+    said or heard before the crash. An assistant turn's tool calls come before its
+    text (its text may be empty), each as Pipecat's ``FunctionCallInProgressFrame``
+    handling writes it: ``{"role": "assistant", "tool_calls": [{"id", "function":
+    {"name", "arguments"}, "type": "function"}]}`` (the arguments as JSON; the id
+    ``turnlog_<turn_index>_<n>``, Pipecat's own is not stored), then ``{"role":
+    "tool", "content", "tool_call_id"}`` with the content Pipecat gives it: the
+    result as JSON, ``"COMPLETED"`` for a call with no result, ``"CANCELLED"``
+    for one cancelled by the user speaking (stored as :data:`CANCELLED`).
     """
-    return [{"role": t.speaker, "content": t.text} for t in conversation(turns, unfinished=True)]
+    messages: list[dict[str, Any]] = []
+    for turn in sorted(turns, key=lambda t: t.turn_index):
+        if turn.speaker not in (USER, ASSISTANT):
+            continue
+        calls = turn.tool_calls or () if turn.speaker == ASSISTANT else ()
+        for number, call in enumerate(calls):
+            call_id = f"{_CALL_ID_PREFIX}{turn.turn_index}_{number}"
+            arguments = json.dumps(call.get("arguments") or {}, ensure_ascii=False)
+            messages.append({"role": ASSISTANT, "tool_calls": [
+                {"id": call_id, "function": {"name": str(call.get("name", "")), "arguments": arguments},
+                 "type": "function"},
+            ]})
+            messages.append({"role": "tool", "content": _tool_content(call.get("result")), "tool_call_id": call_id})
+        if turn.text:
+            messages.append({"role": turn.speaker, "content": turn.text})
+    return messages
+
+
+def _tool_content(result: Any) -> str:
+    """The content of the tool message Pipecat writes for a call's stored result."""
+    if result == CANCELLED:
+        return "CANCELLED"
+    return json.dumps(result, ensure_ascii=False) if result else "COMPLETED"
+
+
+def _text_content(content: Any) -> str:
+    """The text of an LLM message's ``content``: a string as it is, the text parts of a
+    list of parts (OpenAI's format) joined with spaces, anything else as empty."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        parts = [p.get("text") for p in content if isinstance(p, Mapping) and p.get("type") == "text"]
+        return " ".join(p for p in parts if isinstance(p, str))
+    return ""
 
 
 # -- what the callbacks put on the queue (in Pipecat's order) ------------------
@@ -201,6 +257,27 @@ class _RealtimeResponseStarted:
 @dataclass(frozen=True, slots=True)
 class _UserTurnAdded:
     content: str
+
+
+@dataclass(frozen=True, slots=True)
+class _UserMessageAppended:
+    content: str
+    kind: TurnKind
+
+
+@dataclass(frozen=True, slots=True)
+class _ToolCallStarted:
+    call_id: str
+    name: str
+    arguments: Any
+    cancellable: bool  # cancel_on_interruption: Pipecat records a FunctionCallCancelFrame only then
+
+
+@dataclass(frozen=True, slots=True)
+class _ToolCallEnded:
+    call_id: str
+    result: Any
+    cancelled: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,8 +308,8 @@ class _Finished:
 
 
 _Item = (
-    _UserStarted | _UserText | _RealtimeResponseStarted | _UserTurnAdded | _AssistantText | _AssistantTurnStopped
-    | _Usage | _Cancelled | _Finished
+    _UserStarted | _UserText | _RealtimeResponseStarted | _UserTurnAdded | _UserMessageAppended | _ToolCallStarted
+    | _ToolCallEnded | _AssistantText | _AssistantTurnStopped | _Usage | _Cancelled | _Finished
 )
 
 
@@ -287,6 +364,7 @@ class TurnlogObserver(BaseObserver):
         # The observer callbacks' state (only Pipecat's observer task touches it).
         self._user_muted = False
         self._realtime = False
+        self._typed_frames: set[int] = set()  # ids of the LLMMessagesAppendFrames an RTVIProcessor pushed
         # The writer's state (only the writer task touches it).
         self._next_index = session.next_turn_index
         self._user_turn: int | None = None
@@ -297,6 +375,10 @@ class TurnlogObserver(BaseObserver):
         self._assistant_parts: list[TextPartForConcatenation] = []
         self._cancelled = False
         self._usage = PendingUsage()
+        # The tool calls of one LLM response: an assistant turn (``_calls_turn``) until each ended.
+        self._calls_turn: int | None = None
+        self._calls = PendingToolCalls()
+        self._running: dict[str, bool] = {}  # call id -> cancellable, while Pipecat runs it
 
     @classmethod
     async def open(
@@ -344,7 +426,7 @@ class TurnlogObserver(BaseObserver):
         return self.session.turns
 
     @property
-    def messages(self) -> list[dict[str, str]]:
+    def messages(self) -> list[dict[str, Any]]:
         """:attr:`turns` as LLM context messages (see :func:`history_messages`)."""
         return history_messages(self.session.turns)
 
@@ -395,6 +477,14 @@ class TurnlogObserver(BaseObserver):
                 return  # dropped by the aggregator's mute filter: Pipecat never heard it
             if isinstance(frame, UserStartedSpeakingFrame):
                 self._put(_UserStarted())
+            elif isinstance(frame, LLMMessagesAppendFrame):
+                # Written to the context as they are (LLMUserAggregator._handle_llm_messages_append),
+                # with no on_user_turn_message_added: RTVI's send-text, or the application's own.
+                kind = TurnKind.TYPED if frame.id in self._typed_frames else TurnKind.INJECTED
+                self._typed_frames.discard(frame.id)
+                for message in frame.messages:
+                    if isinstance(message, Mapping) and message.get("role") == USER:
+                        self._put(_UserMessageAppended(_text_content(message.get("content")), kind))
             elif isinstance(frame, (TranscriptionFrame, InterimTranscriptionFrame)) and frame.text.strip():
                 final = isinstance(frame, TranscriptionFrame)
                 delta = not final and isinstance(frame.result, _DELTA_EVENTS)
@@ -413,6 +503,15 @@ class TurnlogObserver(BaseObserver):
                 for metric in frame.data:
                     if isinstance(metric, LLMUsageMetricsData):
                         self._put(_Usage(input_tokens(metric.value), metric.value.completion_tokens or 0))
+            elif isinstance(frame, FunctionCallInProgressFrame):
+                self._put(_ToolCallStarted(frame.tool_call_id, frame.function_name, frame.arguments,
+                                           bool(frame.cancel_on_interruption)))
+            elif isinstance(frame, FunctionCallResultFrame):
+                properties = frame.properties
+                if properties is None or getattr(properties, "is_final", True):  # not an async call's update
+                    self._put(_ToolCallEnded(frame.tool_call_id, frame.result))
+            elif isinstance(frame, FunctionCallCancelFrame):
+                self._put(_ToolCallEnded(frame.tool_call_id, None, cancelled=True))
             elif isinstance(frame, CancelFrame):
                 self._put(_Cancelled())
 
@@ -432,6 +531,8 @@ class TurnlogObserver(BaseObserver):
         on a service's ``ProposedUserStartedSpeakingFrame``, as OpenAI Realtime
         sends from Pipecat 1.8): recorded as the one it processes would be.
         """
+        if isinstance(data.frame, LLMMessagesAppendFrame) and isinstance(data.source, RTVIProcessor):
+            self._typed_frames.add(data.frame.id)  # a client's send-text (RTVIProcessor._handle_send_text)
         if data.source is self._user_aggregator:
             if isinstance(data.frame, UserMuteStartedFrame):
                 self._user_muted = True
@@ -516,6 +617,28 @@ class TurnlogObserver(BaseObserver):
             if self._assistant_turn is None:
                 self._assistant_turn = self._fresh_index()
             session.update_partial(self._assistant_turn, ASSISTANT, concatenate_aggregated_text(self._assistant_parts))
+        elif isinstance(item, _UserMessageAppended):
+            # Its own turn, beside a spoken one the user may have open.
+            if item.content:
+                await session.complete_turn(self._fresh_index(), USER, item.content, kind=item.kind,
+                                            trace_attributes=self._trace_ids())
+        elif isinstance(item, _ToolCallStarted):
+            # Pipecat writes the call to its context now (an assistant message with the call,
+            # then the tool message): the calls of one LLM response are an assistant turn of
+            # their own, with no text, at this place. The response's text is written when its
+            # turn stops, which (with a TTS, from Pipecat 1.14) may be after the results and
+            # after the user's next message: it stays a turn of its own.
+            if self._calls_turn is None:
+                self._calls_turn = self._fresh_index()
+            self._calls.call(item.call_id, item.name, item.arguments)
+            self._running[item.call_id] = item.cancellable
+        elif isinstance(item, _ToolCallEnded):
+            cancellable = self._running.get(item.call_id)
+            if cancellable is None or (item.cancelled and not cancellable):
+                return  # not running, or an async call, which Pipecat does not cancel
+            del self._running[item.call_id]
+            self._calls.result(item.call_id, dict(CANCELLED) if item.cancelled else item.result)
+            await self._complete_calls_turn()
         elif isinstance(item, _AssistantTurnStopped):
             index, self._assistant_turn = self._assistant_turn, None
             self._assistant_parts = []
@@ -539,4 +662,21 @@ class TurnlogObserver(BaseObserver):
         elif isinstance(item, _Cancelled):
             self._cancelled = True
         elif isinstance(item, _Finished):
+            # Calls still running at the end are recorded without a result.
+            self._running.clear()
+            await self._complete_calls_turn()
             await session.end(item.reason)
+
+    async def _complete_calls_turn(self) -> None:
+        """Complete the assistant turn of tool calls once every call of it has ended (a result,
+        or cancelled). It carries the tokens of the LLM calls so far (the response that asked
+        for the calls)."""
+        index = self._calls_turn
+        if index is None or self._running:
+            return
+        self._calls_turn = None
+        tokens_in, tokens_out = self._usage.take()
+        await self.session.complete_turn(
+            index, ASSISTANT, "", input_tokens=tokens_in, output_tokens=tokens_out, tool_calls=self._calls.take(),
+            trace_attributes=self._trace_ids(),
+        )
