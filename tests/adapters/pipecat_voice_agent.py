@@ -9,8 +9,9 @@ builds its ``LLMContext`` from the stored turns as a user would, prints
 speaks: ``AlwaysUserMuteStrategy``), an LLM, a TTS and an output transport
 that plays in real time (``tests/adapters/pipecat_call.py``):
 
-- a new session: the caller asks, the bot answers (with token usage), the
-  caller gives the address, and the bot starts a long answer. Once its first
+- a new session: the caller asks, the bot's LLM calls the ``find_order``
+  function (Pipecat's function-calling machinery runs it) and answers with its
+  result (with token usage), the caller gives the address, and the bot starts a long answer. Once its first
   two sentences were played, the caller says something while the bot speaks
   (Pipecat drops it: muted). Once the aggregator has processed those words and
   everything is recorded, spooled and acknowledged by the broker, it prints
@@ -38,12 +39,13 @@ from turnlog.settings import TurnlogSettings
 
 from tests.adapters.pipecat_agent import STEP_TIMEOUT, SYSTEM, say
 from tests.adapters.pipecat_call import Call, says, voice_pair
-from tests.adapters.pipecat_services import Reply, ScriptedLLM, ScriptedSTT, SilentTTS, Speaker
+from tests.adapters.pipecat_services import FunctionCall, Reply, ScriptedLLM, ScriptedSTT, SilentTTS, Speaker
 from tests.support import recorder_for
 
 #: The long rest of the answer the bot is speaking when it is killed (about 30 s of audio).
 LONG = " It will take a moment" + " while I check the courier's schedule" * 24 + "."
 FIRST_CALL = [
+    Reply((), calls=[FunctionCall("find_order", {"caller": "caller"}, call_id="call_find")]),
     Reply(("Of course.", " What is the new address?"), prompt_tokens=20, completion_tokens=8),
     Reply(("Thanks.", " I'm updating your order to 12 Elm Street.", LONG)),
 ]
@@ -64,6 +66,10 @@ class Processed(BaseObserver):
             self.ids.add(data.frame.id)
 
 
+async def find_order(params) -> None:  # noqa: ANN001
+    await params.result_callback({"order": "1234", "address": "3 Oak Lane"})
+
+
 async def main(session_id: str) -> None:
     async with recorder_for(TurnlogSettings()) as recorder:
         observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat-voice")
@@ -72,6 +78,7 @@ async def main(session_id: str) -> None:
         session = observer.session
         first = session.next_turn_index
         stt, llm, speaker = ScriptedSTT(), ScriptedLLM(RESUMED_CALL if observer.resumed else FIRST_CALL), Speaker()
+        llm.register_function("find_order", find_order)
         aggregators = voice_pair(context, mute=[AlwaysUserMuteStrategy()])
         user, assistant = aggregators
         processed = Processed(user)
@@ -85,7 +92,7 @@ async def main(session_id: str) -> None:
             call.worker.add_observer(processed)
             if not observer.resumed:
                 await call.send(*says("I'd like to change", "my delivery address.", interim="I'd like"))
-                await call.until(lambda: said(2), "the first answer played")
+                await call.until(lambda: said(4), "the function's result and the first answer played")
                 await call.send(*says("12 Elm Street, Springfield."))
                 await call.until(lambda: "".join(speaker.spoken).endswith("12 Elm Street."), "two sentences played")
                 # The bot speaks on: the caller is muted, and Pipecat drops what they say.
@@ -95,7 +102,7 @@ async def main(session_id: str) -> None:
                 muted: list[Frame] = stt.transcribed[heard:]
                 await call.until(lambda: all(f.id in processed.ids for f in muted), "the muted words processed")
                 await observer.drained()
-                assert speaker.bot_speaking and session.open_turns == (first + 3,), "not mid-answer"
+                assert speaker.bot_speaking and session.open_turns == (first + 4,), "not mid-answer"
                 await session.flush_partial()
                 assert await session.wait_acknowledged(STEP_TIMEOUT), "not acknowledged"
                 say(ready=True, open_turns=list(session.open_turns))

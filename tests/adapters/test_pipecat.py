@@ -13,6 +13,7 @@ Pipecat agent process and restart it.
 
 from __future__ import annotations
 
+import asyncio
 import sys
 import uuid
 from collections.abc import Callable
@@ -26,6 +27,7 @@ require_extra("pipecat", "pipecat")
 
 from pipecat.frames.frames import (
     CancelFrame,
+    InputTransportMessageFrame,
     LLMFullResponseEndFrame,
     LLMTextFrame,
 )
@@ -37,13 +39,15 @@ from pipecat.tests.utils import SleepFrame, run_test
 from pipecat.turns.user_mute import AlwaysUserMuteStrategy
 from sqlalchemy import select
 
-from turnlog.adapters.pipecat import TurnlogObserver
+from turnlog.adapters.pipecat import TurnlogObserver, history_messages
 from turnlog.deploy.processes import ServiceProcess
+from turnlog.producers import StoredTurn
 from turnlog.sinks.tables import transcript_turns
 
 from tests.adapters.pipecat_agent import SYSTEM, aggregator_pair
 from tests.adapters.pipecat_call import Call, says, voice_pair
 from tests.adapters.pipecat_services import (
+    FunctionCall,
     HeardDelta,
     HeardFinal,
     RealtimeLLM,
@@ -283,6 +287,142 @@ async def test_with_stt_llm_and_tts_muted_speech_is_not_recorded_and_tokens_are_
     ]
 
 
+def stored_turns(pipeline, session_id) -> list[StoredTurn]:
+    """The session's turns as a resume gives them back (``StoredTurn``, with tool calls and attributes)."""
+    with pipeline.store.engine.connect() as conn:
+        rows = conn.execute(
+            select(transcript_turns).where(transcript_turns.c.session_id == session_id).order_by(transcript_turns.c.turn_index)
+        ).all()
+    return [StoredTurn.from_row(row._mapping) for row in rows]
+
+
+def same_ids(messages: list[dict]) -> list[dict]:
+    """``messages`` with each tool call id replaced by its place among them: Pipecat's ids come from
+    the LLM, a rebuilt context's from turnlog (which does not store them)."""
+    ids: dict[str, str] = {}
+
+    def renamed(call_id: str) -> str:
+        return ids.setdefault(call_id, f"call-{len(ids)}")
+
+    out = []
+    for message in messages:
+        message = dict(message)
+        if "tool_calls" in message:
+            message["tool_calls"] = [{**c, "id": renamed(c["id"])} for c in message["tool_calls"]]
+        if "tool_call_id" in message:
+            message["tool_call_id"] = renamed(message["tool_call_id"])
+        out.append(message)
+    return out
+
+
+def send_text(content: str) -> InputTransportMessageFrame:
+    """What the input transport pushes for a client's RTVI ``send-text`` message (answer aloud, at once)."""
+    return InputTransportMessageFrame(message={
+        "label": "rtvi-ai", "type": "send-text", "id": f"msg-{uuid.uuid4().hex[:6]}",
+        "data": {"content": content, "options": {"run_immediately": True, "audio_response": True}},
+    })
+
+
+async def test_typed_input_and_a_completed_function_call_are_recorded_as_pipecat_holds_them(ready_pipeline):
+    """Issue 33, Pipecat 6 and 7: the user asks aloud, the LLM calls a function (Pipecat's
+    function-calling machinery runs the registered handler), answers with its result, and the
+    user types a question (RTVI ``send-text``, handled by the worker's own ``RTVIProcessor``).
+    The typed words are a user turn marked ``typed``; the call (name, arguments, result) is on
+    the assistant turn that asked for it; a context rebuilt from the store is Pipecat's own."""
+    pipeline = ready_pipeline
+    session_id = f"pipecat-tools-{uuid.uuid4().hex[:8]}"
+    llm = ScriptedLLM([
+        Reply((), prompt_tokens=30, completion_tokens=5, calls=[FunctionCall("get_order", {"order": "1234"})]),
+        Reply(("Order 1234", " shipped on Monday."), prompt_tokens=45, completion_tokens=6),
+        Reply(("Sure,", " what is the new address?"), prompt_tokens=60, completion_tokens=7),
+    ])
+
+    async def get_order(params) -> None:
+        await params.result_callback({"order": params.arguments["order"], "status": "shipped", "on": "Monday"})
+
+    llm.register_function("get_order", get_order)
+    speaker = Speaker()
+    async with recorder_for(pipeline.settings) as recorder:
+        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        context = LLMContext([SYSTEM])
+        aggregators = voice_pair(context)
+        user, assistant = aggregators
+        bot = Pipeline([ScriptedSTT(), user, llm, SilentTTS(seconds_per_word=0.05), speaker, assistant])
+        async with Call(bot, observer, aggregators, USAGE_METRICS) as call:
+            await call.send(*says("Where is order 1234?"))
+            await call.until(said(context, speaker, 4), "the answer with the function's result played")
+            await call.send(send_text("Can you also change the delivery address?"))
+            await call.until(said(context, speaker, 6), "the answer to the typed question played")
+            await call.end()
+        await observer.wait_closed(TIMEOUT)
+        assert observer.session.closed and observer.errors == [] and observer.failures == 0
+
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the session finalized")
+    found = stored_turns(pipeline, session_id)
+    assert [(t.turn_index, t.speaker, t.text, t.status, t.kind, t.tool_calls) for t in found] == [
+        (0, "user", "Where is order 1234?", "complete", "spoken", None),
+        (1, "assistant", "", "complete", "spoken", (
+            {"name": "get_order", "arguments": {"order": "1234"},
+             "result": {"order": "1234", "status": "shipped", "on": "Monday"}},
+        )),
+        (2, "assistant", "Order 1234 shipped on Monday.", "complete", "spoken", None),
+        (3, "user", "Can you also change the delivery address?", "complete", "typed", None),
+        (4, "assistant", "Sure, what is the new address?", "complete", "spoken", None),
+    ]
+    # The two LLM calls of the first answer (the function call, then the text) are counted once.
+    assert (found[1].input_tokens + found[2].input_tokens, found[4].input_tokens) == (75, 60)
+    assert found[3].attributes == {"kind": "typed"} and found[0].attributes is None
+    # What a resumed bot's context is rebuilt from is what Pipecat's own context holds, message by message.
+    assert same_ids(history_messages(found)) == same_ids(context.messages[1:])
+    assert [m["role"] for m in context.messages[1:]] == ["user", "assistant", "tool", "assistant", "user", "assistant"]
+
+
+async def test_a_function_call_cancelled_by_the_user_speaking_is_recorded_cancelled(ready_pipeline):
+    """Issue 33, Pipecat 7: the user talks while a function runs; Pipecat's LLM service cancels it
+    (``cancel_on_interruption``) and its context holds the call with ``CANCELLED``: turnlog stores
+    the call with its arguments and the cancellation, before the user's next turn, as Pipecat does."""
+    pipeline = ready_pipeline
+    session_id = f"pipecat-cancelled-call-{uuid.uuid4().hex[:8]}"
+    llm = ScriptedLLM([
+        Reply((), calls=[FunctionCall("track_parcel", {"parcel": "P-77"})]),
+        Reply(("Okay,", " no problem."), prompt_tokens=50, completion_tokens=4),
+    ])
+    started = asyncio.Event()
+
+    async def track_parcel(params) -> None:
+        started.set()
+        await asyncio.Event().wait()  # until Pipecat cancels it
+
+    llm.register_function("track_parcel", track_parcel, cancel_on_interruption=True)
+    speaker = Speaker()
+    async with recorder_for(pipeline.settings) as recorder:
+        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        context = LLMContext([SYSTEM])
+        aggregators = voice_pair(context)
+        user, assistant = aggregators
+        bot = Pipeline([ScriptedSTT(), user, llm, SilentTTS(seconds_per_word=0.05), speaker, assistant])
+        async with Call(bot, observer, aggregators) as call:
+            await call.send(*says("Where is my parcel P-77?"))
+            await call.until(started.is_set, "the function running")
+            await call.send(*says("Actually, never mind."))
+            await call.until(said(context, speaker, 5), "the answer after the cancelled call played")
+            await call.end()
+        await observer.wait_closed(TIMEOUT)
+        assert observer.session.closed and observer.errors == [] and observer.failures == 0
+
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the session finalized")
+    found = stored_turns(pipeline, session_id)
+    assert [(t.turn_index, t.speaker, t.text, t.status, t.tool_calls) for t in found] == [
+        (0, "user", "Where is my parcel P-77?", "complete", None),
+        (1, "assistant", "", "complete", ({"name": "track_parcel", "arguments": {"parcel": "P-77"},
+                                          "result": {"cancelled": True}},)),
+        (2, "user", "Actually, never mind.", "complete", None),
+        (3, "assistant", "Okay, no problem.", "complete", None),
+    ]
+    assert [m.get("content") for m in context.messages[1:] if m["role"] == "tool"] == ["CANCELLED"]
+    assert same_ids(history_messages(found)) == same_ids(context.messages[1:])
+
+
 async def test_realtime_deltas_and_a_late_transcript_are_recorded_as_pipecat_holds_them(ready_pipeline, attach_in_run_test):
     """Issue 20, Pipecat 2: OpenAI Realtime's transcription deltas add up to the user's partial text
     (today's tree kept the last fragment), and a transcript that comes after the response started
@@ -381,13 +521,21 @@ def test_a_pipecat_agent_killed_mid_reply_resumes_with_its_llm_context_rebuilt_f
 
 
 def test_a_voice_bot_killed_while_speaking_resumes_with_the_words_the_caller_heard(ready_pipeline, tmp_path):
-    """The voice bot (STT, LLM, TTS, output transport) is SIGKILLed while its output transport
-    plays an answer, after the caller said something Pipecat muted: the words played before the
-    kill are stored (``interrupted``) and given back on resume, the muted words are in neither."""
+    """The voice bot (STT, LLM, TTS, output transport) calls a function, answers, and is SIGKILLed
+    while its output transport plays a later answer, after the caller said something Pipecat
+    muted: the words played before the kill are stored (``interrupted``) and given back on resume
+    with the function call and its result where Pipecat's context held them; the muted words are
+    in neither."""
     pipeline = ready_pipeline
     session_id = f"pipecat-voice-crash-{uuid.uuid4().hex[:8]}"
+    called = [
+        {"role": "assistant", "tool_calls": [{"id": "turnlog_1_0", "type": "function", "function": {
+            "name": "find_order", "arguments": '{"caller": "caller"}'}}]},
+        {"role": "tool", "content": '{"order": "1234", "address": "3 Oak Lane"}', "tool_call_id": "turnlog_1_0"},
+    ]
     said_before = [
         {"role": "user", "content": "I'd like to change my delivery address."},
+        *called,
         {"role": "assistant", "content": "Of course. What is the new address?"},
         {"role": "user", "content": "12 Elm Street, Springfield."},
     ]
@@ -396,8 +544,8 @@ def test_a_voice_bot_killed_while_speaking_resumes_with_the_words_the_caller_hea
     first = ScriptProcess("tests.adapters.pipecat_voice_agent", session_id, env=env,
                           log_path=tmp_path / "first.log", name="pipecat-voice-first")
     assert first.first_with("resumed", TIMEOUT) == {"resumed": False, "epoch": 0, "context": [SYSTEM]}
-    assert first.first_with("ready", TIMEOUT) == {"ready": True, "open_turns": [3]}
-    first.process.kill()  # the bot is still speaking its answer (turn 3)
+    assert first.first_with("ready", TIMEOUT) == {"ready": True, "open_turns": [4]}
+    first.process.kill()  # the bot is still speaking its answer (turn 4)
 
     second = ScriptProcess("tests.adapters.pipecat_voice_agent", session_id, env=env,
                            log_path=tmp_path / "second.log", name="pipecat-voice-second")
@@ -407,21 +555,28 @@ def test_a_voice_bot_killed_while_speaking_resumes_with_the_words_the_caller_hea
 
     row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the voice session finalized")
     rows = stored(pipeline, session_id)
-    # The restarted bot's context is the stored conversation, exactly: the words played before
-    # the kill joined as Pipecat joins them (1.14 puts two spaces between a streamed reply's
-    # sentences, in its context too), so the tables below compare word by word.
-    assert resumed["context"] == [SYSTEM, *({"role": s, "content": t} for _, s, t, *_ in rows[:4])]
-    assert [{**m, "content": " ".join(m["content"].split())} for m in resumed["context"]] == [SYSTEM, *said_before, heard]
+    # The restarted bot's context is the stored conversation, exactly: the function call and its
+    # result as Pipecat's context held them, and the words played before the kill joined as Pipecat
+    # joins them (1.14 puts two spaces between a streamed reply's sentences, in its context too),
+    # so the texts below compare word by word.
+    assert resumed["context"] == [SYSTEM, *history_messages(stored_turns(pipeline, session_id)[:5])]
+    assert resumed["context"][2:4] == called
+    assert [{**m, "content": " ".join(m["content"].split())} if m["role"] != "tool" and "content" in m else m
+            for m in resumed["context"]] == [SYSTEM, *said_before, heard]
     assert (resumed["resumed"], resumed["epoch"]) == (True, 1)
     assert [(i, s, " ".join(t.split()), *rest) for i, s, t, *rest in rows] == [
         (0, "user", "I'd like to change my delivery address.", "complete", False, 0, 0),
-        (1, "assistant", "Of course. What is the new address?", "complete", False, 20, 8),
-        (2, "user", "12 Elm Street, Springfield.", "complete", False, 0, 0),
-        (3, "assistant", "Thanks. I'm updating your order to 12 Elm Street.", "interrupted", False, 0, 0),
-        (4, "user", "Did it go through?", "complete", False, 0, 0),
-        (5, "assistant", "Yes, it ships to 12 Elm Street.", "complete", False, 35, 9),
+        (1, "assistant", "", "complete", False, 0, 0),
+        (2, "assistant", "Of course. What is the new address?", "complete", False, 20, 8),
+        (3, "user", "12 Elm Street, Springfield.", "complete", False, 0, 0),
+        (4, "assistant", "Thanks. I'm updating your order to 12 Elm Street.", "interrupted", False, 0, 0),
+        (5, "user", "Did it go through?", "complete", False, 0, 0),
+        (6, "assistant", "Yes, it ships to 12 Elm Street.", "complete", False, 35, 9),
     ]
-    assert (row["epoch"], row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == (1, "completed", 6, 1)
+    assert stored_turns(pipeline, session_id)[1].tool_calls == (
+        {"name": "find_order", "arguments": {"caller": "caller"}, "result": {"order": "1234", "address": "3 Oak Lane"}},
+    )
+    assert (row["epoch"], row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == (1, "completed", 7, 1)
 
 
 def test_the_example_agent_sigkilled_mid_call_resumes_and_its_llm_sees_the_stored_conversation(ready_pipeline, tmp_path):
