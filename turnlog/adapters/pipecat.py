@@ -26,6 +26,17 @@ since 1.0, so this is an observer plus the aggregators' events):
   aggregator broadcasts. An interim frame carrying OpenAI Realtime's
   ``ConversationItemInputAudioTranscriptionDelta`` is a delta, added to the
   interim text before it; any other interim frame replaces it.
+- **Typed and injected user turns.** A user message written to the context
+  from an :class:`LLMMessagesAppendFrame` the user aggregator processes is a
+  user turn of its own: ``kind="typed"`` when an ``RTVIProcessor`` pushed the
+  frame (a client's ``send-text``), else ``kind="injected"``.
+- **Tool calls.** :class:`FunctionCallInProgressFrame`,
+  :class:`FunctionCallResultFrame` (final results only) and
+  :class:`FunctionCallCancelFrame` (for calls Pipecat cancels:
+  ``cancel_on_interruption``) reaching the assistant aggregator: the calls of
+  one LLM response are one assistant turn with no text, taking its index when
+  the first call starts (when Pipecat writes it to its context) and completed
+  once every call ended; a cancelled call's result is :data:`CANCELLED`.
 - **Realtime services.** Once a service announced ``is_realtime_service``
   (its :class:`LLMServiceMetadataFrame`), Pipecat writes the user's message to
   the context when the response starts, and the transcript may come later: a
