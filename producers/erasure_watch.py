@@ -34,8 +34,9 @@ from collections.abc import Callable, Collection, Iterable
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, TopicPartition
 
 from turnlog import kafka
+from turnlog.crypto.ledger_signatures import ledger_verifier
 from turnlog.kafka.client_errors import UNAVAILABLE_CODES
-from turnlog.schemas.erasure import Erasure, decode_erasure
+from turnlog.schemas.erasure import Erasure
 from turnlog.schemas.exceptions import EventValidationError
 from turnlog.settings import TurnlogSettings
 
@@ -75,6 +76,7 @@ class ErasureWatch:
         self.settings = settings
         self.topic = settings.topics.erasures
         self._relevant = relevant
+        self._ledger = ledger_verifier(settings)  # ConfigurationError: a malformed issuer key
         self._on_erased = on_erased
         self._lock = threading.Lock()
         self._stop = threading.Event()
@@ -202,9 +204,9 @@ class ErasureWatch:
                         raise KafkaException(error)
                     continue
                 try:
-                    erasure = decode_erasure(record.value())
+                    erasure = self._ledger.read(record.key(), record.value(), record.headers()).erasure
                 except EventValidationError:
-                    continue  # names nothing to forget (the sink dead-letters it)
+                    continue  # unsigned, forged or unreadable: nothing to forget (the sink dead-letters it)
                 if self._wanted(erasure.session_id):
                     erased.append(erasure)
             if erased:

@@ -74,7 +74,7 @@ class StoredTurn:
         """What the turn was (``attributes["kind"]``, schema version 4): ``spoken`` when the
         turn has no kind, or one this release does not know."""
         value = (self.attributes or {}).get("kind")
-        return TurnKind(value) if value in TurnKind._value2member_map_ else TurnKind.SPOKEN
+        return TurnKind(value) if isinstance(value, str) and value in TurnKind._value2member_map_ else TurnKind.SPOKEN
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> StoredTurn:

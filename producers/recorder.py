@@ -898,10 +898,21 @@ class SessionRecorder:
         its spool holds events of it (the erasure watch's thread asks)."""
         return session_id in self._sessions or self._drainer.holds(session_id)
 
+    def _of_its_fleet(self, erasure: Erasure) -> bool:
+        """Whether ``erasure`` names the fleet of the session recorded here under its id (True when
+        none is, or the session's fleet is unknown)."""
+        session = self._sessions.get(erasure.session_id)
+        return session is None or session.fleet is None or session.fleet == erasure.fleet
+
     def _on_erased(self, erasures: list[Erasure]) -> None:
         """The erasure ledger names sessions that matter here (on the erasure watch's thread): the
         drainer refuses their events and drops what the spool holds of them, then their sessions
-        refuse every write (in that order: an event emitted in between is dropped with the rest)."""
+        refuse every write (in that order: an event emitted in between is dropped with the rest).
+
+        An erasure is bound to its fleet: one naming another fleet than the session this recorder
+        records under that id changes nothing here. One of a session held only in the spool (its
+        fleet unknown here) drops what the spool holds of the id."""
+        erasures = [erasure for erasure in erasures if self._of_its_fleet(erasure)]
         self._drainer.forget({erasure.session_id for erasure in erasures})
         for erasure in erasures:
             session = self._sessions.get(erasure.session_id)

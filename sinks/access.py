@@ -34,7 +34,7 @@ from sqlalchemy.engine import Connection
 
 from turnlog.schemas.erasure import Erasure
 from turnlog.sinks import reads as queries
-from turnlog.sinks.erasure import ErasureState
+from turnlog.sinks.erasure import ErasureResult, ErasureState
 from turnlog.sinks.finalization import session_ended_at, unfinalized_sessions
 from turnlog.sinks.interfaces import BatchResult, OnRejected, SessionPosition
 from turnlog.sinks.source_records import SourceMessage
@@ -152,9 +152,19 @@ class StoreReads:
         return SessionSnapshot(rows, turns, events)
 
     # -- erasures ----------------------------------------------------------------------------
-    def erasure_state(self, session_id: str) -> ErasureState | None:
-        """The store's erasure of ``session_id`` (pending or applied), or None."""
-        return self._store.erasures.state(self._conn, session_id)
+    def erasure_state(self, session_id: str, fleets: Collection[str] | None = None) -> ErasureState | None:
+        """The store's erasure (pending or applied) of the session ``session_id`` of one of
+        ``fleets`` (None: of any fleet; an erasure is bound to its fleet), or None."""
+        return self._store.erasures.state(self._conn, session_id, fleets)
+
+    def forgotten_among(self, session_ids: Collection[str]) -> set[str]:
+        """Those of ``session_ids`` whose session is forgotten or being forgotten, by an erasure of
+        its own fleet (:meth:`SqlErasures.forgotten_among <turnlog.sinks.erasure.SqlErasures.forgotten_among>`)."""
+        return self._store.erasures.forgotten_among(self._conn, session_ids)
+
+    def erased_fleets(self, session_ids: Collection[str]) -> dict[str, set[str]]:
+        """``{session id: fleets with an erasure of it}`` for those of ``session_ids`` with one."""
+        return self._store.erasures.erased_fleets(self._conn, session_ids)
 
     def erased_among(self, session_ids: Collection[str]) -> set[str]:
         """Those of ``session_ids`` with an erasure in the store, pending or applied."""
@@ -239,7 +249,7 @@ class StoreWrites(StoreReads):
         None writes the rows without reading or moving offsets (``turnlog replay``)."""
         return self._store.apply_batch(self._conn, consumer_group, messages, on_rejected=on_rejected)
 
-    def apply_erasures(self, ledger: Sequence[Erasure], now: dt.datetime) -> list[str]:
+    def apply_erasures(self, ledger: Sequence[Erasure], now: dt.datetime) -> ErasureResult:
         """Apply the erasure ledger's records to the store (:meth:`SqlErasures.apply
-        <turnlog.sinks.erasure.SqlErasures.apply>`); the ids forgotten now."""
+        <turnlog.sinks.erasure.SqlErasures.apply>`): the ids forgotten now, and those refused."""
         return self._store.erasures.apply(self._conn, ledger, now)

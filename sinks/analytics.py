@@ -120,9 +120,11 @@ class AnalyticsProjection:
 
     def forget(self, conn: Connection, ledger: Sequence[Erasure]) -> None:
         """Take the sessions of ``ledger`` out of the figures, in ``conn``'s transaction (the
-        ``forget`` of this projection's ``SinkService``); idempotent."""
+        ``forget`` of this projection's ``SinkService``); idempotent. An erasure naming another
+        fleet than the counted session's changes nothing (an erasure is bound to its fleet)."""
         now = dt.datetime.now(dt.UTC)
-        for erasure in sorted({e.session_id: e for e in ledger}.values(), key=lambda e: e.session_id):
+        for erasure in sorted({(e.session_id, e.fleet): e for e in ledger}.values(),
+                              key=lambda e: (e.session_id, e.fleet)):
             row = conn.execute(
                 self.store.lock(select(analytics_sessions).where(analytics_sessions.c.session_id == erasure.session_id))
             ).first()
@@ -132,7 +134,7 @@ class AnalyticsProjection:
                 ), [{"session_id": erasure.session_id, "fleet": erasure.fleet, "started_at": None,
                      "ended_at": None, "erased_at": now}])
                 continue
-            if row.erased_at is not None:
+            if row.erased_at is not None or row.fleet not in (None, erasure.fleet):
                 continue
             ended = row.ended_at is not None
             self._add_activity(conn, Counter({row.fleet: 1}), active=0 if ended else -1, started=-1,

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from turnlog.sinks.base import SqlStore
 
-__all__ = ["SqlErasures", "ErasureState", "ErasureStatus"]
+__all__ = ["SqlErasures", "ErasureResult", "ErasureState", "ErasureStatus"]
 
 #: ``pending``: asked, not yet applied to the store; ``done``: the store holds nothing of the session.
 ErasureStatus = Literal["pending", "done"]
@@ -61,6 +61,15 @@ class ErasureState:
                        requested_at=self.requested_at, reason="retention" if self.reason == "retention" else "request")
 
 
+@dataclass(frozen=True, slots=True)
+class ErasureResult:
+    """What :meth:`SqlErasures.apply` did: the ids it applied, and the erasures it refused (each
+    names a fleet other than the stored session's; nothing of them changed)."""
+
+    applied: tuple[str, ...]
+    refused: tuple[Erasure, ...]
+
+
 class SqlErasures:
     """The ``erasures`` table and the deletes of :meth:`apply`, in the caller's transaction."""
 
@@ -68,30 +77,60 @@ class SqlErasures:
         self._store = store
 
     def erased_among(self, conn: Connection, session_ids: Collection[str]) -> set[str]:
-        """The ids of ``session_ids`` that were forgotten, or are being forgotten (any ``erasures`` row)."""
-        if not session_ids:
-            return set()
-        found = conn.execute(select(erasures.c.session_id).where(erasures.c.session_id.in_(sorted(session_ids))))
-        return set(found.scalars())
+        """The ids of ``session_ids`` with an erasure row of any fleet (forgotten, or being
+        forgotten). Which fleets: :meth:`erased_fleets`."""
+        return set(self.erased_fleets(conn, session_ids))
 
-    def state(self, conn: Connection, session_id: str) -> ErasureState | None:
-        """The erasure of ``session_id``, or None if it was never asked for."""
-        row = conn.execute(select(erasures).where(erasures.c.session_id == session_id)).mappings().first()
+    def erased_fleets(self, conn: Connection, session_ids: Collection[str]) -> dict[str, set[str]]:
+        """``{session id: the fleets whose session of that id is forgotten or being forgotten}``
+        for those of ``session_ids`` with an erasure row (an erasure is bound to its fleet)."""
+        if not session_ids:
+            return {}
+        found: dict[str, set[str]] = {}
+        rows = conn.execute(
+            select(erasures.c.session_id, erasures.c.fleet).where(erasures.c.session_id.in_(sorted(session_ids)))
+        )
+        for row in rows:
+            found.setdefault(row.session_id, set()).add(row.fleet)
+        return found
+
+    def forgotten_among(self, conn: Connection, session_ids: Collection[str]) -> set[str]:
+        """The ids of ``session_ids`` whose session is forgotten or being forgotten: an erasure row
+        names the stored session's fleet, or the store holds no session of the id (or one of no
+        known fleet) and some fleet's erasure of it. Another fleet's erasure of a stored
+        session's id does not count: an erasure is bound to its fleet."""
+        erased = self.erased_fleets(conn, session_ids)
+        if not erased:
+            return set()
+        stored = conn.execute(select(sessions.c.id, sessions.c.fleet).where(sessions.c.id.in_(sorted(erased))))
+        fleets = {row.id: row.fleet for row in stored}
+        return {sid for sid, forgotten in erased.items() if fleets.get(sid) is None or fleets[sid] in forgotten}
+
+    def state(self, conn: Connection, session_id: str, fleets: Collection[str] | None = None) -> ErasureState | None:
+        """The erasure of fleet ``fleets``' session ``session_id`` (None: of any fleet), the latest
+        asked for if several fleets forgot that id; None if none was asked for."""
+        query = select(erasures).where(erasures.c.session_id == session_id)
+        if fleets is not None:
+            query = query.where(erasures.c.fleet.in_(sorted(fleets)))
+        row = conn.execute(query.order_by(erasures.c.requested_at.desc(), erasures.c.fleet)).mappings().first()
         return None if row is None else ErasureState(**row)
 
     def request(self, conn: Connection, erasure: Erasure) -> bool:
         """Record ``erasure`` as pending (not yet published, not applied); False if the
-        session already has an erasure row (that one stands, whoever asked)."""
-        stmt = self._store.insert(erasures).on_conflict_do_nothing(index_elements=[erasures.c.session_id])
+        fleet's session already has an erasure row (that one stands, whoever asked)."""
+        stmt = self._store.insert(erasures).on_conflict_do_nothing(
+            index_elements=[erasures.c.session_id, erasures.c.fleet]
+        )
         inserted = conn.execute(stmt.returning(erasures.c.session_id), [_row(erasure)]).first()
         return inserted is not None
 
-    def mark_published(self, conn: Connection, session_ids: Collection[str], at: dt.datetime) -> None:
-        """The broker acknowledged the ledger records of ``session_ids``."""
-        if session_ids:
+    def mark_published(self, conn: Connection, keys: Collection[tuple[str, str]], at: dt.datetime) -> None:
+        """The broker acknowledged the ledger records of ``keys``: ``(session id, fleet)`` pairs."""
+        for session_id, fleet in sorted(set(keys)):
             conn.execute(
                 update(erasures)
-                .where(erasures.c.session_id.in_(sorted(session_ids)), erasures.c.published_at.is_(None))
+                .where(erasures.c.session_id == session_id, erasures.c.fleet == fleet,
+                       erasures.c.published_at.is_(None))
                 .values(published_at=at)
             )
 
@@ -102,40 +141,43 @@ class SqlErasures:
         ).mappings()
         return [ErasureState(**row).as_erasure() for row in rows]
 
-    def apply(self, conn: Connection, ledger: Sequence[Erasure], now: dt.datetime) -> list[str]:
+    def apply(self, conn: Connection, ledger: Sequence[Erasure], now: dt.datetime) -> ErasureResult:
         """Forget each session of ``ledger``: delete its events, turns and row, and complete
-        its ``erasures`` row (inserted if the request never reached this store). Returns the
-        ids applied; an erasure naming another fleet than the stored session's is not
-        applied (the request's scope check was for that fleet, not this session).
+        its ``erasures`` row (inserted if the request never reached this store).
+
+        An erasure is bound to the fleet it names: one whose session the store holds under
+        another fleet changes nothing and is returned in ``refused`` (the sink dead-letters
+        its record). One whose session the store does not hold is recorded (the session may
+        be in flight; the sink then stores nothing of that fleet's session of that id).
         """
-        wanted: dict[str, Erasure] = {}
+        wanted: dict[tuple[str, str], Erasure] = {}
         for erasure in ledger:
-            wanted.setdefault(erasure.session_id, erasure)
+            wanted.setdefault((erasure.session_id, erasure.fleet), erasure)
         if not wanted:
-            return []
-        ids = sorted(wanted)
+            return ErasureResult((), ())
+        ids = sorted({session_id for session_id, _ in wanted})
         stored = conn.execute(select(sessions.c.id, sessions.c.fleet).where(sessions.c.id.in_(ids)))
         stored_fleets = {row.id: row.fleet for row in stored}
-        applied = [sid for sid in ids if stored_fleets.get(sid) in (None, wanted[sid].fleet)]
-        for sid in sorted(set(ids) - set(applied)):
-            logger.warning("erasure of %s refused: it names fleet %s, the stored session is fleet %s's (the request "
-                           "was scoped to the wrong fleet; ask again with the right one)", sid, wanted[sid].fleet,
-                           stored_fleets[sid])
+        refused = [erasure for (sid, fleet), erasure in sorted(wanted.items())
+                   if stored_fleets.get(sid) not in (None, fleet)]
+        applied = [key for key in sorted(wanted) if stored_fleets.get(key[0]) in (None, key[1])]
         if not applied:
-            return []
-        conn.execute(delete(session_events).where(session_events.c.session_id.in_(applied)))
-        conn.execute(delete(transcript_turns).where(transcript_turns.c.session_id.in_(applied)))
-        conn.execute(delete(sessions).where(sessions.c.id.in_(applied)))
+            return ErasureResult((), tuple(refused))
+        deleted = sorted({sid for sid, _ in applied if sid in stored_fleets})
+        if deleted:
+            conn.execute(delete(session_events).where(session_events.c.session_id.in_(deleted)))
+            conn.execute(delete(transcript_turns).where(transcript_turns.c.session_id.in_(deleted)))
+            conn.execute(delete(sessions).where(sessions.c.id.in_(deleted)))
         stmt = self._store.insert(erasures)
         stmt = stmt.on_conflict_do_update(
-            index_elements=[erasures.c.session_id],
+            index_elements=[erasures.c.session_id, erasures.c.fleet],
             set_={
                 "completed_at": func.coalesce(erasures.c.completed_at, stmt.excluded.completed_at),
                 "published_at": func.coalesce(erasures.c.published_at, stmt.excluded.published_at),
             },
         )
-        conn.execute(stmt, [_row(wanted[sid], published_at=now, completed_at=now) for sid in applied])
-        return applied
+        conn.execute(stmt, [_row(wanted[key], published_at=now, completed_at=now) for key in applied])
+        return ErasureResult(tuple(sid for sid, _ in applied), tuple(refused))
 
     def expired(
         self, conn: Connection, default_cutoff: dt.datetime | None, fleet_cutoffs: Mapping[str, dt.datetime],
@@ -170,7 +212,9 @@ class SqlErasures:
             by_fleet.append(and_(others, before(default_cutoff)))
         if not by_fleet:
             return []
-        not_erased = ~select(erasures.c.session_id).where(erasures.c.session_id == sessions.c.id).exists()
+        not_erased = ~select(erasures.c.session_id).where(
+            erasures.c.session_id == sessions.c.id, erasures.c.fleet == sessions.c.fleet
+        ).exists()
         age = case((settled, sessions.c.ended_at), else_=sessions.c.last_applied_at)
         rows = conn.execute(
             select(sessions.c.id, sessions.c.fleet)

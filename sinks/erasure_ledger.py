@@ -20,9 +20,11 @@ import logging
 import time
 from collections.abc import Sequence
 
+import msgspec
 from confluent_kafka import KafkaError, Message, Producer
 
 from turnlog import kafka
+from turnlog.crypto.ledger_signatures import LedgerSigner, ledger_signer
 from turnlog.kafka.log_retention import LogOutlivesPolicy, log_outlives_policy
 from turnlog.kafka.partitioning import partition_for
 from turnlog.schemas.erasure import Erasure, encode_erasure
@@ -31,7 +33,7 @@ from turnlog.sinks.base import SqlStore
 from turnlog.sinks.driver_errors import store_errors
 from turnlog.sinks.exceptions import StoreUnavailableError
 
-__all__ = ["publish_erasures", "ErasureDuties", "retention_cutoffs"]
+__all__ = ["publish_erasures", "ledger_key", "ErasureDuties", "retention_cutoffs"]
 
 logger = logging.getLogger(__name__)
 #: How often the sink publishes pending erasures (seconds).
@@ -43,24 +45,39 @@ SWEEP_INTERVAL_SECONDS = 60.0
 SWEEP_BATCH = 500
 
 
+def ledger_key(erasure: Erasure) -> bytes:
+    """The ledger record's key: the fleet and the session id. The topic is compacted, so fleet A's
+    erasure of X and fleet B's must not share a key (one would replace the other)."""
+    return f"{erasure.fleet}\x00{erasure.session_id}".encode()
+
+
 def publish_erasures(
-    producer: Producer, settings: TurnlogSettings, ledger: Sequence[Erasure], timeout: float
-) -> list[str]:
-    """Produce ``ledger`` to ``<prefix>.erasures`` and wait up to ``timeout`` seconds for the
-    broker; the session ids it acknowledged (the others stay pending: the caller retries)."""
-    acked: list[str] = []
-
-    def delivered(error: KafkaError | None, message: Message) -> None:
-        if error is None:
-            key = message.key()
-            if key is not None:
-                acked.append(key.decode("utf-8"))
-
+    producer: Producer, settings: TurnlogSettings, ledger: Sequence[Erasure], timeout: float,
+    signer: LedgerSigner | None = None,
+) -> list[tuple[str, str]]:
+    """Produce ``ledger`` to ``<prefix>.erasures``, on each session's partition (the ledger is
+    co-partitioned with the transcript), signed by ``signer`` (None: unsigned, open mode; its
+    ``requested_by`` is then given the issuer's prefix if it lacks it), and wait up to
+    ``timeout`` seconds for the broker; the ``(session id, fleet)`` pairs it acknowledged (the
+    others stay pending: the caller retries)."""
+    acked: list[tuple[str, str]] = []
     topic = settings.topics.erasures
     for erasure in ledger:
+        if signer is not None:
+            erasure = msgspec.structs.replace(erasure, requested_by=signer.requested_by(erasure.requested_by))
+        key, value = ledger_key(erasure), encode_erasure(erasure)
+        headers: list[tuple[str, str | bytes | None]] | None = (
+            list(signer.headers(key, value)) if signer is not None else None
+        )
+        pair = (erasure.session_id, erasure.fleet)
+
+        def delivered(error: KafkaError | None, _message: Message, pair: tuple[str, str] = pair) -> None:
+            if error is None:
+                acked.append(pair)
+
         try:
             producer.produce(
-                topic, key=erasure.session_id.encode("utf-8"), value=encode_erasure(erasure),
+                topic, key=key, value=value, headers=headers,
                 partition=partition_for(erasure.session_id, settings.partitions), on_delivery=delivered,
             )
         except BufferError:
@@ -95,6 +112,7 @@ class ErasureDuties:
         self._next_at = 0.0
         self._next_sweep_at = 0.0
         self._producer: Producer | None = None
+        self._signer = ledger_signer(settings)  # ConfigurationError: a malformed key refuses the start
 
     def warn_if_log_outlives_policy(self) -> list[LogOutlivesPolicy]:
         """Log a warning, with its fix, for each topic whose retention in the settings outlives
@@ -131,8 +149,9 @@ class ErasureDuties:
         with store_errors(), self.store.engine.begin() as conn:
             expired = self.store.erasures.expired(conn, default, by_fleet, limit=SWEEP_BATCH)
             for session_id, fleet in expired:
+                requested_by = self._signer.requested_by("retention") if self._signer is not None else "retention"
                 self.store.erasures.request(conn, Erasure(
-                    session_id=session_id, fleet=fleet, requested_by="retention", requested_at=now,
+                    session_id=session_id, fleet=fleet, requested_by=requested_by, requested_at=now,
                     reason="retention",
                 ))
         if expired:
@@ -147,7 +166,8 @@ class ErasureDuties:
             return 0
         if self._producer is None:
             self._producer = kafka.producer(self.settings, client_id=f"{self.settings.sink_group}-erasures")
-        acked = publish_erasures(self._producer, self.settings, pending, timeout=self.settings.ack_wait_seconds * 10)
+        acked = publish_erasures(self._producer, self.settings, pending, timeout=self.settings.ack_wait_seconds * 10,
+                                 signer=self._signer)
         if acked:
             with store_errors(), self.store.engine.begin() as conn:
                 self.store.erasures.mark_published(conn, acked, dt.datetime.now(dt.UTC))

@@ -32,6 +32,7 @@ from confluent_kafka import Producer
 from sqlalchemy import select
 
 from turnlog import kafka
+from turnlog.crypto.ledger_signatures import ledger_signer
 from turnlog.exceptions import TurnlogError
 from turnlog.faults import fault_point
 from turnlog.schemas.erasure import Erasure, ErasureReason
@@ -100,6 +101,9 @@ def request_erasure(
     """
     now = dt.datetime.now(dt.UTC)
     deadline = time.monotonic() + wait_seconds
+    signer = ledger_signer(settings)
+    if signer is not None:
+        requested_by = signer.requested_by(requested_by)
     store_answered = True
     try:
         erasure, published = _recorded(store, session_id, fleets, requested_by, reason, now,
@@ -117,7 +121,8 @@ def request_erasure(
         own = producer is None
         producer = producer or kafka.producer(settings, client_id=f"turnlog-forget-{session_id[:40]}")
         try:
-            acked = publish_erasures(producer, settings, [erasure], timeout=max(1.0, settings.ack_wait_seconds * 5))
+            acked = publish_erasures(producer, settings, [erasure], timeout=max(1.0, settings.ack_wait_seconds * 5),
+                                     signer=signer)
         finally:
             if own:
                 producer.flush(0)
@@ -135,7 +140,7 @@ def request_erasure(
     while True:
         try:
             with store_errors(), store.engine.connect() as conn:
-                state = store.erasures.state(conn, session_id)
+                state = store.erasures.state(conn, session_id, [erasure.fleet])
         except StoreUnavailableError:
             state = None
         if state is not None and state.status == "done":
@@ -166,19 +171,25 @@ def _recorded(
         ErasureNotFound, StoreUnavailableError: as :func:`request_erasure`.
     """
     with store_errors(), store.engine.begin() as conn:
-        state = store.erasures.state(conn, session_id)
+        stored = conn.execute(select(sessions.c.id, sessions.c.fleet).where(sessions.c.id == session_id)).first()
+        # The stored session's erasure, or (none stored) one within the caller's fleets: an erasure
+        # is bound to its fleet, another fleet's erasure of the same id is not this session's.
+        if stored is not None and stored.fleet is not None:
+            scope: Collection[str] | None = [stored.fleet]
+        else:
+            scope = [unstored_fleet] if unstored_fleet is not None else fleets
+        state = store.erasures.state(conn, session_id, scope)
         if state is not None:
             if fleets is not None and state.fleet not in fleets:
                 raise ErasureNotFound(f"no session {session_id}")
             return state.as_erasure(), state.published_at is not None
-        stored = conn.execute(select(sessions.c.id, sessions.c.fleet).where(sessions.c.id == session_id)).first()
         fleet: str | None = unstored_fleet if stored is None else stored.fleet
         if fleet is None or (fleets is not None and fleet not in fleets):
             raise ErasureNotFound(f"no session {session_id}")
         erasure = Erasure(session_id=session_id, fleet=fleet, requested_by=requested_by, requested_at=now,
                           reason=reason)
         if not store.erasures.request(conn, erasure):  # a concurrent request inserted it first: that one stands
-            raced = store.erasures.state(conn, session_id)
+            raced = store.erasures.state(conn, session_id, [fleet])
             if raced is not None:
                 return raced.as_erasure(), raced.published_at is not None
         return erasure, False

@@ -33,7 +33,7 @@ import datetime as dt
 import logging
 import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from typing import Any, cast
 
 from confluent_kafka import OFFSET_BEGINNING, Consumer, KafkaError, KafkaException, Producer, TopicPartition
@@ -50,11 +50,12 @@ from tenacity import (
 
 from turnlog import kafka, metrics
 from turnlog.crypto.config import event_opener
+from turnlog.crypto.ledger_signatures import ledger_verifier
 from turnlog.dlq import bounded_reason, dlq_headers, reason_class
 from turnlog.faults import fault_point
 from turnlog.readiness import mark_not_ready, mark_ready
 from turnlog.schemas import EventType
-from turnlog.schemas.erasure import Erasure, decode_erasure
+from turnlog.schemas.erasure import Erasure
 from turnlog.schemas.headers import Headers, record_event_type
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import BatchResult, BatchWriter, SqlStore, report_finalized
@@ -93,8 +94,9 @@ END_OFFSET_ATTEMPTS = 3
 END_OFFSET_RETRY_SECONDS = 1.0
 
 
-#: How a projection forgets the sessions of erasure ledger records, in the batch's transaction.
-Forget = Callable[[Connection, list[Erasure]], object]
+#: How a projection forgets the sessions of erasure ledger records, in the batch's transaction; it
+#: returns the erasures it refused (they name another fleet than the stored session's), or None.
+Forget = Callable[[Connection, list[Erasure]], Collection[Erasure] | None]
 
 
 def _utcnow() -> dt.datetime:
@@ -172,7 +174,8 @@ class SinkService:
             store.transcript.opener = event_opener(settings)  # KeyMaterialError: refuse to start
         # The erasure ledger is consumed beside the transcript: each projection forgets its own rows
         # (the transcript sink: the session's events, turns and row) in the batch's transaction.
-        self._forget: Forget = forget or (lambda conn, ledger: store.erasures.apply(conn, ledger, _utcnow()))
+        self._forget: Forget = forget or (lambda conn, ledger: store.erasures.apply(conn, ledger, _utcnow()).refused)
+        self._ledger = ledger_verifier(settings)  # ConfigurationError: a malformed issuer key refuses the start
         self._write: BatchWriter = self._with_ledger(write or store.write_transcript)
         # The transcript sink also publishes pending erasures and runs the retention sweep.
         self._duties = ErasureDuties(settings, store) if write is None else None
@@ -211,7 +214,8 @@ class SinkService:
         consumer = kafka.consumer(self.settings, group_id=self.consumer_group, **self._config)
         self._consumer = consumer
         self._fences = {}
-        consumer.subscribe([self.settings.topics.transcript, self.settings.topics.erasures],
+        ledger_topic = self.settings.topics.erasures
+        consumer.subscribe([self.settings.topics.transcript, ledger_topic],
                            on_assign=self._seek_to_stored, on_revoke=self._revoked)
         batch: list[SourceMessage] = []
         traced: list[tuple[SourceMessage, TraceContext, bool]] = []  # (record, its context, is session.ended)
@@ -235,8 +239,10 @@ class SinkService:
                     headers = record.headers()
                     boundary = boundary or not _is_partial(headers, value)
                     # Set on every record without an error (a None value would be a tombstone: never written).
-                    message = SourceMessage(cast(str, record.topic()), cast(int, record.partition()),
-                                            cast(int, record.offset()), cast(bytes, value), record.key())
+                    topic = cast(str, record.topic())
+                    message = SourceMessage(topic, cast(int, record.partition()), cast(int, record.offset()),
+                                            cast(bytes, value), record.key(),
+                                            _header_pairs(headers) if topic == ledger_topic else None)
                     batch.append(message)
                     if self._tracing.enabled:
                         context = context_from_headers(headers)
@@ -289,11 +295,13 @@ class SinkService:
             if not ledger:
                 return write(conn, messages)
             rejected: list[RejectedMessage] = []
-            erasures = [erasure for _, erasure in plan_each(ledger, lambda m: decode_erasure(m.value), rejected)]
-            if erasures:
-                self._forget(conn, erasures)
+            planned = list(plan_each(ledger, lambda m: self._ledger.read(m.key, m.value, m.headers).erasure, rejected))
+            if planned:
+                refused = self._forget(conn, [erasure for _, erasure in planned]) or ()
+                rejected.extend(RejectedMessage(m, "foreign fleet: the erasure names another fleet than the stored "
+                                                   "session's") for m, erasure in planned if erasure in refused)
                 fault_point("sink.after_forget")
-                metrics.ERASURES_APPLIED.labels(component=self.component).inc(len(erasures))
+                metrics.ERASURES_APPLIED.labels(component=self.component).inc(len(planned) - len(refused))
             result = write(conn, [m for m in messages if m.topic != ledger_topic])
             return dataclasses.replace(result, rejected=[*rejected, *result.rejected])
 
@@ -491,3 +499,9 @@ class SinkService:
         if self._dlq.flush(DLQ_FLUSH_TIMEOUT_SECONDS):
             raise StoreError(f"could not dead-letter {message.topic}[{message.partition}]@{message.offset}: "
                              "DLQ unreachable")
+
+
+def _header_pairs(headers: Any) -> tuple[tuple[str, bytes], ...]:
+    """A record's headers as ``(name, value)`` pairs (a header without a value: empty bytes)."""
+    pairs = headers.items() if isinstance(headers, Mapping) else (headers or ())
+    return tuple((name, value if isinstance(value, bytes) else (value or "").encode()) for name, value in pairs)

@@ -10,13 +10,15 @@ __all__ = ["SourceMessage", "next_offsets"]
 
 @dataclass(frozen=True, slots=True)
 class SourceMessage:
-    """One consumed Kafka record: where it came from, its raw value and key (bytes)."""
+    """One consumed Kafka record: where it came from, its raw value and key (bytes), and the headers
+    its reader needs (the erasure ledger's signature; None where none are kept)."""
 
     topic: str
     partition: int
     offset: int
     value: bytes
     key: bytes | None = None
+    headers: tuple[tuple[str, bytes], ...] | None = None
 
 
 def next_offsets(messages: Iterable[SourceMessage]) -> dict[tuple[str, int], int]:

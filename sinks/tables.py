@@ -262,8 +262,9 @@ fleet_talk_time = Table(
 erasures = Table(
     "erasures",
     metadata,
+    # An erasure is bound to its fleet: fleet A's erasure of X leaves fleet B's X alone.
     Column("session_id", String(200), primary_key=True),
-    Column("fleet", String(200), nullable=False),
+    Column("fleet", String(200), primary_key=True),
     Column("requested_by", String(200), nullable=False),
     Column("requested_at", UtcDateTime, nullable=False),
     Column("reason", String(16), nullable=False),

@@ -46,7 +46,7 @@ from sqlalchemy.engine import Connection, RowMapping
 
 from turnlog import metrics
 from turnlog.crypto.envelope import EventOpener
-from turnlog.schemas import SessionStatus
+from turnlog.schemas import EventValidationError, SessionStarted, SessionStatus, decode_event
 from turnlog.sinks.batch import (
     TURN_COMPLETE,
     TURN_INTERRUPTED,
@@ -119,14 +119,23 @@ class TranscriptWriter:
         return WriteResult(plan.rejected, finalized, plan.turns_emitted_at, {sid: ready[sid] for sid in finalized})
 
     def _without_erased(self, conn: Connection, messages: Sequence[SourceMessage]) -> Sequence[SourceMessage]:
-        """``messages`` less those of forgotten sessions (by record key: the sequencer admits a
-        record only under its session's id), which are dropped unread and counted."""
+        """``messages`` less those of forgotten sessions, which are dropped unread and counted.
+
+        A record names its session by its key (the sequencer admits a record only under its
+        session's id); an erasure is bound to its fleet, so a record is dropped when the session's
+        fleet (the stored row's, or the batch's ``session.started``) has an erasure of that id,
+        or when its fleet is unknown (the rows of a forgotten session are gone; what is still in
+        flight of it is dropped)."""
         assert self._erasures is not None
         ids = {m.key.decode("utf-8", "replace") for m in messages if m.key is not None}
-        erased = self._erasures.erased_among(conn, ids)
+        erased = self._erasures.erased_fleets(conn, ids)
         if not erased:
             return messages
-        kept = [m for m in messages if m.key is None or m.key.decode("utf-8", "replace") not in erased]
+        fleets = _session_fleets(conn, messages, set(erased))
+        dropped = {sid for sid, forgotten in erased.items() if fleets.get(sid) is None or fleets[sid] in forgotten}
+        if not dropped:
+            return messages
+        kept = [m for m in messages if m.key is None or m.key.decode("utf-8", "replace") not in dropped]
         metrics.ERASED_RECORDS_SKIPPED.labels(component="sink").inc(len(messages) - len(kept))
         return kept
 
@@ -314,3 +323,21 @@ def _reach(current: RowMapping | None, changes: SessionChanges) -> _Reach:
     stored_max = current["max_seq"] if current is not None else -1
     max_seq = max(changes.seqs) if stored_max is None else max(stored_max, *changes.seqs)
     return _Reach(contiguous, max_seq, stored_max is None or contiguous < max_seq)
+
+
+def _session_fleets(conn: Connection, messages: Sequence[SourceMessage], session_ids: set[str]) -> dict[str, str]:
+    """``{session id: fleet}`` for those of ``session_ids`` whose fleet is known: the stored row's,
+    else the fleet of the ``session.started`` among ``messages``."""
+    stored = conn.execute(select(sessions.c.id, sessions.c.fleet).where(sessions.c.id.in_(sorted(session_ids))))
+    fleets = {row.id: row.fleet for row in stored if row.fleet is not None}
+    for message in messages:
+        session_id = message.key.decode("utf-8", "replace") if message.key is not None else None
+        if session_id is None or session_id not in session_ids or session_id in fleets:
+            continue
+        try:
+            event = decode_event(message.value)
+        except EventValidationError:
+            continue  # rejected when the batch is planned
+        if isinstance(event, SessionStarted):
+            fleets[session_id] = event.fleet
+    return fleets

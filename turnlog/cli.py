@@ -197,6 +197,22 @@ def keys_public(keyring: KeyringPath = None) -> None:
     typer.echo(f"KEKs held (current first): {', '.join(ring.ids)}")
 
 
+
+
+@keys_app.command("erasure-issuer")
+def keys_erasure_issuer(
+    name: Annotated[str, typer.Option(help="The issuer's name (TURNLOG_ERASURE_ISSUER).")] = "turnlog",
+) -> None:
+    """Make a new erasure issuer key pair: the private half for the hosts that issue erasures (the CLI's
+    host, the API, the sink), the public half for every reader of the erasure ledger."""
+    import json
+
+    from turnlog.crypto.ledger_signatures import new_issuer_key
+
+    private, public = new_issuer_key()
+    typer.echo(f"TURNLOG_ERASURE_ISSUER={name}")
+    typer.echo(f"TURNLOG_ERASURE_ISSUER_KEY={private}")
+    typer.echo(f"TURNLOG_ERASURE_ISSUERS={json.dumps({name: public})}")
 @app.command()
 def forget(
     session_id: Annotated[str, typer.Argument(help="The session to forget everywhere.")],

@@ -52,9 +52,10 @@ from tenacity import RetryCallState, Retrying, retry_if_exception_type, wait_fix
 from turnlog import kafka
 from turnlog.crypto.config import event_opener
 from turnlog.crypto.envelope import is_sealed, open_sealed
+from turnlog.crypto.ledger_signatures import ledger_verifier
 from turnlog.metrics import ERASED_RECORDS_SKIPPED, LIVE_RECORDS_SKIPPED
 from turnlog.schemas import EventValidationError, decode_event, encode_event
-from turnlog.schemas.erasure import decode_erasure
+from turnlog.schemas.erasure import Erasure
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.reads import EventPage, StoredEvent
@@ -119,7 +120,7 @@ def store_fetch(store: SqlStore, *, max_bytes: int | None = None) -> Fetch:
 
     def read(session_id: str, after_seq: int) -> EventPage:
         with store.reading() as reads:
-            if reads.erased_among([session_id]):
+            if reads.forgotten_among([session_id]):
                 raise SessionErased(session_id)
             return reads.events_after(session_id, after_seq, max_bytes=max_bytes)
 
@@ -250,6 +251,7 @@ class TranscriptHub:
     ) -> None:
         self.settings = settings
         self._store = store
+        self._ledger = ledger_verifier(settings)  # ConfigurationError: a malformed issuer key
         self._erasure_check_seconds = (
             settings.api_poll_seconds if erasure_check_seconds is None else erasure_check_seconds
         )
@@ -364,13 +366,26 @@ class TranscriptHub:
         """One erasure ledger record: its session is forgotten. One that does not decode names
         nothing to forget: skipped and counted like an invalid transcript record."""
         try:
-            erasure = decode_erasure(record.value())
+            erasure = self._ledger.read(record.key(), record.value(), record.headers()).erasure
         except EventValidationError:
             LIVE_RECORDS_SKIPPED.labels(reason="invalid").inc()
-            logger.warning("transcript hub: skipped the erasure record at %s[%s] offset %s (invalid)",
-                           record.topic(), record.partition(), record.offset())
+            logger.warning("transcript hub: skipped the erasure record at %s[%s] offset %s (invalid or not "
+                           "signed by an erasure issuer)", record.topic(), record.partition(), record.offset())
             return
+        if self._store is not None and not self._of_its_fleet(erasure):
+            return  # another fleet's session of that id: an erasure is bound to its fleet
         self.mark_erased(erasure.session_id)
+
+    def _of_its_fleet(self, erasure: Erasure) -> bool:
+        """Whether ``erasure`` names the fleet of the stored session of its id (True when the store
+        holds none, or does not answer: a stream is closed rather than left open)."""
+        assert self._store is not None
+        try:
+            with self._store.reading() as reads:
+                session = reads.session(erasure.session_id, fleets=None, include_metadata=False)
+        except Exception:  # noqa: BLE001 (an outage: the stream is closed, the reader may reconnect)
+            return True
+        return session is None or session["fleet"] in (None, erasure.fleet)
 
     def _watch_erasures(self) -> None:
         """Every ``erasure_check_seconds``: which sessions with subscribers have an erasure row."""
@@ -381,7 +396,7 @@ class TranscriptHub:
             try:
                 for start in range(0, len(followed), ERASURE_CHECK_BATCH):
                     with self._store.reading() as reads:
-                        erased = reads.erased_among(followed[start:start + ERASURE_CHECK_BATCH])
+                        erased = reads.forgotten_among(followed[start:start + ERASURE_CHECK_BATCH])
                     for session_id in sorted(erased):
                         self.mark_erased(session_id)
             except Exception as error:  # noqa: BLE001 (an outage or a bug: logged, tried again next round)

@@ -99,7 +99,7 @@ def claim_resume(
     session = writes.session(session_id, fleets=fleets, include_metadata=False)  # its fleet; no metadata
     if session is None:
         return None
-    claimed = _claim_epoch(writes, session_id)  # locks the session row to the end of the transaction
+    claimed = _claim_epoch(writes, session_id, session["fleet"])  # locks the session row to the transaction's end
     if claimed is None:
         return None
     epoch, position = claimed
@@ -128,14 +128,15 @@ def claim_resume(
     )
 
 
-def _claim_epoch(writes: StoreWrites, session_id: str) -> tuple[int, SessionPosition] | None:
+def _claim_epoch(writes: StoreWrites, session_id: str, fleet: str | None = None) -> tuple[int, SessionPosition] | None:
     """:meth:`SqlStore.claim_epoch`, refused for a session being forgotten: one whose erasure is
-    in the store, applied or not (the API answers 410 for it).
+    in the store, applied or not (the API answers 410 for it). An erasure is bound to its
+    fleet: with ``fleet`` (the stored session's), only that fleet's erasure of the id counts.
 
     Raises:
         SessionErasedError: an erasure of the session is in the store; nothing is claimed.
     """
-    if writes.erasure_state(session_id) is not None:
+    if writes.erasure_state(session_id, [fleet] if fleet is not None else None) is not None:
         raise SessionErasedError(session_id)
     return writes.claim_epoch(session_id)
 

@@ -256,6 +256,27 @@ class TurnlogSettings(BaseSettings):
         "resuming through database_url) signs the epoch it issues, and the sequencer admits an epoch above 0 "
         "only with such a grant. Required wherever fleet_keys is set and resumes are granted or checked.",
     )
+    erasure_issuer: str = Field(
+        "turnlog",
+        description="This host's name as an erasure issuer (1 to 200 bytes, no ':'): it signs the erasure "
+        "ledger records this host writes (turnlog forget, the API, the sink's retention sweep) with "
+        "erasure_issuer_key, and their requested_by reads '<issuer>:<who>'.",
+    )
+    erasure_issuer_key: SecretStr | None = Field(
+        None,
+        repr=False,
+        description="Private Ed25519 key (32 bytes, base64url; `turnlog keys erasure-issuer` makes a pair) that "
+        "signs the erasure ledger records this host writes. Held only where erasures are issued: the CLI's "
+        "host, the API, the transcript sink. Unset: records go out unsigned, which readers with "
+        "erasure_issuers set refuse.",
+    )
+    erasure_issuers: dict[str, str] = Field(
+        default_factory=dict,
+        description="The erasure issuers readers trust, as JSON {issuer: public key (base64url)}. Set: every "
+        "reader of the erasure ledger (the sink, the analytics projection, recorders, the live hub, replay, "
+        "verify) acts only on a record signed by one of them (the sink sends any other to the DLQ). Empty: "
+        "unsigned records are taken (open mode; anyone who can write the erasures topic can erase).",
+    )
     encryption: Literal["auto", "required", "off"] = Field(
         "auto",
         description="Envelope encryption of event content (turnlog/crypto; docs/design.md, 'Encryption and "

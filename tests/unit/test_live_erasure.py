@@ -17,6 +17,7 @@ from prometheus_client import REGISTRY
 
 from turnlog import follow
 from turnlog.api.auth import TOKEN_ID_HEX_DIGITS, TokenTable
+from turnlog.crypto.ledger_signatures import LedgerSigner, new_issuer_key
 from turnlog.follow import SessionErased, Subscription, TranscriptHub, follow_session, store_fetch
 from turnlog.schemas import encode_event
 from turnlog.schemas.erasure import Erasure, encode_erasure
@@ -31,8 +32,13 @@ SETTINGS = TurnlogSettings(topic_prefix="t")
 class Record:
     """A consumed record as confluent_kafka gives it."""
 
-    def __init__(self, topic: str, key: bytes | None, value: bytes | None, offset: int = 7) -> None:
+    def __init__(self, topic: str, key: bytes | None, value: bytes | None, offset: int = 7,
+                 headers: list[tuple[str, bytes]] | None = None) -> None:
         self._topic, self._key, self._value, self._offset = topic, key, value, offset
+        self._headers = headers
+
+    def headers(self) -> list[tuple[str, bytes]] | None:
+        return self._headers
 
     def topic(self) -> str:
         return self._topic
@@ -53,9 +59,11 @@ class Record:
         return None
 
 
-def ledger_record(session_id: str) -> Record:
-    erasure = Erasure(session_id=session_id, fleet="f", requested_by="api:abc", requested_at=dt.datetime.now(dt.UTC))
-    return Record("t.erasures", session_id.encode(), encode_erasure(erasure))
+def ledger_record(session_id: str, signer: LedgerSigner | None = None, requested_by: str = "api:abc") -> Record:
+    erasure = Erasure(session_id=session_id, fleet="f", requested_by=requested_by,
+                      requested_at=dt.datetime.now(dt.UTC))
+    key, value = session_id.encode(), encode_erasure(erasure)
+    return Record("t.erasures", key, value, headers=signer.headers(key, value) if signer is not None else None)
 
 
 def transcript_record(session_id: str, seq: int = 0) -> Record:
@@ -102,6 +110,30 @@ async def test_a_ledger_record_ends_the_session_s_subscribers_and_its_records_ar
     assert hub.is_erased("s-gone") and not hub.is_erased("s-kept")
     later = hub.subscribe("s-gone")  # a new follower of a session known forgotten starts ended
     assert later.erased
+
+
+async def test_with_erasure_issuers_only_a_record_signed_by_one_ends_a_session():
+    private, public = new_issuer_key()
+    intruder, _ = new_issuer_key()
+    issuer = LedgerSigner("ops", private)
+    hub = TranscriptHub(SETTINGS.model_copy(update={"erasure_issuers": {"ops": public}}))
+    hub._loop = asyncio.get_running_loop()
+    followed = hub.subscribe("s-1")
+    moved = ledger_record("s-1")
+    moved._headers = ledger_record("s-2", issuer, "ops:cli:x").headers()  # another record's signature
+    forged = [
+        ledger_record("s-1"),  # unsigned
+        ledger_record("s-1", LedgerSigner("ops", intruder), "ops:cli:x"),  # the issuer's name, another key
+        ledger_record("s-1", issuer, "cli:x"),  # signed, but requested_by does not name the issuer
+        moved,
+    ]
+    for record in forged:
+        hub._handle_erasure(record)
+        await settle()
+        assert not followed.erased and not hub.is_erased("s-1")
+    hub._handle_erasure(ledger_record("s-1", issuer, "ops:cli:x"))
+    await settle()
+    assert followed.erased
 
 
 async def test_a_ledger_record_that_does_not_decode_is_skipped_and_ends_nothing():
@@ -171,7 +203,7 @@ async def test_the_hub_asks_the_store_about_the_sessions_it_serves_and_survives_
     fail.set()
 
     class Erasures:
-        def erased_among(self, session_ids):
+        def forgotten_among(self, session_ids):
             asked.append(sorted(session_ids))
             if fail.is_set():
                 fail.clear()
@@ -263,7 +295,7 @@ async def test_a_backlog_page_stops_at_the_erasure_between_two_events():
 
 async def test_store_fetch_reads_nothing_of_a_session_with_an_erasure_row():
     class Erasures:
-        def erased_among(self, session_ids):
+        def forgotten_among(self, session_ids):
             return {"s-gone"} & set(session_ids)
 
     store = SimpleNamespace(reading=lambda: contextlib.nullcontext(Erasures()))

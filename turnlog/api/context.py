@@ -93,14 +93,13 @@ class ApiContext:
         return granted
 
     @staticmethod
-    def refuse_if_erased(reads: StoreReads, session_id: str, granted: Scope) -> None:
-        """Raises SessionGone (410) for a forgotten session of the token's fleets, HTTPException(404)
-        for another fleet's; nothing for a session without an erasure."""
-        erased = reads.erasure_state(session_id)
-        if erased is not None:
-            if granted.allows(erased.fleet):
-                raise SessionGone(erased)
-            raise HTTPException(404, f"no session {session_id!r}")
+    def refuse_if_erased(reads: StoreReads, session_id: str, granted: Scope, fleet: str | None = None) -> None:
+        """Raises SessionGone (410) for a forgotten session: of ``fleet`` (the stored session's) if
+        given, else of the token's fleets; nothing without one. An erasure is bound to its fleet:
+        another fleet's erasure of the same id is not this session's, nor the token's business."""
+        erased = reads.erasure_state(session_id, [fleet] if fleet is not None else granted.fleets)
+        if erased is not None and granted.allows(erased.fleet):
+            raise SessionGone(erased)
 
     def visible_session(self, session_id: str, granted: Scope, *, include_metadata: bool = True) -> dict[str, Any]:
         """The session's row as ``granted`` may see it.
@@ -131,7 +130,7 @@ class ApiContext:
         with self.store.reading() as reads:
             session = reads.session(session_id, fleets=granted.fleets, include_metadata=include_metadata)
             extra = read(reads) if read is not None and session is not None else None
-            self.refuse_if_erased(reads, session_id, granted)
+            self.refuse_if_erased(reads, session_id, granted, session["fleet"] if session is not None else None)
         if session is None:  # also outside the token's fleets: never confirm it exists
             raise HTTPException(404, f"no session {session_id!r}")
         return session, extra

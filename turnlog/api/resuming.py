@@ -84,7 +84,8 @@ def resume_routes(context: ApiContext) -> APIRouter:
                 raise ResumeBarrierTimeout(f"resume of {session_id}: no free resume worker within {wait:g}s")
             with store.reading() as reads:  # a forgotten session is never claimed again
                 try:
-                    context.refuse_if_erased(reads, session_id, granted)
+                    known = reads.session(session_id, fleets=granted.fleets, include_metadata=False)
+                    context.refuse_if_erased(reads, session_id, granted, known["fleet"] if known is not None else None)
                 except SessionGone:  # refused before the barrier, which records every other resume
                     record_resume("erased", started)
                     raise

@@ -13,17 +13,19 @@ import time
 from confluent_kafka import KafkaError, TopicPartition
 
 from turnlog import kafka
+from turnlog.crypto.ledger_signatures import ledger_verifier
 from turnlog.schemas import EventValidationError
-from turnlog.schemas.erasure import Erasure, decode_erasure
+from turnlog.schemas.erasure import Erasure
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.erasure_request import ErasureNotFound, ErasureOutcome, request_erasure
 
 __all__ = ["ErasureNotFound", "ErasureOutcome", "request_erasure", "read_ledger"]
 
 
-def read_ledger(settings: TurnlogSettings, *, timeout: float = 30.0) -> dict[str, Erasure]:
-    """Every erasure in ``<prefix>.erasures`` (read to its end), by session id. A record that
-    does not decode is skipped (it names nothing to forget); a missing topic is an empty ledger.
+def read_ledger(settings: TurnlogSettings, *, timeout: float = 30.0) -> dict[tuple[str, str], Erasure]:
+    """Every erasure in ``<prefix>.erasures`` (read to its end), by ``(session id, fleet)``. A
+    record that does not decode, or (``erasure_issuers`` set) is not signed by an erasure issuer,
+    is skipped (it names nothing to forget); a missing topic is an empty ledger.
 
     Raises:
         BrokerError: the broker cannot be reached.
@@ -36,7 +38,8 @@ def read_ledger(settings: TurnlogSettings, *, timeout: float = 30.0) -> dict[str
             return {}
         starts = {p: marks.low for p, marks in offsets.watermarks(topic, list(ends)).items()}
     pending = {p for p, end in ends.items() if end > starts[p]}
-    ledger: dict[str, Erasure] = {}
+    ledger: dict[tuple[str, str], Erasure] = {}
+    verifier = ledger_verifier(settings)
     if not pending:
         return ledger
     consumer = kafka.consumer(settings, group_id=f"{settings.topic_prefix}-ledger-reader",
@@ -53,10 +56,10 @@ def read_ledger(settings: TurnlogSettings, *, timeout: float = 30.0) -> dict[str
                         pending.discard(partition)
                     continue
                 try:
-                    erasure = decode_erasure(record.value())
+                    erasure = verifier.read(record.key(), record.value(), record.headers()).erasure
                 except EventValidationError:
                     continue
-                ledger[erasure.session_id] = erasure
+                ledger[(erasure.session_id, erasure.fleet)] = erasure
                 if partition is not None and (record.offset() or 0) + 1 >= ends[partition]:
                     pending.discard(partition)
         if pending:

@@ -29,7 +29,7 @@ from __future__ import annotations
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Collection, Mapping
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -43,7 +43,6 @@ from turnlog.ops.erasure import read_ledger
 from turnlog.producers.partitioning import partition_for
 from turnlog.redact import redact
 from turnlog.schemas import SETTLED_SESSION_STATUSES, EventValidationError, SessionStatus, decode_event
-from turnlog.schemas.erasure import Erasure
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import ProvenanceError, RecordVerifier
 from turnlog.sinks.base import SqlStore
@@ -133,7 +132,10 @@ def replay_events(
     except kafka.BrokerError as e:
         raise ReplayError(f"cannot read the erasure ledger {settings.topics.erasures}: {redact(str(e))}") from e
     if wanted:
-        ledger = {sid: erasure for sid, erasure in ledger.items() if sid in wanted}
+        ledger = {key: erasure for key, erasure in ledger.items() if key[0] in wanted}
+    # Replay drops every record of an id that some fleet's erasure names (records carry no fleet
+    # before they are sequenced); the store's erasure rows stay bound to their fleets.
+    erased_ids = {session_id for session_id, _ in ledger}
     try:
         total = sum(max(0, ends[p] - starts[p]) for p in ends)
         pending = {p for p in ends if ends[p] > starts[p]}
@@ -158,7 +160,7 @@ def replay_events(
                 result.records_read += 1
                 if offset + 1 >= ends[partition]:
                     pending.discard(partition)
-                if _erased(record, ledger):
+                if _erased(record, erased_ids):
                     result.erased += 1
                     continue
                 _sequence_record(store, record, states, wanted, emitted, result,
@@ -184,13 +186,13 @@ def replay_events(
     return result
 
 
-def _erased(record: object, ledger: Mapping[str, Erasure]) -> bool:
-    """Whether the record's key names a session of the erasure ledger (decided before anything
+def _erased(record: object, erased_ids: Collection[str]) -> bool:
+    """Whether the record's key names a session id of the erasure ledger (decided before anything
     of the record is decoded: the sequencer admits a record only under its session's id)."""
-    if not ledger:
+    if not erased_ids:
         return False
     key = record.key()  # type: ignore[attr-defined]
-    return key is not None and key.decode("utf-8", "replace") in ledger
+    return key is not None and key.decode("utf-8", "replace") in erased_ids
 
 
 def _offset_range(
