@@ -12,11 +12,14 @@ class SchemaError(TurnlogError):
 
 
 class EventValidationError(SchemaError):
-    """Bytes or values that are not a valid v1 event.
+    """Bytes or values that are not a valid event (or erasure record).
 
     ``reason`` is a short, human-readable cause (it travels to the DLQ as the
-    ``turnlog-reason`` header).
+    ``turnlog-reason`` header, after ``reason_class``: one of turnlog/dlq.py's classes).
     """
+
+    #: The DLQ's class of the refusal (turnlog/dlq.py ``REASON_CLASSES``).
+    reason_class: str = "invalid"
 
     def __init__(self, reason: str) -> None:
         super().__init__(reason)

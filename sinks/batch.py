@@ -151,10 +151,12 @@ class SessionChanges:
 
 @dataclass(frozen=True, slots=True)
 class RejectedMessage:
-    """A record a writer refused, and why."""
+    """A record a writer refused, and why: ``reason_class`` and ``reason`` make the DLQ's reason
+    ``<class>: <reason>`` (turnlog/dlq.py's classes; ``invalid`` unless the writer knows better)."""
 
     message: SourceMessage
     reason: str
+    reason_class: str = "invalid"
 
 
 @dataclass(frozen=True, slots=True)
@@ -255,7 +257,7 @@ def plan_each(
         try:
             planned = plan(message)
         except EventValidationError as e:
-            rejected.append(RejectedMessage(message, e.reason))
+            rejected.append(RejectedMessage(message, e.reason, e.reason_class))
             continue
         except Exception as e:  # a planning bug must not stop the consumer: this record alone is refused
             logger.warning(

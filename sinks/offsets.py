@@ -112,7 +112,7 @@ class SqlOffsets:
         for refused in rejected:
             m = refused.message
             if on_rejected is not None:
-                on_rejected(m, f"invalid: {refused.reason}")
+                on_rejected(m, f"{refused.reason_class}: {refused.reason}")
             else:
                 logger.error(
                     "skipping undecodable record %s[%d]@%d: %s", m.topic, m.partition, m.offset, refused.reason

@@ -284,6 +284,15 @@ class SinkService:
                 self._duties.close()
             self._tracing.flush()
 
+    def _verified_erasure(self, message: SourceMessage) -> Erasure:
+        """The erasure a ledger record names, once its signature is verified.
+
+        Raises:
+            EventValidationError: not an erasure record, or one no trusted issuer signed (the
+                latter's reason is ``unauthenticated: ...`` in the DLQ: see :func:`plan_each`).
+        """
+        return self._ledger.read(message.key, message.value, message.headers).erasure
+
     def _with_ledger(self, write: BatchWriter) -> BatchWriter:
         """``write`` for the transcript's records, after the batch's erasure ledger records are
         applied (``forget``) in the same transaction; an unreadable ledger record is rejected
@@ -295,11 +304,13 @@ class SinkService:
             if not ledger:
                 return write(conn, messages)
             rejected: list[RejectedMessage] = []
-            planned = list(plan_each(ledger, lambda m: self._ledger.read(m.key, m.value, m.headers).erasure, rejected))
+            planned = list(plan_each(ledger, self._verified_erasure, rejected))
             if planned:
                 refused = self._forget(conn, [erasure for _, erasure in planned]) or ()
-                rejected.extend(RejectedMessage(m, "foreign fleet: the erasure names another fleet than the stored "
-                                                   "session's") for m, erasure in planned if erasure in refused)
+                rejected.extend(
+                    RejectedMessage(m, "the erasure names another fleet than the stored session's", "foreign fleet")
+                    for m, erasure in planned if erasure in refused
+                )
                 fault_point("sink.after_forget")
                 metrics.ERASURES_APPLIED.labels(component=self.component).inc(len(planned) - len(refused))
             result = write(conn, [m for m in messages if m.topic != ledger_topic])

@@ -174,7 +174,7 @@ def test_the_watch_reports_only_relevant_records_follows_new_ones_and_a_check_re
         assert watch.caught_up and seen == [ids[0]]  # ids[1] read, not kept: it does not matter here
 
         relevant.add(ids[2])  # a record written after the session mattered: followed
-        assert publish_erasures(producer, settings, [ledger(ids[2])], timeout=30) == [ids[2]]
+        assert publish_erasures(producer, settings, [ledger(ids[2])], timeout=30) == [(ids[2], "tests")]
         wait_until(lambda: ids[2] in seen, timeout=TIMEOUT, what="a new ledger record followed")
 
         relevant.add(ids[1])  # mattering only now (an orphan adopted late): its old record is read again

@@ -38,6 +38,7 @@ from turnlog.schemas.erasure import Erasure, decode_erasure
 from turnlog.settings import TurnlogSettings
 
 __all__ = [
+    "UnauthenticatedErasure",
     "ISSUER_HEADER",
     "SIGNATURE_HEADER",
     "LedgerSigner",
@@ -48,6 +49,13 @@ __all__ = [
     "ledger_verifier",
     "new_issuer_key",
 ]
+
+class UnauthenticatedErasure(EventValidationError):
+    """A ledger record no trusted erasure issuer signed (the DLQ's class ``unauthenticated``); its
+    reason names no key."""
+
+    reason_class = "unauthenticated"
+
 
 ISSUER_HEADER = "turnlog-erasure-issuer"
 SIGNATURE_HEADER = "turnlog-erasure-signature"
@@ -137,8 +145,8 @@ class LedgerVerifier:
         """Verify and decode one ledger record (``headers`` as the Kafka client gives them).
 
         Raises:
-            EventValidationError: not an erasure record, or (issuers configured; the reason begins
-                ``unauthenticated:``, the DLQ's class) unsigned, signed
+            EventValidationError: not an erasure record.
+            UnauthenticatedErasure: (issuers configured) unsigned, signed
                 by an unknown issuer, a signature that does not verify, a repeated header, or a
                 ``requested_by`` that does not begin with ``<issuer>:``. Reasons name no key.
         """
@@ -147,18 +155,18 @@ class LedgerVerifier:
             return VerifiedErasure(erasure, None)
         found = _signature_headers(headers)
         if found is None:
-            raise EventValidationError("unauthenticated: the erasure record is not signed by an erasure issuer")
+            raise UnauthenticatedErasure("the erasure record is not signed by an erasure issuer")
         issuer_bytes, signature = found
         issuer = issuer_bytes.decode("utf-8", "replace")
         public = self._keys.get(issuer)
         if public is None:
-            raise EventValidationError("unauthenticated: the erasure record is signed by an unknown issuer")
+            raise UnauthenticatedErasure("the erasure record is signed by an unknown issuer")
         try:
             public.verify(signature, _message(issuer_bytes, key or b"", value or b""))
         except InvalidSignature:
-            raise EventValidationError("unauthenticated: the erasure record's signature does not verify") from None
+            raise UnauthenticatedErasure("the erasure record's signature does not verify") from None
         if not erasure.requested_by.startswith(f"{issuer}:"):
-            raise EventValidationError("unauthenticated: the erasure record's requested_by does not name its issuer")
+            raise UnauthenticatedErasure("the erasure record's requested_by does not name its issuer")
         return VerifiedErasure(erasure, issuer)
 
 
@@ -166,19 +174,19 @@ def _signature_headers(headers: Any) -> tuple[bytes, bytes] | None:
     """``(issuer, signature)`` from the record's headers, or None if either is missing.
 
     Raises:
-        EventValidationError: a header repeated, or a signature of the wrong length.
+        UnauthenticatedErasure: a header repeated, or a signature of the wrong length.
     """
     pairs = list(headers.items()) if isinstance(headers, Mapping) else list(headers or ())
     values: dict[str, bytes] = {}
     for name, value in pairs:
         if name in (ISSUER_HEADER, SIGNATURE_HEADER):
             if name in values:
-                raise EventValidationError(f"unauthenticated: the erasure record's header {name} is repeated")
+                raise UnauthenticatedErasure(f"the erasure record's header {name} is repeated")
             values[name] = bytes(value or b"")
     if ISSUER_HEADER not in values or SIGNATURE_HEADER not in values:
         return None
     if len(values[SIGNATURE_HEADER]) != _SIGNATURE_BYTES or len(values[ISSUER_HEADER]) > _MAX_ISSUER_BYTES:
-        raise EventValidationError("unauthenticated: the erasure record's signature headers are malformed")
+        raise UnauthenticatedErasure("the erasure record's signature headers are malformed")
     return values[ISSUER_HEADER], values[SIGNATURE_HEADER]
 
 
