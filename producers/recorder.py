@@ -87,7 +87,7 @@ from turnlog.schemas import (
 from turnlog.schemas.erasure import Erasure
 from turnlog.schemas.events import EARLIEST_YEAR, LATEST_YEAR
 from turnlog.settings import TurnlogSettings
-from turnlog.signing import RecordSigner
+from turnlog.signing import RecordSigner, claim_headers
 from turnlog.tracing import (
     NO_TRACING,
     TraceContext,
@@ -814,6 +814,8 @@ class SessionRecorder:
         headers: tuple[tuple[str, bytes], ...] = ()
         if self._signer.enabled and session.fleet is not None:
             headers = tuple(self._signer.headers(session.fleet, key, payload, session._epoch_grant))
+        elif session.fleet is not None:  # open mode: the fleet it claims, so a collision is refused, not merged
+            headers = tuple(claim_headers(session.fleet, session._epoch_grant))
         if trace is not None:  # kept in the spool row with the signature: an adopting recorder sends it too
             headers = (*headers, *trace.headers())
         event = SpooledEvent(

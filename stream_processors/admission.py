@@ -24,9 +24,14 @@ decoding, so junk is refused at the cheapest point):
    seq: no record can fence a session or rewrite a stored seq with an epoch
    nobody issued.
 
-In open mode (no keys) nothing is checked, but :func:`note_owner` still keeps
-the fleet of each session's applied ``session.started``, so sessions started
-then have their owner once keys are turned on.
+In open mode (no keys; ``TURNLOG_INSECURE_OPEN_FLEETS``) nothing is
+authenticated, but :func:`note_owner` still keeps the fleet of each session's
+applied ``session.started`` (so sessions started then have their owner once keys
+are turned on), and :func:`admit_open` checks what a record claims
+(``turnlog.signing.claim_headers``): a record claiming another fleet than its
+session's owner is refused (an honest collision of ids, never merged), a
+``session.started`` must name the fleet it claims, and with an epoch grant key
+an epoch above 0 needs an issued grant as in rule 4.
 
 A refused record goes to the DLQ with the reason returned here; the reasons
 name sessions, seqs and epochs, never fleets' keys or content.
@@ -35,15 +40,24 @@ name sessions, seqs and epochs, never fleets' keys or content.
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from typing import Any
 
 from turnlog.exceptions import ConfigurationError
 from turnlog.schemas import Event, SessionStarted
 from turnlog.settings import TurnlogSettings
-from turnlog.signing import RecordVerifier, VerifiedRecord, provenance_headers
+from turnlog.signing import (
+    EPOCH_GRANT_HEADER,
+    FLEET_HEADER,
+    ProvenanceError,
+    RecordVerifier,
+    VerifiedRecord,
+    provenance_headers,
+    verify_epoch_grant,
+)
 from turnlog.stream_processors.sequencing import SessionSequence
 
-__all__ = ["authenticate", "admit", "note_owner", "record_verifier"]
+__all__ = ["authenticate", "admit", "admit_open", "note_owner", "record_verifier", "open_mode_grant_key"]
 
 logger = logging.getLogger(__name__)
 
@@ -104,6 +118,40 @@ def admit(verified: VerifiedRecord, state: SessionSequence, event: Event) -> str
     return None
 
 
+def admit_open(claimed: Mapping[str, bytes], grant_key: bytes | None, state: SessionSequence,
+               event: Event) -> str | None:
+    """Open mode's checks of what a record claims (``claimed``: its provenance headers, unsigned).
+
+    Returns the reason to refuse it (for the DLQ), or None. A record that claims no fleet (a
+    writer of an older release) is checked for the epoch grant only.
+    """
+    session_id = event.session_id
+    fleet_bytes = claimed.get(FLEET_HEADER)
+    fleet = fleet_bytes.decode("utf-8", "replace") if fleet_bytes is not None else None
+    if fleet is not None:
+        if isinstance(event, SessionStarted) and event.fleet != fleet:
+            return f"forged fleet: session.started of {session_id} names a fleet other than the one it claims"
+        if state.fleet is not None and state.fleet != fleet:
+            return f"foreign fleet: session id {session_id} belongs to another fleet"
+    if event.epoch > 0 and grant_key is not None:
+        token = claimed.get(EPOCH_GRANT_HEADER)
+        if token is None:
+            return f"epoch not issued: epoch {event.epoch} of {session_id} carries no epoch grant"
+        try:
+            grant = verify_epoch_grant(grant_key, token)
+        except ProvenanceError:
+            return f"epoch not issued: the epoch grant of epoch {event.epoch} of {session_id} does not verify"
+        owner = state.fleet or fleet
+        if (grant.session_id, grant.epoch) != (session_id, event.epoch) or (owner is not None and grant.fleet != owner):
+            return f"epoch not issued: the epoch grant is not for epoch {event.epoch} of {session_id}"
+        if event.seq < grant.from_seq:
+            return (
+                f"epoch not issued: seq {event.seq} is below seq {grant.from_seq}, "
+                f"the first granted to epoch {event.epoch}"
+            )
+    return None
+
+
 def note_owner(state: SessionSequence, event: Event) -> None:
     """Open mode: keep the fleet of the session's ``session.started`` once it is applied (sequenced)."""
     if state.fleet is None and isinstance(event, SessionStarted) and state.started_event_id == str(event.event_id):
@@ -117,8 +165,14 @@ def record_verifier(settings: TurnlogSettings) -> RecordVerifier | None:
         ConfigurationError: fleet keys without ``epoch_grant_key`` (no resumed epoch could be admitted).
     """
     if not settings.fleet_keys:
+        if not settings.insecure_open_fleets:
+            raise ConfigurationError(
+                "TURNLOG_FLEET_KEYS is empty: without fleet keys any writer of the events topic can write any "
+                "session. Set TURNLOG_FLEET_KEYS (and TURNLOG_EPOCH_GRANT_KEY; docs/security.md), or "
+                "TURNLOG_INSECURE_OPEN_FLEETS=true to run open knowingly"
+            )
         logger.warning(
-            "TURNLOG_FLEET_KEYS is empty: records are not authenticated, and any writer of %s can write, "
+            "TURNLOG_INSECURE_OPEN_FLEETS: records are not authenticated, and any writer of %s can write, "
             "fence or take over any session (open mode; see docs/design.md, 'Write-side isolation')",
             settings.topics.events,
         )
@@ -129,3 +183,9 @@ def record_verifier(settings: TurnlogSettings) -> RecordVerifier | None:
             "resumed epoch"
         )
     return RecordVerifier(settings.fleet_key_rings(), settings.epoch_grant_key.get_secret_value())
+
+
+def open_mode_grant_key(settings: TurnlogSettings) -> bytes | None:
+    """The epoch grant key :func:`admit_open` checks resumed epochs with (None: not set)."""
+    key = settings.epoch_grant_key
+    return key.get_secret_value().encode("utf-8") if key is not None else None

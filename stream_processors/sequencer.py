@@ -71,8 +71,15 @@ from turnlog.readiness import mark_not_ready
 from turnlog.schemas import EventValidationError, decode_event
 from turnlog.schemas.headers import EventType, event_type, peek_event_type, type_headers
 from turnlog.settings import TopicNames, TurnlogSettings
-from turnlog.signing import ProvenanceError, RecordVerifier
-from turnlog.stream_processors.admission import admit, authenticate, note_owner, record_verifier
+from turnlog.signing import ProvenanceError, RecordVerifier, provenance_headers
+from turnlog.stream_processors.admission import (
+    admit,
+    admit_open,
+    authenticate,
+    note_owner,
+    open_mode_grant_key,
+    record_verifier,
+)
 from turnlog.stream_processors.app import make_app, raw_topic
 from turnlog.stream_processors.emitter import (
     MAX_RECORD_BYTES,
@@ -177,6 +184,7 @@ class Sequencer:
         topics: TopicNames,
         max_buffer: int,
         verifier: RecordVerifier | None = None,
+        open_grant_key: bytes | None = None,
         partitions: int | None = None,
         max_buffer_bytes: int = DEFAULT_MAX_BUFFER_BYTES,
         max_state_bytes: int = MAX_STATE_BYTES,
@@ -193,6 +201,8 @@ class Sequencer:
         self._held_read_timeout = held_read_timeout
         self._states = states
         self._verifier = verifier
+        #: open mode (no verifier): the epoch grant key resumed epochs are checked with (admit_open)
+        self._open_grant_key = open_grant_key
         #: the events topic's partition count: a record on another partition than its session's is refused
         self._partitions = partitions
         self._changelog = changelog
@@ -312,12 +322,15 @@ class Sequencer:
             self._reject(batch, record, raw, f"unreadable: {record.headers.reason}")
             return
         verified = None
-        if self._verifier is not None:  # before decoding: an HMAC costs less than a decode
-            try:
+        claimed: dict[str, bytes] = {}
+        try:
+            if self._verifier is not None:  # before decoding: an HMAC costs less than a decode
                 verified = authenticate(self._verifier, key, raw, record.headers)
-            except ProvenanceError as e:
-                self._reject(batch, record, raw, f"unauthenticated: {e.reason}")
-                return
+            else:  # open mode: what the record claims, unsigned (admit_open)
+                claimed = provenance_headers(record.headers)
+        except ProvenanceError as e:
+            self._reject(batch, record, raw, f"unauthenticated: {e.reason}")
+            return
         try:
             event = decode_event(raw)
         except EventValidationError as e:
@@ -338,9 +351,11 @@ class Sequencer:
             state = touched[key][0] if key in touched else SessionSequence.from_json(self._states.get(key))
             if verified is not None:
                 refused = admit(verified, state, event)
-                if refused is not None:
-                    self._reject(batch, record, raw, refused)
-                    return
+            else:
+                refused = admit_open(claimed, self._open_grant_key, state, event)
+            if refused is not None:
+                self._reject(batch, record, raw, refused)
+                return
             decision = sequence(
                 state, event, raw, record.offset, max_buffer=self._max_buffer, max_buffer_bytes=self._max_buffer_bytes
             )
@@ -782,6 +797,7 @@ def build_sequencer(settings: TurnlogSettings) -> faust.App:
         max_buffer=settings.reorder_buffer_size,
         max_buffer_bytes=settings.reorder_buffer_bytes,
         verifier=record_verifier(settings),
+        open_grant_key=open_mode_grant_key(settings),
         partitions=settings.partitions,
         tracing=tracing,
         group=settings.sequencer_group,

@@ -250,6 +250,13 @@ class TurnlogSettings(BaseSettings):
         "unsigned, wrongly signed or other fleets' records to the DLQ (turnlog/signing.py). Empty: records are "
         "not signed and any writer of the events topic can write any session (open mode, a warning at start).",
     )
+    insecure_open_fleets: bool = Field(
+        False,
+        description="Run the sequencer (and replay) without fleet keys: records are not authenticated and any "
+        "writer of the events topic can write, fence or take over any session. Off by default: with no "
+        "fleet_keys they refuse to start. Even open, a record claiming another fleet than its session's is "
+        "refused and, with epoch_grant_key, an epoch nobody issued is refused.",
+    )
     epoch_grant_key: SecretStr | None = Field(
         None,
         description="Key that signs epoch grants (at least 32 bytes): a resume claim (the API, or a recorder "

@@ -52,6 +52,7 @@ __all__ = [
     "VerifiedRecord",
     "KeyRing",
     "issue_epoch_grant",
+    "claim_headers",
     "framed",
     "provenance_headers",
     "verify_epoch_grant",
@@ -226,6 +227,17 @@ class RecordSigner:
         if grant:
             headers.append((EPOCH_GRANT_HEADER, grant))
         return headers
+
+
+def claim_headers(fleet: str, epoch_grant: str | None = None) -> list[tuple[str, bytes]]:
+    """Open mode's provenance headers: the fleet the record claims (unsigned) and its epoch grant,
+    if any. A sequencer without fleet keys still refuses a record whose claimed fleet is not its
+    session's (an honest collision of ids is refused, never merged) and, with a grant key, an
+    epoch nobody issued."""
+    headers = [(FLEET_HEADER, fleet.encode("utf-8"))]
+    if epoch_grant:
+        headers.append((EPOCH_GRANT_HEADER, epoch_grant.encode("ascii")))
+    return headers
 
 
 @dataclass(frozen=True, slots=True)

@@ -45,7 +45,10 @@ def isolated_settings(kafka_bootstrap: str, database_url: str, tmp: Path, **over
         flush_interval_seconds=0.2,
         finalizer_sweep_seconds=0.5,
         faust_data_dir=str(tmp / "faust"),
-        **{"spool_dir": str(tmp / "spool"), "keyring_file": str(keyring), **overrides},
+        # Open mode unless a test gives fleet keys: most tests write raw, unsigned events to drive the
+        # sequencer; write-side isolation is tried with keys in test_hostile_input.py and beside it.
+        **{"spool_dir": str(tmp / "spool"), "keyring_file": str(keyring),
+           "insecure_open_fleets": not overrides.get("fleet_keys"), **overrides},
     )
 
 

@@ -8,7 +8,9 @@ import uuid
 
 import pytest
 
+from turnlog.exceptions import ConfigurationError
 from turnlog.schemas import SessionStarted, TurnPartial, encode_event
+from turnlog.settings import TurnlogSettings
 from turnlog.signing import (
     EPOCH_GRANT_HEADER,
     FLEET_HEADER,
@@ -17,11 +19,12 @@ from turnlog.signing import (
     ProvenanceError,
     RecordSigner,
     RecordVerifier,
+    claim_headers,
     issue_epoch_grant,
     provenance_headers,
     verify_epoch_grant,
 )
-from turnlog.stream_processors.admission import admit, authenticate, note_owner
+from turnlog.stream_processors.admission import admit, admit_open, authenticate, note_owner, record_verifier
 from turnlog.stream_processors.sequencing import SessionSequence
 
 KEY_A, KEY_B, ISSUER = "a" * 40, "b" * 40, "i" * 40
@@ -156,6 +159,42 @@ def test_open_mode_keeps_the_owner_of_an_applied_start():
     state.started_event_id = str(event.event_id)
     note_owner(state, event)
     assert state.fleet == "a"
+
+
+def test_without_fleet_keys_the_sequencer_refuses_to_start_unless_told_to_run_open():
+    with pytest.raises(ConfigurationError, match="TURNLOG_INSECURE_OPEN_FLEETS"):
+        record_verifier(TurnlogSettings())
+    assert record_verifier(TurnlogSettings(insecure_open_fleets=True)) is None
+
+
+def _claims(fleet: str, grant: str | None = None) -> dict[str, bytes]:
+    return provenance_headers(claim_headers(fleet, grant))
+
+
+def test_open_mode_refuses_a_record_claiming_another_fleet_than_its_session_s_owner():
+    state = SessionSequence()
+    assert admit_open(_claims("b"), None, state, _started("s1", "a")).startswith("forged fleet")
+    state.fleet = "a"  # fleet a's session.started was applied (note_owner)
+    assert admit_open(_claims("b"), None, state, _started("s1", "b")).startswith("foreign fleet")
+    assert admit_open(_claims("b"), None, state, _partial("s1", 3)).startswith("foreign fleet")
+    assert admit_open(_claims("a"), None, state, _partial("s1", 3)) is None
+    assert admit_open({}, None, state, _partial("s1", 3)) is None  # a writer that claims nothing (older release)
+
+
+def test_open_mode_with_a_grant_key_admits_only_an_issued_epoch():
+    state = SessionSequence(fleet="a", next_seq=5)
+    event = _partial("s1", 5, epoch=1)
+    key = ISSUER.encode()
+    grant = issue_epoch_grant(ISSUER, EpochGrant("a", "s1", 1, 5))
+    assert admit_open(_claims("a"), key, state, event).startswith("epoch not issued")
+    assert admit_open(_claims("a", issue_epoch_grant("j" * 40, EpochGrant("a", "s1", 1, 5))), key, state,
+                      event).startswith("epoch not issued")
+    assert admit_open(_claims("a", grant), key, state, _partial("s1", 5, epoch=2**31 - 1)).startswith("epoch not")
+    assert admit_open(_claims("a", issue_epoch_grant(ISSUER, EpochGrant("b", "s1", 1, 5))), key, state,
+                      event).startswith("epoch not issued")
+    assert "below seq 5" in admit_open(_claims("a", grant), key, state, _partial("s1", 2, epoch=1))
+    assert admit_open(_claims("a", grant), key, state, event) is None
+    assert admit_open(_claims("a"), None, state, event) is None  # no grant key: epochs are not checked
 
 
 def test_a_session_started_naming_another_fleet_than_its_signer_is_refused(verifier):

@@ -146,7 +146,7 @@ def _declared_by_faust(app: faust.App) -> dict[str, tuple[int, dict[str, Any]]]:
 
 
 async def test_faust_s_topics_are_named_and_configured_as_faust_declares_them(tmp_path: Path):
-    settings = _settings(faust_data_dir=str(tmp_path))
+    settings = _settings(faust_data_dir=str(tmp_path), insecure_open_fleets=True)
     declared = {**_declared_by_faust(build_sequencer(settings)), **_declared_by_faust(build_finalizer(settings))}
     assert declared == {topic.name: (topic.partitions, dict(topic.config)) for topic in faust_topics(settings)}
 

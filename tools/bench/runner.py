@@ -267,6 +267,7 @@ def _run_settings(settings: TurnlogSettings, options: BenchOptions, run: str, da
             # Open mode: the backlog and the baselines produce unsigned records. Signing's cost is
             # measured on and off in the signing phase instead (tools/bench/signing.py).
             fleet_keys={},
+            insecure_open_fleets=True,
             epoch_grant_key=None,
             flush_interval_seconds=options.flush_interval,
             log_level="WARNING",

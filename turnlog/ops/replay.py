@@ -44,11 +44,18 @@ from turnlog.producers.partitioning import partition_for
 from turnlog.redact import redact
 from turnlog.schemas import SETTLED_SESSION_STATUSES, EventValidationError, SessionStatus, decode_event
 from turnlog.settings import TurnlogSettings
-from turnlog.signing import ProvenanceError, RecordVerifier
+from turnlog.signing import ProvenanceError, RecordVerifier, provenance_headers
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.exceptions import RecordRejectedError
 from turnlog.sinks.source_records import SourceMessage
-from turnlog.stream_processors.admission import admit, authenticate, note_owner, record_verifier
+from turnlog.stream_processors.admission import (
+    admit,
+    admit_open,
+    authenticate,
+    note_owner,
+    open_mode_grant_key,
+    record_verifier,
+)
 from turnlog.stream_processors.sequencing import SessionSequence, raw_of, sequence
 
 __all__ = ["ReplayResult", "ReplayError", "replay_events"]
@@ -165,6 +172,7 @@ def replay_events(
                     continue
                 _sequence_record(store, record, states, wanted, emitted, result,
                                  max_buffer=settings.reorder_buffer_size, verifier=verifier,
+                                 open_grant_key=open_mode_grant_key(settings),
                                  partitions=settings.partitions)
                 if len(emitted) >= WRITE_BATCH:
                     _write(store, emitted, result)
@@ -237,10 +245,12 @@ def _sequence_record(
     *,
     max_buffer: int,
     verifier: RecordVerifier | None = None,
+    open_grant_key: bytes | None = None,
     partitions: int | None = None,
 ) -> None:
     """Put one log record through the sequencer's admission (with ``verifier``: fleet keys
-    configured) and state machine.
+    configured; without, open mode's checks of what the record claims, with ``open_grant_key``
+    for resumed epochs) and state machine.
 
     A record that fails to decode (``EventValidationError``: any failure) or to
     sequence (any exception from ``sequence``, as the live sequencer
@@ -282,9 +292,14 @@ def _sequence_record(
             _skip(record, result, "unauthenticated", f"unauthenticated: {e.reason}")
             return
         refused = admit(verified, state, event)
-        if refused is not None:
-            _skip(record, result, refused.split(":", 1)[0], refused)
-            return
+    else:
+        try:
+            refused = admit_open(provenance_headers(headers), open_grant_key, state, event)
+        except ProvenanceError as e:
+            refused = f"unauthenticated: {e.reason}"
+    if refused is not None:
+        _skip(record, result, refused.split(":", 1)[0], refused)
+        return
     try:
         decision = sequence(state, event, raw, record.offset(), max_buffer=max_buffer)  # type: ignore[attr-defined]
         if verifier is None:
