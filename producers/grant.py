@@ -76,6 +76,12 @@ class StoredTurn:
         value = (self.attributes or {}).get("kind")
         return TurnKind(value) if isinstance(value, str) and value in TurnKind._value2member_map_ else TurnKind.SPOKEN
 
+    @property
+    def in_context(self) -> bool:
+        """False when the framework kept the turn out of the LLM's context (``attributes["out_of_context"]``,
+        schema version 4; ``complete_turn(..., in_context=False)``): a rebuilt context leaves it out."""
+        return (self.attributes or {}).get("out_of_context") is not True
+
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> StoredTurn:
         """A turn from a ``transcript_turns`` row mapping (``sinks.reads.get_turns``)."""

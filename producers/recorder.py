@@ -263,6 +263,7 @@ class RecordedSession:
         barged_in: bool = False,
         trace_attributes: TraceAttributes | None = None,
         kind: TurnKind | str | None = None,
+        in_context: bool = True,
     ) -> None:
         """Record the finished turn: return once the broker acknowledged it, or
         once it is fsynced in the spool if the broker does not answer within
@@ -280,6 +281,13 @@ class RecordedSession:
         ``"injected"``, ``"blocked"``). None or ``"spoken"`` (the default) writes no
         kind; any other makes the event schema version 4. Kept in clear, in the
         stored turn's ``attributes`` (``StoredTurn.kind`` after a resume).
+
+        ``in_context=False``: the turn was said (it is part of the transcript) but the
+        framework kept it out of the LLM's context (e.g. LiveKit's
+        ``say(..., add_to_chat_ctx=False)``), so a context rebuilt from the stored turns
+        leaves it out. Written as ``out_of_context: true`` (schema version 4) in clear, in the
+        stored turn's ``attributes`` (``StoredTurn.in_context`` after a resume); True (the
+        default) writes nothing.
 
         ``trace_attributes``: the framework's own ids for this turn (e.g. LiveKit's
         ``speech_id``), put on the turn's span only, with the session's
@@ -301,6 +309,8 @@ class RecordedSession:
         if not isinstance(barged_in, bool):
             raise InvalidTurnError(f"barged_in must be a bool, got {_shown(barged_in)}")
         written_kind = _written_kind(kind)
+        if not isinstance(in_context, bool):
+            raise InvalidTurnError(f"in_context must be a bool, got {_shown(in_context)}")
         span_attributes = self._trace_attributes
         if trace_attributes is not None:
             span_attributes = _trace_attributes({**self._trace_attributes, **_trace_attributes(trace_attributes)})
@@ -333,6 +343,7 @@ class RecordedSession:
             tool_calls=calls,
             **({"barged_in": True} if barged_in else {}),
             **({"kind": written_kind} if written_kind is not None else {}),
+            **({"out_of_context": True} if not in_context else {}),
         )
         self._open.pop(turn_index, None)
         self._completed.add(turn_index)

@@ -17,8 +17,10 @@ holds the words actually spoken; not the same as a turn left ``interrupted``
 by a crash). Version 3 adds ``sealed`` to the three event types that carry
 content (see "Sealed content" below). Version 4 adds ``TurnCompleted.kind``:
 what the turn was where the framework tells it apart (``typed``, ``summary``,
-``injected``, ``blocked``; absent: ``spoken``, see :class:`TurnKind`), one of
-the turn's ``stored_attributes``. The rules, so that a rolling upgrade
+``injected``, ``blocked``; absent: ``spoken``, see :class:`TurnKind`), and
+``TurnCompleted.out_of_context`` (True: the turn was said, but the framework
+kept it out of the LLM's context, so a rebuilt context leaves it out; absent:
+in the context), both among the turn's ``stored_attributes``. The rules, so that a rolling upgrade
 never stops a consumer:
 
 * An event's ``schema_version`` is the lowest version that can carry it
@@ -338,7 +340,11 @@ class TurnCompleted(_Envelope, frozen=True, kw_only=True, tag="turn.completed"):
     is what was actually said. It is still a completed turn. ``sealed``
     (version 3): ``text`` and ``tool_calls`` encrypted. ``kind`` (version 4):
     what the turn was (:class:`TurnKind`; None: spoken), metadata kept in clear
-    and stored in the turn's ``attributes``.
+    and stored in the turn's ``attributes``. ``out_of_context`` (version 4): the
+    turn is part of the transcript (it was said) but the framework kept it out of
+    the LLM's context (e.g. LiveKit's ``say(..., add_to_chat_ctx=False)``); a
+    context rebuilt from the stored turns leaves it out. Kept in clear, in
+    ``attributes``, like ``kind``; False (the default, never written): in the context.
     """
 
     turn_index: Int32
@@ -352,9 +358,10 @@ class TurnCompleted(_Envelope, frozen=True, kw_only=True, tag="turn.completed"):
     barged_in: bool = False
     sealed: Sealed | None = None
     kind: WrittenKind | None = None
+    out_of_context: bool = False
 
-    added_in: ClassVar[Mapping[str, int]] = {"barged_in": 2, "sealed": 3, "kind": 4}
-    stored_attributes: ClassVar[tuple[str, ...]] = ("kind",)
+    added_in: ClassVar[Mapping[str, int]] = {"barged_in": 2, "sealed": 3, "kind": 4, "out_of_context": 4}
+    stored_attributes: ClassVar[tuple[str, ...]] = ("kind", "out_of_context")
 
     def __post_init__(self) -> None:
         super().__post_init__()

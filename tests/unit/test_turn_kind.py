@@ -69,3 +69,44 @@ def test_a_stored_turn_gives_its_kind_back_spoken_when_it_has_none():
     assert stored({"kind": "typed"}).kind is TurnKind.TYPED
     assert stored(None).kind is TurnKind.SPOKEN
     assert stored({"kind": "from a later release"}).kind is TurnKind.SPOKEN
+
+
+def test_a_turn_out_of_the_llms_context_is_version_4_and_stores_it_beside_its_kind():
+    turn = msgspec.structs.replace(EventFactory("s-1").completed(2, 1, "one moment please"), out_of_context=True,
+                                   schema_version=msgspec.UNSET)
+    assert (turn.schema_version, turn.out_of_context) == (4, True)
+    assert turn_attributes(turn) == {"out_of_context": True}
+    payload = encode_event(turn)
+    assert json.loads(payload)["out_of_context"] is True and decode_event(payload) == turn
+    assert schema_errors(payload, "turn.completed.v4.schema.json") == []
+    assert schema_errors(payload, "turn.completed.v3.schema.json") != []
+    both = msgspec.structs.replace(turn, kind="injected", schema_version=msgspec.UNSET)
+    assert turn_attributes(both) == {"kind": "injected", "out_of_context": True}
+    in_context = EventFactory("s-1").completed(3, 1, "hello")
+    assert "out_of_context" not in json.loads(encode_event(in_context))  # the default is never written
+    raw = {**json.loads(payload), "schema_version": 3}
+    with pytest.raises(EventValidationError, match="out_of_context needs schema_version 4"):
+        decode_event(json.dumps(raw))
+
+
+async def test_the_recorder_writes_in_context_false_only_and_refuses_a_non_bool(session):  # noqa: F811
+    await session.complete_turn(0, "assistant", "one moment please", in_context=False)
+    await session.complete_turn(1, "assistant", "hello", in_context=True)
+    events = [decode_event(p) for p in session._recorder.sent]
+    assert [(e.out_of_context, e.schema_version) for e in events] == [(True, 4), (False, 1)]
+    for wrong in (None, 0, "false", SECRET):
+        with pytest.raises(InvalidTurnError, match="in_context must be a bool") as refused:
+            await session.complete_turn(2, "assistant", "x", in_context=wrong)
+        assert "4111" not in str(refused.value)
+    assert len(session._recorder.sent) == 2 and session.open_turns == ()
+
+
+def test_a_stored_turn_is_in_the_context_unless_it_says_otherwise():
+    now = dt.datetime.now(dt.UTC)
+
+    def stored(attributes):
+        return StoredTurn(0, "assistant", "x", "complete", now, now, 0, 0, None, attributes=attributes)
+
+    assert stored({"out_of_context": True}).in_context is False
+    assert stored({"kind": "typed"}).in_context is True
+    assert stored(None).in_context is True
