@@ -90,7 +90,7 @@ case "$cmd" in
     lint
     ;;
   test)
-    setup "test,adapters,otel"  # otel: the tracing tests export real spans (tests/integration/test_tracing.py)
+    setup "test,adapters,adapter-tests,otel"  # otel: the tracing tests export real spans (tests/integration/test_tracing.py)
     bash "$here/browser.sh"
     bash "$here/prometheus.sh" install  # promtool: the alert rules' unit tests (tests/external_tools/test_alert_rules.py)
     cd "$root"

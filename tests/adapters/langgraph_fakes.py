@@ -20,6 +20,7 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, ToolMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from langgraph.graph import END, START, MessagesState, StateGraph
+from langgraph.types import interrupt
 
 
 def reply(id: str, text: str = "", *, input_tokens: int = 0, output_tokens: int = 0, tool_calls: list | None = None) -> AIMessage:
@@ -105,4 +106,53 @@ def chat_graph(
         builder.add_edge(START, "chat")
     builder.add_conditional_edges("chat", route, ["tools", END])
     builder.add_edge("tools", "chat")
+    return builder.compile(checkpointer=checkpointer)
+
+
+def review_graph(model: ScriptedChat, checkpointer: Any) -> Any:
+    """START -> chat -> review -> END: LangGraph's review-and-edit pattern. ``review`` interrupts
+    with the draft; resumed with a text (``Command(resume=text)``), it writes an ``AIMessage``
+    with that text and the draft's id (``add_messages`` replaces the draft in place); resumed
+    with anything else (``Command(resume={"approved": True})``), it writes nothing (the draft
+    is approved as it is)."""
+
+    async def chat(state: MessagesState) -> dict:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    def review(state: MessagesState) -> dict:
+        draft = [m for m in state["messages"] if m.type == "ai"][-1]
+        edited = interrupt({"draft": draft.content})
+        return {"messages": [AIMessage(content=edited, id=draft.id)]} if isinstance(edited, str) else {}
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("chat", chat)
+    builder.add_node("review", review)
+    builder.add_edge(START, "chat")
+    builder.add_edge("chat", "review")
+    builder.add_edge("review", END)
+    return builder.compile(checkpointer=checkpointer)
+
+
+def clarify_graph(model: ScriptedChat, checkpointer: Any) -> Any:
+    """START -> chat -> (ask -> chat)* -> END: an answer that ends with "?" goes to ``ask``,
+    which interrupts for the human's reply; the caller resumes with
+    ``Command(resume=..., update={"messages": [HumanMessage(reply)]})``, so the reply
+    reaches the state through the command's update, not through a node."""
+
+    async def chat(state: MessagesState) -> dict:
+        return {"messages": [await model.ainvoke(state["messages"])]}
+
+    def ask(state: MessagesState) -> dict:
+        interrupt({"question": state["messages"][-1].content})
+        return {}
+
+    def route(state: MessagesState) -> str:
+        return "ask" if str(state["messages"][-1].content).endswith("?") else END
+
+    builder = StateGraph(MessagesState)
+    builder.add_node("chat", chat)
+    builder.add_node("ask", ask)
+    builder.add_edge(START, "chat")
+    builder.add_conditional_edges("chat", route, ["ask", END])
+    builder.add_edge("ask", "chat")
     return builder.compile(checkpointer=checkpointer)

@@ -15,10 +15,11 @@ require_extra("langgraph", "langgraph")
 
 from langchain_core.messages import AIMessageChunk, HumanMessage
 from langgraph.checkpoint.memory import InMemorySaver
+from langgraph.types import Command
 
 from turnlog.adapters.langgraph import LangGraphMirror
 
-from tests.adapters.langgraph_fakes import ScriptedChat, chat_graph, reply
+from tests.adapters.langgraph_fakes import ScriptedChat, chat_graph, clarify_graph, reply, review_graph
 from tests.adapters.scripted import TURNS_AFTER_A_KILL_MID_ANSWER, kill_mid_answer_then_resume
 from tests.adapters.stored import turns
 from tests.integration.test_pipeline import finalized
@@ -370,3 +371,139 @@ class UnreachableOnce(InMemorySaver):
             self.failed = True
             raise ConnectionError("checkpointer unreachable")
         return await super().aget_tuple(config)
+
+
+async def stream(mirror, graph, input, thread):
+    """Run one ``mirror.astream`` to its end; the ``__interrupt__`` updates it yielded."""
+    interrupts = []
+    async for mode, chunk in mirror.astream(graph, input, config(thread)):
+        if mode == "updates" and "__interrupt__" in chunk:
+            interrupts.append(chunk["__interrupt__"])
+    return interrupts
+
+
+async def test_a_reviewed_answer_is_stored_as_the_reviewer_edited_or_approved_it(pipeline):
+    """interrupt() with the draft, then an AIMessage with the draft's id (add_messages replaces
+    the draft): turnlog stores the text the state holds, the edit, not the unapproved draft;
+    a draft approved as it is (no write) is stored as drafted."""
+    thread = f"lg-review-{uuid.uuid4().hex[:8]}"
+    model = ScriptedChat(replies=iter([
+        reply("ai-1", "Refund of 40 EUR approved, no questions asked.", input_tokens=9, output_tokens=8),
+        reply("ai-2", "Your parcel left the warehouse.", input_tokens=20, output_tokens=5),
+    ]), seen=[])
+    graph = review_graph(model, InMemorySaver())
+    async with recorder_for(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
+        assert await stream(mirror, graph, {"messages": [("user", "I want a refund")]}, thread)  # the review waits
+        assert (await graph.aget_state(config(thread))).next == ("review",)
+        assert not await stream(mirror, graph, Command(resume="Your refund of 40 EUR is on its way."), thread)
+        assert await stream(mirror, graph, {"messages": [("user", "Where is my parcel?")]}, thread)
+        assert not await stream(mirror, graph, Command(resume={"approved": True}), thread)  # approved as drafted
+        await mirror.end("completed")
+    await asyncio.to_thread(wait_until, lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
+    state = await graph.aget_state(config(thread))
+    assert stored_conversation(pipeline, thread) == held(state.values["messages"]) == [
+        ("user", "I want a refund"), ("assistant", "Your refund of 40 EUR is on its way."),
+        ("user", "Where is my parcel?"), ("assistant", "Your parcel left the warehouse."),
+    ]
+    assert [(t[4], t[5]) for t in turns(pipeline, thread)] == [(0, 0), (9, 8), (0, 0), (20, 5)]
+
+
+async def test_the_humans_words_given_with_command_resume_are_stored_as_a_user_turn(pipeline):
+    """Command(resume=..., update={"messages": [HumanMessage(...)]}): the update puts the
+    human's reply in the state before the interrupted node resumes; turnlog stores it in
+    the state's order."""
+    thread = f"lg-clarify-{uuid.uuid4().hex[:8]}"
+    model = ScriptedChat(replies=iter([
+        reply("ai-1", "Which order do you mean?", input_tokens=7, output_tokens=5),
+        reply("ai-2", "Order 42 is cancelled.", input_tokens=16, output_tokens=5),
+    ]), seen=[])
+    graph = clarify_graph(model, InMemorySaver())
+    async with recorder_for(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
+        assert await stream(mirror, graph, {"messages": [("user", "Cancel my order")]}, thread)
+        answer = Command(resume="answered", update={"messages": [HumanMessage("Order 42, the blue one")]})
+        assert not await stream(mirror, graph, answer, thread)
+        await mirror.end("completed")
+    assert held(model.seen[1])[-1] == ("user", "Order 42, the blue one")  # the model was given it
+    await asyncio.to_thread(wait_until, lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
+    state = await graph.aget_state(config(thread))
+    assert stored_conversation(pipeline, thread) == held(state.values["messages"]) == [
+        ("user", "Cancel my order"), ("assistant", "Which order do you mean?"),
+        ("user", "Order 42, the blue one"), ("assistant", "Order 42 is cancelled."),
+    ]
+
+
+def attributes(pipeline, thread):
+    """The stored turns' attributes (``kind``, ...), in turn order."""
+    from sqlalchemy import select
+
+    from turnlog.sinks.tables import transcript_turns
+
+    t = transcript_turns.c
+    with pipeline.store.engine.connect() as conn:
+        return [row[0] for row in conn.execute(
+            select(t.attributes).where(t.session_id == thread).order_by(t.turn_index))]
+
+
+def summarizing_agent(model, summarizer, checkpointer):
+    """LangChain's ``create_agent`` with its ``SummarizationMiddleware``: before each model call
+    on 5 messages or more (from the third question on), the middleware has ``summarizer``
+    summarize all but the last 2 and writes the summary as a ``HumanMessage`` in their place
+    (``RemoveMessage(REMOVE_ALL_MESSAGES)`` first)."""
+    import langgraph.version
+    from packaging.version import Version
+
+    if Version(langgraph.version.__version__) < Version("1.0"):
+        pytest.skip(f"create_agent is LangChain 1.x, which needs langgraph 1.x (this is {langgraph.version.__version__})")
+    pytest.importorskip("langchain.agents.middleware", reason="langchain (the adapter-tests extra) is not installed")
+    from langchain.agents import create_agent
+    from langchain.agents.middleware import SummarizationMiddleware
+
+    middleware = SummarizationMiddleware(model=summarizer, trigger=("messages", 5), keep=("messages", 2))
+    return create_agent(model=model, tools=[], middleware=[middleware], checkpointer=checkpointer)
+
+
+async def test_a_summarization_middlewares_summary_is_stored_as_a_summary_and_a_resume_still_compares(pipeline):
+    """create_agent + SummarizationMiddleware: the summary it writes is a turn of kind summary,
+    not something the user said, also when a resumed mirror finds it in the checkpointer; the
+    resume's comparison still finds what the checkpointer saved past turnlog."""
+    thread = f"lg-summary-{uuid.uuid4().hex[:8]}"
+    model = ScriptedChat(replies=iter([reply(f"ai-{n}", f"answer {n}", output_tokens=2) for n in range(5)]), seen=[])
+    summarizer = ScriptedChat(replies=iter([reply(f"sum-{n}", f"Ada asked {n + 3} questions.") for n in range(3)]), seen=[])
+    checkpointer = InMemorySaver()  # outlives the first "process"
+    graph = summarizing_agent(model, summarizer, checkpointer)
+    async with recorder_for(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
+        for n in range(3):
+            async for _ in mirror.astream(graph, {"messages": [("user", f"question {n}")]}, config(thread)):
+                pass
+        async for _ in graph.astream({"messages": [("user", "question 3")]}, config(thread)):
+            pass  # not mirrored: as if killed after the checkpointer saved it
+    async with recorder_for(pipeline.settings) as recorder:
+        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
+        assert [m.content for m in mirror.history] == [  # no summary in what a lost thread is rebuilt from
+            "question 0", "answer 0", "question 1", "answer 1", "question 2", "answer 2"]
+        async for _ in mirror.astream(graph, {"messages": [("user", "question 4")]}, config(thread)):
+            pass
+        await mirror.end("completed")
+    summaries = [m for m in model.seen[-1] if m.additional_kwargs.get("lc_source") == "summarization"]
+    assert [m.type for m in summaries] == ["human"]  # the model was given the middleware's summary
+    await asyncio.to_thread(wait_until, lambda: finalized(pipeline, thread), timeout=TIMEOUT, what=f"{thread} finalized")
+    stored = [(speaker, text, (attrs or {}).get("kind")) for (_, speaker, text, *_), attrs
+              in zip(turns(pipeline, thread), attributes(pipeline, thread), strict=True)]
+    def summary(n):
+        return ("user", f"Here is a summary of the conversation to date:\n\nAda asked {n} questions.", "summary")
+
+    assert stored == [
+        ("user", "question 0", None), ("assistant", "answer 0", None),
+        ("user", "question 1", None), ("assistant", "answer 1", None),
+        ("user", "question 2", None), summary(3), ("assistant", "answer 2", None),
+        ("user", "question 3", None), summary(4), ("assistant", "answer 3", None),  # from the checkpointer
+        ("user", "question 4", None), summary(5), ("assistant", "answer 4", None),
+    ]
+    assert [t[3] for t in turns(pipeline, thread)] == ["complete"] * 13
+    state = await graph.aget_state(config(thread))
+    context = [(speaker, text) for speaker, text, kind in stored if kind is None]
+    kept = [pair for pair in held(state.values["messages"]) if not pair[1].startswith("Here is a summary")]
+    assert context[-len(kept):] == kept  # what the state keeps of the conversation is turnlog's last turns

@@ -102,6 +102,7 @@ history. Messages recorded already (by message id) are not recorded again.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import uuid
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
@@ -109,8 +110,9 @@ from contextlib import aclosing
 from dataclasses import dataclass, field
 from typing import Any
 
-from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, ToolMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage, HumanMessage, RemoveMessage, ToolMessage
 from langchain_core.messages.utils import convert_to_messages
+from langgraph.types import Command
 
 from turnlog.adapters._core import (
     ASSISTANT,
@@ -122,7 +124,8 @@ from turnlog.adapters._core import (
     framework_ids,
     open_or_resume,
 )
-from turnlog.producers import RecordedSession, SessionRecorder
+from turnlog.producers import RecordedSession, SessionRecorder, StoredTurn
+from turnlog.schemas import ToolCall, TurnKind
 
 __all__ = ["ASSISTANT", "THREAD_ID_ATTRIBUTE", "USER", "LangGraphMirror"]
 
@@ -133,6 +136,12 @@ logger = logging.getLogger(__name__)
 THREAD_ID_ATTRIBUTE = "langsmith.metadata.thread_id"
 
 _MODES = ("messages", "updates")
+#: The key of the ``updates`` chunk LangGraph streams when a node called ``interrupt()``.
+_INTERRUPT = "__interrupt__"
+#: ``additional_kwargs["lc_source"]`` of the summary ``HumanMessage`` LangChain's
+#: ``SummarizationMiddleware`` writes (langchain 1.3.0 on), and the ``metadata["lc_source"]``
+#: of its summarizer's model call.
+_SUMMARY_SOURCE = "summarization"
 
 
 @dataclass(slots=True)
@@ -142,6 +151,18 @@ class _Streamed:
     turn_index: int
     node: str | None
     text: str = ""
+
+
+@dataclass(slots=True)
+class _Held:
+    """An assistant message a node wrote, whose turn is completed at the graph's next update
+    (or the stream's end): until then a node may still replace it (``add_messages`` by id)."""
+
+    turn_index: int
+    message_id: str | None
+    text: str
+    tokens: tuple[int, int]
+    tool_calls: list[ToolCall] | None
 
 
 @dataclass(slots=True)
@@ -181,6 +202,11 @@ class LangGraphMirror:
         self._calls = PendingToolCalls()  # by tool call id, for the next assistant turn (or the preamble)
         self._usage = PendingUsage()  # tokens of tool-calling messages, for the next assistant turn
         self._preamble: _Preamble | None = None
+        self._held: _Held | None = None
+        self._carried: list[ToolCall] = []  # tool calls of a removed held message, for the next assistant turn
+        self._interrupted = False  # the current stream ended on an interrupt(): a held message waits
+        # the texts of the summaries recorded (a summary written again as a preserved message is not a new one)
+        self._summaries = {t.text for t in recorded.turns if t.kind == TurnKind.SUMMARY}
         self._thread_id: Any = None  # config["configurable"]["thread_id"] of the latest astream, for the spans
         # compare turnlog with the checkpointer, until a stream after the resume finishes
         self._resumed = recorded.epoch > 0 if resumed is None else resumed
@@ -210,12 +236,11 @@ class LangGraphMirror:
     @property
     def history(self) -> list[BaseMessage]:
         """The complete turns turnlog held at the resume, as ``HumanMessage`` (user) and
-        ``AIMessage`` (assistant) objects with ids ``turnlog-<turn_index>``; other speakers are left out."""
+        ``AIMessage`` (assistant) objects with ids ``turnlog-<turn_index>``; other speakers,
+        summaries (kind ``summary``: a summarization middleware summarizes the turns again)
+        and turns kept out of the LLM's context (``StoredTurn.in_context`` False) are left out."""
         kinds = {USER: HumanMessage, ASSISTANT: AIMessage}
-        return [
-            kinds[t.speaker](content=t.text, id=f"turnlog-{t.turn_index}")
-            for t in conversation(self.recorded.turns, unfinished=False)
-        ]
+        return [kinds[t.speaker](content=t.text, id=f"turnlog-{t.turn_index}") for t in _context(self.recorded.turns)]
 
     async def astream(
         self,
@@ -244,10 +269,12 @@ class LangGraphMirror:
                 "LangGraphMirror reads the v1 stream without subgraphs: no subgraphs=True, no version='v2'"
             )
         self._thread_id = _thread_id(config)
+        self._interrupted = False
         input = await self._reconcile(graph, input, config)
         input, new = self._input_messages(input)
         for message in new:
-            await self._complete(message)
+            # a Command's messages join the state of an interrupted run: a held message may still be replaced
+            await self._complete(message, settle=not isinstance(input, Command))
         extra = [stream_mode] if isinstance(stream_mode, str) else list(stream_mode)
         modes = list(dict.fromkeys([*_MODES, *extra]))
         finished = False
@@ -265,8 +292,9 @@ class LangGraphMirror:
 
     async def end(self, reason: str = "completed") -> None:
         """End the turnlog session (the graph's thread is left as it is), after completing a
-        preamble turn still waiting for tool results. Raises as ``RecordedSession.end``."""
-        await self._finish_preamble()
+        preamble turn still waiting for tool results and a message held across an interrupt
+        (as the thread holds it). Raises as ``RecordedSession.end``."""
+        await self._settle()
         await self.recorded.end(reason)
 
     # -- internals -----------------------------------------------------------
@@ -295,9 +323,10 @@ class LangGraphMirror:
     async def _catch_up(self, held: Sequence[BaseMessage]) -> None:
         """Record the messages of ``held`` (the checkpointer's) after the latest run of
         its conversation messages equal to turnlog's complete turns; none if they differ."""
-        said = [i for i, m in enumerate(held) if isinstance(m, (HumanMessage, AIMessage)) and _text(m)]
+        said = [i for i, m in enumerate(held)
+                if isinstance(m, (HumanMessage, AIMessage)) and _text(m) and not _is_summary(m)]
         pairs = [(USER if isinstance(held[i], HumanMessage) else ASSISTANT, _text(held[i])) for i in said]
-        stored = [(t.speaker, t.text) for t in conversation(self.recorded.turns, unfinished=False)]
+        stored = [(t.speaker, t.text) for t in _context(self.recorded.turns)]
         start = after_latest_match(stored, pairs)
         if start is None:
             logger.warning(
@@ -307,15 +336,40 @@ class LangGraphMirror:
             self._seen.update(m.id for m in held if m.id)
             return
         first = said[start] if start < len(said) else len(held)  # the first message turnlog lacks
-        self._seen.update(m.id for m in held[:first] if m.id)
-        if first < len(held):
+        # a summary the middleware wrote past turnlog stands first in the state (it replaced
+        # the messages before it): recorded before the first answer past turnlog
+        summaries = [m for m in held[:first] if _is_summary(m) and _text(m) not in self._summaries]
+        self._seen.update(m.id for m in held[:first] if m.id and m not in summaries)
+        if first < len(held) or summaries:
             logger.info("thread %s: %d messages of the checkpointer were not in turnlog; recorded",
-                        self.recorded.session_id, len(held) - first)
+                        self.recorded.session_id, len(held) - first + len(summaries))
         for message in held[first:]:
+            if summaries and isinstance(message, AIMessage):
+                for summary in summaries:
+                    await self._complete(summary)
+                summaries = []
             await self._complete(message)
+        for summary in summaries:
+            await self._complete(summary)
 
     def _input_messages(self, input: Any) -> tuple[Any, list[BaseMessage]]:
-        """``input`` with its messages as message objects, each with an id; and those to record."""
+        """``input`` with its messages as message objects, each with an id; and those to record.
+        A ``Command``'s messages are those of its ``update`` (a mapping, or ``(key, value)`` pairs)."""
+        if isinstance(input, Command):
+            update = input.update
+            if isinstance(update, Mapping):
+                written, new = self._input_messages(update)
+                return dataclasses.replace(input, update=written), new
+            if isinstance(update, (list, tuple)) and all(isinstance(p, tuple) and len(p) == 2 for p in update):
+                pairs, new = [], []
+                for key, value in update:
+                    if key == self.messages_key and value is not None:
+                        value, found = self._input_messages({key: value})
+                        value = value[key]
+                        new.extend(found)
+                    pairs.append((key, value))
+                return dataclasses.replace(input, update=pairs), new
+            return input, []
         if not isinstance(input, Mapping) or input.get(self.messages_key) is None:
             return input, []
         messages = [
@@ -331,6 +385,8 @@ class LangGraphMirror:
         node = metadata.get("langgraph_node")
         if self.partial_nodes is not None and node not in self.partial_nodes:
             return
+        if metadata.get("lc_source") == _SUMMARY_SOURCE:
+            return  # the summarization middleware's own model call: not a turn
         text = _text(message)
         if not text:
             return
@@ -343,6 +399,10 @@ class LangGraphMirror:
     async def _on_update(self, update: Any) -> None:
         if not isinstance(update, Mapping):
             return
+        if _INTERRUPT in update:
+            self._interrupted = True
+        if self._held is not None and any(node != _INTERRUPT for node in update):
+            await self._settle_held(self._written_messages(update))
         for node, written in update.items():  # {node: its write}; a write may be None or a list of writes
             for write in written if isinstance(written, list) else [written]:
                 if isinstance(write, Mapping) and write.get(self.messages_key) is not None:
@@ -351,11 +411,17 @@ class LangGraphMirror:
             self._drop_unwritten(node)
 
     async def _stream_ended(self, finished: bool) -> None:
-        """Complete (cut short) or drop (finished: no node wrote it) the messages still streaming."""
+        """Complete (cut short) or drop (finished: no node wrote it) the messages still streaming;
+        complete a held message, unless the graph is interrupted (then spool its text now)."""
         if finished:
             self._resumed = False  # the graph holds the conversation now: no more comparisons
         else:
             await self._finish_preamble()
+        if self._held is not None:
+            if finished and self._interrupted:
+                await self.recorded.flush_partial()
+            else:
+                await self._settle_held()
         for message_id, streamed in list(self._streamed.items()):
             if finished:
                 self._drop(message_id)
@@ -398,7 +464,7 @@ class LangGraphMirror:
         self._seen.add(message_id)
         return self._streamed.pop(message_id)
 
-    async def _complete(self, message: BaseMessage, *, node: str | None = None) -> None:
+    async def _complete(self, message: BaseMessage, *, node: str | None = None, settle: bool = True) -> None:
         if message.id:
             if message.id in self._seen:
                 return
@@ -406,8 +472,18 @@ class LangGraphMirror:
         if isinstance(message, ToolMessage):
             await self._tool_result(message)
         elif isinstance(message, HumanMessage):
-            await self._finish_preamble()
-            await self.recorded.complete_turn(self.recorded.next_turn_index, USER, _text(message),
+            text = _text(message)
+            kind = None
+            if _is_summary(message):
+                if text in self._summaries:
+                    return  # a summary written again (a preserved message, a catch-up): recorded once
+                self._summaries.add(text)
+                kind = TurnKind.SUMMARY
+            if settle:
+                await self._settle()
+            else:
+                await self._finish_preamble()
+            await self.recorded.complete_turn(self.recorded.next_turn_index, USER, text, kind=kind,
                                               trace_attributes=self._trace_ids())
         elif isinstance(message, AIMessage):
             await self._assistant(message, node)
@@ -418,7 +494,7 @@ class LangGraphMirror:
         text = _text(message)
         streamed = self._streamed_for(message, node) if text else None
         if text:
-            await self._finish_preamble()  # the model talks again: an earlier preamble's turn is over
+            await self._settle()  # the model talks again: an earlier preamble's or held message's turn is over
         for tool_call in message.tool_calls:
             self._calls.call(str(tool_call.get("id")), tool_call["name"], tool_call.get("args"))
         if not text:
@@ -428,11 +504,52 @@ class LangGraphMirror:
             self._preamble = _Preamble(index, text, self._usage.take(), {str(c.get("id")) for c in message.tool_calls})
             self.recorded.update_partial(index, ASSISTANT, text)
             return
-        input_tokens, output_tokens = self._usage.take()
+        # held until the graph's next update: a review step after an interrupt() may replace it
+        self._held = _Held(index, message.id, text, self._usage.take(), self._take_calls())
+        self.recorded.update_partial(index, ASSISTANT, text)
+
+    def _written_messages(self, update: Mapping[str, Any]) -> list[BaseMessage]:
+        """The messages the nodes of ``update`` write to the conversation."""
+        messages: list[BaseMessage] = []
+        for written in update.values():
+            for write in written if isinstance(written, list) else [written]:
+                if isinstance(write, Mapping) and write.get(self.messages_key) is not None:
+                    messages.extend(_as_list(write[self.messages_key]))
+        return messages
+
+    async def _settle_held(self, written: Sequence[BaseMessage] = ()) -> None:
+        """Complete the held message's turn with the text the state holds: that of a message
+        of ``written`` with its id (a reviewer's edit, which ``add_messages`` puts in its
+        place); if ``written`` removes it (``RemoveMessage``), its turn is emptied (no turn,
+        as a router's call) and its tokens go to the next assistant turn."""
+        held, self._held = self._held, None
+        if held is None:
+            return
+        for message in written:
+            if held.message_id is None or message.id != held.message_id:
+                continue
+            if isinstance(message, RemoveMessage):
+                self.recorded.update_partial(held.turn_index, ASSISTANT, "")
+                self._vacant.add(held.turn_index)
+                self._usage.add(*held.tokens)
+                self._carried.extend(held.tool_calls or ())
+                return
+            if isinstance(message, AIMessage) and _text(message):
+                held.text = _text(message)
         await self.recorded.complete_turn(
-            index, ASSISTANT, text, tool_calls=self._calls.take() or None,
-            input_tokens=input_tokens, output_tokens=output_tokens, trace_attributes=self._trace_ids(),
+            held.turn_index, ASSISTANT, held.text, tool_calls=held.tool_calls,
+            input_tokens=held.tokens[0], output_tokens=held.tokens[1], trace_attributes=self._trace_ids(),
         )
+
+    def _take_calls(self) -> list[ToolCall] | None:
+        """The tool calls an assistant turn gets: those carried from a removed message, then the pending ones."""
+        calls, self._carried = [*self._carried, *self._calls.take()], []
+        return calls or None
+
+    async def _settle(self) -> None:
+        """Complete the turns waiting: a preamble's and a held message's."""
+        await self._finish_preamble()
+        await self._settle_held()
 
     async def _tool_result(self, message: ToolMessage) -> None:
         self._calls.result(message.tool_call_id, message.content)
@@ -448,9 +565,19 @@ class LangGraphMirror:
             return
         input_tokens, output_tokens = preamble.tokens
         await self.recorded.complete_turn(
-            preamble.turn_index, ASSISTANT, preamble.text, tool_calls=self._calls.take() or None,
+            preamble.turn_index, ASSISTANT, preamble.text, tool_calls=self._take_calls(),
             input_tokens=input_tokens, output_tokens=output_tokens, trace_attributes=self._trace_ids(),
         )
+
+
+def _is_summary(message: BaseMessage) -> bool:
+    """A summary LangChain's ``SummarizationMiddleware`` wrote (langchain 1.3.0 on marks it)."""
+    return isinstance(message, HumanMessage) and message.additional_kwargs.get("lc_source") == _SUMMARY_SOURCE
+
+
+def _context(turns: Iterable[StoredTurn]) -> list[StoredTurn]:
+    """The complete conversation turns a graph is given back: no summaries, none kept out of the LLM's context."""
+    return [t for t in conversation(turns, unfinished=False) if t.kind != TurnKind.SUMMARY and t.in_context]
 
 
 def _thread_id(config: Mapping[str, Any] | None) -> Any:
