@@ -865,3 +865,44 @@ def test_an_agent_killed_while_the_user_speaks_after_a_dropped_turn_resumes_with
         (4, "user", "What happened next?", "complete", False, 0, 0),
         (5, "assistant", "The dragon slept.", "complete", False, 70, 4),
     ]
+
+
+async def test_speech_said_outside_the_chat_context_is_stored_but_left_out_of_a_resumed_context(pipeline):
+    """say(..., add_to_chat_ctx=False): spoken to the user, not in LiveKit's history. It stays in
+    the transcript, marked out of the LLM's context, and a resumed job's context leaves it out."""
+    session_id = f"lk-aside-{uuid.uuid4().hex[:6]}"
+    session, agent = new_session(ScriptedLLM(REPLIES)), Agent(instructions="You are a test agent.")
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit",
+                                     settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
+    await session.start(agent)
+    try:
+        await session.run(user_input="Hello")
+        await session.say("Please hold while I check.", add_to_chat_ctx=False)
+        await recording.wait_recorded()
+    finally:
+        await recording.aclose()  # stops recording; the session stays resumable
+        await session.aclose()
+    assert recording.failures == 0
+    seen = messages(session.history)
+    assert seen == [("user", "Hello", False), ("assistant", "Hi! How can I help you today?", False)]
+    stored = await eventually(lambda: (rows := turns_of(pipeline, session_id)) and len(rows) == 3
+                              and all(t["status"] == "complete" for t in rows) and rows, what="three turns stored")
+    assert [(t["speaker"], t["text"], t["attributes"]) for t in stored] == [
+        ("user", "Hello", None), ("assistant", "Hi! How can I help you today?", None),
+        ("assistant", "Please hold while I check.", {"out_of_context": True}),
+    ]
+
+    llm = ScriptedLLM(REPLIES)
+    session, agent = new_session(llm), Agent(instructions="You are a test agent.")
+    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit",
+                                     settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
+    assert recording.resumed
+    assert [t.in_context for t in recording.recorded.turns] == [True, True, False]
+    assert messages(agent.chat_ctx) == seen and messages(session.history) == seen
+    await session.start(agent)
+    try:
+        await session.run(user_input="wait, how much is it?")
+    finally:
+        await session.aclose()
+    assert await recording.wait_closed(TIMEOUT) and recording.failures == 0
+    assert [m for m in llm.contexts[-1] if m[0] in ("user", "assistant")] == [*seen, ("user", "wait, how much is it?", False)]

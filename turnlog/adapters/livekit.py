@@ -51,7 +51,8 @@ turns) and otherwise starts it; then it listens to the session:
 - the end of a speech (``SpeechHandle`` done) that opened the agent's turn
   and committed no assistant message: LiveKit interrupted it before any of it
   played (completed with no text, ``barged_in``), or it was spoken outside the
-  chat context (``say(..., add_to_chat_ctx=False)``: completed with its text).
+  chat context (``say(..., add_to_chat_ctx=False)``: completed with its text,
+  ``in_context=False``, so a rebuilt context leaves it out as LiveKit's history does).
 - ``session_usage_updated``: LLM tokens (``LLMModelUsage`` only: STT and TTS
   usage is not counted), cumulative per (provider, model); the difference since
   the previous one belongs to the speech LiveKit made the call for: the
@@ -266,10 +267,11 @@ def chat_context_from_turns(turns: Iterable[StoredTurn], *, base: ChatContext | 
     cut by barge-in (``barged_in``) and for one left unfinished by a crash
     (status ``partial`` or ``interrupted``). ``created_at`` is the turn's start
     (epoch seconds), raised where needed so the messages stay in turn order
-    (LiveKit keeps a context sorted by ``created_at``). Turns of other speakers
-    and turns with no text are left out. An assistant turn's tool calls come
-    before its message, each a ``FunctionCall`` (id ``turnlog_<turn_index>_<n>_call``,
-    the arguments as JSON) and its ``FunctionCallOutput`` (``is_error`` for a
+    (LiveKit keeps a context sorted by ``created_at``). Turns of other speakers,
+    turns with no text and turns kept out of the LLM's context
+    (``StoredTurn.in_context`` False: ``say(..., add_to_chat_ctx=False)``) are left out.
+    An assistant turn's tool calls come before its message, each a ``FunctionCall``
+    (id ``turnlog_<turn_index>_<n>_call``, the arguments as JSON) and its ``FunctionCallOutput`` (``is_error`` for a
     result stored as ``{"error": text}``).
     """
     context = base.copy() if base is not None else ChatContext.empty()
@@ -285,6 +287,8 @@ def _items(turns: Iterable[StoredTurn]) -> list[ChatItem]:
     items: list[ChatItem] = []
     created_at = float("-inf")
     for turn in conversation(turns, unfinished=True):
+        if not turn.in_context:
+            continue
         role = _ROLES[turn.speaker]
         created_at = max(turn.started_at.timestamp(), created_at + 1e-6)
         for number, call in enumerate(turn.tool_calls or () if role == "assistant" else ()):
@@ -351,6 +355,8 @@ class _Complete:
     speech_id: str | None = None
     #: an assistant turn's tool calls: those LiveKit ran since the assistant turn before it
     tool_calls: tuple[ToolCall, ...] = ()
+    #: False: spoken, but kept out of LiveKit's chat context (``say(..., add_to_chat_ctx=False)``)
+    in_context: bool = True
 
 
 @dataclass(frozen=True, slots=True)
@@ -698,7 +704,8 @@ class LiveKitRecording:
         message committed it, LiveKit did not add it to the conversation: an
         interrupted speech none of which was played (nothing was heard: the turn
         is completed with no text, ``barged_in``), or one spoken in full with
-        ``add_to_chat_ctx=False`` (completed with its text)."""
+        ``add_to_chat_ctx=False`` (completed with its text, ``in_context=False``: LiveKit's
+        history and the LLM's context do not hold it, so a rebuilt context leaves it out)."""
         turn = self._agent
         if self._stopping or turn is None or turn.speech_id != speech.id:
             return
@@ -708,7 +715,7 @@ class LiveKitRecording:
         text, barged_in = ("", True) if speech.interrupted else (turn.text, False)
         self._submit(
             _Complete(turn.turn_index, AGENT_SPEAKER, text, turn.started_at, _now(), input_tokens, output_tokens,
-                      barged_in, speech_id=speech.id)
+                      barged_in, speech_id=speech.id, in_context=False)
         )
 
     def _on_agent_flush(self) -> None:
@@ -918,6 +925,7 @@ class LiveKitRecording:
                 output_tokens=operation.output_tokens,
                 barged_in=operation.barged_in,
                 tool_calls=operation.tool_calls or None,
+                in_context=operation.in_context,
                 trace_attributes=framework_ids({SPEECH_ID_ATTRIBUTE: operation.speech_id},
                                                beside=session.trace_attributes) or None,
             )
