@@ -40,9 +40,22 @@ and yields every ``(mode, chunk)`` pair unchanged:
   completed ``assistant`` turn, at the index of its streamed partial: the one
   of the same message id, else the latest one that node streamed (a node that
   wraps the model's output in a new ``AIMessage``). Tokens come from
-  ``usage_metadata`` (``input_tokens``, ``output_tokens``). A ``HumanMessage``
-  a node writes is a completed ``user`` turn. A message id already recorded
-  is not recorded again (a node that returns the whole list).
+  ``usage_metadata`` (``input_tokens``, ``output_tokens``). The turn is
+  completed at the graph's next update (or when the stream ends): until then a
+  node may replace the message by its id, as ``add_messages`` does, and the turn
+  gets the replacement's text (review and edit: ``interrupt()`` with the draft,
+  then an ``AIMessage`` with the draft's id). A stream that ends on an
+  ``interrupt()`` (an ``__interrupt__`` update) keeps the turn open, its text
+  spooled, until the run is resumed; a ``RemoveMessage`` of its id empties it
+  (no turn). A ``HumanMessage`` a node writes is a completed ``user`` turn. A
+  message id already recorded is not recorded again (a node that returns the whole list).
+- a ``Command`` input: the ``HumanMessage``s of its ``update``
+  (``Command(resume=..., update={"messages": [...]})``) are ``user`` turns, recorded
+  before the graph runs, as an input's are.
+- a summary LangChain's ``SummarizationMiddleware`` writes (a ``HumanMessage``
+  with ``additional_kwargs["lc_source"] == "summarization"``, langchain 1.3.0 on)
+  is a ``user`` turn of kind ``summary`` (``TurnKind.SUMMARY``), recorded once per
+  text; the middleware's own model call is no partial (``metadata["lc_source"]``).
 - a streamed message that its node did not write when it finished (a router's
   or a classifier's model call) is not a turn: its open turn is emptied and
   its index reused by the next assistant turn (if no turn came after it; else
@@ -83,7 +96,8 @@ is off.
 **Resume.** :meth:`LangGraphMirror.open` resumes the session (thread) if
 turnlog has it (``SessionRecorder.resume``: the resume barrier, a new epoch)
 and starts it otherwise; :attr:`LangGraphMirror.history` holds the stored
-complete turns as ``HumanMessage``/``AIMessage`` objects. On the first
+complete turns as ``HumanMessage``/``AIMessage`` objects (no summaries, no turn
+kept out of the LLM's context: ``StoredTurn.in_context``). On the first
 :meth:`LangGraphMirror.astream` after a resume, if the graph has a
 checkpointer and the thread's state holds no messages (the checkpointer lost
 it: an in-memory saver, a new database), the history is put in front of the
@@ -91,7 +105,9 @@ input's messages, so the graph continues the conversation; they are not
 recorded again. If the state holds messages past turnlog's last complete
 turn (the process was killed after the checkpointer saved a message but
 before its update reached turnlog), they are recorded first (matched by
-speaker and text: turnlog does not store message ids). A state that differs
+speaker and text: turnlog does not store message ids; summaries are left out
+of the match, and one the state holds that turnlog lacks is recorded before
+the first answer past turnlog). A state that differs
 from turnlog is left alone, with a warning. A graph without a checkpointer
 gets ``history`` from the caller. The comparison is made again by each
 :meth:`LangGraphMirror.astream` until one after it finishes: a stream cut
