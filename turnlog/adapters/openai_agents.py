@@ -111,6 +111,7 @@ with ``rebuild=False`` to keep it as it is.
 from __future__ import annotations
 
 import asyncio
+import datetime as dt
 import inspect
 import json
 import logging
@@ -119,6 +120,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from agents import RunHooks
+from agents.exceptions import InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered
 from agents.items import ModelResponse, TResponseInputItem
 from agents.memory import OpenAIConversationsSession
 from agents.result import RunResultStreaming
@@ -138,7 +140,7 @@ from turnlog.adapters._core import (
     open_or_resume,
 )
 from turnlog.producers import RecordedSession, SessionRecorder
-from turnlog.schemas import ToolCall
+from turnlog.schemas import ToolCall, TurnKind
 
 __all__ = [
     "ASSISTANT",
@@ -161,6 +163,7 @@ GROUP_ID_ATTRIBUTE = "openai.agents.group_id"
 RESPONSE_ID_ATTRIBUTE = "gen_ai.response.id"
 _NO_OP_TRACE_ID = "no-op"  # the SDK's NoOpTrace.trace_id: tracing disabled
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
+_ABSENT = object()
 
 
 @dataclass(slots=True)
@@ -176,6 +179,8 @@ class _Streamed:
     text: str = ""
     done: bool = False
     response_id: str | None = None
+    started_at: dt.datetime = field(default_factory=lambda: dt.datetime.now(dt.UTC))
+    partial: bool = False  # its text so far was given to the recorder as the turn's partial
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,6 +204,7 @@ class _Turn:
     input_tokens: int
     output_tokens: int
     trace_attributes: dict[str, str] | None = None
+    started_at: dt.datetime | None = None  # a streamed message's first delta, when no partial was recorded
 
 
 class TurnlogRunHooks(RunHooks[Any]):
@@ -299,6 +305,8 @@ class TurnlogSession:
         session = cls(inner, opened.recorded)
         if rebuild and opened.recorded.turns:
             await session._rebuild()
+        if opened.resumed:
+            session._adopt_pending_calls(await inner.get_items())
         return session
 
     # -- the Session protocol ------------------------------------------------
@@ -360,36 +368,63 @@ class TurnlogSession:
             await _call(self.inner.clear_session, wrapper=wrapper)
 
     # -- streaming -----------------------------------------------------------
-    async def stream(self, result: RunResultStreaming) -> AsyncIterator[StreamEvent]:
+    async def stream(self, result: RunResultStreaming, *, run_config: Any = None) -> AsyncIterator[StreamEvent]:
         """Yield ``result.stream_events()`` unchanged, recording the assistant's
         text deltas as the partial text of its open turn (one turn per output
         message item of a model response: ``response.output_text.delta`` events
-        of one ``item_id`` until that response's ``response.completed``). When
-        the stream ends, a streamed message the run did not save is completed
-        ``barged_in=True`` with the text streamed so far."""
+        of one ``item_id`` until that response's ``response.completed``).
+
+        While a guardrail may still block the answer (input guardrails running in
+        parallel with the model, or output guardrails of the current agent or of
+        ``run_config``, the ``RunConfig`` the run was given), its text is held here
+        and no partial is recorded: partial text reaches the spool, the broker and
+        the store's event log, where a later block could not take it back.
+
+        When the stream ends, a streamed message the run did not save is completed:
+        if a guardrail tripped (``InputGuardrailTripwireTriggered`` /
+        ``OutputGuardrailTripwireTriggered``), as a turn of kind ``blocked`` with no
+        text (the SDK keeps only the user's message); otherwise ``barged_in=True``
+        with the text streamed so far (``result.cancel()`` mid-answer)."""
+        tripped = False
         try:
             async for event in result.stream_events():
                 if isinstance(event, RawResponsesStreamEvent):
                     if isinstance(event.data, ResponseTextDeltaEvent):
-                        self._on_delta(event.data.item_id, event.data.delta)
+                        self._on_delta(event.data.item_id, event.data.delta, _guarded(result, run_config))
                     elif isinstance(event.data, ResponseCompletedEvent):
                         response_id = getattr(event.data.response, "id", None)
                         for streamed in self._streamed:
                             if not streamed.done:
                                 streamed.done, streamed.response_id = True, response_id
                 yield event
+        except (InputGuardrailTripwireTriggered, OutputGuardrailTripwireTriggered):
+            tripped = True
+            raise
         finally:
+            tripped = tripped or _tripped(result)
             await self._settle_writes()
             async with self._lock:
                 while self._streamed:
                     streamed = self._streamed.pop(0)
-                    self._cut.append(streamed)  # if the run saves it after all, it is recorded already
                     input_tokens, output_tokens = self._usage.take()
                     self._response_id = None  # an earlier response's (tool calls): not this message's
+                    trace_attributes = self._trace_ids(getattr(result, "trace", None), streamed.response_id)
+                    if tripped:
+                        if streamed.partial:
+                            logger.warning(
+                                "session %s: turn %d was blocked by a guardrail after its partial text was"
+                                " recorded (a RunConfig guardrail: pass run_config to stream())",
+                                self.session_id, streamed.turn_index,
+                            )
+                        await self.recorded.complete_turn(
+                            streamed.turn_index, ASSISTANT, "", started_at=streamed.started_at, kind=TurnKind.BLOCKED,
+                            input_tokens=input_tokens, output_tokens=output_tokens, trace_attributes=trace_attributes,
+                        )
+                        continue
+                    self._cut.append(streamed)  # if the run saves it after all, it is recorded already
                     await self.recorded.complete_turn(
-                        streamed.turn_index, ASSISTANT, streamed.text, barged_in=True,
-                        input_tokens=input_tokens, output_tokens=output_tokens,
-                        trace_attributes=self._trace_ids(getattr(result, "trace", None), streamed.response_id),
+                        streamed.turn_index, ASSISTANT, streamed.text, barged_in=True, started_at=streamed.started_at,
+                        input_tokens=input_tokens, output_tokens=output_tokens, trace_attributes=trace_attributes,
                     )
 
     # -- the turnlog session -------------------------------------------------
@@ -402,13 +437,17 @@ class TurnlogSession:
         self._raise_kept_failure()
 
     # -- internals -----------------------------------------------------------
-    def _on_delta(self, item_id: str, delta: str) -> None:
+    def _on_delta(self, item_id: str, delta: str, guarded: bool) -> None:
+        """Add ``delta`` to its message's text; record the text so far as the turn's partial,
+        unless a guardrail may still block it (``guarded``: the text is held until it may not)."""
         streamed = next((s for s in reversed(self._streamed) if s.item_id == item_id and not s.done), None)
         if streamed is None:
             streamed = _Streamed(item_id, self._fresh_index())
             self._streamed.append(streamed)
         streamed.text += delta
-        self.recorded.update_partial(streamed.turn_index, ASSISTANT, streamed.text)
+        if not guarded:
+            self.recorded.update_partial(streamed.turn_index, ASSISTANT, streamed.text, started_at=streamed.started_at)
+            streamed.partial = True
 
     async def _settle_writes(self) -> None:
         while self._writes:
@@ -437,7 +476,7 @@ class TurnlogSession:
                     await self.recorded.complete_turn(
                         turn.index, turn.speaker, turn.text, tool_calls=turn.tool_calls or None,
                         input_tokens=turn.input_tokens, output_tokens=turn.output_tokens,
-                        trace_attributes=turn.trace_attributes,
+                        trace_attributes=turn.trace_attributes, started_at=turn.started_at,
                     )
             except Exception as e:  # raised below, once the inner session has the items too
                 failure = e
@@ -492,7 +531,8 @@ class TurnlogSession:
             hooked, self._response_id = self._response_id, None
             response_id = streamed.response_id if streamed is not None and streamed.response_id else hooked
         return _Turn(index, message.speaker, message.text, message.tool_calls, input_tokens, output_tokens,
-                     self._trace_ids(get_current_trace(), response_id))
+                     self._trace_ids(get_current_trace(), response_id),
+                     streamed.started_at if streamed is not None else None)
 
     def _trace_ids(self, trace: Any, response_id: str | None = None) -> dict[str, str] | None:
         """A turn span's attributes: ``trace``'s id and group id (the SDK's trace of the run
@@ -505,22 +545,67 @@ class TurnlogSession:
         return framework_ids(ids, beside=self.recorded.trace_attributes) or None
 
     async def _rebuild(self) -> None:
-        # A barged-in turn is the words the user saw of an answer the run never saved: the
-        # inner session never holds it, so it is neither matched against nor added back.
-        stored = [(t.speaker, t.text) for t in conversation(self.recorded.turns, unfinished=False) if not t.barged_in]
+        # A barged-in turn is the words the user saw of an answer the run never saved, and a
+        # blocked one an answer a guardrail kept from the SDK's session: the inner session
+        # never holds them, so they are neither matched against nor added back.
+        stored = [t for t in conversation(self.recorded.turns, unfinished=False)
+                  if not t.barged_in and t.kind != TurnKind.BLOCKED]
         held = [(m.speaker, m.text) for m in map(_message, await self.inner.get_items()) if m is not None]
-        start = _missing_from(held, stored)
+        start = _missing_from(held, [(t.speaker, t.text) for t in stored])
         if start is None:
             logger.warning(
                 "session %s: the inner session's %d messages differ from turnlog's %d turns; not rebuilt",
                 self.session_id, len(held), len(stored),
             )
             return
-        missing = [{"role": speaker, "content": text} for speaker, text in stored[start:]]
+        missing = [item for turn in stored[start:] for item in _items_of(turn)]
         if missing:
             await self.inner.add_items(missing)
-            logger.info("session %s: rebuilt %d messages of the inner session from turnlog", self.session_id,
+            logger.info("session %s: rebuilt %d items of the inner session from turnlog", self.session_id,
                         len(missing))
+
+    def _adopt_pending_calls(self, items: Sequence[Any]) -> None:
+        """Take as pending the function calls (and the outputs held of them) that ``items``, the
+        inner session's, holds after its last assistant message: the calls of a run not finished
+        when this session was opened (a ``RunState`` saved at a tool approval and run again in a
+        new process; a process killed between a tool call and its answer). Their outputs and the
+        answer then come in this process, and the answer's turn gets them, as in one process."""
+        tail: list[Any] = []
+        for item in items:
+            message = _message(item)
+            if message is not None and message.speaker == ASSISTANT:
+                tail = []
+            elif isinstance(item, Mapping) and item.get("type") in ("function_call", "function_call_output"):
+                tail.append(item)
+        for item in tail:
+            if item.get("type") == "function_call":
+                self._tool_calls.call(str(item.get("call_id")), str(item.get("name")), item.get("arguments"))
+            else:
+                self._tool_calls.result(str(item.get("call_id")), item.get("output"))
+
+
+def _guarded(result: Any, run_config: Any) -> bool:
+    """Whether a guardrail may still block the answer ``result`` streams now: input guardrails
+    running in parallel with the model (the SDK's ``_input_guardrails_task``, set before the
+    first model call; where an SDK lacks it, any input guardrail of the agent or ``run_config``),
+    one that tripped already, or an output guardrail of the current agent or of ``run_config``
+    (they check the final output, which no delta tells apart from an intermediate message)."""
+    agent = getattr(result, "current_agent", None)
+    if getattr(agent, "output_guardrails", None) or getattr(run_config, "output_guardrails", None):
+        return True
+    if _tripped(result):
+        return True
+    task = getattr(result, "_input_guardrails_task", _ABSENT)
+    if task is _ABSENT:
+        return bool(getattr(agent, "input_guardrails", None) or getattr(run_config, "input_guardrails", None))
+    return task is not None and not task.done()
+
+
+def _tripped(result: Any) -> bool:
+    """Whether a guardrail of the run ``result`` tripped (its input and output guardrail results)."""
+    results = [*(getattr(result, "input_guardrail_results", None) or ()),
+               *(getattr(result, "output_guardrail_results", None) or ())]
+    return any(getattr(getattr(r, "output", None), "tripwire_triggered", False) for r in results)
 
 
 def _log_failure(write: asyncio.Task[None]) -> None:
@@ -583,6 +668,23 @@ def _message(item: Any) -> _Message | None:
         return None
     item_id = item.get("id")
     return _Message(role, text, item_id if isinstance(item_id, str) else None)
+
+
+def _items_of(turn: Any) -> list[dict[str, Any]]:
+    """The inner session's items for a stored turn: a ``{"role", "content"}`` message, after a
+    ``function_call`` and its ``function_call_output`` for each of an assistant turn's tool calls
+    (turnlog keeps no call ids: each pair gets ``turnlog_<turn index>_<n>``)."""
+    items: list[dict[str, Any]] = []
+    calls = (turn.tool_calls or ()) if turn.speaker == ASSISTANT else ()
+    for n, call in enumerate(calls):
+        call_id = f"turnlog_{turn.turn_index}_{n}"
+        items.append({"type": "function_call", "call_id": call_id, "name": call.get("name"),
+                      "arguments": json.dumps(call.get("arguments") or {})})
+        result = call.get("result")
+        items.append({"type": "function_call_output", "call_id": call_id,
+                      "output": result if isinstance(result, str | list) else json.dumps(result)})
+    items.append({"role": turn.speaker, "content": turn.text})
+    return items
 
 
 def _is_user_message(item: Any) -> bool:
