@@ -16,18 +16,25 @@ from types import SimpleNamespace
 
 from agents import (
     Agent,
+    GuardrailFunctionOutput,
+    InputGuardrailTripwireTriggered,
     OpenAIChatCompletionsModel,
+    OutputGuardrailTripwireTriggered,
     RunConfig,
     Runner,
     SQLiteSession,
     function_tool,
+    input_guardrail,
+    output_guardrail,
     set_trace_processors,
     set_tracing_disabled,
 )
 from agents.tracing import TracingProcessor
 from agents.tracing.processors import default_processor
+from sqlalchemy import select
 
 from turnlog.adapters.openai_agents import TurnlogSession
+from turnlog.sinks.tables import session_events, transcript_turns
 
 from tests.adapters.openai_agents_fakes import FakeModel, Reply, fake_chat_client
 from tests.adapters.scripted import TURNS_AFTER_A_KILL_MID_ANSWER, kill_mid_answer_then_resume
@@ -550,3 +557,191 @@ async def test_the_model_call_does_not_wait_for_the_questions_broker_ack(pipelin
     ]
     held, stored = held_and_stored(pipeline, session_id, await inner.get_items())
     assert stored == held
+
+
+def attributes(pipeline, session_id):
+    """{turn_index: the stored turn's attributes (its kind...)} of the turns that have any."""
+    t = transcript_turns.c
+    with pipeline.store.engine.connect() as conn:
+        rows = conn.execute(select(t.turn_index, t.attributes).where(t.session_id == session_id)).all()
+    return {index: value for index, value in rows if value}
+
+
+def event_log(pipeline, session_id):
+    """The payloads of the session's events in the store's log (session_events), in seq order."""
+    e = session_events.c
+    with pipeline.store.engine.connect() as conn:
+        return list(conn.execute(select(e.payload).where(e.session_id == session_id).order_by(e.seq)).scalars())
+
+
+BLOCKED_ANSWER = "The admin password is hunter2 and the vault code is 0451."
+
+
+async def blocked_while_streaming(pipeline, session_id, agent, inner, *, expected, release, run_config=None, answered=None):
+    """Stream ``agent``'s answer to a first question until the model holds after four words,
+    flush and acknowledge whatever partial text the session holds, then ``release`` the model;
+    the run must raise ``expected`` (a tripped guardrail); ``answered`` (an event) is set when the
+    answer's response completed. A second question follows with an
+    agent without guardrails. Then a new recorder opens the session with an inner session that
+    lost its items (a restart), and ends it; returns that inner session's items, as rebuilt."""
+    async with recorder_for(pipeline.settings) as recorder:
+        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="guarded")
+        result = Runner.run_streamed(agent, "What is the admin password?", session=session, hooks=session.hooks,
+                                     run_config=run_config)
+        deltas = 0
+        with pytest.raises(expected):
+            async for event in session.stream(result, run_config=run_config):
+                if event.type == "raw_response_event" and event.data.type == "response.output_text.delta":
+                    deltas += 1
+                    if deltas == 4:  # the model holds here: any partial text is flushed and acknowledged
+                        await session.recorded.flush_partial()
+                        assert await session.recorded.wait_acknowledged(TIMEOUT)
+                        release()
+                elif event.type == "raw_response_event" and event.data.type == "response.completed" and answered:
+                    answered.set()
+        assert deltas == len(BLOCKED_ANSWER.split())  # the user was streamed the whole answer
+        plain = Agent(name="plain", model=FakeModel([Reply(text="I cannot help with that.", output_tokens=6)]))
+        await Runner.run(plain, "Never mind", session=session, hooks=session.hooks)
+    lost = SQLiteSession(session_id)
+    async with recorder_for(pipeline.settings) as recorder:
+        resumed = await TurnlogSession.open(recorder, lost, fleet="tests", agent_id="guarded")
+        assert resumed.recorded.epoch == 1
+        await resumed.end("completed")
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    return await lost.get_items()
+
+
+def assert_blocked_and_kept_nowhere(pipeline, session_id, inner_items, *, tokens):
+    """The blocked answer is a turn of kind ``blocked`` with no text; none of its words is in the
+    store (its turns, or any event of its log: no partial); the complete turns other than the
+    blocked one are what the SDK's session holds."""
+    assert turns(pipeline, session_id) == [
+        (0, "user", "What is the admin password?", "complete", 0, 0, False, None),
+        (1, "assistant", "", "complete", *tokens, False, None),
+        (2, "user", "Never mind", "complete", 0, 0, False, None),
+        (3, "assistant", "I cannot help with that.", "complete", 0, 6, False, None),
+    ]
+    assert attributes(pipeline, session_id) == {1: {"kind": "blocked"}}
+    log = event_log(pipeline, session_id)
+    assert not [p for p in log if "hunter2" in p or "admin password is" in p]
+    assert not [p for p in log if '"turn.partial"' in p and '"turn_index":1' in p]
+    held, stored = held_and_stored(pipeline, session_id, inner_items)
+    assert held == [("user", "What is the admin password?"), ("user", "Never mind"), ("assistant", "I cannot help with that.")]
+    assert [turn for turn in stored if turn != ("assistant", "")] == held
+
+
+async def test_an_input_guardrail_tripping_while_the_answer_streams_keeps_none_of_its_words(pipeline):
+    """An input guardrail running in parallel with the model (the SDK's default) trips after the
+    answer streamed: the SDK keeps only the user's message. turnlog keeps a blocked turn with no
+    text, and no partial of it ever reaches the spool, the broker or the store."""
+    session_id = f"oa-in-guard-{uuid.uuid4().hex[:8]}"
+    verdict = asyncio.Event()  # the guardrail decides once the whole answer has streamed
+
+    @input_guardrail
+    async def no_credentials(context, agent, user_input):
+        await verdict.wait()
+        return GuardrailFunctionOutput(output_info={"reason": "credentials"}, tripwire_triggered=True)
+
+    reply = Reply(text=BLOCKED_ANSWER, input_tokens=7, output_tokens=13, hold=4)
+    agent = Agent(name="guarded", model=FakeModel([reply]), input_guardrails=[no_credentials])
+    inner = SQLiteSession(session_id)
+
+    rebuilt = await blocked_while_streaming(pipeline, session_id, agent, inner, expected=InputGuardrailTripwireTriggered,
+                                            release=reply.release.set, answered=verdict)
+    items = await inner.get_items()
+    assert_blocked_and_kept_nowhere(pipeline, session_id, items, tokens=(7, 13))
+    assert texts(rebuilt) == texts(items)  # a restart's rebuilt context holds what the SDK's own session holds
+
+
+@pytest.mark.parametrize("where", ["agent", "run_config"])
+async def test_an_output_guardrail_tripping_after_a_streamed_answer_keeps_none_of_its_words(pipeline, where):
+    """An output guardrail (the agent's, or the RunConfig's given to stream()) trips after the
+    answer streamed: the SDK keeps only the user's message. turnlog keeps a blocked turn with no
+    text and the answer's tokens, and no partial of it ever reaches the spool, the broker or the store."""
+    session_id = f"oa-out-guard-{where}-{uuid.uuid4().hex[:8]}"
+
+    @output_guardrail
+    async def no_credentials(context, agent, output):
+        return GuardrailFunctionOutput(output_info={"reason": "credentials"}, tripwire_triggered="hunter2" in output)
+
+    reply = Reply(text=BLOCKED_ANSWER, input_tokens=7, output_tokens=13, hold=4)
+    guardrails = {"output_guardrails": [no_credentials]}
+    agent = Agent(name="guarded", model=FakeModel([reply]), **(guardrails if where == "agent" else {}))
+    run_config = RunConfig(**guardrails) if where == "run_config" else None
+    inner = SQLiteSession(session_id)
+    rebuilt = await blocked_while_streaming(pipeline, session_id, agent, inner, expected=OutputGuardrailTripwireTriggered,
+                                            release=reply.release.set, run_config=run_config)
+    items = await inner.get_items()
+    assert_blocked_and_kept_nowhere(pipeline, session_id, items, tokens=(7, 13))
+    assert texts(rebuilt) == texts(items)  # a restart's rebuilt context holds what the SDK's own session holds
+
+
+async def test_an_answer_a_passing_guardrail_checks_is_recorded_whole_with_its_partial_held_back(pipeline):
+    """A guardrail that does not trip: the answer is recorded as the SDK saves it; while the
+    guardrail could still block it, no partial text was recorded."""
+    session_id = f"oa-guard-pass-{uuid.uuid4().hex[:8]}"
+
+    @output_guardrail
+    async def no_credentials(context, agent, output):
+        return GuardrailFunctionOutput(output_info=None, tripwire_triggered="hunter2" in output)
+
+    answer = "Your plan renews on the first of the month."
+    reply = Reply(text=answer, input_tokens=5, output_tokens=9, hold=4)
+    agent = Agent(name="guarded", model=FakeModel([reply]), output_guardrails=[no_credentials])
+    inner = SQLiteSession(session_id)
+    async with recorder_for(pipeline.settings) as recorder:
+        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="guarded")
+        result = Runner.run_streamed(agent, "When does my plan renew?", session=session, hooks=session.hooks)
+        deltas = 0
+        async for event in session.stream(result):
+            if event.type == "raw_response_event" and event.data.type == "response.output_text.delta":
+                deltas += 1
+                if deltas == 4:
+                    assert session.recorded.open_turns == ()  # held: the guardrail has not run yet
+                    reply.release.set()
+        await session.end("completed")
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert turns(pipeline, session_id) == [
+        (0, "user", "When does my plan renew?", "complete", 0, 0, False, None),
+        (1, "assistant", answer, "complete", 5, 9, False, None),
+    ]
+    assert attributes(pipeline, session_id) == {}
+    held, stored = held_and_stored(pipeline, session_id, await inner.get_items())
+    assert stored == held
+
+
+@pytest.mark.parametrize("verdict", ["approve", "reject"])
+def test_a_tool_approval_across_a_process_restart_records_the_call_as_the_sdk_holds_it(new_pipeline, tmp_path, verdict):
+    """A needs_approval tool stops the run; its RunState is saved (to_string), the process is
+    SIGKILLed, and a new process loads the state (from_string), approves or rejects the call and
+    runs it again: the SDK's session holds the function call and its output (the tool's, or the
+    SDK's rejection message); so does turnlog's answer turn."""
+    pipeline = new_pipeline(("sequencer", "sink"))
+    session_id = f"oa-approve-{verdict}-{uuid.uuid4().hex[:8]}"
+    env = pipeline.settings.as_environment()
+    module = "tests.adapters.openai_agents_approval_script"
+    args = (session_id, str(tmp_path), verdict)
+    first = ScriptProcess(module, "first", *args, env=env, log_path=tmp_path / "first.log", name="agent-first")
+    first.first_with("waiting", TIMEOUT)
+    first.process.kill()
+    second = ScriptProcess(module, "second", *args, env=env, log_path=tmp_path / "second.log", name="agent-second")
+    done = second.first_with("done", TIMEOUT)
+    assert second.process.popen.wait(TIMEOUT) == 0, second.log_tail()
+
+    held = [tuple(item) for item in done["held"]]
+    answer = "Order 42 is refunded." if verdict == "approve" else "I did not refund order 42."
+    [output] = [item[1] for item in held if item[0] == "function_call_output"]
+    if verdict == "approve":
+        assert output == "order 42 refunded"
+    else:
+        assert output != "order 42 refunded" and "approv" in output.lower()  # the SDK's rejection message
+    assert held == [("user", "Refund order 42"), ("function_call", "refund", {"order": "42"}),
+                    ("function_call_output", output), ("assistant", answer)]
+    assert [tuple(item) for item in done["model_saw"]] == held[:3]
+    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    call = {"name": "refund", "arguments": {"order": "42"}, "result": output}
+    assert turns(pipeline, session_id) == [
+        (0, "user", "Refund order 42", "complete", 0, 0, False, None),
+        # The tool-calling response's tokens (9, 3) were pending in the killed process: lost.
+        (1, "assistant", answer, "complete", 20, 5, False, [call]),
+    ]
