@@ -5,12 +5,15 @@ Settings come from the environment (``TURNLOG_*``); progress goes to stdout as
 JSON lines, flushed. The inner session is an in-memory ``SQLiteSession``, so a
 killed process loses it, as a container loses its local files.
 
-- ``first``: asks questions 0 and 1 (answers 0 and 1), then question 2 streamed;
+- ``first``: asks questions 0 and 1 (answers 0 and 1; answer 1 after a call of the
+  ``order_status`` tool), then question 2 streamed;
   the answer stops after its first four words, which are flushed and
   acknowledged; it prints ``{"streaming": true}`` and waits to be killed.
 - ``second``: opens the session again (a resume), prints the inner session's
-  rebuilt messages, asks question 3, prints what the model was shown, ends
-  the session and prints ``{"done": true, ...}``.
+  rebuilt messages (``rebuilt``; ``rebuilt_items`` with the tool call and its
+  output, :func:`conversation_items`), asks question 3, prints what the model
+  was shown (``model_saw``, ``model_saw_items``), ends the session and prints
+  ``{"done": true, ...}``.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ import asyncio
 import json
 import sys
 
-from agents import Agent, Runner, SQLiteSession, set_tracing_disabled
+from agents import Agent, Runner, SQLiteSession, function_tool, set_tracing_disabled
 
 from turnlog.adapters.openai_agents import TurnlogSession
 from turnlog.settings import TurnlogSettings
@@ -31,6 +34,26 @@ from tests.support import recorder_for
 def say(**fields: object) -> None:
     sys.stdout.write(json.dumps(fields) + "\n")
     sys.stdout.flush()
+
+
+@function_tool
+def order_status(order: str) -> str:
+    """The shipping status of an order."""
+    return f"order {order} ships tomorrow"
+
+
+def conversation_items(items: list) -> list[list[object]]:
+    """The messages as :func:`messages` gives them, with each ``function_call`` as
+    ``["function_call", name, arguments]`` and each output as ``["function_call_output", output]``."""
+    out: list[list[object]] = []
+    for item in items:
+        if item.get("type") == "function_call":
+            out.append(["function_call", item["name"], json.loads(item["arguments"])])
+        elif item.get("type") == "function_call_output":
+            out.append(["function_call_output", item["output"]])
+        else:
+            out.extend([list(message) for message in messages([item])])
+    return out
 
 
 def messages(items: list) -> list[tuple[str, str]]:
@@ -45,10 +68,11 @@ def messages(items: list) -> list[tuple[str, str]]:
 async def first(session: TurnlogSession) -> None:
     model = FakeModel([
         Reply(text="answer 0", input_tokens=10, output_tokens=2),
+        Reply(call=("order_status", '{"order": "1"}')),
         Reply(text="answer 1", input_tokens=11, output_tokens=2),
         Reply(text="answer 2 is on its way to you", input_tokens=12, output_tokens=8, hold=4),
     ])
-    agent = Agent(name="bot", model=model)
+    agent = Agent(name="bot", model=model, tools=[order_status])
     for n in range(2):
         await Runner.run(agent, f"question {n}", session=session, hooks=session.hooks)
         say(completed=n)
@@ -64,11 +88,12 @@ async def first(session: TurnlogSession) -> None:
 
 
 async def second(session: TurnlogSession) -> None:
-    rebuilt = messages(await session.inner.get_items())
+    held = await session.inner.get_items()
     model = FakeModel([Reply(text="answer 3", input_tokens=13, output_tokens=2)])
-    await Runner.run(Agent(name="bot", model=model), "question 3", session=session, hooks=session.hooks)
+    await Runner.run(Agent(name="bot", model=model, tools=[order_status]), "question 3", session=session, hooks=session.hooks)
     await session.end("completed")
-    say(done=True, rebuilt=rebuilt, model_saw=messages(model.calls[0]), epoch=session.recorded.epoch)
+    say(done=True, rebuilt=messages(held), rebuilt_items=conversation_items(held), model_saw=messages(model.calls[0]),
+        model_saw_items=conversation_items(model.calls[0]), epoch=session.recorded.epoch)
 
 
 async def main(phase: str, session_id: str) -> None:

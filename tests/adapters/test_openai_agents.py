@@ -313,8 +313,17 @@ def test_an_agent_killed_mid_answer_resumes_with_its_history_rebuilt_from_turnlo
     assert [tuple(m) for m in report["model_saw"]] == [*asked, ("user", "question 3")]
     assert report["epoch"] == 1
 
+    # The tool call answer 1 made before the kill is in the resumed context, where the SDK held it.
+    call = [["function_call", "order_status", {"order": "1"}], ["function_call_output", "order 1 ships tomorrow"]]
+    with_call = [["user", "question 0"], ["assistant", "answer 0"], ["user", "question 1"], *call, ["assistant", "answer 1"],
+                 ["user", "question 2"]]
+    assert report["rebuilt_items"] == with_call
+    assert report["model_saw_items"] == [*with_call, ["user", "question 3"]]
+
     wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
     assert [t[:6] for t in turns(pipeline, session_id)] == TURNS_AFTER_A_KILL_MID_ANSWER
+    stored_call = {"name": "order_status", "arguments": {"order": "1"}, "result": "order 1 ships tomorrow"}
+    assert [(t[0], t[7]) for t in turns(pipeline, session_id) if t[7]] == [(3, [stored_call])]
 
 
 async def test_open_appends_what_an_inner_session_lacks_and_leaves_a_different_one_alone(pipeline):
