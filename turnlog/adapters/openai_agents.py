@@ -46,6 +46,20 @@ What it records, and from where:
   happens at once rather than when it is garbage-collected. If the run saves
   that message after all, it is not recorded again (until the next user
   message, which starts a new run).
+- Guardrails: while a guardrail may still block the streamed answer (input
+  guardrails running in parallel with the model, or an output guardrail of
+  the current agent or of the ``RunConfig`` given as ``stream(result,
+  run_config=...)``), its text is held and no partial is recorded: a partial
+  reaches the spool, the broker and the store's event log, where a block
+  could not take it back. An answer a guardrail blocks
+  (``InputGuardrailTripwireTriggered`` / ``OutputGuardrailTripwireTriggered``)
+  is not in the SDK's session; it is completed as a turn of kind ``blocked``
+  with no text (its tokens kept), and never given back on resume.
+- Tool approvals: a ``needs_approval`` call is saved before the approval;
+  when a new process runs the approved (or rejected) ``RunState``,
+  :meth:`TurnlogSession.open` has taken up the calls the inner session holds
+  after its last assistant message, so the answer's turn carries each call and
+  its output (the tool's result, or the SDK's rejection message).
 
 Traces: each turn's span carries the SDK's ids of the run that saved it (the
 SDK's trace has no OpenTelemetry keys of its own; these are the keys
@@ -97,9 +111,11 @@ session's user and assistant messages with turnlog's complete turns: if the
 inner session holds none of them (it lost its items: an in-memory or a new
 SQLite file) or holds a run of them that stops short of the last, the
 missing turns are added to the inner session as ``{"role", "content"}``
-messages, not recorded again. Tool calls are not rebuilt (turnlog keeps no
-call ids), nor barged-in turns (an answer cut short that the SDK never saved:
-they are neither expected in the inner session nor added to it). A
+messages, not recorded again, each assistant turn after its tool calls as a
+``function_call`` and ``function_call_output`` pair (turnlog keeps no call
+ids: each pair gets ``turnlog_<turn index>_<n>``). Barged-in and blocked turns
+are not rebuilt (answers cut short or blocked, which the SDK never saved: they
+are neither expected in the inner session nor added to it). A
 compacted inner session (its items replaced by a summary) differs from
 turnlog and is left as it is. An inner session whose messages are not such a run (edited) is
 left as it is, with a warning. turnlog cannot tell a tail lost in a kill
