@@ -179,7 +179,6 @@ GROUP_ID_ATTRIBUTE = "openai.agents.group_id"
 RESPONSE_ID_ATTRIBUTE = "gen_ai.response.id"
 _NO_OP_TRACE_ID = "no-op"  # the SDK's NoOpTrace.trace_id: tracing disabled
 _TEXT_PARTS = {"input_text": "text", "output_text": "text", "refusal": "refusal"}
-_ABSENT = object()
 
 
 @dataclass(slots=True)
@@ -611,9 +610,9 @@ def _guarded(result: Any, run_config: Any) -> bool:
         return True
     if _tripped(result):
         return True
-    task = getattr(result, "_input_guardrails_task", _ABSENT)
-    if task is _ABSENT:
+    if not hasattr(result, "_input_guardrails_task"):
         return bool(getattr(agent, "input_guardrails", None) or getattr(run_config, "input_guardrails", None))
+    task: asyncio.Task[Any] | None = result._input_guardrails_task
     return task is not None and not task.done()
 
 
