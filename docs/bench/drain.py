@@ -28,7 +28,8 @@ DSN = "postgresql+psycopg://turnlog:turnlog@127.0.0.1:5433/turnlog"
 run = uuid.uuid4().hex[:8]
 s = TurnlogSettings(bootstrap_servers="127.0.0.1:9092", database_url=DSN, topic_prefix=f"prof-{run}", partitions=6,
                     sequencer_group=f"prof-{run}-seq", sink_group=f"prof-{run}-sink", finalizer_group=f"prof-{run}-fin",
-                    faust_data_dir=f"/tmp/turnlog-drain/faust-{run}")
+                    faust_data_dir=f"/tmp/turnlog-drain/faust-{run}",
+                    insecure_open_fleets=True)  # the backlog is produced unsigned
 create_topics(s)
 p = Producer({"bootstrap.servers": s.bootstrap_servers, "partitioner": "murmur2_random", "linger.ms": 50})
 n = 0

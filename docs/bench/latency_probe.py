@@ -86,7 +86,8 @@ log_dir = Path("/tmp/turnlog-latency") / run
 settings = TurnlogSettings().model_copy(update=dict(
     database_url=sqlalchemy_url, topic_prefix=f"lat-{run}", sequencer_group=f"lat-{run}-sequencer",
     sink_group=f"lat-{run}-sink", finalizer_group=f"lat-{run}-finalizer", faust_data_dir=str(log_dir / "faust"),
-    spool_dir=str(log_dir / "spool"), api_url=None, api_token=None, flush_interval_seconds=0.5, log_level="WARNING"))
+    spool_dir=str(log_dir / "spool"), api_url=None, api_token=None, flush_interval_seconds=0.5, log_level="WARNING",
+    insecure_open_fleets=True))  # LAT_SECURITY=off measures open mode; on, the fleet keys below are used
 SECURED = os.environ.get("LAT_SECURITY", "on") != "off"
 if SECURED:
     settings = encryption_settings(settings.model_copy(update=dict(

@@ -32,7 +32,7 @@ def test_the_pipeline_runs_in_clear_then_sealed_under_the_same_load_and_leaves_n
     settings = TurnlogSettings(
         bootstrap_servers=kafka_bootstrap, topic_prefix=f"test-{run}", partitions=3, flush_interval_seconds=0.5,
         sequencer_group=f"test-{run}-sequencer", sink_group=f"test-{run}-sink",
-        finalizer_group=f"test-{run}-finalizer", log_level="WARNING",
+        finalizer_group=f"test-{run}-finalizer", log_level="WARNING", insecure_open_fleets=True,  # as run_bench gives it
     )
     plans = plan_sessions(SESSIONS, 12, 4, run_id=run)
 
