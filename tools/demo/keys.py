@@ -26,9 +26,9 @@ def with_run_keys(settings: TurnlogSettings, folder: Path) -> TurnlogSettings:
     what the agents get: ``kek_public_key``); and, unless erasure issuers are configured, an
     erasure issuer of the run's own (the run's services sign and check the erasure ledger)."""
     if not settings.erasure_issuers and settings.erasure_issuer_key is None:
-        private, public = new_issuer_key()
+        private, issuer_public = new_issuer_key()
         settings = settings.model_copy(update={"erasure_issuer_key": SecretStr(private),
-                                               "erasure_issuers": {settings.erasure_issuer: public}})
+                                               "erasure_issuers": {settings.erasure_issuer: issuer_public}})
     if settings.encryption != "off" and not settings.keyring_file and not settings.kek_public_key:
         public = create_keyring_file(folder / "keyring")
         settings = settings.model_copy(update={"keyring_file": str(folder / "keyring"),

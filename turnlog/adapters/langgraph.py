@@ -374,10 +374,11 @@ class LangGraphMirror:
         if isinstance(input, Command):
             update = input.update
             if isinstance(update, Mapping):
-                written, new = self._input_messages(update)
-                return dataclasses.replace(input, update=written), new
+                written, given = self._input_messages(update)
+                return dataclasses.replace(input, update=written), given
             if isinstance(update, (list, tuple)) and all(isinstance(p, tuple) and len(p) == 2 for p in update):
-                pairs, new = [], []
+                pairs: list[tuple[Any, Any]] = []
+                new: list[BaseMessage] = []
                 for key, value in update:
                     if key == self.messages_key and value is not None:
                         value, found = self._input_messages({key: value})
@@ -392,8 +393,8 @@ class LangGraphMirror:
             m if m.id else m.model_copy(update={"id": str(uuid.uuid4())})
             for m in _as_list(input[self.messages_key])
         ]
-        new: list[BaseMessage] = [m for m in messages if isinstance(m, HumanMessage) and m.id not in self._seen]
-        return {**input, self.messages_key: messages}, new
+        recorded: list[BaseMessage] = [m for m in messages if isinstance(m, HumanMessage) and m.id not in self._seen]
+        return {**input, self.messages_key: messages}, recorded
 
     def _on_chunk(self, message: Any, metadata: Mapping[str, Any]) -> None:
         if not isinstance(message, AIMessageChunk) or not message.id or message.id in self._seen:
