@@ -61,6 +61,7 @@ from turnlog.metrics import (
 )
 from turnlog.producers.exceptions import RecorderError, SessionErasedError, SpoolError, SpoolFullError
 from turnlog.producers.spool import SpooledEvent, SpoolFile, SpoolRow, held_by_other_spools
+from turnlog.signing import FLEET_HEADER
 
 __all__ = ["SpoolDrainer", "Ticket", "MAX_IN_FLIGHT", "MAX_REMEMBERED_ERASURES"]
 
@@ -125,11 +126,16 @@ class _Backlog:
     events: int = 0
     bytes: int = 0
     per_session: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    #: the fleets the held events of each session claim (their provenance header; none: unknown)
+    fleets: dict[str, set[str]] = field(default_factory=dict)
 
-    def add(self, session_id: str, size: int) -> None:
+    def add(self, event: SpooledEvent) -> None:
         self.events += 1
-        self.bytes += size
-        self.per_session[session_id] += 1
+        self.bytes += len(event.value)
+        self.per_session[event.session_id] += 1
+        fleet = next((bytes(v).decode("utf-8", "replace") for n, v in event.headers if n == FLEET_HEADER), None)
+        if fleet is not None:
+            self.fleets.setdefault(event.session_id, set()).add(fleet)
 
     def remove(self, session_id: str, size: int) -> None:
         self.events -= 1
@@ -139,6 +145,7 @@ class _Backlog:
             self.per_session[session_id] = left
         else:
             self.per_session.pop(session_id, None)
+            self.fleets.pop(session_id, None)
 
 
 class SpoolDrainer:
@@ -225,7 +232,7 @@ class SpoolDrainer:
                     f"of {self.max_bytes} bytes (TURNLOG_SPOOL_MAX_BYTES). It drains as the broker acknowledges."
                 )
             for e in events:
-                self._backlog.add(e.session_id, len(e.value))
+                self._backlog.add(e)
             tickets = [Ticket() for _ in events]
             self._commands.put(("append", (list(events), tickets)))  # under the lock: never after the stop
         return tickets
@@ -256,6 +263,12 @@ class SpoolDrainer:
                 self._erased.popitem(last=False)
             if not self._closed:
                 self._commands.put(("forget", frozenset(session_ids)))
+
+    def fleets_held(self, session_id: str) -> frozenset[str]:
+        """The fleets the spool's unacknowledged events of ``session_id`` claim (empty: none held, or
+        none claims a fleet) (any thread)."""
+        with self._lock:
+            return frozenset(self._backlog.fleets.get(session_id, ()))
 
     def holds(self, session_id: str) -> bool:
         """True while the spool holds events of ``session_id`` not yet acknowledged (any thread)."""
@@ -457,7 +470,7 @@ class SpoolDrainer:
             return
         with self._lock:
             for row in rows:
-                self._backlog.add(row.event.session_id, len(row.event.value))
+                self._backlog.add(row.event)
         if self._erasure_check is not None:
             self._holds.append((self._erasure_check({row.event.session_id for row in rows}), rows[0].id))
         self._last_id = max(self._last_id, rows[-1].id)

@@ -912,10 +912,13 @@ class SessionRecorder:
         return session_id in self._sessions or self._drainer.holds(session_id)
 
     def _of_its_fleet(self, erasure: Erasure) -> bool:
-        """Whether ``erasure`` names the fleet of the session recorded here under its id (True when
-        none is, or the session's fleet is unknown)."""
+        """Whether ``erasure`` names the fleet of the session held here under its id: the one this
+        recorder records, else the fleets the spool's events of it claim (True when neither says)."""
         session = self._sessions.get(erasure.session_id)
-        return session is None or session.fleet is None or session.fleet == erasure.fleet
+        if session is not None and session.fleet is not None:
+            return session.fleet == erasure.fleet
+        held = self._drainer.fleets_held(erasure.session_id)
+        return not held or erasure.fleet in held
 
     def _on_erased(self, erasures: list[Erasure]) -> None:
         """The erasure ledger names sessions that matter here (on the erasure watch's thread): the
@@ -923,8 +926,8 @@ class SessionRecorder:
         refuse every write (in that order: an event emitted in between is dropped with the rest).
 
         An erasure is bound to its fleet: one naming another fleet than the session this recorder
-        records under that id changes nothing here. One of a session held only in the spool (its
-        fleet unknown here) drops what the spool holds of the id."""
+        records under that id, or than the fleets its spooled events of the id claim, changes
+        nothing here."""
         erasures = [erasure for erasure in erasures if self._of_its_fleet(erasure)]
         self._drainer.forget({erasure.session_id for erasure in erasures})
         for erasure in erasures:

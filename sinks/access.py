@@ -171,11 +171,15 @@ class StoreReads:
         return self._store.erasures.erased_among(self._conn, session_ids)
 
     def erased_sessions(self, session_ids: Collection[str] = ()) -> set[str]:
-        """Every session with an erasure row (of ``session_ids`` if given: :meth:`erased_among`),
-        pending or applied."""
-        if session_ids:
-            return self.erased_among(session_ids)
-        return set(self._conn.execute(select(erasures.c.session_id)).scalars())
+        """Every session forgotten or being forgotten (of ``session_ids`` if given), by an erasure of
+        its own fleet (:meth:`forgotten_among`): another fleet's erasure of a stored session's id
+        does not count."""
+        ids = sorted(session_ids) if session_ids else sorted(set(self._conn.execute(
+            select(erasures.c.session_id)).scalars()))
+        forgotten: set[str] = set()
+        for start in range(0, len(ids), _IDS_PER_QUERY):
+            forgotten |= self.forgotten_among(ids[start:start + _IDS_PER_QUERY])
+        return forgotten
 
     def completed_erasures(self, session_ids: Sequence[str]) -> int:
         """How many of ``session_ids`` the store holds as erased (applied, not pending)."""

@@ -34,7 +34,7 @@ logger = logging.getLogger(__name__)
 if TYPE_CHECKING:
     from turnlog.sinks.base import SqlStore
 
-__all__ = ["SqlErasures", "ErasureResult", "ErasureState", "ErasureStatus"]
+__all__ = ["SqlErasures", "being_forgotten", "ErasureResult", "ErasureState", "ErasureStatus"]
 
 #: ``pending``: asked, not yet applied to the store; ``done``: the store holds nothing of the session.
 ErasureStatus = Literal["pending", "done"]
@@ -59,6 +59,15 @@ class ErasureState:
     def as_erasure(self) -> Erasure:
         return Erasure(session_id=self.session_id, fleet=self.fleet, requested_by=self.requested_by,
                        requested_at=self.requested_at, reason="retention" if self.reason == "retention" else "request")
+
+
+def being_forgotten() -> ColumnElement[bool]:
+    """True for a ``sessions`` row with an erasure of its own: one naming the session's fleet, or any
+    (the session's fleet is unknown). An erasure is bound to its fleet."""
+    return select(erasures.c.session_id).where(
+        erasures.c.session_id == sessions.c.id,
+        or_(sessions.c.fleet.is_(None), erasures.c.fleet == sessions.c.fleet),
+    ).exists()
 
 
 @dataclass(frozen=True, slots=True)

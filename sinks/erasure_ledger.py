@@ -112,7 +112,8 @@ class ErasureDuties:
         self._next_at = 0.0
         self._next_sweep_at = 0.0
         self._producer: Producer | None = None
-        self._signer = ledger_signer(settings)  # ConfigurationError: a malformed key refuses the start
+        # ConfigurationError: a malformed key, or issuers set without a key they trust, refuses the start.
+        self._signer = ledger_signer(settings)
 
     def warn_if_log_outlives_policy(self) -> list[LogOutlivesPolicy]:
         """Log a warning, with its fix, for each topic whose retention in the settings outlives
@@ -121,6 +122,17 @@ class ErasureDuties:
         for finding in findings:
             logger.warning("the log outlives the erasure policy: %s", finding)
         return findings
+
+    def warn_if_unsigned(self) -> bool:
+        """Log a warning if this sink's erasures go out unsigned and every reader takes any ledger
+        record (no ``erasure_issuers``: open mode); whether it does."""
+        if self._signer is not None:
+            return False
+        logger.warning(
+            "TURNLOG_ERASURE_ISSUERS is empty: erasure ledger records are not signed, and every reader takes any "
+            "record of %s (open mode; docs/security.md, 'Erasure issuers')", self.settings.topics.erasures,
+        )
+        return True
 
     def run_if_due(self) -> None:
         """Publish pending erasures if ``interval`` has passed, after a sweep for expired sessions

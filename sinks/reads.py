@@ -23,7 +23,8 @@ from sqlalchemy import Select, func, select
 from sqlalchemy.engine import Connection
 
 from turnlog.schemas import SessionStatus
-from turnlog.sinks.tables import erasures, session_events, sessions, transcript_turns
+from turnlog.sinks.erasure import being_forgotten
+from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
 __all__ = ["StoredEvent", "EventPage", "TurnRowPage", "list_sessions", "get_session", "get_turns", "turn_page",
            "events_after", "SESSION_FIELDS", "SESSION_SUMMARY_FIELDS", "TURN_FIELDS", "ROW_OVERHEAD_BYTES",
@@ -173,8 +174,7 @@ def list_sessions(
     and erasure").
     """
     fields = SESSION_FIELDS if include_metadata else SESSION_SUMMARY_FIELDS
-    being_forgotten = select(erasures.c.session_id).where(erasures.c.session_id == sessions.c.id).exists()
-    query = select(*_columns(sessions, fields)).where(~being_forgotten).order_by(sessions.c.id)
+    query = select(*_columns(sessions, fields)).where(~being_forgotten()).order_by(sessions.c.id)
     if fleets is not None:
         query = query.where(sessions.c.fleet.in_(sorted(fleets)))
     if fleet is not None:
@@ -194,9 +194,8 @@ def count_open_sessions(conn: Connection) -> int:
     """How many sessions are open: status ``active`` (started, not ended) and not being
     forgotten, in every fleet. One ``count(*)`` over the ``status`` index: the operations
     page's figure (``turnlog.api.ops``), never a list."""
-    being_forgotten = select(erasures.c.session_id).where(erasures.c.session_id == sessions.c.id).exists()
     query = select(func.count()).select_from(sessions).where(
-        sessions.c.status == SessionStatus.ACTIVE.value, ~being_forgotten
+        sessions.c.status == SessionStatus.ACTIVE.value, ~being_forgotten()
     )
     return int(conn.execute(query).scalar_one())
 

@@ -211,6 +211,7 @@ class SinkService:
         """Consume and apply until :attr:`stopping` is set."""
         if self._duties is not None:
             self._duties.warn_if_log_outlives_policy()
+            self._duties.warn_if_unsigned()
         consumer = kafka.consumer(self.settings, group_id=self.consumer_group, **self._config)
         self._consumer = consumer
         self._fences = {}

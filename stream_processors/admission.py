@@ -123,7 +123,7 @@ def admit_open(claimed: Mapping[str, bytes], grant_key: bytes | None, state: Ses
     """Open mode's checks of what a record claims (``claimed``: its provenance headers, unsigned).
 
     Returns the reason to refuse it (for the DLQ), or None. A record that claims no fleet (a
-    writer of an older release) is checked for the epoch grant only.
+    recorder of an older release, which sent no claim and no grant in open mode) is not checked.
     """
     session_id = event.session_id
     fleet_bytes = claimed.get(FLEET_HEADER)
@@ -133,7 +133,7 @@ def admit_open(claimed: Mapping[str, bytes], grant_key: bytes | None, state: Ses
             return f"forged fleet: session.started of {session_id} names a fleet other than the one it claims"
         if state.fleet is not None and state.fleet != fleet:
             return f"foreign fleet: session id {session_id} belongs to another fleet"
-    if event.epoch > 0 and grant_key is not None:
+    if event.epoch > 0 and grant_key is not None and fleet is not None:
         token = claimed.get(EPOCH_GRANT_HEADER)
         if token is None:
             return f"epoch not issued: epoch {event.epoch} of {session_id} carries no epoch grant"

@@ -100,3 +100,16 @@ def test_bad_keys_and_names_are_configuration_errors():
         LedgerSigner("a:b", PRIVATE)
     assert ledger_signer(TurnlogSettings()) is None
     assert ledger_signer(TurnlogSettings(erasure_issuer="ops", erasure_issuer_key=PRIVATE)).name == "ops"
+
+
+def test_a_host_whose_erasures_its_readers_would_refuse_fails_at_once():
+    other_private, _ = new_issuer_key()
+    trusted = {"ops": PUBLIC}
+    with pytest.raises(ConfigurationError, match="no TURNLOG_ERASURE_ISSUER_KEY"):
+        ledger_signer(TurnlogSettings(erasure_issuers=trusted))
+    with pytest.raises(ConfigurationError, match="not the one"):
+        ledger_signer(TurnlogSettings(erasure_issuer="ops", erasure_issuer_key=other_private, erasure_issuers=trusted))
+    with pytest.raises(ConfigurationError, match="not the one"):
+        ledger_signer(TurnlogSettings(erasure_issuer="api", erasure_issuer_key=PRIVATE, erasure_issuers=trusted))
+    assert ledger_signer(TurnlogSettings(erasure_issuer="ops", erasure_issuer_key=PRIVATE,
+                                         erasure_issuers=trusted)).public == SIGNER.public

@@ -195,6 +195,7 @@ def test_open_mode_with_a_grant_key_admits_only_an_issued_epoch():
     assert "below seq 5" in admit_open(_claims("a", grant), key, state, _partial("s1", 2, epoch=1))
     assert admit_open(_claims("a", grant), key, state, event) is None
     assert admit_open(_claims("a"), None, state, event) is None  # no grant key: epochs are not checked
+    assert admit_open({}, key, state, event) is None  # a recorder of an older release claims nothing: not checked
 
 
 def test_a_session_started_naming_another_fleet_than_its_signer_is_refused(verifier):

@@ -95,6 +95,8 @@ async def open_or_resume(
     Raises:
         SessionClosedError: turnlog has the session and it has ended (it cannot be resumed).
         ResumeBarrierTimeout: the pipeline did not catch up in time (retry later).
+        ConfigurationError: ``resume`` with a recorder that has no resume source (no
+            ``TURNLOG_API_URL``, no ``resume_source``).
         InvalidTurnError, SpoolError, RecorderError: as :meth:`SessionRecorder.start_session`.
     """
     if resume:

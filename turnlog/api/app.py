@@ -94,6 +94,7 @@ from turnlog.api.ops import OpsBoard
 from turnlog.api.pages import page_routes
 from turnlog.api.resuming import resume_routes
 from turnlog.api.sessions import session_routes
+from turnlog.crypto.ledger_signatures import ledger_signer
 from turnlog.follow import TranscriptHub
 from turnlog.kafka import BrokerUnavailableError
 from turnlog.readiness import mark_not_ready, mark_ready
@@ -126,8 +127,16 @@ def create_app(
     With ``settings.ready_file`` set, the ready file (:mod:`turnlog.readiness`,
     component ``api``) is written once the hub follows the transcript topic
     (without a hub: at start-up), and removed at shutdown.
+
+    Raises:
+        ConfigurationError: ``erasure_issuers`` is set and this host holds no issuer key they trust.
     """
     tokens = TokenTable(settings.api_tokens)
+    if ledger_signer(settings) is None:  # ConfigurationError: erasures this API wrote would be refused
+        logger.warning(
+            "TURNLOG_ERASURE_ISSUERS is empty: the erasures this API writes are not signed, and every reader "
+            "takes any erasure ledger record (open mode; docs/security.md, 'Erasure issuers')"
+        )
     if settings.epoch_grant_key is None:
         logger.warning(
             "TURNLOG_EPOCH_GRANT_KEY is not set: resumes are granted without a signed epoch grant, which a "

@@ -106,6 +106,8 @@ class LedgerSigner:
             raise ConfigurationError("the erasure issuer's name must be 1 to 200 bytes without ':'")
         self.name = name
         self._key = Ed25519PrivateKey.from_private_bytes(_key_bytes(private_key, "the erasure issuer key"))
+        #: the raw public key (32 bytes) readers verify this issuer's records with
+        self.public = self._key.public_key().public_bytes(Encoding.Raw, PublicFormat.Raw)
 
     def requested_by(self, who: str) -> str:
         """``who`` (``cli:<user>``, ``api:<token id>``, ``retention``) as the issuer signs it:
@@ -191,15 +193,30 @@ def _signature_headers(headers: Any) -> tuple[bytes, bytes] | None:
 
 
 def ledger_signer(settings: TurnlogSettings) -> LedgerSigner | None:
-    """The signer of this host's ledger records (``erasure_issuer``, ``erasure_issuer_key``), or None
-    when it holds no issuer key (its records go out unsigned).
+    """The signer of the ledger records this host writes (``erasure_issuer``, ``erasure_issuer_key``),
+    or None in open mode (no issuer key and no ``erasure_issuers``: records go out unsigned).
 
     Raises:
-        ConfigurationError: the key or the name is malformed.
+        ConfigurationError: the key or the name is malformed; or ``erasure_issuers`` is set and
+            this host holds no issuer key, or one whose public half is not trusted under its name
+            (every record it wrote would be refused by every reader, its own included, and the
+            erasure would stay pending).
     """
     if settings.erasure_issuer_key is None:
+        if settings.erasure_issuers:
+            raise ConfigurationError(
+                "TURNLOG_ERASURE_ISSUERS is set but this host holds no TURNLOG_ERASURE_ISSUER_KEY: every erasure "
+                "it wrote would be refused by the ledger's readers (docs/security.md, 'Erasure issuers')"
+            )
         return None
-    return LedgerSigner(settings.erasure_issuer, settings.erasure_issuer_key.get_secret_value())
+    signer = LedgerSigner(settings.erasure_issuer, settings.erasure_issuer_key.get_secret_value())
+    trusted = settings.erasure_issuers.get(signer.name)
+    if settings.erasure_issuers and (trusted is None or _key_bytes(trusted, "a trusted issuer key") != signer.public):
+        raise ConfigurationError(
+            f"the erasure issuer key of {signer.name!r} is not the one TURNLOG_ERASURE_ISSUERS trusts under that "
+            "name: every erasure this host wrote would be refused by the ledger's readers"
+        )
+    return signer
 
 
 def ledger_verifier(settings: TurnlogSettings) -> LedgerVerifier:

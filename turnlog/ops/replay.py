@@ -26,10 +26,11 @@ target store, which then knows them as erased (and drops what it held of them).
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import logging
 import time
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from typing import cast
 
@@ -44,7 +45,7 @@ from turnlog.producers.partitioning import partition_for
 from turnlog.redact import redact
 from turnlog.schemas import SETTLED_SESSION_STATUSES, EventValidationError, SessionStatus, decode_event
 from turnlog.settings import TurnlogSettings
-from turnlog.signing import ProvenanceError, RecordVerifier, provenance_headers
+from turnlog.signing import FLEET_HEADER, ProvenanceError, RecordVerifier, provenance_headers
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.exceptions import RecordRejectedError
 from turnlog.sinks.source_records import SourceMessage
@@ -119,10 +120,12 @@ def replay_events(
         ReplayError: the topic does not exist or the broker cannot be reached.
         StoreError: the store refused a write.
         KeyMaterialError: the keyring is set and cannot be used.
+        ConfigurationError: no fleet keys and no ``insecure_open_fleets`` (``record_verifier``).
     """
     started = time.monotonic()
     if store.transcript.opener is None:
         store.transcript.opener = event_opener(settings)
+    verifier = record_verifier(settings)  # ConfigurationError before any client is made
     topic = settings.topics.events
     wanted = set(session_ids)
     with kafka.OffsetReader(settings) as offsets:
@@ -133,16 +136,15 @@ def replay_events(
         **{"enable.auto.offset.store": False, "enable.partition.eof": True},
     )
     result = ReplayResult()
-    verifier = record_verifier(settings)
     try:
         ledger = read_ledger(settings)
     except kafka.BrokerError as e:
         raise ReplayError(f"cannot read the erasure ledger {settings.topics.erasures}: {redact(str(e))}") from e
     if wanted:
         ledger = {key: erasure for key, erasure in ledger.items() if key[0] in wanted}
-    # Replay drops every record of an id that some fleet's erasure names (records carry no fleet
-    # before they are sequenced); the store's erasure rows stay bound to their fleets.
-    erased_ids = {session_id for session_id, _ in ledger}
+    erased_fleets: dict[str, set[str]] = {}
+    for session_id, fleet in ledger:
+        erased_fleets.setdefault(session_id, set()).add(fleet)
     try:
         total = sum(max(0, ends[p] - starts[p]) for p in ends)
         pending = {p for p in ends if ends[p] > starts[p]}
@@ -167,7 +169,7 @@ def replay_events(
                 result.records_read += 1
                 if offset + 1 >= ends[partition]:
                     pending.discard(partition)
-                if _erased(record, erased_ids):
+                if _erased(record, erased_fleets, states):
                     result.erased += 1
                     continue
                 _sequence_record(store, record, states, wanted, emitted, result,
@@ -194,13 +196,33 @@ def replay_events(
     return result
 
 
-def _erased(record: object, erased_ids: Collection[str]) -> bool:
-    """Whether the record's key names a session id of the erasure ledger (decided before anything
-    of the record is decoded: the sequencer admits a record only under its session's id)."""
-    if not erased_ids:
+def _erased(
+    record: object, erased_fleets: Mapping[str, Collection[str]], states: Mapping[str, SessionSequence | None]
+) -> bool:
+    """Whether the record belongs to a forgotten session, decided before anything of it is decoded:
+    its key names a session id the ledger holds an erasure of (the sequencer admits a record only
+    under its session's id) for the fleet the record claims (its provenance header), else the
+    fleet its session was started by here; a record of no known fleet counts as forgotten. An
+    erasure is bound to its fleet: another fleet's session of the id is replayed."""
+    if not erased_fleets:
         return False
     key = record.key()  # type: ignore[attr-defined]
-    return key is not None and key.decode("utf-8", "replace") in erased_ids
+    if key is None:
+        return False
+    session_id = key.decode("utf-8", "replace")
+    forgotten = erased_fleets.get(session_id)
+    if not forgotten:
+        return False
+    fleet: str | None = None
+    headers = read_headers(record)
+    if not isinstance(headers, UnreadableHeaders):
+        with contextlib.suppress(ProvenanceError):
+            claimed = provenance_headers(headers).get(FLEET_HEADER)
+            fleet = claimed.decode("utf-8", "replace") if claimed is not None else None
+    if fleet is None:
+        state = states.get(session_id)
+        fleet = state.fleet if state is not None else None
+    return fleet is None or fleet in forgotten
 
 
 def _offset_range(

@@ -83,8 +83,8 @@ def _digest(
 
 
 def erased_session_ids(store: SqlStore, session_ids: Collection[str] = ()) -> set[str]:
-    """The sessions ``store`` holds as forgotten or being forgotten (its ``erasures`` rows),
-    of ``session_ids`` if given: a comparison leaves them out of both sides.
+    """The sessions ``store`` holds as forgotten or being forgotten (an ``erasures`` row of the
+    session's own fleet), of ``session_ids`` if given: a comparison leaves them out of both sides.
 
     Raises:
         StoreError: the store cannot be read.
