@@ -189,7 +189,9 @@ class ResumeSource(Protocol):
     """Where :meth:`SessionRecorder.resume` gets its grant: the resume barrier, run by
     whoever holds the store (docs/design.md, "Events").
 
-    The recorder holds one for its lifetime and calls :meth:`close` from its own ``close()``.
+    The recorder holds one for its lifetime and calls :meth:`close` from its own ``close()``:
+    give each recorder a source of its own (a closed source reopens what it needs at its next
+    grant, but one closed while another recorder's grant runs fails that grant).
     Implementations: :class:`~turnlog.producers.api_client.ApiResumeSource` (turnlog's API; the
     recorder's default when ``TURNLOG_API_URL`` is set) and
     :class:`~turnlog.resume_barrier.StoreResumeSource` (the store, in this process).
