@@ -265,7 +265,7 @@ class TurnlogSettings(BaseSettings):
     )
     erasure_issuer: str = Field(
         "turnlog",
-        description="This host's name as an erasure issuer (1 to 200 bytes, no ':'): it signs the erasure "
+        description="This host's name as an erasure issuer (1 to 64 bytes, no ':'): it signs the erasure "
         "ledger records this host writes (turnlog forget, the API, the sink's retention sweep) with "
         "erasure_issuer_key, and their requested_by reads '<issuer>:<who>'.",
     )

@@ -61,7 +61,7 @@ ISSUER_HEADER = "turnlog-erasure-issuer"
 SIGNATURE_HEADER = "turnlog-erasure-signature"
 _DOMAIN = b"turnlog erasure ledger v1\x00"
 _SIGNATURE_BYTES = 64
-_MAX_ISSUER_BYTES = 200
+_MAX_ISSUER_BYTES = 64  # leaves room in requested_by (200 characters) for "<issuer>:<who>"
 
 
 def _key_bytes(text: str, what: str) -> bytes:
@@ -103,7 +103,7 @@ class LedgerSigner:
 
     def __init__(self, name: str, private_key: str) -> None:
         if not name or len(name.encode("utf-8")) > _MAX_ISSUER_BYTES or ":" in name:
-            raise ConfigurationError("the erasure issuer's name must be 1 to 200 bytes without ':'")
+            raise ConfigurationError("the erasure issuer's name must be 1 to 64 bytes without ':'")
         self.name = name
         self._key = Ed25519PrivateKey.from_private_bytes(_key_bytes(private_key, "the erasure issuer key"))
         #: the raw public key (32 bytes) readers verify this issuer's records with
