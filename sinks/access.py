@@ -162,14 +162,6 @@ class StoreReads:
         its own fleet (:meth:`SqlErasures.forgotten_among <turnlog.sinks.erasure.SqlErasures.forgotten_among>`)."""
         return self._store.erasures.forgotten_among(self._conn, session_ids)
 
-    def erased_fleets(self, session_ids: Collection[str]) -> dict[str, set[str]]:
-        """``{session id: fleets with an erasure of it}`` for those of ``session_ids`` with one."""
-        return self._store.erasures.erased_fleets(self._conn, session_ids)
-
-    def erased_among(self, session_ids: Collection[str]) -> set[str]:
-        """Those of ``session_ids`` with an erasure in the store, pending or applied."""
-        return self._store.erasures.erased_among(self._conn, session_ids)
-
     def erased_sessions(self, session_ids: Collection[str] = ()) -> set[str]:
         """Every session forgotten or being forgotten (of ``session_ids`` if given), by an erasure of
         its own fleet (:meth:`forgotten_among`): another fleet's erasure of a stored session's id

@@ -6,9 +6,10 @@ docs/design.md, "Encryption and erasure". A request inserts a *pending*
 that moves its offset, deletes the session's ``session_events``,
 ``transcript_turns`` and ``sessions`` rows and completes the row
 (:meth:`SqlErasures.apply`). From then on the sink stores nothing of the
-session again (:meth:`SqlErasures.erased_among`). Each step is idempotent:
-applying a ledger record twice, or after a crash between two steps, leaves
-the store as applying it once.
+session again (``sinks/transcript.py``: a record is dropped when its session's
+fleet has an erasure row of its id). Each step is idempotent: applying a ledger
+record twice, or after a crash between two steps, leaves the store as applying
+it once.
 
 The analytics projection forgets its own figures of a session in its own
 transaction (``sinks/analytics.py``). Nothing here reads or logs content.
@@ -84,11 +85,6 @@ class SqlErasures:
 
     def __init__(self, store: SqlStore) -> None:
         self._store = store
-
-    def erased_among(self, conn: Connection, session_ids: Collection[str]) -> set[str]:
-        """The ids of ``session_ids`` with an erasure row of any fleet (forgotten, or being
-        forgotten). Which fleets: :meth:`erased_fleets`."""
-        return set(self.erased_fleets(conn, session_ids))
 
     def erased_fleets(self, conn: Connection, session_ids: Collection[str]) -> dict[str, set[str]]:
         """``{session id: the fleets whose session of that id is forgotten or being forgotten}``
