@@ -86,6 +86,7 @@ from turnlog.schemas import (
 )
 from turnlog.schemas.erasure import Erasure
 from turnlog.schemas.events import EARLIEST_YEAR, LATEST_YEAR
+from turnlog.schemas.session_keys import SessionKeyError, session_key
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import RecordSigner, claim_headers
 from turnlog.tracing import (
@@ -165,6 +166,8 @@ class RecordedSession:
         kek: KekPublicKey | None = None,
     ) -> None:
         self._recorder = recorder
+        #: the session's key, ``"<fleet>:<id>"`` (a session started before per-fleet keys: its bare
+        #: id): what the store, the API, ``resume`` and ``turnlog forget`` name it by
         self.session_id = session_id
         #: the session's fleet: its events are signed with this fleet's key (None: unknown, unsigned)
         self.fleet = fleet
@@ -594,22 +597,34 @@ class SessionRecorder:
         metadata: Mapping[str, Any] | None = None,
         started_at: dt.datetime | None = None,
     ) -> RecordedSession:
-        """Open a new session (epoch 0, seq 0); returns as :meth:`RecordedSession.complete_turn` does.
+        """Open fleet ``fleet``'s new session ``session_id`` (epoch 0, seq 0); returns as
+        :meth:`RecordedSession.complete_turn` does.
+
+        The session is written under its key, ``"<fleet>:<session_id>"`` (the returned session's
+        ``session_id``; ``turnlog/schemas/session_keys.py``): the store, the API, ``resume`` and
+        ``turnlog forget`` name it by that key, and another fleet's session with the same id is
+        another session.
 
         Raises:
-            InvalidTurnError: a bad id, fleet, agent id or metadata (not JSON-able, nested deeper than
-                ``MAX_VALUE_DEPTH`` or over ``MAX_METADATA_BYTES`` encoded: ``turnlog.schemas.events``).
-            SessionClosedError: this recorder already records ``session_id``.
+            InvalidTurnError: a bad id (1 to 200 of ASCII letters, digits and ``._:@-``), a fleet
+                that cannot name sessions (1 to 64 of ASCII letters, digits and ``._@-``), a bad
+                agent id or metadata (not JSON-able, nested deeper than ``MAX_VALUE_DEPTH`` or over
+                ``MAX_METADATA_BYTES`` encoded: ``turnlog.schemas.events``).
+            SessionClosedError: this recorder already records the session.
             SpoolFullError, SpoolError: as :meth:`RecordedSession.complete_turn`.
         """
         self._require_started()
-        if session_id in self._sessions:
-            raise SessionClosedError(f"session {session_id} is already being recorded here")
         _check_name("fleet", fleet)
         _check_name("agent_id", agent_id)
-        self._check_signable(fleet, session_id)
+        try:
+            key = session_key(fleet, session_id)
+        except SessionKeyError as e:
+            raise InvalidTurnError(f"start_session: {e}") from None
+        if key in self._sessions:
+            raise SessionClosedError(f"session {key} is already being recorded here")
+        self._check_signable(fleet, key)
         session = RecordedSession(
-            self, session_id, fleet=fleet, epoch=0, next_seq=0, next_turn_index=0, kek=self._kek
+            self, key, fleet=fleet, epoch=0, next_seq=0, next_turn_index=0, kek=self._kek
         )
         ticket = session._emit(
             SessionStarted,
@@ -623,8 +638,14 @@ class SessionRecorder:
         await self._await_durable(ticket)
         return session
 
-    async def resume(self, session_id: str, *, timeout: float | None = None) -> RecordedSession:
+    async def resume(self, session_id: str, *, fleet: str | None = None,
+                     timeout: float | None = None) -> RecordedSession:
         """Continue a session another process was recording, in a new epoch.
+
+        ``session_id``: with ``fleet``, the id the agent gave :meth:`start_session` (the session
+        resumed is ``"<fleet>:<session_id>"``); without it, the session's key (as
+        :attr:`RecordedSession.session_id` and the store name it; a session started before
+        per-fleet keys: its bare id).
 
         First delivers what this host's spools hold of the session (a recorder
         that died here left it behind; this recorder adopts it), and waits for
@@ -650,6 +671,11 @@ class SessionRecorder:
                 ``TURNLOG_API_URL``).
         """
         self._require_started()
+        if fleet is not None:
+            try:
+                session_id = session_key(fleet, session_id)
+            except SessionKeyError as e:
+                raise InvalidTurnError(f"resume: {e}") from None
         source = self._resume_source
         if source is None:
             raise ConfigurationError(

@@ -103,6 +103,7 @@ from typing import Annotated, Any, ClassVar, Final, Literal
 import msgspec
 
 from turnlog.schemas.exceptions import EventValidationError
+from turnlog.schemas.session_keys import AGENT_SESSION_ID_PATTERN, MAX_SESSION_KEY
 
 __all__ = [
     "SCHEMA_VERSION",
@@ -155,9 +156,10 @@ SessionId = Annotated[
     str,
     msgspec.Meta(
         min_length=1,
-        max_length=200,
-        pattern=r"^[A-Za-z0-9][A-Za-z0-9._:@-]*$",
-        description="Opaque session id; the Kafka key of every event of the session.",
+        max_length=MAX_SESSION_KEY,
+        pattern=AGENT_SESSION_ID_PATTERN,
+        description="The session's key, '<fleet>:<id>' (schemas/session_keys.py; a session started before "
+        "per-fleet keys: its bare id); the Kafka key of every event of the session.",
     ),
 ]
 # Bounded by the store's column types (Postgres integer and bigint).

@@ -36,6 +36,7 @@ from turnlog.crypto.ledger_signatures import ledger_signer
 from turnlog.exceptions import TurnlogError
 from turnlog.faults import fault_point
 from turnlog.schemas.erasure import Erasure, ErasureReason
+from turnlog.schemas.session_keys import SessionKeyError, in_namespace, session_key
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.driver_errors import store_errors
@@ -85,8 +86,10 @@ def request_erasure(
 ) -> ErasureOutcome:
     """Forget ``session_id`` everywhere (module docstring).
 
-    ``fleets``: the fleets the caller may erase in (None: any); ``fleet``: the
-    session's fleet, used when the store does not answer, and, with ``unstored``,
+    ``session_id``: the session's key; with ``fleet``, also the id the fleet's agent gave it
+    (the key is then ``<fleet>:<session_id>``, or the bare id of a session the store holds
+    from before per-fleet keys). ``fleets``: the fleets the caller may erase in (None: any);
+    ``fleet``: the session's fleet, used when the store does not answer, and, with ``unstored``,
     when the store does not hold the session (it may be only in agents' spools or
     in flight: the CLI's ``--fleet``; the API never does this). ``wait_seconds``
     counts from the call: it returns by then, or once the ledger record's
@@ -104,6 +107,8 @@ def request_erasure(
     signer = ledger_signer(settings)
     if signer is not None:
         requested_by = signer.requested_by(requested_by)
+    if fleet is not None:
+        session_id = _key_in_fleet(store, fleet, session_id)
     store_answered = True
     try:
         erasure, published = _recorded(store, session_id, fleets, requested_by, reason, now,
@@ -151,6 +156,28 @@ def request_erasure(
         time.sleep(min(_POLL_SECONDS, max(0.0, deadline - time.monotonic())))
     return ErasureOutcome(session_id, erasure.fleet, status, published, erasure.requested_at, erasure.requested_by,
                           completed_at)
+
+
+def _key_in_fleet(store: SqlStore, fleet: str, session_id: str) -> str:
+    """The key of ``fleet``'s session named ``session_id`` (``schemas/session_keys.py``): ``session_id``
+    itself when it is a key of ``fleet`` or the bare id of ``fleet``'s session from before per-fleet
+    keys in the store; else ``<fleet>:<session_id>`` (a session only in spools or in flight is under
+    that key). A store that does not answer counts as holding no bare id."""
+    if in_namespace(fleet, session_id):
+        return session_id
+    try:
+        with store_errors(), store.engine.connect() as conn:
+            legacy = conn.execute(
+                select(sessions.c.id).where(sessions.c.id == session_id, sessions.c.fleet == fleet)
+            ).first()
+    except StoreUnavailableError:
+        legacy = None
+    if legacy is not None:
+        return session_id
+    try:
+        return session_key(fleet, session_id)
+    except SessionKeyError:
+        return session_id  # no key of the fleet can be this id: looked up as given, and not found
 
 
 def _tell(on_recorded: Callable[[ErasureOutcome], object] | None, erasure: Erasure, published: bool) -> None:

@@ -31,6 +31,8 @@ from sqlalchemy.sql.expression import ColumnElement
 from sqlalchemy.sql.visitors import InternalTraversal
 from sqlalchemy.types import Float as FloatType
 
+from turnlog.schemas.session_keys import MAX_SESSION_KEY
+
 __all__ = [
     "metadata",
     "sessions",
@@ -116,7 +118,7 @@ metadata = MetaData()
 sessions = Table(
     "sessions",
     metadata,
-    Column("id", String(200), primary_key=True),
+    Column("id", String(MAX_SESSION_KEY), primary_key=True),
     Column("fleet", String(200)),
     Column("agent_id", String(200)),
     # active -> ended -> finalized; abandoned is set by operators.
@@ -151,7 +153,7 @@ sessions = Table(
 session_events = Table(
     "session_events",
     metadata,
-    Column("session_id", String(200), primary_key=True),
+    Column("session_id", String(MAX_SESSION_KEY), primary_key=True),
     Column("seq", BigInteger, primary_key=True),
     Column("epoch", Integer, nullable=False),
     Column("event_id", String(36), nullable=False),
@@ -164,7 +166,7 @@ session_events = Table(
 transcript_turns = Table(
     "transcript_turns",
     metadata,
-    Column("session_id", String(200), primary_key=True),
+    Column("session_id", String(MAX_SESSION_KEY), primary_key=True),
     Column("turn_index", Integer, primary_key=True),
     Column("speaker", String(200), nullable=False),
     Column("text", Text, nullable=False),
@@ -205,7 +207,7 @@ sink_offsets = Table(
 analytics_sessions = Table(
     "analytics_sessions",
     metadata,
-    Column("session_id", String(200), primary_key=True),
+    Column("session_id", String(MAX_SESSION_KEY), primary_key=True),
     Column("fleet", String(200), nullable=False),
     Column("started_at", UtcDateTime),
     Column("ended_at", UtcDateTime),
@@ -216,7 +218,7 @@ analytics_sessions = Table(
 analytics_turns = Table(
     "analytics_turns",
     metadata,
-    Column("session_id", String(200), primary_key=True),
+    Column("session_id", String(MAX_SESSION_KEY), primary_key=True),
     Column("turn_index", Integer, primary_key=True),
     # What the turn added to the figures, so an erasure can take it out (NULL on rows counted before 0007).
     Column("fleet", String(200)),
@@ -263,7 +265,7 @@ erasures = Table(
     "erasures",
     metadata,
     # An erasure is bound to its fleet: fleet A's erasure of X leaves fleet B's X alone.
-    Column("session_id", String(200), primary_key=True),
+    Column("session_id", String(MAX_SESSION_KEY), primary_key=True),
     Column("fleet", String(200), primary_key=True),
     Column("requested_by", String(200), nullable=False),
     Column("requested_at", UtcDateTime, nullable=False),

@@ -13,7 +13,10 @@ decoding, so junk is refused at the cheapest point):
 
 2. a ``session.started`` names the fleet that signed it;
 3. a session belongs to one fleet, its *owner*: the signer of its admitted
-   ``session.started`` (seq 0, epoch 0). A session with no owner yet admits
+   ``session.started`` (seq 0, epoch 0). A key in a fleet's namespace
+   (``<fleet>:<id>``, ``schemas/session_keys.py``) is started by that fleet
+   only, so no fleet can take another's session id; a bare id (a recorder
+   from before per-fleet keys) goes to whoever starts it first. A session with no owner yet admits
    nothing else, so no record can take an id by arriving first with a later
    seq; any other fleet's record of an owned session is refused (never
    merged). A session whose state predates fleet keys (no owner, but
@@ -40,11 +43,12 @@ name sessions, seqs and epochs, never fleets' keys or content.
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping
+from collections.abc import Container, Mapping
 from typing import Any
 
 from turnlog.exceptions import ConfigurationError
 from turnlog.schemas import Event, SessionStarted
+from turnlog.schemas.session_keys import key_namespace
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import (
     EPOCH_GRANT_HEADER,
@@ -81,9 +85,11 @@ def _fresh(state: SessionSequence) -> bool:
     return state.next_seq == 0 and state.epoch == 0 and not state.buffer and not state.ended
 
 
-def admit(verified: VerifiedRecord, state: SessionSequence, event: Event) -> str | None:
+def admit(verified: VerifiedRecord, state: SessionSequence, event: Event, *, fleets: Container[str]) -> str | None:
     """Check one authenticated, decoded record against the session's owner and the issued epochs.
 
+    ``fleets``: every fleet whose records verify here (``RecordVerifier.fleets``): a new session
+    whose key is in one of their namespaces (``<fleet>:<id>``) is that fleet's alone.
     Returns the reason to refuse it (for the DLQ), or None when it is admitted.
     Admitting the ``session.started`` of a fresh session, or a granted epoch of
     a session from before fleet keys, makes the signer the owner
@@ -112,6 +118,9 @@ def admit(verified: VerifiedRecord, state: SessionSequence, event: Event) -> str
                     f"no owner: {session_id} has no admitted session.started; seq {event.seq} "
                     f"(epoch {event.epoch}) cannot open it"
                 )
+            namespace = key_namespace(session_id)
+            if namespace is not None and namespace != verified.fleet and namespace in fleets:
+                return f"foreign fleet: session key {session_id} is in another fleet's namespace"
         elif verified.grant is None:
             return f"no owner: {session_id} was started before fleet keys; it continues only through a resume"
         state.fleet = verified.fleet

@@ -215,7 +215,9 @@ def keys_erasure_issuer(
     typer.echo(f"TURNLOG_ERASURE_ISSUERS={json.dumps({name: public})}")
 @app.command()
 def forget(
-    session_id: Annotated[str, typer.Argument(help="The session to forget everywhere.")],
+    session_id: Annotated[str, typer.Argument(
+        help="The session to forget everywhere: its key ('<fleet>:<id>'), or with --fleet the id its agent gave it."
+    )],
     fleet: Annotated[
         str | None,
         typer.Option(help="The session's fleet: checked against the store; with it, a session the store does not "

@@ -261,6 +261,8 @@ class RecordVerifier:
     def __init__(self, fleet_keys: Mapping[str, KeyRing], grant_key: str | bytes) -> None:
         self._keys = {fleet.encode("utf-8"): _ring(f"fleet {fleet!r}", ring) for fleet, ring in fleet_keys.items()}
         self._grant_key = _key_bytes("the epoch grant issuer", grant_key)
+        #: the fleets whose records verify here
+        self.fleets: frozenset[str] = frozenset(fleet_keys)
 
     def verify(self, headers: Mapping[str, bytes], key: bytes, value: bytes) -> VerifiedRecord:
         """The fleet that signed the record and its verified epoch grant.

@@ -24,6 +24,7 @@ from turnlog.follow import FollowerFellBehind
 from turnlog.producers.exceptions import SessionErasedError
 from turnlog.producers.grant import ResumeGrant
 from turnlog.schemas.erasure import Erasure
+from turnlog.schemas.session_keys import MAX_SESSION_KEY
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.migrate import upgrade_to_head
@@ -127,7 +128,7 @@ def test_resume_inputs_out_of_range_are_refused_before_any_work(store):
         for timeout in ("0", "-1", "601", "nan", "inf", "1e309", "abc"):
             answer = client.post("/api/sessions/s/resume", headers=auth("tok-a"), params={"timeout": timeout})
             assert answer.status_code == 422, timeout
-        assert client.post("/api/sessions/" + "x" * 201 + "/resume", headers=auth("tok-a")).status_code == 404
+        assert client.post("/api/sessions/" + "x" * (MAX_SESSION_KEY + 1) + "/resume", headers=auth("tok-a")).status_code == 404
     assert barrier.calls == []
 
 
@@ -262,7 +263,7 @@ def test_a_last_event_id_that_is_not_a_seq_is_400(store, value, caplog):
         ("/api/sessions", {"limit": "0"}),
         ("/api/sessions", {"limit": "101"}),
         ("/api/sessions", {"limit": "99999999999999999999999"}),
-        ("/api/sessions", {"cursor": "x" * 201}),
+        ("/api/sessions", {"cursor": "x" * (MAX_SESSION_KEY + 1)}),
         ("/api/sessions", {"fleet": "x" * 201}),
         ("/api/sessions", {"include": "everything"}),
         ("/api/sessions/s/transcript", {"limit": "0"}),

@@ -8,12 +8,13 @@ from turnlog.dlq import dlq_headers
 from turnlog.kafka.replication import Replication
 from turnlog.producers.recorder import MAX_EVENT_BYTES
 from turnlog.schemas.headers import EventType, type_headers
+from turnlog.schemas.session_keys import MAX_SESSION_KEY
 from turnlog.settings import TurnlogSettings
 from turnlog.stream_processors.emitter import MAX_RECORD_BYTES, MESSAGE_MAX_BYTES, record_bytes
 from turnlog.stream_processors.sequencer import MAX_REASON_BYTES, MAX_STATE_BYTES
 
-#: The longest session id (schemas: 200 ASCII characters): every record's key.
-LONGEST_KEY = b"s" * 200
+#: The longest session key (schemas/session_keys.py: 265 ASCII characters): every record's key.
+LONGEST_KEY = b"s" * MAX_SESSION_KEY
 #: librdkafka's LZ4 frame of incompressible data: the bytes as they are, plus a block header per
 #: 64 KiB block and the frame's header and footer (LZ4F_compressFrameBound, rounded up).
 _LZ4_OVERHEAD = 4 * (MESSAGE_MAX_BYTES // 65_536 + 1) + 32

@@ -117,7 +117,21 @@ def test_short_keys_are_refused():
 
 def _admit(verifier, state, fleet, key, event, grant=None):
     record_key, raw, headers = _signed(fleet, key, event, grant)
-    return admit(authenticate(verifier, record_key, raw, headers), state, event)
+    return admit(authenticate(verifier, record_key, raw, headers), state, event, fleets=verifier.fleets)
+
+
+def test_a_key_in_a_fleets_namespace_is_started_by_that_fleet_only(verifier):
+    # fleet b cannot take fleet a's session key, so a's agent never loses its id
+    reason = _admit(verifier, refused_state := SessionSequence(), "b", KEY_B, _started("a:call-1", "b"))
+    assert reason is not None and reason.startswith("foreign fleet")
+    assert refused_state.fleet is None
+    owned = SessionSequence()
+    assert _admit(verifier, owned, "a", KEY_A, _started("a:call-1", "a")) is None and owned.fleet == "a"
+    # b's own key for the same id is another session
+    assert _admit(verifier, SessionSequence(), "b", KEY_B, _started("b:call-1", "b")) is None
+    # a bare id (a recorder from before per-fleet keys), or one whose prefix names no fleet here, goes to its first writer
+    assert _admit(verifier, SessionSequence(), "b", KEY_B, _started("call-1", "b")) is None
+    assert _admit(verifier, SessionSequence(), "b", KEY_B, _started("sip:call-1", "b")) is None
 
 
 def test_the_admitted_start_makes_its_signer_the_owner_and_another_fleet_is_refused(verifier):

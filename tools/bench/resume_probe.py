@@ -146,7 +146,7 @@ async def _one(
     try:
         began = time.perf_counter()
         try:
-            resumed = await successor.resume(session_id, timeout=timeout)
+            resumed = await successor.resume(session_id, fleet=BENCH_FLEET, timeout=timeout)
         except Exception as e:  # a failed resume is a sample too: of infinite latency
             into.samples_ms.append(float("inf"))
             into.failures.append(f"{session_id}: {type(e).__name__}: {e}")

@@ -115,7 +115,7 @@ async def _replay(
     async with recorder:
         recorder.install_sigterm_drain()
         if resume:
-            session = await recorder.resume(session_id)
+            session = await recorder.resume(session_id, fleet=fleet)
             todo = unfinished_turns(turns, [(t.speaker, t.started_at, t.status) for t in session.turns], base_time)
             plan = replay_plan(todo, first_turn_index=session.next_turn_index)
             _say(

@@ -85,7 +85,8 @@ async def open_or_resume(
     resume: bool = True,
     resume_timeout: float | None = None,
 ) -> OpenedSession:
-    """Resume ``session_id`` if turnlog has it (with ``resume``), else start it.
+    """Resume fleet ``fleet``'s session ``session_id`` if turnlog has it (with ``resume``), else start it.
+    Either way the session is keyed ``"<fleet>:<session_id>"`` (``recorded.session_id``).
 
     A resume waits at the resume barrier first (:meth:`SessionRecorder.resume`,
     up to ``resume_timeout`` seconds, default ``settings.resume_timeout_seconds``),
@@ -101,7 +102,7 @@ async def open_or_resume(
     """
     if resume:
         try:
-            return OpenedSession(await recorder.resume(session_id, timeout=resume_timeout), resumed=True)
+            return OpenedSession(await recorder.resume(session_id, fleet=fleet, timeout=resume_timeout), resumed=True)
         except SessionNotFoundError:
             pass
     recorded = await recorder.start_session(session_id, fleet=fleet, agent_id=agent_id, metadata=metadata)

@@ -18,20 +18,23 @@ from turnlog.api.limits import SlotLimiter
 from turnlog.api.ops import OpsBoard
 from turnlog.follow import TranscriptHub
 from turnlog.producers.grant import ResumeGrant
+from turnlog.schemas.session_keys import MAX_SESSION_KEY
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.access import StoreReads
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.erasure import ErasureState
 
-__all__ = ["ApiContext", "Barrier", "SessionGone", "MAX_ID_LENGTH", "MAX_SEQ", "UNAVAILABLE_RETRY_AFTER_SECONDS",
+__all__ = ["ApiContext", "Barrier", "SessionGone", "MAX_ID_LENGTH", "MAX_FLEET_LENGTH", "MAX_SEQ", "UNAVAILABLE_RETRY_AFTER_SECONDS",
            "may_exist", "run_in_slot", "as_utc", "no_nul"]
 
 #: ``Retry-After`` of a 503 when the store or the broker is away (seconds).
 UNAVAILABLE_RETRY_AFTER_SECONDS = 5
 #: Highest seq a request may name (the store's seq column is a signed 64-bit integer).
 MAX_SEQ = 2**63 - 1
-#: Longest id the store holds (session, fleet: 200 characters); a longer one names nothing.
-MAX_ID_LENGTH = 200
+#: Longest session id the store holds (a session key: 265 characters); a longer one names nothing.
+MAX_ID_LENGTH = MAX_SESSION_KEY
+#: Longest fleet name (200 characters, as the event schema's names).
+MAX_FLEET_LENGTH = 200
 T = TypeVar("T")
 
 

@@ -11,7 +11,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException, Query
 
 from turnlog.api.auth import Scope
-from turnlog.api.context import MAX_ID_LENGTH, ApiContext, as_utc, may_exist, no_nul
+from turnlog.api.context import MAX_FLEET_LENGTH, MAX_ID_LENGTH, ApiContext, as_utc, may_exist, no_nul
 from turnlog.producers.grant import RESUME_TURN_PAGE
 from turnlog.schemas import SessionStatus
 from turnlog.sinks.reads import MAX_TURN_INDEX
@@ -34,7 +34,7 @@ def session_routes(context: ApiContext) -> APIRouter:
     def sessions_list(
         granted: Scoped,
         status: Annotated[str | None, Query(pattern="^(" + "|".join(SESSION_STATUSES) + ")$")] = None,
-        fleet: Annotated[str | None, Query(max_length=MAX_ID_LENGTH)] = None,
+        fleet: Annotated[str | None, Query(max_length=MAX_FLEET_LENGTH)] = None,
         started_after: dt.datetime | None = None,
         started_before: dt.datetime | None = None,
         limit: Annotated[int, Query(ge=1, le=SESSIONS_PAGE_MAX)] = SESSIONS_PAGE_DEFAULT,

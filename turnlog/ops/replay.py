@@ -313,7 +313,7 @@ def _sequence_record(
         except ProvenanceError as e:
             _skip(record, result, "unauthenticated", f"unauthenticated: {e.reason}")
             return
-        refused = admit(verified, state, event)
+        refused = admit(verified, state, event, fleets=verifier.fleets)
     else:
         try:
             refused = admit_open(provenance_headers(headers), open_grant_key, state, event)
