@@ -24,9 +24,11 @@ from sqlalchemy import select
 
 from turnlog.deploy.processes import stop_all
 from turnlog.dlq import REASON_HEADER
+from turnlog.ops.erasure import request_erasure
 from turnlog.ops.replay import replay_events
 from turnlog.producers import InvalidTurnError, partition_for
 from turnlog.schemas import encode_event
+from turnlog.schemas.session_keys import session_key
 from turnlog.signing import EpochGrant, RecordSigner, issue_epoch_grant
 from turnlog.sinks import open_store
 from turnlog.sinks.migrate import upgrade_to_head
@@ -107,14 +109,15 @@ def assert_alive(pipeline):
 
 async def test_no_other_fleet_unsigned_writer_or_invented_epoch_can_touch_a_session(signed_pipeline):
     pipeline = signed_pipeline
-    session_id = f"room-{uuid.uuid4().hex[:8]}"
+    local = f"room-{uuid.uuid4().hex[:8]}"
+    session_id = session_key("alpha", local)
     forged_id = same_partition_id(pipeline, session_id, "forged")
     unsigned_id = same_partition_id(pipeline, session_id, "unsigned")
     async with recorder_for(fleet_settings(pipeline, "alpha")) as recorder:
-        session = await recorder.start_session(session_id, fleet="alpha", agent_id="a1")
+        session = await recorder.start_session(local, fleet="alpha", agent_id="a1")
         await session.complete_turn(0, "user", "alpha's first words")
         squatter = EventFactory(session_id)
-        # Another fleet reuses the id (as rooms named alike would): its start and its turn.
+        # Another fleet writes alpha's session key: its start and its turn.
         send(pipeline, [replace(squatter.started(), fleet="beta")], fleet="beta")
         send(pipeline, [squatter.completed(2, 1, "beta writes into alpha's session")], fleet="beta")
         # beta signs a start that says it is alpha's; an unsigned writer starts a session.
@@ -146,16 +149,18 @@ async def test_no_other_fleet_unsigned_writer_or_invented_epoch_can_touch_a_sess
     assert_alive(pipeline)
 
 
-async def record_crash_and_resume(pipeline, settings, session_id, *, while_resumed=None):
-    """A first recorder says turn 0 and stops without ending the session; a second resumes it,
-    calls ``while_resumed(resumed session)`` if given, says turn 1 and ends it. Returns the
-    resumed session's ``(fleet, epoch, next_seq)`` and asserts what the store then holds."""
+async def record_crash_and_resume(pipeline, settings, local, *, while_resumed=None):
+    """A first recorder says turn 0 of alpha's session ``local`` and stops without ending it; a
+    second resumes it, calls ``while_resumed(resumed session)`` if given, says turn 1 and ends it.
+    Returns the resumed session's ``(fleet, epoch, next_seq)`` and asserts what the store then holds."""
+    session_id = session_key("alpha", local)
     async with recorder_for(settings) as first:
-        session = await first.start_session(session_id, fleet="alpha", agent_id="a1")
+        session = await first.start_session(local, fleet="alpha", agent_id="a1")
         await session.complete_turn(0, "user", "before the crash")
         assert await session.wait_acknowledged(30)
     async with recorder_for(settings) as second:
-        resumed = await second.resume(session_id, timeout=60)
+        resumed = await second.resume(local, fleet="alpha", timeout=60)
+        assert resumed.session_id == session_id
         position = (resumed.fleet, resumed.epoch, resumed.next_seq)
         if while_resumed is not None:
             while_resumed(resumed)
@@ -170,7 +175,8 @@ async def record_crash_and_resume(pipeline, settings, session_id, *, while_resum
 
 async def test_a_resumed_epoch_is_admitted_by_its_grant_and_an_old_seq_cannot_rewrite_history(signed_pipeline):
     pipeline = signed_pipeline
-    session_id = f"resumed-{uuid.uuid4().hex[:8]}"
+    local = f"resumed-{uuid.uuid4().hex[:8]}"
+    session_id = session_key("alpha", local)
 
     def rewrite_history(resumed):
         # A buggy producer holding this epoch's grant re-sends an old seq with other words.
@@ -179,7 +185,7 @@ async def test_a_resumed_epoch_is_admitted_by_its_grant_and_an_old_seq_cannot_re
              fleet="alpha", grant=grant)
 
     position = await record_crash_and_resume(
-        pipeline, fleet_settings(pipeline, "alpha"), session_id, while_resumed=rewrite_history
+        pipeline, fleet_settings(pipeline, "alpha"), local, while_resumed=rewrite_history
     )
     assert position == ("alpha", 1, 2)
     [reason] = dlq_reasons(pipeline, session_id, 1)
@@ -190,15 +196,15 @@ async def test_a_resumed_epoch_is_admitted_by_its_grant_and_an_old_seq_cannot_re
 async def test_a_resume_through_the_api_gets_a_grant_the_sequencer_admits(signed_pipeline):
     """The agent host has its fleet's key and an API token, no database and no grant key."""
     pipeline = signed_pipeline
-    session_id = f"api-resumed-{uuid.uuid4().hex[:8]}"
+    local = f"api-resumed-{uuid.uuid4().hex[:8]}"
     agent = fleet_settings(pipeline, "alpha").model_copy(update={
         "api_url": f"http://127.0.0.1:{pipeline.settings.api_port}",
         "api_token": SecretStr("alpha-token"),
         "database_url": SecretStr("postgresql+psycopg://agent:none@127.0.0.1:1/none"),
         "epoch_grant_key": None,
     })
-    assert await record_crash_and_resume(pipeline, agent, session_id) == ("alpha", 1, 2)
-    assert read_partition(pipeline, pipeline.settings.topics.dlq, session_id) == []
+    assert await record_crash_and_resume(pipeline, agent, local) == ("alpha", 1, 2)
+    assert read_partition(pipeline, pipeline.settings.topics.dlq, session_key("alpha", local)) == []
     assert_alive(pipeline)
 
 
@@ -206,10 +212,11 @@ async def test_a_replay_admits_exactly_what_the_sequencer_admitted(signed_pipeli
     """A store rebuilt from the log with the same keys refuses the same records: another fleet's
     turns, forged starts and unsigned sessions never reach it."""
     pipeline = signed_pipeline
-    session_id = f"replayed-{uuid.uuid4().hex[:8]}"
+    local = f"replayed-{uuid.uuid4().hex[:8]}"
+    session_id = session_key("alpha", local)
     forged_id = same_partition_id(pipeline, session_id, "forged")
     async with recorder_for(fleet_settings(pipeline, "alpha")) as recorder:
-        session = await recorder.start_session(session_id, fleet="alpha", agent_id="a1")
+        session = await recorder.start_session(local, fleet="alpha", agent_id="a1")
         await session.complete_turn(0, "user", "alpha's words")
         send(pipeline, [EventFactory(session_id).completed(2, 1, "beta's words")], fleet="beta")
         send(pipeline, [replace(EventFactory(forged_id).started(), fleet="alpha")], fleet="beta")
@@ -254,7 +261,8 @@ async def test_values_nested_or_sized_past_the_schema_are_refused_at_the_recorde
     signed_pipeline,
 ):
     pipeline = signed_pipeline
-    session_id = f"nested-{uuid.uuid4().hex[:8]}"
+    local = f"nested-{uuid.uuid4().hex[:8]}"
+    session_id = session_key("alpha", local)
     victims = {name: same_partition_id(pipeline, session_id, name) for name in ("meta", "args", "result", "big")}
     alpha = fleet_settings(pipeline, "alpha")
     producer = Producer({"bootstrap.servers": pipeline.settings.bootstrap_servers, "partitioner": "murmur2_random"})
@@ -269,7 +277,7 @@ async def test_values_nested_or_sized_past_the_schema_are_refused_at_the_recorde
         with pytest.raises(InvalidTurnError):
             await recorder.start_session(victims["meta"], fleet="alpha", agent_id="a1",
                                          metadata=msgspec.json.decode(nested(40)))
-        session = await recorder.start_session(session_id, fleet="alpha", agent_id="a1")
+        session = await recorder.start_session(local, fleet="alpha", agent_id="a1")
         with pytest.raises(InvalidTurnError):
             await session.complete_turn(0, "agent", "x", tool_calls=[{"name": "t", "arguments": {"a": "b" * 300_000}}])
         await session.complete_turn(0, "user", "healthy words")
@@ -305,11 +313,12 @@ async def test_values_nested_or_sized_past_the_schema_are_refused_at_the_recorde
 
 async def test_no_fleet_reads_another_fleets_words_through_the_api(signed_pipeline):
     pipeline = signed_pipeline
-    session_id = f"private-{uuid.uuid4().hex[:8]}"
+    local = f"private-{uuid.uuid4().hex[:8]}"
+    session_id = session_key("alpha", local)
     async with recorder_for(fleet_settings(pipeline, "alpha")) as recorder:
-        session = await recorder.start_session(session_id, fleet="alpha", agent_id="a1")
+        session = await recorder.start_session(local, fleet="alpha", agent_id="a1")
         await session.complete_turn(0, "user", "alpha only")
-        # beta reuses the id: its words are refused, and beta's token sees no such session.
+        # beta writes alpha's key: its words are refused, and beta's token sees no such session.
         send(pipeline, [replace(EventFactory(session_id).started(), fleet="beta")], fleet="beta")
         send(pipeline, [EventFactory(session_id).completed(2, 1, "beta's words")], fleet="beta")
         await session.end("done")
@@ -328,3 +337,85 @@ async def test_no_fleet_reads_another_fleets_words_through_the_api(signed_pipeli
             assert answer.status_code == 404 and "alpha only" not in answer.text
         listed = get("?limit=100", "beta-token")
         assert listed.status_code == 200 and session_id not in listed.text
+
+
+def api_get(pipeline, path: str, token: str) -> httpx.Response:
+    return httpx.get(f"http://127.0.0.1:{pipeline.settings.api_port}/api/sessions{path}",
+                     headers={"Authorization": f"Bearer {token}"}, timeout=10)
+
+
+async def test_the_same_id_started_by_two_fleets_is_two_sessions_each_read_by_its_own_fleet_only(signed_pipeline):
+    pipeline = signed_pipeline
+    local = f"shared-room-{uuid.uuid4().hex[:8]}"
+    async with (recorder_for(fleet_settings(pipeline, "beta")) as beta,
+                recorder_for(fleet_settings(pipeline, "alpha")) as alpha):
+        # beta starts the id first; alpha then starts its own session of that id, and loses nothing
+        theirs = await beta.start_session(local, fleet="beta", agent_id="b1")
+        await theirs.complete_turn(0, "user", "beta's words")
+        mine = await alpha.start_session(local, fleet="alpha", agent_id="a1")
+        await mine.complete_turn(0, "user", "alpha's words")
+        await theirs.end("done")
+        await mine.complete_turn(1, "agent", "alpha's reply")
+        await mine.end("done")
+    assert (mine.session_id, theirs.session_id) == (session_key("alpha", local), session_key("beta", local))
+    finalized_with_turns(pipeline, mine.session_id, [
+        (0, "user", "alpha's words", "complete"), (1, "agent", "alpha's reply", "complete"),
+    ])
+    finalized_with_turns(pipeline, theirs.session_id, [(0, "user", "beta's words", "complete")])
+    for own, other, token in ((mine, theirs, "alpha-token"), (theirs, mine, "beta-token")):
+        answer = api_get(pipeline, f"/{own.session_id}/transcript", token)
+        assert answer.status_code == 200, answer.text
+        assert [t["text"] for t in answer.json()["turns"]] == [t[2] for t in stored_turns(pipeline, own.session_id)]
+        assert api_get(pipeline, f"/{other.session_id}/transcript", token).status_code == 404
+
+    # beta cannot take a key in alpha's namespace before alpha: refused, and alpha's session of it is stored whole
+    taken = f"taken-{uuid.uuid4().hex[:8]}"
+    squatted = session_key("alpha", taken)
+    send(pipeline, [replace(EventFactory(squatted).started(), fleet="beta")], fleet="beta")
+    assert dlq_reasons(pipeline, squatted, 1)[0].startswith("foreign fleet: session key")
+    async with recorder_for(fleet_settings(pipeline, "alpha")) as alpha:
+        session = await alpha.start_session(taken, fleet="alpha", agent_id="a1")
+        await session.complete_turn(0, "user", "alpha keeps its id")
+        await session.end("done")
+    row = finalized_with_turns(pipeline, squatted, [(0, "user", "alpha keeps its id", "complete")])
+    assert row["fleet"] == "alpha"
+    assert_alive(pipeline)
+
+
+async def test_a_session_from_before_session_keys_is_resumed_read_replayed_and_forgotten_by_its_bare_id(
+    signed_pipeline, tmp_path,
+):
+    """A store and a log written by the release before session keys: the session's events carry its
+    bare id (the Kafka key, and the store's key). Nothing is rewritten; every reader finds it by it."""
+    pipeline = signed_pipeline
+    bare = f"legacy-{uuid.uuid4().hex[:8]}"
+    before = EventFactory(bare)
+    send(pipeline, [replace(before.started(), fleet="alpha"), before.completed(1, 0, "said before the upgrade")],
+         fleet="alpha")
+    wait_until(lambda: stored_turns(pipeline, bare), timeout=TIMEOUT, what=f"{bare} stored")
+    async with recorder_for(fleet_settings(pipeline, "alpha")) as recorder:
+        resumed = await recorder.resume(bare, timeout=60)
+        assert (resumed.session_id, resumed.fleet, resumed.next_turn_index) == (bare, "alpha", 1)
+        await resumed.complete_turn(1, "agent", "said after it")
+        await resumed.end("done")
+    finalized_with_turns(pipeline, bare, [
+        (0, "A", "said before the upgrade", "complete"), (1, "agent", "said after it", "complete"),
+    ])
+    assert read_partition(pipeline, pipeline.settings.topics.dlq, bare) == []
+    assert api_get(pipeline, f"/{bare}/transcript", "alpha-token").status_code == 200
+    assert api_get(pipeline, f"/{bare}/transcript", "beta-token").status_code == 404
+
+    rebuilt = open_store(SecretStr(f"sqlite:///{tmp_path / 'rebuilt.db'}"))
+    upgrade_to_head(rebuilt.engine)
+    replay_events(pipeline.settings, rebuilt, session_ids=[bare])
+    with rebuilt.engine.connect() as conn:
+        assert [tuple(r) for r in conn.execute(select(sessions.c.id, sessions.c.fleet, sessions.c.status))] == [
+            (bare, "alpha", "finalized")
+        ]
+    rebuilt.engine.dispose()
+
+    # `turnlog forget --fleet alpha <id>` looks for the stored bare id before alpha's key of it
+    outcome = request_erasure(pipeline.settings, pipeline.store, bare, requested_by="cli:ops", fleets=["alpha"],
+                              fleet="alpha", unstored=True, wait_seconds=TIMEOUT)
+    assert (outcome.session_id, outcome.status) == (bare, "done")
+    assert stored_turns(pipeline, bare) == [] and session_row(pipeline, bare) is None

@@ -391,3 +391,25 @@ def test_migration_0009_adds_turn_attributes_as_null_and_downgrades(store):
     store.upgrade_schema()
     with store.reading() as reads:
         assert [(t["text"], t["attributes"]) for t in reads.turns(f.session_id)] == [("kept", None)]
+
+
+def test_migration_0011_keeps_bare_ids_and_takes_the_longest_session_key(store):
+    from alembic import command
+    from alembic.config import Config
+
+    from turnlog.schemas.session_keys import MAX_AGENT_SESSION_ID, MAX_FLEET_IN_KEY, session_key
+    from turnlog.sinks.migrate import MIGRATIONS_DIR
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with store.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, "0010")
+    bare = EventFactory()  # a session as the release before keys wrote it: its bare id
+    apply(store, messages([bare.started(), bare.completed(1, 0, "kept")]))
+    store.upgrade_schema()
+    longest = EventFactory(session_key("f" * MAX_FLEET_IN_KEY, "s" * MAX_AGENT_SESSION_ID))
+    apply(store, messages([longest.started(), longest.completed(1, 0, "stored")], first_offset=2))
+    with store.reading() as reads:
+        assert [t["text"] for t in reads.turns(bare.session_id)] == ["kept"]
+        assert [t["text"] for t in reads.turns(longest.session_id)] == ["stored"]
