@@ -428,7 +428,7 @@ def api(
 
 @app.command()
 def tail(
-    session_id: Annotated[str, typer.Argument(help="The session to follow.")],
+    session_id: Annotated[str, typer.Argument(help="The session to follow: its key ('<fleet>:<id>').")],
     after: Annotated[int, typer.Option(help="Start after this seq (-1: from the start).")] = -1,
     bootstrap_servers: Bootstrap = None,
     database_url: DatabaseUrl = None,
@@ -466,7 +466,7 @@ def replay(
         typer.Option("--from-time", help="Start at the first record at or after this ISO 8601 time (UTC if no offset).")
     ] = None,
     session: Annotated[
-        list[str] | None, typer.Option("--session", help="Replay only this session (repeatable).")
+        list[str] | None, typer.Option("--session", help="Replay only this session, by its key (repeatable).")
     ] = None,
 ) -> None:
     """Rebuild a store from <prefix>.events: sequence, write and finalize, as the live pipeline does."""
@@ -529,7 +529,7 @@ def verify(
     ] = False,
     bootstrap_servers: Bootstrap = None,
     session: Annotated[
-        list[str] | None, typer.Option("--session", help="Compare only this session (repeatable).")
+        list[str] | None, typer.Option("--session", help="Compare only this session, by its key (repeatable).")
     ] = None,
 ) -> None:
     """Compare a store (A) with another store or with the log, session by session; exit 1 on any difference."""
