@@ -90,7 +90,7 @@ async def open_or_resume(
 
     A resume waits at the resume barrier first (:meth:`SessionRecorder.resume`,
     up to ``resume_timeout`` seconds, default ``settings.resume_timeout_seconds``),
-    so a new session costs one such check. ``fleet``, ``agent_id`` and
+    so a new session costs one such check. ``agent_id`` and
     ``metadata`` are used only when the session is started.
 
     Raises:

@@ -239,7 +239,8 @@ class LangGraphMirror:
         messages_key: str = "messages",
         partial_nodes: Collection[str] | None = None,
     ) -> LangGraphMirror:
-        """Resume ``thread_id`` in turnlog if turnlog has it, else start it (the turnlog session id is the thread id).
+        """Resume ``thread_id`` in turnlog if turnlog has it, else start it (the turnlog session is ``fleet``'s
+        session of the thread id, keyed ``"<fleet>:<thread_id>"``).
 
         Raises:
             SessionClosedError: turnlog has the session and it has ended.

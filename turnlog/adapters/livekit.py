@@ -197,13 +197,15 @@ async def record_session(
     resume: bool = True,
     resume_timeout: float | None = None,
 ) -> LiveKitRecording:
-    """Record ``session`` into turnlog as ``session_id``; call it before ``session.start(agent, ...)``.
+    """Record ``session`` into turnlog as ``fleet``'s session ``session_id`` (keyed
+    ``"<fleet>:<session_id>"``, ``recording.recorded.session_id``: the key the store, the API and
+    ``turnlog forget`` name it by); call it before ``session.start(agent, ...)``.
 
     With ``resume`` (the default), a session turnlog already has is resumed
     (:meth:`SessionRecorder.resume`: the resume barrier, a new epoch) and its
     stored turns are added to ``agent``'s ``ChatContext`` and to
     ``session.history`` (:func:`chat_context_from_turns`); a session it does not
-    have is started (``fleet``, ``agent_id``, ``metadata``). ``resume=False``
+    have is started (``agent_id``, ``metadata``). ``resume=False``
     always starts it. The resume waits at the barrier, for a new session too,
     until the pipeline has applied what the session's partition holds: at most
     ``resume_timeout`` seconds (default ``settings.resume_timeout_seconds``).

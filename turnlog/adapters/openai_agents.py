@@ -308,7 +308,8 @@ class TurnlogSession:
         metadata: Mapping[str, Any] | None = None,
         rebuild: bool = True,
     ) -> TurnlogSession:
-        """Resume ``inner.session_id`` in turnlog if turnlog has it, else start it;
+        """Resume ``inner.session_id`` in turnlog if turnlog has it, else start it (the turnlog session
+        is ``fleet``'s session of that id, keyed ``"<fleet>:<inner.session_id>"``);
         with ``rebuild``, add to ``inner`` the recorded turns it lacks (see the module docstring).
 
         Raises:

@@ -404,11 +404,12 @@ class TurnlogObserver(BaseObserver):
         resume_timeout: float | None = None,
         end_on: Sequence[type[Frame]] = (EndFrame, CancelFrame),
     ) -> TurnlogObserver:
-        """Resume ``session_id`` if turnlog has it (``resume=True``), else start it.
+        """Resume ``fleet``'s session ``session_id`` if turnlog has it (``resume=True``), else start
+        it; either way it is keyed ``"<fleet>:<session_id>"`` (``observer.session.session_id``).
 
         A resume first waits at turnlog's resume barrier (up to
         ``resume_timeout`` seconds; default ``settings.resume_timeout_seconds``),
-        so a new session costs one such check. ``fleet``, ``agent_id`` and
+        so a new session costs one such check. ``agent_id`` and
         ``metadata`` are used only when the session is started.
 
         Raises:
