@@ -24,8 +24,8 @@ from turnlog.sinks.access import StoreReads
 from turnlog.sinks.base import SqlStore
 from turnlog.sinks.erasure import ErasureState
 
-__all__ = ["ApiContext", "Barrier", "SessionGone", "MAX_ID_LENGTH", "MAX_FLEET_LENGTH", "MAX_SEQ", "UNAVAILABLE_RETRY_AFTER_SECONDS",
-           "may_exist", "run_in_slot", "as_utc", "no_nul"]
+__all__ = ["ApiContext", "Barrier", "SessionGone", "MAX_ID_LENGTH", "MAX_FLEET_LENGTH", "MAX_SEQ",
+           "UNAVAILABLE_RETRY_AFTER_SECONDS", "may_exist", "run_in_slot", "as_utc", "no_nul"]
 
 #: ``Retry-After`` of a 503 when the store or the broker is away (seconds).
 UNAVAILABLE_RETRY_AFTER_SECONDS = 5
