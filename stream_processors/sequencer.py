@@ -349,7 +349,7 @@ class Sequencer:
         assert key is not None
         try:
             state = touched[key][0] if key in touched else SessionSequence.from_json(self._states.get(key))
-            if verified is not None:
+            if verified is not None and self._verifier is not None:
                 refused = admit(verified, state, event, fleets=self._verifier.fleets)
             else:
                 refused = admit_open(claimed, self._open_grant_key, state, event)
