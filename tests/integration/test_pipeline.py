@@ -13,6 +13,7 @@ from turnlog import kafka
 from turnlog.ops.audit import fold_events
 from turnlog.producers import SessionRecorder, partition_for
 from turnlog.schemas import decode_event, encode_event
+from turnlog.schemas.session_keys import session_key
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
 from tests.support import EventFactory, partition_records, wait_until
@@ -47,15 +48,17 @@ def logged_payloads(pipeline, session_id):
 
 
 async def test_round_trip_stores_every_turn_in_order_and_finalizes(pipeline):
-    session_id = f"rt-{uuid.uuid4().hex[:8]}"
+    local = f"rt-{uuid.uuid4().hex[:8]}"
     async with SessionRecorder(pipeline.settings) as recorder:
-        session = await recorder.start_session(session_id, fleet="tests", agent_id="a1", metadata={"k": "v"})
+        session = await recorder.start_session(local, fleet="tests", agent_id="a1", metadata={"k": "v"})
         session.update_partial(0, "user", "I would")
         await session.flush_partial()
         await session.complete_turn(0, "user", "I would like to cancel", input_tokens=5)
         await session.complete_turn(1, "agent", "Sure, which plan?", output_tokens=4)
         session.update_partial(2, "user", "The premium")
         await session.end("hangup")
+    session_id = session.session_id
+    assert session_id == session_key("tests", local)
     row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
     assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
         (0, "user", "I would like to cancel", "complete"),
@@ -71,7 +74,8 @@ async def test_round_trip_stores_every_turn_in_order_and_finalizes(pipeline):
 
 async def test_the_sink_batch_that_ends_a_session_finalizes_it_with_no_finalizer_running(pipeline):
     assert "finalizer" not in pipeline.processes
-    session_id = f"fin-{uuid.uuid4().hex[:8]}"
+    local = f"fin-{uuid.uuid4().hex[:8]}"
+    session_id = session_key("tests", local)  # watched before it is started
     seen: list[tuple[str, int, int | None]] = []
     stop = threading.Event()
 
@@ -90,7 +94,7 @@ async def test_the_sink_batch_that_ends_a_session_finalizes_it_with_no_finalizer
     watcher.start()
     try:
         async with SessionRecorder(pipeline.settings) as recorder:
-            session = await recorder.start_session(session_id, fleet="tests", agent_id="a1")
+            session = await recorder.start_session(local, fleet="tests", agent_id="a1")
             await session.complete_turn(0, "user", "hello", input_tokens=2)
             await session.complete_turn(1, "agent", "hi there", output_tokens=3)
             await session.end("hangup")
@@ -193,13 +197,13 @@ def test_a_record_the_sink_cannot_decode_goes_to_the_dlq_and_other_sessions_are_
 async def test_every_transcript_record_carries_the_type_header_of_its_event(pipeline):
     from turnlog.schemas.headers import EVENT_TYPE_HEADER, event_type
 
-    session_id = f"hdr-{uuid.uuid4().hex[:8]}"
     async with SessionRecorder(pipeline.settings) as recorder:
-        session = await recorder.start_session(session_id, fleet="tests", agent_id="a1")
+        session = await recorder.start_session(f"hdr-{uuid.uuid4().hex[:8]}", fleet="tests", agent_id="a1")
         session.update_partial(0, "user", "I would")
         await session.flush_partial()
         await session.complete_turn(0, "user", "I would like to cancel", input_tokens=5)
         await session.end("hangup")
+    session_id = session.session_id
     wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
     records = read_partition(pipeline, pipeline.settings.topics.transcript, session_id, with_headers=True)
     said = [

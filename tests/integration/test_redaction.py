@@ -86,13 +86,13 @@ async def _flushed_by_the_timer(session, turn_index: int, timeout: float = 10) -
         await asyncio.sleep(0.02)
 
 
-async def _record(settings, session_id: str) -> tuple[bytes, int]:
+async def _record(settings, local_id: str) -> tuple[str, bytes, int]:
     """One session: partials flushed by the timer as the card number and email are said, a completed turn
-    with a tool call, and a partial left open at the end. Returns the spool folder's bytes, read before
-    the recorder closes (the spool keeps what it held in its free pages and write-ahead log), and the
-    number of events recorded."""
+    with a tool call, and a partial left open at the end. Returns the session's key, the spool folder's
+    bytes, read before the recorder closes (the spool keeps what it held in its free pages and write-ahead
+    log), and the number of events recorded."""
     async with SessionRecorder(settings) as recorder:
-        session = await recorder.start_session(session_id, fleet="tests", agent_id="a1")
+        session = await recorder.start_session(local_id, fleet="tests", agent_id="a1")
         said = ""
         for word in f"my card is {CARD} and my mail is {EMAIL} call me on {PHONE} thanks".split(" "):
             said = f"{said} {word}".strip()
@@ -108,17 +108,16 @@ async def _record(settings, session_id: str) -> tuple[bytes, int]:
         assert await session.wait_acknowledged(30)
         spooled = _spool_bytes(Path(settings.spool_dir))
         await session.end("hangup")
-    return spooled, session.next_seq
+    return session.session_id, spooled, session.next_seq
 
 
 async def test_no_raw_email_card_or_phone_reaches_the_spool_the_topics_or_the_store(pipeline, tmp_path):
-    redacted_id, clear_id = f"pii-{uuid.uuid4().hex[:8]}", f"clear-{uuid.uuid4().hex[:8]}"
     unsealed = {"encryption": "off"}
     redacting = pipeline.settings.model_copy(update={**unsealed, "redaction": "patterns", "spool_dir": str(tmp_path / "redacting")})
     clear = pipeline.settings.model_copy(update={**unsealed, "spool_dir": str(tmp_path / "clear")})
 
-    redacted_spool, redacted_events = await _record(redacting, redacted_id)
-    clear_spool, clear_events = await _record(clear, clear_id)
+    redacted_id, redacted_spool, redacted_events = await _record(redacting, f"pii-{uuid.uuid4().hex[:8]}")
+    clear_id, clear_spool, clear_events = await _record(clear, f"clear-{uuid.uuid4().hex[:8]}")
     for session_id in (redacted_id, clear_id):
         wait_until(lambda: _finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
 

@@ -26,9 +26,10 @@ def run(pipeline, *args: str) -> subprocess.CompletedProcess[str]:
     )
 
 
-async def record(pipeline, session_id: str, turns: int, *, interrupted: bool) -> None:
+async def record(pipeline, local_id: str, turns: int, *, interrupted: bool) -> str:
+    """Record fleet ops's session ``local_id``; returns its key."""
     async with SessionRecorder(pipeline.settings) as recorder:
-        session = await recorder.start_session(session_id, fleet="ops", agent_id="agent-1", metadata={"case": session_id})
+        session = await recorder.start_session(local_id, fleet="ops", agent_id="agent-1", metadata={"case": local_id})
         for index in range(turns):
             session.update_partial(index, "user", f"turn {index} so")
             await session.flush_partial()
@@ -37,6 +38,7 @@ async def record(pipeline, session_id: str, turns: int, *, interrupted: bool) ->
             session.update_partial(turns, "agent", "I was about to")
             await session.flush_partial()
         await session.end("completed")
+    return session.session_id
 
 
 @pytest.fixture(scope="module")
@@ -49,9 +51,8 @@ def finished(kafka_bootstrap, postgres_databases, tmp_path_factory):
     pipeline = make_pipeline(
         kafka_bootstrap, postgres_databases.create(), tmp_path_factory.mktemp("ops"), ("sequencer", "sink")
     )
-    ids = [f"ops-{i}-{uuid.uuid4().hex[:6]}" for i in range(3)]
-    for i, session_id in enumerate(ids):
-        asyncio.run(record(pipeline, session_id, 3 + i, interrupted=i == 1))
+    ids = [asyncio.run(record(pipeline, f"ops-{i}-{uuid.uuid4().hex[:6]}", 3 + i, interrupted=i == 1))
+           for i in range(3)]
 
     wait_until(lambda: len(_finalized(pipeline)) == 3, timeout=TIMEOUT, what="3 sessions finalized")
     stop_all(pipeline.processes)
@@ -122,7 +123,8 @@ def test_verify_lists_every_differing_session(finished, postgres_databases):
     assert "3 differing sessions" in done.stdout
     assert f"{ids[0]}: turn 1: text differ" in done.stdout
     assert f"{ids[2]}: output_tokens:" in done.stdout
-    listed = [line.split(":")[0].strip() for line in done.stdout.splitlines() if line.startswith("  ")]
+    # "  <session key>: <difference>"; the key itself holds a ':' (its fleet's end)
+    listed = [line.strip().split(": ", 1)[0] for line in done.stdout.splitlines() if line.startswith("  ")]
     assert listed == [ids[0], ids[1], ids[2]]
     assert f"{ids[1]}: events: seqs only in A [2]" in done.stdout  # deleted from B
 

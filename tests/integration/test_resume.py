@@ -23,12 +23,12 @@ def pipeline_without_sink(new_pipeline):
 
 async def test_a_resumed_agent_does_not_overwrite_its_predecessors_in_flight_turn(pipeline_without_sink):
     pipeline = pipeline_without_sink
-    session_id = f"resume-{uuid.uuid4().hex[:8]}"
     # The predecessor's turns are acknowledged by the broker, but no sink runs:
     # they are still in flight, nowhere in the store.
     predecessor = recorder_for(pipeline.settings)
     await predecessor.start()
-    session = await predecessor.start_session(session_id, fleet="tests", agent_id="first")
+    session = await predecessor.start_session(f"resume-{uuid.uuid4().hex[:8]}", fleet="tests", agent_id="first")
+    session_id = session.session_id
     for index, text in enumerate(["zero", "one", "the last completed turn"]):
         await session.complete_turn(index, "agent", text)
     session.update_partial(3, "user", "half of a")

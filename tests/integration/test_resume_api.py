@@ -25,6 +25,7 @@ from turnlog.producers import (
 )
 from turnlog.producers.api_client import resume_via_api
 from turnlog.producers.partitioning import partition_for
+from turnlog.schemas.session_keys import session_key
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks.tables import sessions
 
@@ -81,12 +82,12 @@ def no_database(monkeypatch):
     monkeypatch.setattr(Engine, "raw_connection", refuse)
 
 
-async def record(settings: TurnlogSettings, session_id: str, fleet: str, *, end: bool) -> None:
+async def record(settings: TurnlogSettings, local_id: str, fleet: str, *, end: bool) -> str:
     """Two completed turns (the agent's cut short by the user: barged in) and an
-    unfinished third; the recorder then goes away without ending the session
-    (a crashed agent), unless ``end``."""
+    unfinished third of ``fleet``'s session ``local_id``; the recorder then goes away
+    without ending the session (a crashed agent), unless ``end``. Returns the session's key."""
     async with recorder_for(settings) as recorder:
-        session = await recorder.start_session(session_id, fleet=fleet, agent_id="agent-1")
+        session = await recorder.start_session(local_id, fleet=fleet, agent_id="agent-1")
         await session.complete_turn(0, "user", "I'd like to cancel my order", input_tokens=7, output_tokens=0)
         await session.complete_turn(
             1, "agent", "Sure. Which order is it?", input_tokens=31, output_tokens=6, barged_in=True
@@ -95,6 +96,7 @@ async def record(settings: TurnlogSettings, session_id: str, fleet: str, *, end:
         await session.flush_partial()
         if end:
             await session.end("hangup")
+    return session.session_id
 
 
 def stored(pipeline: Pipeline, session_id: str) -> dict | None:
@@ -116,8 +118,7 @@ def post_resume(pipeline: Pipeline, session_id: str, token: str | None, **params
 
 
 def test_an_agent_without_a_database_resumes_through_the_api_with_its_conversation(api, no_database):
-    session_id = f"api-resume-{uuid.uuid4().hex[:8]}"
-    asyncio.run(record(api.settings, session_id, "fleet-a", end=False))
+    session_id = asyncio.run(record(api.settings, f"api-resume-{uuid.uuid4().hex[:8]}", "fleet-a", end=False))
     agent = agent_settings(api, "tok-a")
 
     # No wait for the sink here: the API's barrier is what makes the turns visible.
@@ -139,8 +140,7 @@ def test_an_agent_without_a_database_resumes_through_the_api_with_its_conversati
 
 
 def test_the_grant_matches_the_store_it_was_claimed_from(api):
-    session_id = f"api-store-{uuid.uuid4().hex[:8]}"
-    asyncio.run(record(api.settings, session_id, "fleet-a", end=False))
+    session_id = asyncio.run(record(api.settings, f"api-store-{uuid.uuid4().hex[:8]}", "fleet-a", end=False))
     grant = resume_via_api(agent_settings(api, "tok-a").api_url, "tok-a", session_id, timeout=TIMEOUT)
     row = stored(api, session_id)
     assert (row["status"], row["claimed_epoch"]) == ("active", grant.epoch)
@@ -148,20 +148,19 @@ def test_the_grant_matches_the_store_it_was_claimed_from(api):
 
 
 def test_a_token_resumes_only_its_own_fleets_sessions_and_claims_nothing_else(api, no_database):
-    session_id = f"api-fleet-{uuid.uuid4().hex[:8]}"
-    asyncio.run(record(api.settings, session_id, "fleet-a", end=False))
+    session_id = asyncio.run(record(api.settings, f"api-fleet-{uuid.uuid4().hex[:8]}", "fleet-a", end=False))
     other_fleet = agent_settings(api, "tok-b")
     with pytest.raises(SessionNotFoundError):
         resume_via_api(other_fleet.api_url, other_fleet.api_token, session_id, timeout=TIMEOUT)
     with pytest.raises(SessionNotFoundError):
-        resume_via_api(other_fleet.api_url, "tok-a", f"no-such-{uuid.uuid4().hex[:8]}", timeout=TIMEOUT)
+        resume_via_api(other_fleet.api_url, "tok-a", session_key("fleet-a", f"no-such-{uuid.uuid4().hex[:8]}"),
+                       timeout=TIMEOUT)
     with pytest.raises(ResumeUnauthorizedError):
         resume_via_api(other_fleet.api_url, "not-a-token", session_id, timeout=TIMEOUT)
 
 
 def test_another_fleets_attempt_leaves_the_session_unclaimed_and_bad_requests_are_refused(api):
-    session_id = f"api-acl-{uuid.uuid4().hex[:8]}"
-    asyncio.run(record(api.settings, session_id, "fleet-a", end=False))
+    session_id = asyncio.run(record(api.settings, f"api-acl-{uuid.uuid4().hex[:8]}", "fleet-a", end=False))
     assert post_resume(api, session_id, "tok-b", timeout=TIMEOUT).status_code == 404
     # The barrier has run for it, so the store holds the session: still nothing claimed.
     assert stored(api, session_id)["claimed_epoch"] == 0
@@ -176,16 +175,14 @@ def test_another_fleets_attempt_leaves_the_session_unclaimed_and_bad_requests_ar
 
 
 def test_an_ended_session_is_not_resumable(api, no_database):
-    session_id = f"api-ended-{uuid.uuid4().hex[:8]}"
-    asyncio.run(record(api.settings, session_id, "fleet-a", end=True))
+    session_id = asyncio.run(record(api.settings, f"api-ended-{uuid.uuid4().hex[:8]}", "fleet-a", end=True))
     agent = agent_settings(api, "tok-a")
     with pytest.raises(SessionClosedError, match="ended|finalized"):
         resume_via_api(agent.api_url, agent.api_token, session_id, timeout=TIMEOUT)
 
 
 def test_an_ended_session_gets_409_and_nothing_is_claimed(api):
-    session_id = f"api-409-{uuid.uuid4().hex[:8]}"
-    asyncio.run(record(api.settings, session_id, "fleet-a", end=True))
+    session_id = asyncio.run(record(api.settings, f"api-409-{uuid.uuid4().hex[:8]}", "fleet-a", end=True))
     response = post_resume(api, session_id, "tok-a", timeout=TIMEOUT)
     assert response.status_code == 409
     row = stored(api, session_id)
@@ -193,12 +190,11 @@ def test_an_ended_session_gets_409_and_nothing_is_claimed(api):
 
 
 def test_a_resume_the_pipeline_cannot_serve_in_time_gets_503_then_succeeds_once_it_catches_up(api, no_database):
-    session_id = f"api-503-{uuid.uuid4().hex[:8]}"
     agent = agent_settings(api, "tok-a")
     api.stop("sink")
     try:
         # The turns are acknowledged by the broker but no sink stores them.
-        asyncio.run(record(api.settings, session_id, "fleet-a", end=False))
+        session_id = asyncio.run(record(api.settings, f"api-503-{uuid.uuid4().hex[:8]}", "fleet-a", end=False))
         response = post_resume(api, session_id, "tok-a", timeout=3)
         assert response.status_code == 503
         assert int(response.headers["retry-after"]) > 0
@@ -216,13 +212,15 @@ def test_a_resume_the_pipeline_cannot_serve_in_time_gets_503_then_succeeds_once_
 
 
 def test_a_recorder_with_api_url_resumes_continues_and_the_session_finalizes_without_a_database(api, no_database):
-    session_id = f"api-recorder-{uuid.uuid4().hex[:8]}"
-    asyncio.run(record(api.settings, session_id, "fleet-a", end=False))
+    local = f"api-recorder-{uuid.uuid4().hex[:8]}"
+    session_id = asyncio.run(record(api.settings, local, "fleet-a", end=False))
     agent = agent_settings(api, "tok-a")
 
     async def continue_it():
         async with recorder_for(agent) as recorder:
-            session = await recorder.resume(session_id, timeout=TIMEOUT)
+            # By the id the agent gave it and its fleet, as an agent that kept only its own id does.
+            session = await recorder.resume(local, fleet="fleet-a", timeout=TIMEOUT)
+            assert session.session_id == session_id
             assert session.epoch == 1 and session.next_turn_index == 3
             assert [t.text for t in session.turns] == [
                 "I'd like to cancel my order", "Sure. Which order is it?", "the one from last"
@@ -249,19 +247,20 @@ def test_a_recorder_with_api_url_resumes_continues_and_the_session_finalizes_wit
     assert body["session"]["epoch"] == 1
 
 
-async def record_long(settings: TurnlogSettings, session_id: str, turns: int, chars: int) -> list[str]:
-    """``turns`` completed turns of ``chars`` characters each; the session stays open (a crashed agent)."""
+async def record_long(settings: TurnlogSettings, local_id: str, turns: int, chars: int) -> tuple[str, list[str]]:
+    """``turns`` completed turns of ``chars`` characters each of fleet-a's session ``local_id``; the
+    session stays open (a crashed agent). Returns the session's key and the turns' texts."""
     texts = [f"{index:03d} " + "x" * (chars - 4) for index in range(turns)]
     async with recorder_for(settings) as recorder:
-        session = await recorder.start_session(session_id, fleet="fleet-a", agent_id="agent-1")
+        session = await recorder.start_session(local_id, fleet="fleet-a", agent_id="agent-1")
         for index, text in enumerate(texts):
             await session.complete_turn(index, "user" if index % 2 == 0 else "agent", text)
-    return texts
+    return session.session_id, texts
 
 
 def test_a_resume_whose_turns_do_not_fit_one_answer_is_completed_page_by_page(api, no_database):
-    session_id = f"api-pages-{uuid.uuid4().hex[:8]}"
-    texts = asyncio.run(record_long(api.settings, session_id, 7, 30_000))  # two turns fit in 64 KiB
+    # Seven turns of 30,000 characters: two fit in 64 KiB.
+    session_id, texts = asyncio.run(record_long(api.settings, f"api-pages-{uuid.uuid4().hex[:8]}", 7, 30_000))
     first = post_resume(api, session_id, "tok-a", timeout=TIMEOUT)
     assert first.status_code == 200
     body = first.json()
@@ -274,23 +273,26 @@ def test_a_resume_whose_turns_do_not_fit_one_answer_is_completed_page_by_page(ap
     assert grant.next_after_turn is None and grant.epoch == 2 and grant.next_turn_index == 7
 
 
-def same_partition_ids(session_id: str, partitions: int, count: int) -> list[str]:
-    """``count`` new session ids on ``session_id``'s partition (the barrier is per partition)."""
+def same_partition_ids(session_id: str, fleet: str, partitions: int, count: int) -> list[str]:
+    """``count`` new ids of ``fleet``'s sessions whose keys are on ``session_id``'s partition (the
+    barrier is per partition)."""
     wanted, prefix = partition_for(session_id, partitions), uuid.uuid4().hex[:6]
     candidates = (f"api-block-{prefix}-{n}" for n in range(100_000))
-    return list(itertools.islice((c for c in candidates if partition_for(c, partitions) == wanted), count))
+    return list(itertools.islice(
+        (c for c in candidates if partition_for(session_key(fleet, c), partitions) == wanted), count
+    ))
 
 
 def test_scope_and_status_come_before_the_barrier_and_hidden_sessions_look_missing(api):
-    ended = f"api-scope-{uuid.uuid4().hex[:8]}"
-    asyncio.run(record(api.settings, ended, "fleet-a", end=True))
+    ended = asyncio.run(record(api.settings, f"api-scope-{uuid.uuid4().hex[:8]}", "fleet-a", end=True))
     wait_until(lambda: (stored(api, ended) or {}).get("status") in ("ended", "finalized"), timeout=TIMEOUT,
                what=f"{ended} ended in the store")
     api.stop("sink")
     try:
         # With the sink down, a new event on the same partition holds that partition's barrier shut.
-        blocker, missing_id = same_partition_ids(ended, api.settings.partitions, 2)
+        blocker, never_started = same_partition_ids(ended, "fleet-a", api.settings.partitions, 2)
         asyncio.run(record(api.settings, blocker, "fleet-a", end=False))
+        missing_id = session_key("fleet-a", never_started)
         # The owner's fleet sees the session ended in the store: 409 without waiting at the barrier.
         assert post_resume(api, ended, "tok-a", timeout=3).status_code == 409
         # Another fleet's token cannot see it, and gets what a missing session gets: the barrier's 503.

@@ -142,20 +142,21 @@ def status_of(store, session_id: str) -> str | None:
         return conn.execute(select(sessions.c.status).where(sessions.c.id == session_id)).scalar()
 
 
-async def record(recorder: SessionRecorder, session_id: str, fleet: str, ended_days_ago: float | None) -> None:
-    """One session of two turns that started an hour before it ended ``ended_days_ago`` days ago
-    (None: 40 days ago, and never ended)."""
+async def record(recorder: SessionRecorder, local_id: str, fleet: str, ended_days_ago: float | None) -> str:
+    """``fleet``'s session ``local_id`` of two turns that started an hour before it ended
+    ``ended_days_ago`` days ago (None: 40 days ago, and never ended). Returns its key."""
     now = dt.datetime.now(dt.UTC)
     ended = None if ended_days_ago is None else now - dt.timedelta(days=ended_days_ago)
     started = (ended or now - dt.timedelta(days=40)) - dt.timedelta(hours=1)
-    session = await recorder.start_session(session_id, fleet=fleet, agent_id="a", started_at=started)
+    session = await recorder.start_session(local_id, fleet=fleet, agent_id="a", started_at=started)
     for turn in range(2):
         at = started + dt.timedelta(minutes=turn + 1)
-        await session.complete_turn(turn, "user", f"turn {turn} of {session_id}", started_at=at,
+        await session.complete_turn(turn, "user", f"turn {turn} of {local_id}", started_at=at,
                                     ended_at=at + dt.timedelta(seconds=20))
     if ended is not None:
         await session.end("hangup", ended_at=ended)
     assert await session.wait_acknowledged(TIMEOUT)
+    return session.session_id
 
 
 async def test_retention_sweep_command_and_the_sinks_own_sweep_forget_expired_sessions_end_to_end(new_pipeline):
@@ -163,13 +164,12 @@ async def test_retention_sweep_command_and_the_sinks_own_sweep_forget_expired_se
     pipeline = new_pipeline(("sequencer", "sink"))
     settings, store = pipeline.settings, pipeline.store
     run = uuid.uuid4().hex[:6]
-    old, mid, brief, fresh, open_old = (f"{kind}-{run}" for kind in ("old", "mid", "brief", "fresh", "open"))
     async with recorder_for(settings) as recorder:
-        await record(recorder, old, "tests", 40)
-        await record(recorder, mid, "tests", 10)
-        await record(recorder, brief, "brief", 2)
-        await record(recorder, fresh, "tests", 1)
-        await record(recorder, open_old, "tests", None)
+        old = await record(recorder, f"old-{run}", "tests", 40)
+        mid = await record(recorder, f"mid-{run}", "tests", 10)
+        brief = await record(recorder, f"brief-{run}", "brief", 2)
+        fresh = await record(recorder, f"fresh-{run}", "tests", 1)
+        open_old = await record(recorder, f"open-{run}", "tests", None)
         wait_until(lambda: all(status_of(store, sid) == "finalized" for sid in (old, mid, brief, fresh))
                    and rows_of(store, open_old)[2] == 2, timeout=TIMEOUT, what="sessions stored and finalized")
 

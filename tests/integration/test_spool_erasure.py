@@ -27,7 +27,7 @@ from turnlog.schemas.erasure import Erasure
 from turnlog.sinks import open_store
 from turnlog.sinks.erasure_ledger import publish_erasures
 
-from tests.integration.spooling_agent import EVENTS_PER_SESSION, SECRET
+from tests.integration.spooling_agent import EVENTS_PER_SESSION, FLEET, SECRET
 from tests.support import partition_records, wait_until
 
 TIMEOUT = 90
@@ -63,32 +63,36 @@ def assert_private_and_sealed(folder: Path, where: str) -> None:
         assert SECRET.encode() not in files[name], f"{SECRET} in clear in {where}: {name}"
 
 
-def forget_with_the_store_away(settings, session_id: str) -> None:
-    """``turnlog forget --fleet``'s path: the store does not answer, so only the ledger record is written."""
+def forget_with_the_store_away(settings, local_id: str) -> str:
+    """``turnlog forget --fleet tests <id>``'s path, given the id the agent gave the session: the store
+    does not answer, so only the ledger record is written, under the key the fleet's recorder wrote
+    the session under. Returns that key."""
     away = open_store(STORE_AWAY)
     try:
-        outcome = request_erasure(settings, away, session_id, requested_by="test", fleet="tests", wait_seconds=0)
+        outcome = request_erasure(settings, away, local_id, requested_by="test", fleet=FLEET, wait_seconds=0)
     finally:
         away.engine.dispose()
     assert (outcome.published, outcome.status) == (True, "pending")
+    return outcome.session_id
 
 
 async def test_an_adopted_orphan_spool_never_delivers_a_session_forgotten_while_its_recorder_was_dead(
     transcript, tmp_path
 ):
     settings, _ = transcript
-    forgotten_id, kept_id = (f"{kind}-{uuid.uuid4().hex[:8]}" for kind in ("forgotten", "kept"))
+    forgotten_local, kept_local = (f"{kind}-{uuid.uuid4().hex[:8]}" for kind in ("forgotten", "kept"))
     spool_dir = Path(settings.spool_dir)
     # A recorder whose broker is out of reach: everything it records stays in its spool.
     env = {**os.environ, **settings.as_environment(), "TURNLOG_BOOTSTRAP_SERVERS": "127.0.0.1:1",
            "TURNLOG_ACK_WAIT_SECONDS": "0.2"}
-    agent = subprocess.Popen([sys.executable, "-m", "tests.integration.spooling_agent", forgotten_id, kept_id],
+    agent = subprocess.Popen([sys.executable, "-m", "tests.integration.spooling_agent", forgotten_local, kept_local],
                              cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         line = agent.stdout.readline()
         assert line, agent.stderr.read()[-3000:]
         report = json.loads(line)
         assert report["spooled"] == 2 * EVENTS_PER_SESSION
+        forgotten_id, kept_id = report["sessions"]
         assert_private_and_sealed(spool_dir, "the live recorder's spool")
     finally:
         agent.send_signal(signal.SIGKILL)
@@ -97,7 +101,7 @@ async def test_an_adopted_orphan_spool_never_delivers_a_session_forgotten_while_
     assert Path(report["spool"]).exists()  # the orphan: database, -wal, -shm and lock left behind
     assert_private_and_sealed(spool_dir, "the dead recorder's spool")
 
-    forget_with_the_store_away(settings, forgotten_id)
+    assert forget_with_the_store_away(settings, forgotten_local) == forgotten_id
 
     before = skipped_in_spool()
     async with SessionRecorder(settings) as recorder:  # adopts the orphan at start
@@ -115,14 +119,14 @@ async def test_an_adopted_orphan_spool_never_delivers_a_session_forgotten_while_
 
 async def test_a_live_recorder_of_a_forgotten_session_gets_session_erased_error_and_drops_its_spool(transcript):
     settings, _ = transcript
-    forgotten_id, kept_id = (f"{kind}-{uuid.uuid4().hex[:8]}" for kind in ("live", "other"))
+    forgotten_local = f"live-{uuid.uuid4().hex[:8]}"
     async with SessionRecorder(settings) as recorder:
-        forgotten = await recorder.start_session(forgotten_id, fleet="tests", agent_id="a")
-        kept = await recorder.start_session(kept_id, fleet="tests", agent_id="a")
+        forgotten = await recorder.start_session(forgotten_local, fleet=FLEET, agent_id="a")
+        kept = await recorder.start_session(f"other-{uuid.uuid4().hex[:8]}", fleet=FLEET, agent_id="a")
         await forgotten.complete_turn(0, "user", f"I climbed {SECRET}")
         forgotten.update_partial(1, "agent", "Which route did")
 
-        forget_with_the_store_away(settings, forgotten_id)
+        assert forget_with_the_store_away(settings, forgotten_local) == forgotten.session_id
 
         turn = 1
         deadline = time.monotonic() + TIMEOUT
@@ -133,7 +137,7 @@ async def test_a_live_recorder_of_a_forgotten_session_gets_session_erased_error_
                 assert time.monotonic() < deadline, "no SessionErasedError within the deadline"
                 await forgotten.complete_turn(turn, "agent", f"Which route did you take, {turn}?")
             except SessionErasedError as e:
-                assert e.session_id == forgotten_id and SECRET not in str(e)
+                assert e.session_id == forgotten.session_id and SECRET not in str(e)
                 break
             turn += 1
         assert forgotten.erased
@@ -146,8 +150,8 @@ async def test_a_live_recorder_of_a_forgotten_session_gets_session_erased_error_
         with pytest.raises(SessionErasedError):
             await forgotten.end("hangup")
         with pytest.raises(SessionErasedError):  # the drainer refuses the id itself
-            await recorder.start_session(forgotten_id, fleet="tests", agent_id="a")
-        assert recorder.spooled_events(forgotten_id) == 0
+            await recorder.start_session(forgotten_local, fleet=FLEET, agent_id="a")
+        assert recorder.spooled_events(forgotten.session_id) == 0
         # The other session is untouched.
         await kept.complete_turn(0, "user", "hello")
         await kept.end("hangup")

@@ -35,13 +35,13 @@ async def test_one_turns_trace_joins_the_recorder_sequencer_and_sink_with_the_fr
         pipeline = new_pipeline((), tracing=True, trace_sample_ratio=1.0)
         pipeline.start("sequencer", "sink", env=env)
         pipeline.wait_ready()
-        session_id = f"tr-{uuid.uuid4().hex[:8]}"
         async with SessionRecorder(pipeline.settings) as recorder:
-            session = await recorder.start_session(session_id, fleet="tests", agent_id="a1")
+            session = await recorder.start_session(f"tr-{uuid.uuid4().hex[:8]}", fleet="tests", agent_id="a1")
             session.set_trace_attributes({"conversation.id": "conv-42"})
             await session.complete_turn(0, "user", "please cancel my plan",
                                         trace_attributes={"lk.speech_id": "speech-7"})
             await session.end("hangup")
+        session_id = session.session_id
         wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
         assert [tuple(t)[:3] for t in stored_turns(pipeline, session_id)] == [(0, "user", "please cancel my plan")]
 

@@ -9,6 +9,7 @@ from turnlog.producers import InvalidTurnError, SessionClosedError
 from turnlog.producers.drainer import Ticket
 from turnlog.producers.recorder import RecordedSession
 from turnlog.schemas import decode_event
+from turnlog.schemas.session_keys import session_key
 from turnlog.settings import TurnlogSettings
 
 
@@ -40,7 +41,7 @@ class RecordingSend:
 
 @pytest.fixture
 def session():
-    return RecordedSession(RecordingSend(), "s-1", fleet="f", epoch=0, next_seq=1, next_turn_index=0)
+    return RecordedSession(RecordingSend(), session_key("f", "s-1"), fleet="f", epoch=0, next_seq=1, next_turn_index=0)
 
 
 @pytest.mark.parametrize(
