@@ -17,6 +17,7 @@ import pytest
 from sqlalchemy import select
 
 from turnlog.deploy.processes import stop_all, turnlog_command
+from turnlog.schemas.session_keys import session_key
 from turnlog.sinks.tables import session_events, transcript_turns
 
 from tests.integration.conftest import Pipeline, make_pipeline
@@ -96,8 +97,8 @@ def visible(pipeline: Pipeline, session_id: str, status: str | None = None) -> b
     return response.status_code == 200 and (status is None or response.json()["status"] == status)
 
 
-async def record_session(pipeline: Pipeline, session_id: str, fleet: str, turns: int, *, pause: float = 0.0) -> None:
-    """A session of ``turns`` turns, each with two growing partials, then its end."""
+async def record_session(pipeline: Pipeline, session_id: str, fleet: str, turns: int, *, pause: float = 0.0) -> str:
+    """A session of ``turns`` turns, each with two growing partials, then its end; returns its key."""
     async with recorder_for(pipeline.settings) as recorder:
         session = await recorder.start_session(session_id, fleet=fleet, agent_id="agent-1")
         for index in range(turns):
@@ -110,6 +111,7 @@ async def record_session(pipeline: Pipeline, session_id: str, fleet: str, turns:
             if pause:
                 await asyncio.sleep(pause)  # paces the workload while a subscriber reads; not a sync
         await session.end("completed")
+    return session.session_id
 
 
 # -- access control -------------------------------------------------------------
@@ -126,9 +128,8 @@ def test_requests_without_a_valid_token_get_401_and_tokens_stay_out_of_the_logs(
 
 
 def test_a_token_never_reads_another_fleets_session(api):
-    mine, theirs = f"acl-a-{uuid.uuid4().hex[:6]}", f"acl-b-{uuid.uuid4().hex[:6]}"
-    asyncio.run(record_session(api, mine, "fleet-a", 1))
-    asyncio.run(record_session(api, theirs, "fleet-b", 1))
+    mine = asyncio.run(record_session(api, f"acl-a-{uuid.uuid4().hex[:6]}", "fleet-a", 1))
+    theirs = asyncio.run(record_session(api, f"acl-b-{uuid.uuid4().hex[:6]}", "fleet-b", 1))
     wait_until(lambda: visible(api, mine, "finalized") and visible(api, theirs, "finalized"), timeout=TIMEOUT, what="both finalized")
     for path in ("", "/transcript", "/events"):
         assert get(api, f"/api/sessions/{theirs}{path}", "tok-a").status_code == 404, path
@@ -144,9 +145,7 @@ def test_a_token_never_reads_another_fleets_session(api):
 # -- reads ------------------------------------------------------------------------
 def test_list_filters_and_pages_through_sessions(api):
     fleet = f"fleet-{uuid.uuid4().hex[:6]}"
-    ids = [f"list-{fleet}-{i}" for i in range(5)]
-    for session_id in ids:
-        asyncio.run(record_session(api, session_id, fleet, 1))
+    ids = [asyncio.run(record_session(api, f"list-{fleet}-{i}", fleet, 1)) for i in range(5)]
     wait_until(lambda: all(visible(api, s, "finalized") for s in ids), timeout=TIMEOUT, what="5 sessions finalized")
     pages, cursor = [], None
     while True:
@@ -173,8 +172,7 @@ def test_list_filters_and_pages_through_sessions(api):
 
 
 def test_a_session_shows_its_durable_position_aggregates_and_transcript(api):
-    session_id = f"detail-{uuid.uuid4().hex[:6]}"
-    asyncio.run(record_session(api, session_id, "fleet-a", 3))
+    session_id = asyncio.run(record_session(api, f"detail-{uuid.uuid4().hex[:6]}", "fleet-a", 3))
     wait_until(lambda: visible(api, session_id, "finalized"), timeout=TIMEOUT, what="finalized")
     detail = get(api, f"/api/sessions/{session_id}", "tok-a").json()
     events = stored_events(api, session_id)
@@ -189,8 +187,9 @@ def test_a_session_shows_its_durable_position_aggregates_and_transcript(api):
     assert get(api, "/api/sessions/no-such-session").status_code == 404
 
 
-async def record_barge_in(pipeline: Pipeline, session_id: str) -> None:
-    """The user cuts the agent short (turn 0), the agent answers (turn 1), and turn 2 is left unfinished."""
+async def record_barge_in(pipeline: Pipeline, session_id: str) -> str:
+    """The user cuts the agent short (turn 0), the agent answers (turn 1), and turn 2 is left unfinished;
+    returns the session's key."""
     async with recorder_for(pipeline.settings) as recorder:
         session = await recorder.start_session(session_id, fleet="fleet-a", agent_id="agent-1")
         session.update_partial(0, "agent", "Your order ships on")
@@ -200,11 +199,11 @@ async def record_barge_in(pipeline: Pipeline, session_id: str) -> None:
         session.update_partial(2, "agent", "The one from")
         await session.flush_partial()
         await session.end("hangup")
+    return session.session_id
 
 
 def test_the_transcript_flags_a_barged_in_turn_apart_from_an_interrupted_one(api):
-    session_id = f"barge-{uuid.uuid4().hex[:6]}"
-    asyncio.run(record_barge_in(api, session_id))
+    session_id = asyncio.run(record_barge_in(api, f"barge-{uuid.uuid4().hex[:6]}"))
     wait_until(lambda: visible(api, session_id, "finalized"), timeout=TIMEOUT, what="finalized")
     transcript = get(api, f"/api/sessions/{session_id}/transcript", "tok-a").json()
     assert [(t["turn_index"], t["status"], t["barged_in"], t["text"]) for t in transcript["turns"]] == [
@@ -248,8 +247,9 @@ async def wait_visible(pipeline, session_id):
 
 
 async def test_stream_gives_backlog_then_live_tail_without_gap_or_duplicate(api):
-    session_id = f"sse-{uuid.uuid4().hex[:6]}"
-    writer = asyncio.create_task(record_session(api, session_id, "fleet-a", 12, pause=0.15))
+    local_id = f"sse-{uuid.uuid4().hex[:6]}"
+    session_id = session_key("fleet-a", local_id)  # read while it is recorded
+    writer = asyncio.create_task(record_session(api, local_id, "fleet-a", 12, pause=0.15))
     await wait_visible(api, session_id)
     got = await read_stream(api, session_id, token="tok-a")
     await writer
@@ -261,8 +261,7 @@ async def test_stream_gives_backlog_then_live_tail_without_gap_or_duplicate(api)
 
 
 async def test_stream_resumes_after_last_event_id_or_the_after_parameter(api):
-    session_id = f"resume-{uuid.uuid4().hex[:6]}"
-    await record_session(api, session_id, "fleet-a", 2)
+    session_id = await record_session(api, f"resume-{uuid.uuid4().hex[:6]}", "fleet-a", 2)
     await asyncio.to_thread(wait_until, lambda: visible(api, session_id, "finalized"), timeout=TIMEOUT, what="finalized")
     last = len(stored_events(api, session_id)) - 1
     by_param = await read_stream(api, session_id, params={"after": 3})
@@ -288,8 +287,9 @@ async def test_stream_resumes_after_last_event_id_or_the_after_parameter(api):
 @pytest.mark.parametrize("seed", [1, 2, 3])
 async def test_a_subscriber_reconnecting_at_random_points_gets_every_event_once_in_order(api, seed):
     rng = random.Random(seed)
-    session_id = f"reconnect-{seed}-{uuid.uuid4().hex[:6]}"
-    writer = asyncio.create_task(record_session(api, session_id, "fleet-a", 10, pause=0.1))
+    local_id = f"reconnect-{seed}-{uuid.uuid4().hex[:6]}"
+    session_id = session_key("fleet-a", local_id)  # read while it is recorded
+    writer = asyncio.create_task(record_session(api, local_id, "fleet-a", 10, pause=0.1))
     await wait_visible(api, session_id)
     received, connections = [], 0
     while not received or received[-1].event != "session.ended":
@@ -314,8 +314,7 @@ def test_the_docs_are_off_and_every_answer_carries_the_security_headers(api):
 
 
 def test_the_session_list_and_the_transcript_are_paged_and_leave_metadata_out(api):
-    session_id = f"paged-{uuid.uuid4().hex[:6]}"
-    asyncio.run(record_session(api, session_id, "fleet-a", 5))
+    session_id = asyncio.run(record_session(api, f"paged-{uuid.uuid4().hex[:6]}", "fleet-a", 5))
     wait_until(lambda: visible(api, session_id, "finalized"), timeout=TIMEOUT, what="finalized")
     assert "metadata" not in all_sessions(api, "tok-a")[0]
     assert "metadata" in all_sessions(api, "tok-a", include="metadata")[0]
@@ -330,8 +329,7 @@ def test_the_session_list_and_the_transcript_are_paged_and_leave_metadata_out(ap
 
 # -- tail ---------------------------------------------------------------------------
 def test_tail_prints_the_session_until_it_ends(api):
-    session_id = f"tail-{uuid.uuid4().hex[:6]}"
-    asyncio.run(record_session(api, session_id, "fleet-a", 2))
+    session_id = asyncio.run(record_session(api, f"tail-{uuid.uuid4().hex[:6]}", "fleet-a", 2))
     wait_until(lambda: visible(api, session_id), timeout=TIMEOUT, what="session stored")
     env = api.settings.as_environment()
     done = subprocess.run(
@@ -358,9 +356,7 @@ def test_tail_on_a_store_without_the_schema_says_to_migrate(tmp_path):
 # -- analytics ------------------------------------------------------------------------
 def test_analytics_projection_counts_each_fleet_once(api):
     fleet = f"fleet-{uuid.uuid4().hex[:6]}"
-    ids = [f"an-{fleet}-{i}" for i in range(3)]
-    for session_id in ids:
-        asyncio.run(record_session(api, session_id, fleet, 4))
+    ids = [asyncio.run(record_session(api, f"an-{fleet}-{i}", fleet, 4)) for i in range(3)]
 
     def figures():
         body = get(api, f"/api/fleets/{fleet}/analytics").json()

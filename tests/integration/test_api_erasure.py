@@ -23,6 +23,7 @@ from sqlalchemy import func, select
 
 from turnlog.api.app import ERASED_EVENT, ERASURES_PER_TOKEN, create_app
 from turnlog.deploy.processes import ServiceProcess, stop_all, turnlog_command, wait_all_ready
+from turnlog.schemas.session_keys import MAX_SESSION_KEY
 from turnlog.sinks.tables import erasures, session_events, sessions, transcript_turns
 
 from tests.integration.conftest import Pipeline, make_pipeline
@@ -90,16 +91,18 @@ def stored_events(store, session_id: str) -> int:
     return rows_of(store, session_id)["session_events"]
 
 
-async def record_finished(pipeline: Pipeline, session_id: str, fleet: str) -> None:
+async def record_finished(pipeline: Pipeline, session_id: str, fleet: str) -> str:
+    """Fleet ``fleet``'s session ``session_id``, one turn and its end; returns its key."""
     async with recorder_for(pipeline.settings) as recorder:
         session = await recorder.start_session(session_id, fleet=fleet, agent_id="a")
         await session.complete_turn(0, "user", f"I live in {SECRET_WORDS[0]}")
         await session.end("hangup")
+    return session.session_id
 
 
 def finished_session(apis: Apis, fleet: str) -> str:
-    session_id = f"done-{uuid.uuid4().hex[:8]}"
-    asyncio.run(record_finished(apis.pipeline, session_id, fleet))
+    """The key of a finished session of ``fleet``, once the API shows it."""
+    session_id = asyncio.run(record_finished(apis.pipeline, f"done-{uuid.uuid4().hex[:8]}", fleet))
     wait_until(lambda: httpx.get(f"{apis.urls[0]}/api/sessions/{session_id}", headers=auth("tok-all")).status_code
                == 200, timeout=TIMEOUT, what="the session stored")
     return session_id
@@ -128,11 +131,10 @@ async def until(condition, what: str, timeout: float = TIMEOUT) -> None:
 async def test_a_live_session_deleted_through_one_api_ends_its_streams_everywhere_then_is_gone(apis):
     pipeline, (url_a, url_b) = apis.pipeline, apis.urls
     store = pipeline.store
-    session_id = f"live-{uuid.uuid4().hex[:8]}"
-    kept_id = f"kept-{uuid.uuid4().hex[:8]}"
     async with recorder_for(pipeline.settings) as recorder:
-        kept = await recorder.start_session(kept_id, fleet="fleet-a", agent_id="a")
-        live = await recorder.start_session(session_id, fleet="fleet-a", agent_id="a")
+        kept = await recorder.start_session(f"kept-{uuid.uuid4().hex[:8]}", fleet="fleet-a", agent_id="a")
+        live = await recorder.start_session(f"live-{uuid.uuid4().hex[:8]}", fleet="fleet-a", agent_id="a")
+        session_id, kept_id = live.session_id, kept.session_id
         for index, word in enumerate(SECRET_WORDS):
             live.update_partial(index, "user", f"I live in {word}")
             await live.flush_partial()
@@ -207,7 +209,7 @@ async def test_a_live_session_deleted_through_one_api_ends_its_streams_everywher
 
 def test_deleting_an_unknown_session_is_404_and_changes_nothing(apis):
     store = apis.pipeline.store
-    for session_id in ("no-such-session", "x" * 201):
+    for session_id in ("no-such-session", "x" * (MAX_SESSION_KEY + 1)):
         answer = httpx.delete(f"{apis.urls[0]}/api/sessions/{session_id}", headers=auth("tok-all"), timeout=30)
         assert answer.status_code == 404, (session_id, answer.status_code)
     assert erasure_row(store, "no-such-session") is None

@@ -44,7 +44,8 @@ def topic_bytes(settings, topic):
             for record in partition_records(settings.bootstrap_servers, topic, p)]
 
 
-async def record_secret_session(settings, session_id, *, spool_check=None):
+async def record_secret_session(settings, session_id, *, spool_check=None) -> str:
+    """Fleet ``tests``'s session ``session_id``, saying every secret word; returns its key."""
     async with SessionRecorder(settings) as recorder:
         assert recorder.encrypted == (settings.keyring_file is not None or settings.kek_public_key is not None)
         session = await recorder.start_session(session_id, fleet="tests", agent_id="a1",
@@ -58,6 +59,7 @@ async def record_secret_session(settings, session_id, *, spool_check=None):
         if spool_check is not None:
             spool_check(recorder.spool_path.parent)
         await session.end("hangup")
+    return session.session_id
 
 
 def assert_no_secret_in(blobs, where):
@@ -72,10 +74,9 @@ def spool_bytes(folder: Path) -> list[bytes]:
 
 async def test_the_spool_and_every_topic_hold_only_ciphertext_and_the_store_reads_the_words(new_pipeline):
     pipeline = new_pipeline(("sequencer", "sink"))
-    session_id = f"enc-{uuid.uuid4().hex[:8]}"
     seen_spools: list[bytes] = []
-    await record_secret_session(pipeline.settings, session_id,
-                                spool_check=lambda folder: seen_spools.extend(spool_bytes(folder)))
+    session_id = await record_secret_session(pipeline.settings, f"enc-{uuid.uuid4().hex[:8]}",
+                                             spool_check=lambda folder: seen_spools.extend(spool_bytes(folder)))
     wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
     assert stored_turns(pipeline, session_id) == [
         (0, f"My code word is {SECRET_WORDS[1]} and {SECRET_WORDS[2]}", "complete", None),
@@ -108,10 +109,9 @@ async def test_a_writer_whose_kek_the_readers_lack_is_dead_lettered_alone_and_pl
     foreign = settings.model_copy(update={"keyring_file": None, "kek_public_key": public_key_text(stranger.key),
                                           "spool_dir": str(tmp_path / "spool-foreign")})
     plain = settings.model_copy(update={"keyring_file": None, "spool_dir": str(tmp_path / "spool-plain")})
-    sealed_id, foreign_id, plain_id = (f"{kind}-{uuid.uuid4().hex[:8]}" for kind in ("sealed", "foreign", "plain"))
-    await record_secret_session(foreign, foreign_id)
-    await record_secret_session(plain, plain_id)
-    await record_secret_session(settings, sealed_id)
+    foreign_id = await record_secret_session(foreign, f"foreign-{uuid.uuid4().hex[:8]}")
+    plain_id = await record_secret_session(plain, f"plain-{uuid.uuid4().hex[:8]}")
+    sealed_id = await record_secret_session(settings, f"sealed-{uuid.uuid4().hex[:8]}")
     for session_id in (sealed_id, plain_id):  # a deployment migrating to encryption: both kinds are read
         wait_until(lambda sid=session_id: finalized(pipeline, sid), timeout=TIMEOUT, what=f"{session_id} finalized")
         assert stored_turns(pipeline, session_id)[0][1] == f"My code word is {SECRET_WORDS[1]} and {SECRET_WORDS[2]}"

@@ -17,6 +17,7 @@ from turnlog.ops.erasure import ErasureNotFound, request_erasure
 from turnlog.ops.replay import replay_events
 from turnlog.ops.verify import compare_digests, session_digests
 from turnlog.producers import SessionErasedError, SessionRecorder
+from turnlog.schemas.session_keys import session_key
 from turnlog.sinks import open_store
 from turnlog.sinks.analytics import AnalyticsProjection
 from turnlog.sinks.migrate import upgrade_to_head
@@ -74,17 +75,17 @@ async def test_forgotten_sessions_leave_no_word_in_the_store_or_any_replay_and_o
 ):
     pipeline = new_pipeline(("sequencer", "sink", "analytics"))
     settings, store = pipeline.settings, pipeline.store
-    finalized_id, live_id, kept_id = (f"{kind}-{uuid.uuid4().hex[:8]}" for kind in ("done", "live", "kept"))
     async with SessionRecorder(settings) as recorder:
-        finished = await recorder.start_session(finalized_id, fleet="tests", agent_id="a",
+        finished = await recorder.start_session(f"done-{uuid.uuid4().hex[:8]}", fleet="tests", agent_id="a",
                                                 metadata={"caller": FORGOTTEN_WORDS[0]})
         await say(finished, 0, FORGOTTEN_WORDS)
         await finished.end("hangup")
-        kept = await recorder.start_session(kept_id, fleet="tests", agent_id="a")
+        kept = await recorder.start_session(f"kept-{uuid.uuid4().hex[:8]}", fleet="tests", agent_id="a")
         await say(kept, 0, ["Lisbon", "Porto"])
         await kept.end("hangup")
-        live = await recorder.start_session(live_id, fleet="tests", agent_id="a")
+        live = await recorder.start_session(f"live-{uuid.uuid4().hex[:8]}", fleet="tests", agent_id="a")
         await say(live, 0, FORGOTTEN_WORDS)
+        finalized_id, live_id, kept_id = finished.session_id, live.session_id, kept.session_id
         wait_until(lambda: status_of(store, finalized_id) == "finalized" and status_of(store, kept_id) == "finalized"
                    and rows_of(store, live_id)["transcript_turns"] == 2, timeout=TIMEOUT, what="sessions stored")
         wait_until(lambda: started_sessions(store) == 3, timeout=TIMEOUT, what="analytics counted three sessions")
@@ -159,11 +160,11 @@ async def test_forgotten_sessions_leave_no_word_in_the_store_or_any_replay_and_o
 async def test_a_forget_killed_before_its_ledger_record_and_a_sink_killed_mid_erasure_both_finish(new_pipeline):
     pipeline = new_pipeline(("sequencer", "sink"))
     settings, store = pipeline.settings, pipeline.store
-    session_id = f"kill-{uuid.uuid4().hex[:8]}"
     async with SessionRecorder(settings) as recorder:
-        session = await recorder.start_session(session_id, fleet="tests", agent_id="a")
+        session = await recorder.start_session(f"kill-{uuid.uuid4().hex[:8]}", fleet="tests", agent_id="a")
         await say(session, 0, FORGOTTEN_WORDS)
         await session.end("hangup")
+    session_id = session.session_id
     wait_until(lambda: status_of(store, session_id) == "finalized", timeout=TIMEOUT, what="stored")
 
     # The sink dies with the erasure's deletes written and not committed ...
@@ -195,6 +196,7 @@ async def test_a_session_the_store_never_held_is_forgotten_with_its_fleet_named_
     pipeline = new_pipeline(("sequencer", "sink"))
     settings, store = pipeline.settings, pipeline.store
     session_id = f"spooled-only-{uuid.uuid4().hex[:8]}"  # e.g. only in a dead agent's spool, broker away
+    key = session_key("tests", session_id)  # what the fleet's recorder writes it under
     try:
         request_erasure(settings, store, session_id, requested_by="api:x", fleets=["tests"], fleet="tests",
                         wait_seconds=0)
@@ -203,7 +205,7 @@ async def test_a_session_the_store_never_held_is_forgotten_with_its_fleet_named_
         pass
     outcome = request_erasure(settings, store, session_id, requested_by="cli:test", fleets=["tests"], fleet="tests",
                               unstored=True, wait_seconds=TIMEOUT)
-    assert (outcome.status, outcome.fleet, outcome.published) == ("done", "tests", True)
+    assert (outcome.session_id, outcome.status, outcome.fleet, outcome.published) == (key, "done", "tests", True)
     # Its events, if they ever arrive, are dropped: the store holds it as forgotten.
     async with SessionRecorder(settings.model_copy(update={"spool_dir": str(pipeline.log_dir / "late")})) as recorder:
         # The recorder may learn of the erasure from the ledger first and refuse: either way nothing is stored.
@@ -215,4 +217,4 @@ async def test_a_session_the_store_never_held_is_forgotten_with_its_fleet_named_
         marker = await recorder.start_session(f"after-{uuid.uuid4().hex[:8]}", fleet="tests", agent_id="a")
         await marker.end("hangup")
     wait_until(lambda: status_of(store, marker.session_id) == "finalized", timeout=TIMEOUT, what="marker stored")
-    assert rows_of(store, session_id) == {"sessions": 0, "session_events": 0, "transcript_turns": 0}
+    assert rows_of(store, key) == {"sessions": 0, "session_events": 0, "transcript_turns": 0}

@@ -18,6 +18,7 @@ import re
 import shutil
 import uuid
 from collections.abc import AsyncIterator
+from urllib.parse import urlencode
 
 import httpx
 import pytest
@@ -87,6 +88,12 @@ async def until(probe, what: str, timeout: float = 60):
     return await asyncio.to_thread(wait_until, probe, timeout=timeout, what=what)
 
 
+def live_url(pipeline, session_id: str) -> str:
+    """The live page of ``session_id`` (a session key), its fragment written as the page writes it
+    (``URLSearchParams``: the key's ``:`` is ``%3A``)."""
+    return f"http://127.0.0.1:{pipeline.settings.api_port}/live#{urlencode({'session': session_id})}"
+
+
 async def sign_in(page: Page, url: str, token: str) -> None:
     """Open the page at ``url`` (``/live#session=<id>``) and type the token into its form."""
     await page.goto(url)
@@ -107,10 +114,9 @@ async def page_turns(page: Page) -> list[tuple[int, str, str]]:
 
 async def test_live_page_shows_turns_partials_and_survives_a_forced_disconnect(page_pipeline, page):
     pipeline = page_pipeline
-    session_id = f"page-{uuid.uuid4().hex[:6]}"
-    url = f"http://127.0.0.1:{pipeline.settings.api_port}/live#session={session_id}"
     async with SessionRecorder(pipeline.settings) as recorder:
-        session = await recorder.start_session(session_id, fleet="fleet-page", agent_id="agent-1")
+        session = await recorder.start_session(f"page-{uuid.uuid4().hex[:6]}", fleet="fleet-page", agent_id="agent-1")
+        session_id, url = session.session_id, live_url(pipeline, session.session_id)
         await session.complete_turn(0, "user", "Hello, is this the help line?")
         await until(lambda: stored_turns(pipeline, session_id), "turn 0 committed to the store")
 
@@ -147,18 +153,18 @@ async def test_live_page_shows_turns_partials_and_survives_a_forced_disconnect(p
     assert await page_turns(page) == expected
     assert [index for index, _, _ in expected] == [0, 1, 2, 3]
     assert await page.get_attribute("#state", "data-state") == "ended"
-    assert page.url.endswith(f"/live#session={session_id}")
+    assert page.url == url  # the address names the session, and nothing else
 
 
 async def test_live_page_wipes_a_session_forgotten_while_shown_and_does_not_reconnect(page_pipeline, page):
     pipeline = page_pipeline
-    session_id = f"gone-{uuid.uuid4().hex[:6]}"
     base = f"http://127.0.0.1:{pipeline.settings.api_port}"
     async with SessionRecorder(pipeline.settings) as recorder:
-        session = await recorder.start_session(session_id, fleet="fleet-page", agent_id="agent-1")
+        session = await recorder.start_session(f"gone-{uuid.uuid4().hex[:6]}", fleet="fleet-page", agent_id="agent-1")
+        session_id = session.session_id
         await session.complete_turn(0, "user", "My address is 12 Wolverhampton Road")
         await until(lambda: stored_turns(pipeline, session_id), "turn 0 committed to the store")
-        await sign_in(page, f"{base}/live#session={session_id}", "page-token")
+        await sign_in(page, live_url(pipeline, session_id), "page-token")
         await page.wait_for_function("() => document.querySelector('#turn-0 .text')?.textContent.includes('Wolverhampton')")
         async with httpx.AsyncClient(base_url=base, headers={"Authorization": "Bearer page-token"}) as client:
             answer = await client.delete(f"/api/sessions/{session_id}", params={"wait": 30}, timeout=60)
@@ -191,10 +197,9 @@ async def test_an_old_link_with_the_token_in_its_fragment_loses_it_unused(page_p
 
 async def test_live_page_marks_a_barged_in_turn_cut_off_apart_from_an_interrupted_one(page_pipeline, page):
     pipeline = page_pipeline
-    session_id = f"barge-{uuid.uuid4().hex[:6]}"
-    url = f"http://127.0.0.1:{pipeline.settings.api_port}/live#session={session_id}"
     async with SessionRecorder(pipeline.settings) as recorder:
-        session = await recorder.start_session(session_id, fleet="fleet-page", agent_id="agent-1")
+        session = await recorder.start_session(f"barge-{uuid.uuid4().hex[:6]}", fleet="fleet-page", agent_id="agent-1")
+        session_id, url = session.session_id, live_url(pipeline, session.session_id)
         session.update_partial(0, "agent", "Your order ships on")
         await session.flush_partial()
         await session.complete_turn(0, "agent", "Your order ships on Mon", barged_in=True)  # the user cut in
