@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from turnlog.schemas.session_keys import session_key
+from turnlog.tools.demo.keys import DEMO_FLEET
 from turnlog.tools.demo.runner import DemoOptions, choose_kills, run_demo
 from turnlog.tools.demo.transcripts import load_transcript
 
@@ -37,14 +39,15 @@ def test_the_demo_kills_an_agent_mid_turn_and_every_session_stays_intact(kafka_b
 
     report = json.loads(report_path.read_text())
     assert report["ok"] and len(report["kills"]) == 1
-    by_id = {s["session_id"].rsplit(".", 1)[0]: s for s in report["sessions"]}
-    killed = by_id[report["kills"][0]["session_id"].rsplit(".", 1)[0]]
+    # A session is reported by its key (as the store holds it): the demo fleet's '<file stem>.<run id>'.
+    by_file = {s["session_id"].rsplit(".", 1)[0]: s for s in report["sessions"]}  # '<fleet>:<file stem>'
+    killed = by_file[report["kills"][0]["session_id"].rsplit(".", 1)[0]]
     # The kill lands mid-turn, after two flushes of it: at least that turn is left interrupted
     # (overlapping turns open at that moment may be too), and each is said again in full.
     assert killed["interrupted_turns"] >= 1 and killed["generations"] == 2
     assert killed["stored_turns"] == killed["input_turns"] + killed["interrupted_turns"]
     for name in CHOSEN:
-        session = by_id[name.removesuffix(".jsonl")]
+        session = by_file[session_key(DEMO_FLEET, name.removesuffix(".jsonl"))]
         assert session["status"] == "finalized" and session["problems"] == []
         assert session["complete_turns"] == len(load_transcript(transcripts / name))
 

@@ -4,6 +4,7 @@ event, the direct peer's statements and summary, the ratios against the peers, q
 
 import asyncio
 import math
+import re
 import time
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from pydantic import SecretStr
 
 from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, decode_event
+from turnlog.schemas.session_keys import session_key
 from turnlog.tools.bench.baselines import batch_rate, percentile
 from turnlog.tools.bench.direct import (
     EVENT_SQL,
@@ -38,7 +40,7 @@ from turnlog.tools.bench.probes import (
 from turnlog.tools.bench.profile import summarize
 from turnlog.tools.bench.ratios import peer_ratios
 from turnlog.tools.bench.resume_probe import resume_summary
-from turnlog.tools.bench.workload import encoded_events, events_per_second, plan_sessions
+from turnlog.tools.bench.workload import BENCH_FLEET, encoded_events, events_per_second, plan_sessions, replayed_keys
 
 SESSIONS = Path(__file__).resolve().parents[2] / "data" / "sessions"
 
@@ -55,13 +57,29 @@ def test_each_session_is_started_then_its_turns_in_seq_order_then_ended(plans):
         event = decode_event(raw)
         assert event.session_id == key
         by_session.setdefault(key, []).append(event)
-    assert set(by_session) == {p.session_id for p in plans}
+    assert set(by_session) == {p.key for p in plans}  # as the recorder sends them: under their keys
     for plan in plans:
-        got = by_session[plan.session_id]
+        got = by_session[plan.key]
         assert [e.seq for e in got] == list(range(len(got)))
         assert isinstance(got[0], SessionStarted) and isinstance(got[-1], SessionEnded)
         completed = [e for e in got if isinstance(e, TurnCompleted)]
         assert [c.text for c in completed] == [t.text for t in plan.turns]
+
+
+def _like(value: str, pattern: str) -> bool:
+    """SQL's ``value LIKE pattern`` (no escapes)."""
+    return re.fullmatch("".join(".*" if c == "%" else "." if c == "_" else re.escape(c) for c in pattern), value,
+                        re.DOTALL) is not None
+
+
+def test_a_phase_finds_the_keys_of_its_own_replays_only(plans):
+    plan = plans[3]
+    key = session_key(BENCH_FLEET, plan.replay_id("l50", 2))  # what the recorder writes the replay under
+    assert plan.key == f"{BENCH_FLEET}:{plan.session_id}" and key.startswith(plan.key)
+    assert _like(key, replayed_keys("t", "l50") + "%")
+    assert not _like(key, replayed_keys("t", "l5") + "%")  # another phase
+    assert not _like(key, replayed_keys("u", "l50") + "%")  # another run
+    assert not _like(plan.replay_id("l50", 2), replayed_keys("t", "l50") + "%")  # a bare id is not its key
 
 
 def test_sessions_on_the_same_transcript_say_different_windows(plans):

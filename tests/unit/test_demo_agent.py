@@ -1,19 +1,25 @@
-"""The replay agent's timing with overlapping turns, on a fake session (no broker)."""
+"""The replay agent's timing with overlapping turns, on a fake session (no broker); how the harness
+names the sessions its agents record."""
 
 from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import shutil
+from pathlib import Path
 
 import pytest
 
+from turnlog.exceptions import ConfigurationError
 from turnlog.tools.demo.agent import _play, replay_plan
+from turnlog.tools.demo.runner import agent_session_options, load_sessions
 from turnlog.tools.demo.transcripts import recording_time
 
 from tests.unit.demo_turns import OVERLAPPING_TURNS
 
 BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 SPEED = 50.0  # 22 recorded seconds in 0.44 s
+SESSIONS = Path(__file__).resolve().parents[2] / "data" / "sessions"
 
 
 class FakeSession:
@@ -89,3 +95,15 @@ async def test_a_failed_turn_stops_the_replay_with_its_error():
         await _play(session, replay_plan(OVERLAPPING_TURNS), speed=SPEED, base_time=BASE, terminating=asyncio.Event())
     assert session.completed() == [1, 0]  # the open turns 2 and 3 were cancelled at once, 4 never began
     assert not any(index == 4 for _, index, _ in session.calls)
+
+
+def test_the_harness_names_each_session_by_its_key_and_gives_its_agent_the_id(tmp_path):
+    shutil.copy(SESSIONS / "ami-IS1004a.jsonl", tmp_path / "ami-IS1004a.jsonl")
+    transcripts, paths = load_sessions(tmp_path, "r1")
+    # The store, the latency logs and the reports name it by its key; the agent makes that key
+    # from the fleet and the id it is given.
+    assert list(transcripts) == list(paths) == ["demo:ami-IS1004a.r1"]
+    assert agent_session_options("demo:ami-IS1004a.r1") == ["--fleet", "demo", "--session-id", "ami-IS1004a.r1"]
+    shutil.move(tmp_path / "ami-IS1004a.jsonl", tmp_path / "ami IS1004a.jsonl")  # no session id holds a space
+    with pytest.raises(ConfigurationError, match="cannot name a session"):
+        load_sessions(tmp_path, "r1")

@@ -32,7 +32,7 @@ PIPELINE_READY_TIMEOUT_SECONDS = 180.0
 class Workload:
     """What every run has: the run's settings (its own topics, groups and spool folder), the
     options, its id and log folder, and the workload: ``plans`` and ``payloads``, their events
-    encoded (``(session id, event bytes)``, the sessions interleaved)."""
+    encoded (``(session key, event bytes)``, the sessions interleaved)."""
 
     settings: TurnlogSettings
     options: BenchOptions

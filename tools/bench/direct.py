@@ -56,6 +56,7 @@ from turnlog.schemas import (
     TurnStatus,
     encode_event,
 )
+from turnlog.schemas.session_keys import session_key
 from turnlog.sinks.batch import TurnRow
 from turnlog.tools.bench.baselines import percentile
 from turnlog.tools.bench.load import _sleep_until
@@ -129,6 +130,7 @@ class DirectResult:
     turns: int = 0
     #: Transactions committed (one per event).
     transactions: int = 0
+    #: the keys of the sessions written
     sessions: list[str] = field(default_factory=list)
     #: Milliseconds from the agent having a completed turn to its commit returning.
     commit_ms: list[float] = field(default_factory=list)
@@ -200,7 +202,8 @@ async def run_direct(
     connections: int = 16,
     paced: bool = True,
 ) -> DirectResult:
-    """Replay ``plans`` concurrently for ``seconds`` as direct agents; session ids get ``tag``.
+    """Replay ``plans`` concurrently for ``seconds`` as direct agents; session ids get ``tag``
+    (``SessionPlan.replay_id``), and each is written under its key, as the pipeline stores it.
 
     ``paced=False`` drops the clock: each agent writes its events back to back,
     which gives the design's capacity (the pool and this process's core are
@@ -215,9 +218,9 @@ async def run_direct(
             await asyncio.sleep(slot % 100 / 100)  # spread the starts over the first second, as load.py
             round_ = 0
             while time.monotonic() < stop_at:
-                session_id = f"{plan.session_id}-{tag}-{round_}"
-                result.sessions.append(session_id)
-                await _replay(pool, plan, session_id, speed, flush_interval, stop_at, stop, result, paced=paced)
+                key = session_key(BENCH_FLEET, plan.replay_id(tag, round_))
+                result.sessions.append(key)
+                await _replay(pool, plan, key, speed, flush_interval, stop_at, stop, result, paced=paced)
                 round_ += 1
 
         began = time.monotonic()
@@ -230,7 +233,7 @@ async def _replay(
     pool: DirectPool, plan: SessionPlan, session_id: str, speed: float, flush: float,
     stop_at: float, stop: asyncio.Event, result: DirectResult, *, paced: bool,
 ) -> None:
-    """One session, on ``load._replay``'s clock, each event a transaction of its own."""
+    """One session (``session_id``: its key), on ``load._replay``'s clock, each event a transaction of its own."""
     seq = 0
 
     async def write(event: Any, due: float, turn: bool = False, session: str | None = None) -> float:

@@ -18,6 +18,7 @@ from turnlog.tools.bench.direct import direct_summary, run_direct
 from turnlog.tools.bench.load import plans_for_rate
 from turnlog.tools.bench.options import BenchOptions
 from turnlog.tools.bench.probes import pg_counters, turn_latencies_ms
+from turnlog.tools.bench.workload import replayed_keys
 
 __all__ = ["measure_direct"]
 
@@ -102,7 +103,7 @@ def _direct(plans, sustained: float, options: BenchOptions, database: str, run: 
         summary = phase(chosen, "d50", paced=True)
         time.sleep(1.0)  # the backends report their statistics as they exit
         counters = pg_counters(admin_dsn, database) - before
-        stored = turn_latencies_ms(dsn, f"bench-{run}-%-d50-")
+        stored = turn_latencies_ms(dsn, replayed_keys(run, "d50"))
         turns = max(summary["turns"], 1)
         out["at_50"] = {
             **summary,

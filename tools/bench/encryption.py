@@ -71,7 +71,7 @@ from turnlog.tools.bench.variants import (
     variant_order,
     wait_applied,
 )
-from turnlog.tools.bench.workload import SessionPlan
+from turnlog.tools.bench.workload import SessionPlan, replayed_keys
 
 __all__ = ["encryption_cost", "run_encryption", "encryption_settings"]
 
@@ -319,7 +319,7 @@ def _variant(
         moderate = phase_figures(began, done, events=load.events, generator=True)
         moderate["records"] = done.applied - began.applied
         moderate["transactions"] = transcript_end(variant) - ends_before - moderate["records"]
-        samples = turn_latencies_ms(dsn, f"bench-{run}-%-{name}-")
+        samples = turn_latencies_ms(dsn, replayed_keys(run, name))
         moderate.update(latency_figures(load, samples))
         # The sink's own histogram of the same turns, beside the bench's figures (histogram.py).
         moderate["sink_histogram"] = compare_histogram(scrape_buckets(port) - histogram_before, moderate)

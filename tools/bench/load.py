@@ -34,6 +34,7 @@ class LoadResult:
     seconds: float = 0.0
     events: int = 0
     turns: int = 0
+    #: the keys of the sessions started (``RecordedSession.session_id``)
     sessions: list[str] = field(default_factory=list)
     #: Milliseconds each ``complete_turn`` took (its spool fsync and broker ack): a
     #: session's next turn waits for it, so slow acks lower the offered rate.
@@ -70,7 +71,7 @@ async def run_load(
     stop: asyncio.Event | None = None
 ) -> LoadResult:
     """Replay ``plans`` concurrently at ``speed`` for ``seconds``, or until ``stop`` is
-    set (each session then ends at its next step); session ids get ``tag``.
+    set (each session then ends at its next step); session ids get ``tag`` (``SessionPlan.replay_id``).
 
     Raises:
         SpoolFullError: the broker stayed away until the recorder's spool filled.
@@ -84,9 +85,7 @@ async def run_load(
             await asyncio.sleep(slot % 100 / 100)  # spread the starts over the first second
             round_ = 0
             while time.monotonic() < stop_at and not stop.is_set():
-                session_id = f"{plan.session_id}-{tag}-{round_}"
-                result.sessions.append(session_id)
-                await _replay(recorder, plan, session_id, speed, stop_at, stop, result)
+                await _replay(recorder, plan, plan.replay_id(tag, round_), speed, stop_at, stop, result)
                 round_ += 1
 
         began = time.monotonic()
@@ -100,6 +99,7 @@ async def _replay(
     result: LoadResult
 ) -> None:
     session = await recorder.start_session(session_id, fleet=BENCH_FLEET, agent_id="bench")
+    result.sessions.append(session.session_id)
     flush = recorder.settings.flush_interval_seconds
     clock0 = time.monotonic()
     t0 = plan.turns[0].start_s

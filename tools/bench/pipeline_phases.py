@@ -16,6 +16,7 @@ from typing import Any
 
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, wait_all_ready
 from turnlog.schemas import SessionStarted, TurnPartial, encode_event
+from turnlog.schemas.session_keys import session_key
 from turnlog.tools.bench import baselines as base
 from turnlog.tools.bench.context import PIPELINE_READY_TIMEOUT_SECONDS, BenchRun, Report
 from turnlog.tools.bench.histogram import compare as compare_histogram
@@ -38,7 +39,7 @@ from turnlog.tools.bench.probes import (
 )
 from turnlog.tools.bench.profile import start_profiles, summarize
 from turnlog.tools.bench.stages import turn_stage_latencies
-from turnlog.tools.bench.workload import encoded_events, events_per_second, plan_sessions
+from turnlog.tools.bench.workload import BENCH_FLEET, encoded_events, events_per_second, plan_sessions, replayed_keys
 
 __all__ = [
     "measure_baselines",
@@ -285,8 +286,9 @@ def measure_latency(run: BenchRun, report: Report) -> None:
         after = pg_counters(admin_psycopg, database) - before
         phase_batches = sink_batches(options.metrics_port) - batches_before
         stored = scrape_buckets(options.metrics_port) - histogram_before
-        mine = turn_latencies_ms(psycopg_dsn, f"bench-{run.run_id}-%-{tag}-")
-        stages = turn_stage_latencies(settings, psycopg_dsn, f"bench-{run.run_id}-%-{tag}-").summary()
+        keys = replayed_keys(run.run_id, tag)
+        mine = turn_latencies_ms(psycopg_dsn, keys)
+        stages = turn_stage_latencies(settings, psycopg_dsn, keys).summary()
         report["latency"][f"{int(share * 100)}%"] = {
             "offered_events_per_second": load.events_per_second,
             "turns": len(mine),
@@ -335,12 +337,12 @@ def measure_memory(run: BenchRun, report: Report) -> None:
             events = []
             now = dt.datetime.now(dt.UTC)
             for i in range(options.memory_sessions):
-                sid = f"bench-{run.run_id}-open-{opened + i:06d}"
-                env: dict[str, Any] = dict(session_id=sid, epoch=0, producer_id="bench", emitted_at=now)
-                events.append((sid,
-                               encode_event(SessionStarted(event_id=uuid.uuid4(), seq=0, fleet="bench",
+                key = session_key(BENCH_FLEET, f"bench-{run.run_id}-open-{opened + i:06d}")
+                env: dict[str, Any] = dict(session_id=key, epoch=0, producer_id="bench", emitted_at=now)
+                events.append((key,
+                               encode_event(SessionStarted(event_id=uuid.uuid4(), seq=0, fleet=BENCH_FLEET,
                                                            agent_id="bench", started_at=now, **env))))
-                events.append((sid,
+                events.append((key,
                                encode_event(TurnPartial(event_id=uuid.uuid4(), seq=1, turn_index=0, speaker="A",
                                                         text="hello there", started_at=now, **env))))
             base.produce_all(settings, settings.topics.events, events)

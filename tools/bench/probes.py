@@ -191,8 +191,9 @@ def require_commit_timestamps(dsn: str) -> None:
             )
 
 
-def turn_latencies_ms(dsn: str, session_prefix: str) -> list[float]:
-    """Milliseconds from each completed turn's ``emitted_at`` to the commit of its row.
+def turn_latencies_ms(dsn: str, key_prefix: str) -> list[float]:
+    """Milliseconds from each completed turn's ``emitted_at`` to the commit of its row, of the sessions
+    whose key starts with ``key_prefix`` (a ``LIKE`` prefix: ``workload.replayed_keys``).
 
     The row's ``xmin`` is the transaction that wrote the completed turn (nothing
     writes a complete row again), and ``pg_xact_commit_timestamp`` its commit time.
@@ -202,7 +203,7 @@ def turn_latencies_ms(dsn: str, session_prefix: str) -> list[float]:
             "SELECT EXTRACT(EPOCH FROM pg_xact_commit_timestamp(t.xmin) - e.emitted_at) * 1000"
             " FROM transcript_turns t JOIN session_events e ON e.session_id = t.session_id AND e.seq = t.seq"
             f" WHERE t.session_id LIKE %s AND t.status = '{TurnStatus.COMPLETE}'",
-            (session_prefix + "%",),
+            (key_prefix + "%",),
         ).fetchall()
     return [float(r[0]) for r in rows if r[0] is not None]
 

@@ -9,7 +9,7 @@ Each sample, one after another:
 3. a *successor*, a new ``SessionRecorder`` with a spool of its own (a new
    process's view: a new producer, and on the store path a store of its own
    whose first connection is made inside the resume), is started;
-4. ``successor.resume(session_id)`` is timed end to end: draining this host's
+4. ``successor.resume(key)`` is timed end to end: draining this host's
    spool of the session, the resume barrier (the sequencer and the sink
    caught up on the session's partition), the epoch claim and the read of the
    stored turns. The grant must hold the ``turns`` completed turns, or the
@@ -19,7 +19,7 @@ Each sample, one after another:
 Steps 1 to 4 happen right after one another, so the barrier waits for the
 pipeline to apply the turns just acknowledged: the worst moment to resume, as
 right after a crash. Paths alternate sample by sample (``store``: the recorder
-opens the store itself; ``api``: ``POST /api/sessions/{id}/resume`` of a
+opens the store itself; ``api``: ``POST /api/sessions/{key}/resume`` of a
 running ``turnlog api``), so each sees the same load. A resume that fails
 (timeout, error) is a sample of infinite latency: it shows in the percentiles.
 
@@ -146,10 +146,10 @@ async def _one(
     try:
         began = time.perf_counter()
         try:
-            resumed = await successor.resume(session_id, fleet=BENCH_FLEET, timeout=timeout)
+            resumed = await successor.resume(session.session_id, timeout=timeout)  # by the key the origin wrote
         except Exception as e:  # a failed resume is a sample too: of infinite latency
             into.samples_ms.append(float("inf"))
-            into.failures.append(f"{session_id}: {type(e).__name__}: {e}")
+            into.failures.append(f"{session.session_id}: {type(e).__name__}: {e}")
             return
         into.samples_ms.append((time.perf_counter() - began) * 1000)
         if [(t.turn_index, t.status) for t in resumed.turns] != [(k, TurnStatus.COMPLETE) for k in range(turns)]:

@@ -1,6 +1,6 @@
 """Where a completed turn's turn-to-store time goes, stage by stage.
 
-For every completed turn of the sessions matching a prefix, four instants:
+For every completed turn of the sessions whose keys match a prefix, four instants:
 
 - ``emitted_at``: the recorder stamped the event (``complete_turn``);
 - the ``events`` record's CreateTime: the drainer handed it to librdkafka
@@ -59,8 +59,8 @@ class StageLatencies:
 def _completed_turn_times(
     settings: TurnlogSettings, topic: str, sessions: re.Pattern[str]
 ) -> dict[tuple[str, int], float]:
-    """``{(session_id, seq): record CreateTime in epoch ms}`` of every ``turn.completed`` record in ``topic``
-    whose session id matches ``sessions``."""
+    """``{(session key, seq): record CreateTime in epoch ms}`` of every ``turn.completed`` record in ``topic``
+    whose session key matches ``sessions``."""
     with kafka.OffsetReader(settings) as offsets:
         marks = offsets.watermarks(topic)
         ends = offsets.record_ends(topic)  # the transcript is written in transactions: it may end in markers
@@ -91,9 +91,10 @@ def _completed_turn_times(
     return times
 
 
-def turn_stage_latencies(settings: TurnlogSettings, dsn: str, session_prefix: str) -> StageLatencies:
-    """Stage latencies of the completed turns of sessions whose id starts with ``session_prefix``
-    (in which ``%`` stands for any run of characters, as in :func:`probes.turn_latencies_ms`).
+def turn_stage_latencies(settings: TurnlogSettings, dsn: str, key_prefix: str) -> StageLatencies:
+    """Stage latencies of the completed turns of sessions whose key starts with ``key_prefix``
+    (in which ``%`` stands for any run of characters, as in :func:`probes.turn_latencies_ms`:
+    ``workload.replayed_keys``).
 
     ``dsn`` is a psycopg (not SQLAlchemy) URL. Turns missing from either topic
     or the store are left out.
@@ -102,7 +103,7 @@ def turn_stage_latencies(settings: TurnlogSettings, dsn: str, session_prefix: st
         TimeoutError: a topic was not read to its end within 60 s.
         BrokerError: the broker did not answer.
     """
-    sessions = re.compile(".*".join(re.escape(part) for part in session_prefix.split("%")), re.DOTALL)
+    sessions = re.compile(".*".join(re.escape(part) for part in key_prefix.split("%")), re.DOTALL)
     produced = _completed_turn_times(settings, settings.topics.events, sessions)
     emitted = _completed_turn_times(settings, settings.topics.transcript, sessions)
     with psycopg.connect(dsn, autocommit=True) as conn:
@@ -111,7 +112,7 @@ def turn_stage_latencies(settings: TurnlogSettings, dsn: str, session_prefix: st
             " EXTRACT(EPOCH FROM pg_xact_commit_timestamp(t.xmin)) * 1000"
             " FROM transcript_turns t JOIN session_events e ON e.session_id = t.session_id AND e.seq = t.seq"
             " WHERE t.session_id LIKE %s AND t.status = %s",
-            (session_prefix + "%", str(TurnStatus.COMPLETE)),
+            (key_prefix + "%", str(TurnStatus.COMPLETE)),
         ).fetchall()
     spool, sequence, store, total = [], [], [], []
     for session_id, seq, emitted_ms, committed_ms in rows:

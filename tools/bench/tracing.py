@@ -71,7 +71,7 @@ from turnlog.tools.bench.variants import (
     variant_order,
     wait_applied,
 )
-from turnlog.tools.bench.workload import SessionPlan
+from turnlog.tools.bench.workload import SessionPlan, replayed_keys
 
 __all__ = ["run_tracing", "tracing_cost", "discard_receiver", "TRACE_SAMPLE_RATIO", "DISCARD_RECEIVER"]
 
@@ -228,7 +228,7 @@ def _variant_exporting(
         moderate = phase_figures(began, done, events=load.events, generator=True)
         moderate["records"] = done.applied - began.applied
         moderate["transactions"] = transcript_end(variant) - ends_before - moderate["records"]
-        samples = turn_latencies_ms(dsn, f"bench-{run}-%-{name}-")
+        samples = turn_latencies_ms(dsn, replayed_keys(run, name))
         moderate.update(latency_figures(load, samples))
         out["moderate"] = moderate
         out["load_average"].append(os.getloadavg()[0])

@@ -8,7 +8,7 @@ acknowledged, then the states in a second round trip (``stream_processors/emitte
 Each mode runs as a variant of its own: topics, consumer groups, database and pipeline
 (sequencer, sink, finalizer) of its own, on the same workload:
 
-1. **capacity**: the same backlog (``(session id, event bytes)``) is produced to the
+1. **capacity**: the same backlog (``(session key, event bytes)``) is produced to the
    variant's events topic while its pipeline is down; the pipeline then drains it.
    Events/s from the first record the sink applied to the last, counted by the sink's
    ``turnlog_sink_records_total{outcome="applied"}`` (records: the transcript's offsets
@@ -69,7 +69,7 @@ from turnlog.tools.bench.variants import (
     variant_order,
     wait_applied,
 )
-from turnlog.tools.bench.workload import SessionPlan
+from turnlog.tools.bench.workload import SessionPlan, replayed_keys
 
 __all__ = ["variant_order", "pool_runs", "on_over_off", "run_transactions", "MODERATE_RATE"]
 
@@ -204,7 +204,7 @@ def _variant(
         moderate = phase_figures(began, done, events=load.events, generator=True)
         moderate["records"] = done.applied - applied_before
         moderate["transactions"] = transcript_end(variant) - ends_before - moderate["records"]
-        samples = turn_latencies_ms(dsn, f"bench-{run}-%-{name}-")
+        samples = turn_latencies_ms(dsn, replayed_keys(run, name))
         moderate.update(latency_figures(load, samples))
         # The sink's own histogram of the same turns, beside the bench's figures (histogram.py).
         moderate["sink_histogram"] = compare_histogram(scrape_buckets(port) - histogram_before, moderate)

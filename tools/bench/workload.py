@@ -2,7 +2,8 @@
 
 Session ``i`` replays a window of ``turns_per_session`` turns of transcript
 ``i mod len(files)``, starting at a turn that shifts with ``i`` so sessions on
-the same file say different things. Time is compressed by ``speed``: a turn
+the same file say different things. Each is :data:`BENCH_FLEET`'s session, written under
+its key (``bench:<id>``) as the recorder writes it. Time is compressed by ``speed``: a turn
 starts when the recording says (or when the previous one ended, one turn at a
 time) and lasts its recorded length. While a turn is spoken its text grows
 word by word and the recorder's timer flushes it as a partial every
@@ -22,9 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, encode_event
+from turnlog.schemas.session_keys import session_key
 from turnlog.tools.demo.transcripts import InputTurn, find_transcripts, load_transcript, token_counts
 
-__all__ = ["SessionPlan", "plan_sessions", "encoded_events", "events_per_second", "BENCH_FLEET"]
+__all__ = ["SessionPlan", "plan_sessions", "encoded_events", "events_per_second", "replayed_keys", "BENCH_FLEET"]
 
 BENCH_FLEET = "bench"
 _BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
@@ -32,10 +34,21 @@ _BASE = dt.datetime(2026, 1, 1, tzinfo=dt.UTC)
 
 @dataclass(frozen=True, slots=True)
 class SessionPlan:
-    """One benchmark session: its id and the input turns it says, in order."""
+    """One benchmark session: its id (as an agent gives it to ``start_session``) and the input turns
+    it says, in order."""
 
     session_id: str
     turns: tuple[InputTurn, ...]
+
+    @property
+    def key(self) -> str:
+        """The session's key: what the recorder writes it under, so what the topics and the store name it by."""
+        return session_key(BENCH_FLEET, self.session_id)
+
+    def replay_id(self, tag: str, round_: int) -> str:
+        """The id of this plan's ``round_``-th replay in the phase ``tag`` (``load.run_load``,
+        ``direct.run_direct``); :func:`replayed_keys` matches their keys."""
+        return f"{self.session_id}-{tag}-{round_}"
 
     def partials(self, turn: InputTurn, flush_interval: float, speed: float) -> int:
         """Partials the timer sends for ``turn`` (one per whole flush interval it lasts)."""
@@ -64,8 +77,19 @@ def plan_sessions(
         turns = transcripts[i % len(transcripts)]
         window = min(turns_per_session, len(turns))
         start = (i // len(transcripts)) * 7 % max(1, len(turns) - window + 1)
-        plans.append(SessionPlan(f"bench-{run}-{i:05d}", tuple(turns[start : start + window])))
+        plans.append(SessionPlan(f"{_id_prefix(run)}{i:05d}", tuple(turns[start : start + window])))
     return plans
+
+
+def _id_prefix(run_id: str) -> str:
+    return f"bench-{run_id}-"
+
+
+def replayed_keys(run_id: str, tag: str) -> str:
+    """A ``LIKE`` prefix (``%``: any run of characters) of the keys of the sessions the plans of run
+    ``run_id`` (:func:`plan_sessions`) were replayed as in the phase ``tag`` (:meth:`SessionPlan.replay_id`),
+    as ``probes.turn_latencies_ms`` and ``stages.turn_stage_latencies`` take it."""
+    return f"{session_key(BENCH_FLEET, _id_prefix(run_id))}%-{tag}-"
 
 
 def events_per_second(plans: list[SessionPlan], *, speed: float, flush_interval: float) -> float:
@@ -78,19 +102,20 @@ def events_per_second(plans: list[SessionPlan], *, speed: float, flush_interval:
 
 
 def encoded_events(plans: list[SessionPlan], *, flush_interval: float, speed: float) -> list[tuple[str, bytes]]:
-    """``[(session_id, event bytes)]`` of every plan, the sessions interleaved
-    round-robin (each session's own events in seq order), as the recorder would send them."""
+    """``[(session key, event bytes)]`` of every plan, the sessions interleaved
+    round-robin (each session's own events in seq order), as the recorder would send them
+    (each under its key: :attr:`SessionPlan.key`)."""
     per_session = [_session_events(plan, flush_interval, speed) for plan in plans]
     interleaved: list[tuple[str, bytes]] = []
     for position in range(max(len(events) for events in per_session)):
         for plan, events in zip(plans, per_session, strict=True):
             if position < len(events):
-                interleaved.append((plan.session_id, events[position]))
+                interleaved.append((plan.key, events[position]))
     return interleaved
 
 
 def _session_events(plan: SessionPlan, flush_interval: float, speed: float) -> list[bytes]:
-    sid = plan.session_id
+    sid = plan.key
     seq = 0
     now = dt.datetime.now(dt.UTC)
 

@@ -78,7 +78,8 @@ async def replay_transcript(
     fleet: str = DEMO_FLEET,
     latency_log: Path | None = None,
 ) -> None:
-    """Record ``path`` as ``session_id``; with ``resume``, continue it in a new epoch.
+    """Record ``path`` as ``fleet``'s session ``session_id`` (written under its key,
+    ``<fleet>:<session_id>``); with ``resume``, continue it in a new epoch.
 
     A resumed agent rebuilds its place in the conversation from the stored
     turns ``resume()`` returns, as a real agent would: after the resume barrier

@@ -47,7 +47,7 @@ __all__ = [
 class CompletedTurn(msgspec.Struct, frozen=True):
     """One ``complete_turn`` call that returned: ``started`` (monotonic seconds) and ``seconds`` it took."""
 
-    session_id: str
+    session_id: str  # the session's key (``RecordedSession.session_id``), as the store names it
     turn_index: int
     started: float
     seconds: float
@@ -117,7 +117,7 @@ class LatencyReader:
 
 @dataclass(slots=True)
 class StoredTurns:
-    """When the harness first saw each turn stored complete (``(session id, turn index)`` ->
+    """When the harness first saw each turn stored complete (``(session key, turn index)`` ->
     monotonic seconds). :meth:`observe` is fed by a poll of the store; thread-safe."""
 
     first_seen: dict[tuple[str, int], float] = field(default_factory=dict)

@@ -29,17 +29,19 @@ from turnlog.crypto.keys import parse_public_key
 from turnlog.deploy.local import ensure_local_services
 from turnlog.deploy.processes import ServiceProcess, start_pipeline, stop_all, turnlog_command, wait_all_ready
 from turnlog.deploy.topics import create_topics
+from turnlog.exceptions import ConfigurationError
 from turnlog.schemas import SessionStatus
+from turnlog.schemas.session_keys import SessionKeyError, local_id, session_key
 from turnlog.settings import TurnlogSettings
 from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.tables import session_events, sessions
-from turnlog.tools.demo.keys import with_run_keys
+from turnlog.tools.demo.keys import DEMO_FLEET, with_run_keys
 from turnlog.tools.demo.scrape_targets import ScrapeTargets
 from turnlog.tools.demo.spools import drain_orphaned_spools
 from turnlog.tools.demo.transcripts import InputTurn, check_replayable, find_transcripts, load_transcript
 from turnlog.tools.demo.verdict import Problem, ProblemKind, SessionVerdict, judge_session
 
-__all__ = ["DemoOptions", "run_demo", "choose_kills", "load_sessions"]
+__all__ = ["DemoOptions", "run_demo", "choose_kills", "load_sessions", "agent_session_options"]
 
 logger = logging.getLogger(__name__)
 POLL_SECONDS = 0.5
@@ -66,7 +68,7 @@ class DemoOptions:
 
 @dataclass(frozen=True, slots=True)
 class KillPlan:
-    session_id: str
+    session_id: str  # the session's key (load_sessions)
     input_turn: int
     #: fraction of the turn's real duration after which SIGKILL lands
     at_fraction: float
@@ -150,14 +152,14 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
     env = settings.as_environment()
     env.pop("TURNLOG_KEYRING_FILE", None)  # agents seal with the public KEK and open nothing
 
-    def spawn(session_id: str, *extra: str) -> AgentProcess:
+    def spawn(key: str, *extra: str) -> AgentProcess:
         argv = turnlog_command(
-            "replay-agent", str(paths[session_id]), "--session-id", session_id, "--speed", str(options.speed),
+            "replay-agent", str(paths[key]), *agent_session_options(key), "--speed", str(options.speed),
             "--base-time", base_time.isoformat(), *extra,
         )
-        name = f"agent-{session_id}" + ("-resumed" if extra else "")
-        agent_env = env | scrape_targets.environment("agent", session_id)  # a resumed agent keeps the port
-        process = ServiceProcess(name, argv, agent_env, log_dir / f"{name}.log", stdout_pipe=True)
+        name = f"agent-{key}" + ("-resumed" if extra else "")
+        agent_env = env | scrape_targets.environment("agent", key)  # a resumed agent keeps the port
+        process = ServiceProcess(name, argv, agent_env, log_dir / f"{name.replace(':', '-')}.log", stdout_pipe=True)
         agent = AgentProcess(process, on_progress)
         with lock:
             agents.append(agent)
@@ -188,8 +190,8 @@ def run_demo(settings: TurnlogSettings, options: DemoOptions) -> bool:
         wait_all_ready(services, PIPELINE_READY_TIMEOUT_SECONDS)
         replay_started = time.monotonic()
         print(f"pipeline ready in {replay_started - started:.1f}s", flush=True)
-        for session_id in transcripts:
-            spawn(session_id)
+        for key in transcripts:
+            spawn(key)
         _wait_for_agents(agents, lock, len(transcripts) + len(kills), started + options.timeout + 600)
         replay_seconds = time.monotonic() - replay_started
         # An agent that exited while the broker was away left its events in the spool: deliver them.
@@ -270,18 +272,31 @@ def start_lag_exporter(
 
 
 def load_sessions(folder: Path, run_id: str) -> tuple[dict[str, list[InputTurn]], dict[str, Path]]:
-    """The transcripts of ``folder`` under this run's session ids (``<file stem>.<run_id>``), and their files.
+    """The transcripts of ``folder``, and their files, by session key: each file is :data:`DEMO_FLEET`'s
+    session ``<file stem>.<run_id>``, whose key (``demo:<file stem>.<run_id>``) the store, the agents'
+    latency logs and the run's reports name it by (its agent is given the id: :func:`agent_session_options`).
 
     Raises:
-        ConfigurationError: no transcripts, an unreadable one, or one the replay cannot tell turns apart in.
+        ConfigurationError: no transcripts, an unreadable one, one the replay cannot tell turns apart in,
+            or one whose file name cannot make a session id.
     """
     transcripts, paths = {}, {}
     for path in find_transcripts(folder):
         turns = load_transcript(path)
         check_replayable(path, turns)
-        transcripts[f"{path.stem}.{run_id}"] = turns
-        paths[f"{path.stem}.{run_id}"] = path
+        try:
+            key = session_key(DEMO_FLEET, f"{path.stem}.{run_id}")
+        except SessionKeyError as e:
+            raise ConfigurationError(f"transcript {path}: its file name cannot name a session ({e})") from None
+        transcripts[key] = turns
+        paths[key] = path
     return transcripts, paths
+
+
+def agent_session_options(key: str) -> list[str]:
+    """The ``turnlog replay-agent`` options that have it record the session keyed ``key`` (a key of
+    :func:`load_sessions`): its fleet and the id its agent gives it."""
+    return ["--fleet", DEMO_FLEET, "--session-id", local_id(DEMO_FLEET, key)]
 
 
 def _wait_for_agents(agents: list[AgentProcess], lock: threading.Lock, expected: int, deadline: float) -> None:
@@ -296,7 +311,8 @@ def _wait_for_agents(agents: list[AgentProcess], lock: threading.Lock, expected:
 
 
 def wait_for_finalized(store: SqlStore, session_ids: list[str], deadline: float) -> float:
-    """Poll until every session is finalized or the deadline passes; returns seconds waited."""
+    """Poll until every session of ``session_ids`` (their keys) is finalized or the deadline passes;
+    returns seconds waited."""
     begun = time.monotonic()
     while time.monotonic() < deadline:
         with store.engine.connect() as conn:
@@ -310,17 +326,18 @@ def wait_for_finalized(store: SqlStore, session_ids: list[str], deadline: float)
 
 
 def count_events(store: SqlStore, session_ids: list[str]) -> int:
+    """The events the store holds of the sessions keyed ``session_ids``."""
     with store.engine.connect() as conn:
         return conn.execute(select(func.count()).where(session_events.c.session_id.in_(session_ids))).scalar_one()
 
 
 def print_table(verdicts: list[SessionVerdict]) -> None:
-    header = (f"{'session':<26} {'input':>6} {'stored':>6} {'intr':>4} {'status':<10} {'duration s':>10} "
+    header = (f"{'session':<30} {'input':>6} {'stored':>6} {'intr':>4} {'status':<10} {'duration s':>10} "
               f"{'events':>7}  problems")
     print("\n" + header)
     print("-" * len(header))
     for v in verdicts:
         duration = f"{v.duration_seconds:.1f}" if v.duration_seconds is not None else "-"
         problems = "; ".join(map(str, v.problems)) or "ok"
-        print(f"{v.session_id:<26} {v.input_turns:>6} {v.stored_turns:>6} {v.interrupted_turns:>4} {v.status:<10}"
+        print(f"{v.session_id:<30} {v.input_turns:>6} {v.stored_turns:>6} {v.interrupted_turns:>4} {v.status:<10}"
               f" {duration:>10} {v.events:>7}  {problems}")

@@ -109,7 +109,7 @@ class VerdictTurn:
 
 @dataclass(slots=True)
 class SessionVerdict:
-    session_id: str
+    session_id: str  # the session's key
     input_turns: int
     stored_turns: int
     complete_turns: int
@@ -147,7 +147,8 @@ def judge_session(
 ) -> SessionVerdict:
     """Compare one session's store rows with its input and with a fold of its event log.
 
-    ``base_time`` is second 0 of the recording (the agents' ``--base-time``);
+    ``session_id`` is the session's key (``<fleet>:<id>``, as the recorder wrote it and the store
+    holds it); ``base_time`` is second 0 of the recording (the agents' ``--base-time``);
     ``kills`` how many of the session's agents were SIGKILLed.
     """
     with store.engine.connect() as conn:

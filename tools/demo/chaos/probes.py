@@ -62,7 +62,7 @@ def _watermarks(settings: TurnlogSettings, topic: str, *, committed_records: boo
 
 
 def _complete_turns(store: SqlStore, session_ids: list[str]) -> list[tuple[str, int]]:
-    """(session id, turn index) of every turn of ``session_ids`` stored complete.
+    """(session key, turn index) of every turn of the sessions keyed ``session_ids`` stored complete.
 
     Raises:
         StoreUnavailableError: the store did not answer.

@@ -23,7 +23,7 @@ from turnlog.sinks import SqlStore
 from turnlog.tools.demo.chaos.options import ChaosOptions
 from turnlog.tools.demo.group_probe import GroupProbe
 from turnlog.tools.demo.latency import CompletedTurn, LatencyReader, StoredTurns
-from turnlog.tools.demo.runner import AgentProcess, load_sessions
+from turnlog.tools.demo.runner import AgentProcess, agent_session_options, load_sessions
 from turnlog.tools.demo.schedule import OUTAGE_WINDOW
 from turnlog.tools.demo.scrape_targets import ScrapeTargets
 
@@ -75,6 +75,7 @@ class _Run:
         self.group_probe = GroupProbe(settings.as_environment(), self.log_dir / "group-probe.log")
         self.env = settings.as_environment()
         self.scrape_targets = ScrapeTargets(options.prometheus_targets, "turnlog-chaos")
+        # The run's sessions by key, as the store, the latency logs and the report name them.
         self.transcripts, self.paths = load_sessions(options.sessions_dir, run_id)
         longest = max(max(t.end_s for t in turns) - turns[0].start_s for turns in self.transcripts.values())
         self.speed = longest / (options.duration * OUTAGE_WINDOW[1])
@@ -147,8 +148,8 @@ class _Run:
             name = f"agent{generation}:{session_id}"
         file_name = name.replace(":", "-")
         argv = turnlog_command(
-            "replay-agent", str(self.paths[session_id]), "--session-id", session_id, "--speed", f"{self.speed:.4f}",
-            "--base-time", self.base_time.isoformat(),
+            "replay-agent", str(self.paths[session_id]), *agent_session_options(session_id),
+            "--speed", f"{self.speed:.4f}", "--base-time", self.base_time.isoformat(),
             "--latency-log", str(self.latency.folder / f"{file_name}.jsonl"), *extra,
         )
         env = self.env | self.scrape_targets.environment("agent", session_id)  # a resumed agent keeps the port
