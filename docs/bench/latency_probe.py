@@ -48,7 +48,7 @@ from turnlog.tools.bench.encryption import encryption_settings
 from turnlog.tools.bench.load import plans_for_rate, run_load
 from turnlog.tools.bench.probes import cpu_seconds, turn_latencies_ms
 from turnlog.tools.bench.stages import turn_stage_latencies
-from turnlog.tools.bench.workload import BENCH_FLEET, plan_sessions
+from turnlog.tools.bench.workload import BENCH_FLEET, plan_sessions, replayed_keys
 
 RATE = float(sys.argv[1]) if len(sys.argv) > 1 else 800.0
 SECONDS = float(sys.argv[2]) if len(sys.argv) > 2 else 30.0
@@ -118,13 +118,13 @@ try:
     deadline = time.monotonic() + 120
     stored: list[float] = []
     while time.monotonic() < deadline:
-        stored = turn_latencies_ms(psycopg_url, f"bench-{run}-%-q-")
+        stored = turn_latencies_ms(psycopg_url, replayed_keys(run, "q"))
         if len(stored) >= load.turns:
             break
         time.sleep(1)
     print(f"turn-to-store over {len(stored):,} of {load.turns:,} turns: p50 {base.percentile(stored, 50):.1f},"
           f" p95 {base.percentile(stored, 95):.1f}, p99 {base.percentile(stored, 99):.1f} ms")
-    stages = turn_stage_latencies(settings, psycopg_url, f"bench-{run}-%-q-").summary()
+    stages = turn_stage_latencies(settings, psycopg_url, replayed_keys(run, "q")).summary()
     print("stages (p50 / p99 ms): " + ", ".join(
         f"{name} {stages[name]['p50']:.1f} / {stages[name]['p99']:.1f}" for name in ("spool", "sequence", "store")))
     # The load phase's CPU; the tail of the drain after it is small at these rates.
