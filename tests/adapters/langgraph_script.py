@@ -25,6 +25,7 @@ from turnlog.adapters.langgraph import LangGraphMirror
 from turnlog.settings import TurnlogSettings
 
 from tests.adapters.langgraph_fakes import ScriptedChat, chat_graph, reply
+from tests.adapters.stored import FLEET
 from tests.support import recorder_for
 
 
@@ -62,7 +63,7 @@ async def second(mirror: LangGraphMirror, config: dict) -> None:
 
 async def main(phase: str, thread: str) -> None:
     async with recorder_for(TurnlogSettings()) as recorder:
-        mirror = await LangGraphMirror.open(recorder, thread, fleet="tests", agent_id="bot")
+        mirror = await LangGraphMirror.open(recorder, thread, fleet=FLEET, agent_id="bot")
         await {"first": first, "second": second}[phase](mirror, {"configurable": {"thread_id": thread}})
 
 

@@ -41,6 +41,7 @@ from tests.adapters.livekit_fakes import (
     conversation_items,
     voice_outputs,
 )
+from tests.adapters.stored import FLEET
 
 STORY = "Once upon a time, " + " ".join(f"dragon{i}" for i in range(800))
 REPLIES = {
@@ -82,7 +83,7 @@ async def main(phase: str, session_id: str) -> None:
     if voice:
         voice_outputs(session)
     agent = StoryTeller(instructions="You tell stories.")
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-crash",
+    recording = await record_session(session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit-crash",
                                      resume_source=resume_source_for(TurnlogSettings()))
     say(
         resumed=recording.resumed,

@@ -29,6 +29,7 @@ from turnlog.settings import TurnlogSettings
 
 from tests.adapters.openai_agents_fakes import FakeModel, Reply
 from tests.adapters.openai_agents_script import say
+from tests.adapters.stored import FLEET
 from tests.support import recorder_for
 
 
@@ -82,7 +83,7 @@ async def main(phase: str, session_id: str, folder: str, verdict: str) -> None:
     set_tracing_disabled(True)
     inner = SQLiteSession(session_id, str(Path(folder) / "inner.db"))
     async with recorder_for(TurnlogSettings()) as recorder:
-        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="refunds")
+        session = await TurnlogSession.open(recorder, inner, fleet=FLEET, agent_id="refunds")
         await {"first": first, "second": second}[phase](session, Path(folder) / "state.json", verdict)
 
 

@@ -29,6 +29,7 @@ from turnlog.settings import TurnlogSettings
 
 from tests.adapters.openai_agents_fakes import Reply, fake_chat_client
 from tests.adapters.openai_agents_script import messages, say
+from tests.adapters.stored import FLEET
 from tests.support import recorder_for
 
 
@@ -81,7 +82,7 @@ async def main(phase: str, session_id: str, db_path: str) -> None:
     set_tracing_disabled(True)
     inner = HeldSession(session_id, db_path)
     async with recorder_for(TurnlogSettings()) as recorder:
-        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
+        session = await TurnlogSession.open(recorder, inner, fleet=FLEET, agent_id="bot")
         await {"first": first, "second": second}[phase](session, inner)
 
 

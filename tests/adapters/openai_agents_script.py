@@ -28,6 +28,7 @@ from turnlog.adapters.openai_agents import TurnlogSession
 from turnlog.settings import TurnlogSettings
 
 from tests.adapters.openai_agents_fakes import FakeModel, Reply
+from tests.adapters.stored import FLEET
 from tests.support import recorder_for
 
 
@@ -99,7 +100,7 @@ async def second(session: TurnlogSession) -> None:
 async def main(phase: str, session_id: str) -> None:
     set_tracing_disabled(True)
     async with recorder_for(TurnlogSettings()) as recorder:
-        session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="bot")
+        session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet=FLEET, agent_id="bot")
         await {"first": first, "second": second}[phase](session)
 
 

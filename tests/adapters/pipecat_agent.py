@@ -52,6 +52,7 @@ from pipecat.workers.runner import WorkerRunner
 from turnlog.adapters.pipecat import TurnlogObserver
 from turnlog.settings import TurnlogSettings
 
+from tests.adapters.stored import FLEET
 from tests.support import recorder_for
 
 SYSTEM = {"role": "system", "content": "You are a delivery assistant."}
@@ -104,7 +105,7 @@ async def until(probe: Callable[[], bool], what: str, timeout: float = STEP_TIME
 
 async def main(session_id: str) -> None:
     async with recorder_for(TurnlogSettings()) as recorder:
-        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat-agent")
+        observer = await TurnlogObserver.open(recorder, session_id, fleet=FLEET, agent_id="pipecat-agent")
         context = LLMContext([SYSTEM, *observer.messages])
         say(resumed=observer.resumed, epoch=observer.session.epoch, context=context.messages)
         aggregators = aggregator_pair(context, mute=[AlwaysUserMuteStrategy()])

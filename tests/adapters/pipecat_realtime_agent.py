@@ -36,12 +36,13 @@ from turnlog.settings import TurnlogSettings
 
 from tests.adapters.pipecat_agent import STEP_TIMEOUT, SYSTEM, aggregator_pair, say, until
 from tests.adapters.pipecat_services import HeardDelta, HeardFinal, RealtimeLLM, Responds, SpeechStarted, SpeechStopped
+from tests.adapters.stored import FLEET
 from tests.support import recorder_for
 
 
 async def main(session_id: str) -> None:
     async with recorder_for(TurnlogSettings()) as recorder:
-        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat-realtime")
+        observer = await TurnlogObserver.open(recorder, session_id, fleet=FLEET, agent_id="pipecat-realtime")
         context = LLMContext([SYSTEM, *observer.messages])
         say(resumed=observer.resumed, context=context.messages)
         aggregators = aggregator_pair(context)

@@ -40,6 +40,7 @@ from turnlog.settings import TurnlogSettings
 from tests.adapters.pipecat_agent import STEP_TIMEOUT, SYSTEM, say
 from tests.adapters.pipecat_call import Call, says, voice_pair
 from tests.adapters.pipecat_services import FunctionCall, Reply, ScriptedLLM, ScriptedSTT, SilentTTS, Speaker
+from tests.adapters.stored import FLEET
 from tests.support import recorder_for
 
 #: The long rest of the answer the bot is speaking when it is killed (about 30 s of audio).
@@ -72,7 +73,7 @@ async def find_order(params) -> None:  # noqa: ANN001
 
 async def main(session_id: str) -> None:
     async with recorder_for(TurnlogSettings()) as recorder:
-        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat-voice")
+        observer = await TurnlogObserver.open(recorder, session_id, fleet=FLEET, agent_id="pipecat-voice")
         context = LLMContext([SYSTEM, *observer.messages])
         say(resumed=observer.resumed, epoch=observer.session.epoch, context=context.messages)
         session = observer.session

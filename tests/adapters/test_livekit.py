@@ -31,6 +31,7 @@ from turnlog.adapters.livekit import chat_context_from_turns, record_session
 from turnlog.ops.audit import fold_events
 from turnlog.producers import StoredTurn
 from turnlog.schemas import TurnPartial, decode_event
+from turnlog.schemas.session_keys import session_key
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
 from tests.adapters.livekit_fakes import (
@@ -46,6 +47,7 @@ from tests.adapters.livekit_fakes import (
     shut_down_job,
     voice_outputs,
 )
+from tests.adapters.stored import FLEET
 from tests.progress import ScriptProcess
 from tests.support import wait_until
 
@@ -80,12 +82,12 @@ def logged_events(pipeline, session_id):
     return payloads, [decode_event(p) for p in payloads]
 
 
-def stored_turn(pipeline, session_id, index):
-    return next((t for t in turns_of(pipeline, session_id) if t["turn_index"] == index), None)
+def stored_turn(pipeline, key, index):
+    return next((t for t in turns_of(pipeline, key) if t["turn_index"] == index), None)
 
 
-def finalized(pipeline, session_id):
-    row = session_row(pipeline, session_id)
+def finalized(pipeline, key):
+    row = session_row(pipeline, key)
     return row if row is not None and row["status"] == "finalized" else None
 
 
@@ -158,10 +160,11 @@ def test_the_example_agent_imports_without_network_and_registers_its_entrypoint(
 # -- in-process --------------------------------------------------------------------------
 async def test_a_conversation_with_interim_transcripts_and_a_barge_in_is_stored_as_livekit_saw_it(pipeline):
     session_id = f"lk-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     session, agent = new_session(ScriptedLLM(REPLIES)), Agent(instructions="You are a test agent.")
     room_text = session.output.transcription = CapturedText()  # as RoomIO's transcription output would be
     recording = await record_session(
-        session, agent, session_id=session_id, fleet="tests", agent_id="livekit", settings=pipeline.settings,
+        session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit", settings=pipeline.settings,
         resume_source=resume_source_for(pipeline.settings),
     )
     assert not recording.resumed and recording.recorded.epoch == 0
@@ -174,7 +177,7 @@ async def test_a_conversation_with_interim_transcripts_and_a_barge_in_is_stored_
         for text, final in (("I'd", False), ("I'd like to know", True), ("about", False), ("about your", False)):
             session.emit("user_input_transcribed", UserInputTranscribedEvent(transcript=text, is_final=final))
         await eventually(
-            lambda: (t := stored_turn(pipeline, session_id, 2)) and (t["speaker"], t["text"], t["status"])
+            lambda: (t := stored_turn(pipeline, key, 2)) and (t["speaker"], t["text"], t["status"])
             == ("user", "I'd like to know about your", "partial"),
             what="the user's partial turn (final segment + interim) in the store",
         )
@@ -182,7 +185,7 @@ async def test_a_conversation_with_interim_transcripts_and_a_barge_in_is_stored_
 
         # The agent's reply is streamed slowly; its partial text reaches the store while it speaks.
         await eventually(
-            lambda: (t := stored_turn(pipeline, session_id, 3)) and t["status"] == "partial" and len(t["text"]) > 30,
+            lambda: (t := stored_turn(pipeline, key, 3)) and t["status"] == "partial" and len(t["text"]) > 30,
             what="the agent's partial reply in the store",
         )
         # Barge-in: the user starts talking, and the agent is interrupted.
@@ -196,8 +199,8 @@ async def test_a_conversation_with_interim_transcripts_and_a_barge_in_is_stored_
     assert recording.failures == 0
 
     seen = messages(session.history)
-    row = await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
-    stored = conversation(turns_of(pipeline, session_id))
+    row = await eventually(lambda: finalized(pipeline, key), what="the session finalized")
+    stored = conversation(turns_of(pipeline, key))
 
     # LiveKit's own history: the barged-in reply holds what was spoken before the interruption.
     spoken = seen[3][1]
@@ -229,7 +232,7 @@ async def test_a_conversation_with_interim_transcripts_and_a_barge_in_is_stored_
 
     # The log holds the partials the adapter recorded on the way: the user's interim text,
     # the barge-in's user turn opened by an interim, and the agent's text growing.
-    payloads, events = logged_events(pipeline, session_id)
+    payloads, events = logged_events(pipeline, key)
     partials = [(e.turn_index, e.speaker, e.text) for e in events if isinstance(e, TurnPartial)]
     assert (2, "user", "I'd like to know about your") in partials
     agent_partials = [text for index, _, text in partials if index == 3]
@@ -242,11 +245,12 @@ EVERYTHING = "Let me explain. " + " ".join(f"point{i}" for i in range(120))  # ~
 
 async def test_on_the_voice_path_a_barged_in_reply_is_stored_with_the_words_heard_not_the_words_generated(pipeline):
     session_id = f"lk-voice-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)
     replies = {"Hello": REPLIES["Hello"], "Tell me everything": Reply(EVERYTHING, input_tokens=20, output_tokens=150)}
     session = AgentSession(llm=ScriptedLLM(replies), tts=SilentTTS(), vad=None, user_away_timeout=None)
     room_text = voice_outputs(session)  # audio and text outputs as RoomIO sets them: text released as the audio plays
     agent = Agent(instructions="You are a test agent.")
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-voice", settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
+    recording = await record_session(session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit-voice", settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     try:
         await session.run(user_input="Hello")
@@ -263,8 +267,8 @@ async def test_on_the_voice_path_a_barged_in_reply_is_stored_with_the_words_hear
     seen = messages(session.history)
     heard = seen[3][1]
     assert seen[3][2] is True and 20 < len(heard) < len(EVERYTHING) and EVERYTHING.startswith(heard)
-    await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
-    stored = conversation(turns_of(pipeline, session_id))
+    await eventually(lambda: finalized(pipeline, key), what="the session finalized")
+    stored = conversation(turns_of(pipeline, key))
     assert [(i, speaker, text, barged) for i, speaker, text, _, barged, _, _ in stored] == [
         (i, role, text, interrupted) for i, (role, text, interrupted) in enumerate(seen)
     ]
@@ -275,14 +279,14 @@ async def test_on_the_voice_path_a_barged_in_reply_is_stored_with_the_words_hear
     assert sent.startswith(heard) and len(sent) < len(EVERYTHING) and EVERYTHING.startswith(sent)
     # The partials were the text as it played (what the room was sent), never the text
     # generated ahead of the audio (the scripted LLM generated all of it at once).
-    _, events = logged_events(pipeline, session_id)
+    _, events = logged_events(pipeline, key)
     partials = [e.text for e in events if isinstance(e, TurnPartial) and e.turn_index == 3]
     assert partials and all(sent.startswith(text) for text in partials)
 
 
 async def _recorded_and_greeted(pipeline, session, agent, session_id):
     """In a job's entrypoint: record ``session``, start it, and have the user say "Hello"."""
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit",
+    recording = await record_session(session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit",
                                      settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     await session.run(user_input="Hello")
@@ -300,6 +304,7 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
         monkeypatch.setattr(asyncio, "wait_for", wait_for2.wait_for)
         close = close.removesuffix(", wait_for2")
     session_id = f"lk-{close.replace(' ', '-').replace('.', '-')}-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)
     llm = ScriptedLLM({**REPLIES, "break": Reply(fail=True)})
     options = {"conn_options": SessionConnectOptions(llm_conn_options=APIConnectOptions(max_retry=0), max_unrecoverable_errors=0)}
     session, agent = new_session(llm, **options), Agent(instructions="You are a test agent.")
@@ -330,17 +335,17 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
 
     # Not ended: the session stays active in turnlog, with exactly that conversation.
     await eventually(
-        lambda: [(t["turn_index"], t["speaker"], t["text"], t["status"]) for t in turns_of(pipeline, session_id)]
+        lambda: [(t["turn_index"], t["speaker"], t["text"], t["status"]) for t in turns_of(pipeline, key)]
         == [(i, role, text, "complete") for i, (role, text, _) in enumerate(seen)],
         what="the conversation LiveKit saw, stored",
     )
-    assert session_row(pipeline, session_id)["status"] == "active"
+    assert session_row(pipeline, key)["status"] == "active"
 
     # The next job resumes it (through a recorder of its own): LiveKit's ChatContext is rebuilt from turnlog.
     llm = ScriptedLLM(REPLIES)
     session, agent = new_session(llm), Agent(instructions="You are a test agent.")
     async with recorder_for(pipeline.settings) as recorder:
-        recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit", recorder=recorder)
+        recording = await record_session(session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit", recorder=recorder)
         assert recording.resumed and recording.recorded.epoch == 1
         rebuilt = seen
         assert messages(agent.chat_ctx) == rebuilt and messages(session.history) == rebuilt
@@ -352,8 +357,8 @@ async def test_a_session_livekit_closes_for_job_shutdown_or_error_stays_resumabl
         assert recording.failures == 0
     assert [m for m in llm.contexts[-1] if m[0] in ("user", "assistant")] == [*rebuilt, ("user", "wait, how much is it?", False)]
 
-    await eventually(lambda: finalized(pipeline, session_id), what="the resumed session finalized")
-    stored = [(t["turn_index"], t["speaker"], t["text"], t["status"]) for t in turns_of(pipeline, session_id)]
+    await eventually(lambda: finalized(pipeline, key), what="the resumed session finalized")
+    stored = [(t["turn_index"], t["speaker"], t["text"], t["status"]) for t in turns_of(pipeline, key)]
     n = len(rebuilt)
     assert stored == [
         *[(i, role, text, "complete") for i, (role, text, _) in enumerate(rebuilt)],
@@ -379,8 +384,9 @@ PRICING = {**REPLIES, "How much is the basic plan?": Reply("It is 10 dollars a m
 
 async def test_a_tool_livekit_ran_is_recorded_with_its_reply_and_a_resume_puts_it_back_in_the_context(pipeline):
     session_id = f"lk-tool-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)
     session, agent = new_session(ScriptedLLM(PRICING)), _PricingAgent()
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit",
+    recording = await record_session(session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit",
                                      settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     try:
@@ -397,7 +403,7 @@ async def test_a_tool_livekit_ran_is_recorded_with_its_reply_and_a_resume_puts_i
         ("function_call_output", "lookup_price", "The basic plan is 10 dollars a month.", False),
         ("message", "assistant", "It is 10 dollars a month."),
     ]
-    reply = await eventually(lambda: (t := stored_turn(pipeline, session_id, 1)) and t["status"] == "complete" and t,
+    reply = await eventually(lambda: (t := stored_turn(pipeline, key, 1)) and t["status"] == "complete" and t,
                              what="the reply in the store")
     assert reply["tool_calls"] == [{"name": "lookup_price", "arguments": {"plan": "basic"},
                                     "result": "The basic plan is 10 dollars a month."}]
@@ -405,7 +411,7 @@ async def test_a_tool_livekit_ran_is_recorded_with_its_reply_and_a_resume_puts_i
     # The next job resumes: the agent's context, and what the model is given next, hold the tool as LiveKit had it.
     llm = ScriptedLLM(PRICING)
     session, agent = new_session(llm), _PricingAgent()
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit",
+    recording = await record_session(session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit",
                                      settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     assert recording.resumed
     assert conversation_items(agent.chat_ctx.items) == seen
@@ -436,6 +442,7 @@ class _EndsTheCallAgent(Agent):
 @pytest.mark.parametrize("close", ["create_task from a tool", "wait_for in the entrypoint", "await in the entrypoint"])
 async def test_a_session_the_app_closes_in_a_task_of_its_own_inside_a_job_is_ended(pipeline, close):
     session_id = f"lk-app-close-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)
     llm = ScriptedLLM({**REPLIES, "That's all, bye": Reply("Goodbye!", tool_call=("end_call", "{}"))})
     session, agent = new_session(llm), _EndsTheCallAgent()
     recordings = []
@@ -458,7 +465,7 @@ async def test_a_session_the_app_closes_in_a_task_of_its_own_inside_a_job_is_end
     if close == "create_task from a tool":
         assert [call.name for call in _function_calls(session)] == ["end_call"]  # LiveKit ran the tool
     # The app's close ends the session in turnlog: it is finalized, not left resumable.
-    row = await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
+    row = await eventually(lambda: finalized(pipeline, key), what="the session finalized")
     assert row["end_reason"] == "user_initiated"
 
 
@@ -468,9 +475,10 @@ def _function_calls(session):
 
 async def test_with_a_realtime_model_that_transcribes_the_user_after_its_reply_the_question_is_stored_before_the_answer(pipeline):
     session_id = f"lk-realtime-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)
     realtime = LateTranscriptRealtime()
     session, agent = AgentSession(llm=realtime.model, vad=None, user_away_timeout=None), Agent(instructions="You are a test agent.")
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-realtime", settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
+    recording = await record_session(session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit-realtime", settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     try:
         await realtime.user_turn("What time is it?", "It is noon.", item_id="user-1")
@@ -483,13 +491,13 @@ async def test_with_a_realtime_model_that_transcribes_the_user_after_its_reply_t
 
     seen = messages(session.history)  # LiveKit puts the late transcript before the reply it prompted
     assert [role for role, _, _ in seen] == ["user", "assistant", "user", "assistant"]
-    await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
-    stored = conversation(turns_of(pipeline, session_id))
+    await eventually(lambda: finalized(pipeline, key), what="the session finalized")
+    stored = conversation(turns_of(pipeline, key))
     assert [(i, speaker, text, barged) for i, speaker, text, _, barged, _, _ in stored] == [
         (i, role, text, interrupted) for i, (role, text, interrupted) in enumerate(seen)
     ]
     # A resume rebuilds the context in that order too.
-    rebuilt = chat_context_from_turns([stored_turn_of(row) for row in turns_of(pipeline, session_id)])
+    rebuilt = chat_context_from_turns([stored_turn_of(row) for row in turns_of(pipeline, key)])
     assert messages(rebuilt) == seen
 
 
@@ -522,6 +530,7 @@ async def test_user_turns_livekit_drops_leave_nothing_in_the_next_turn_and_are_s
     generation (LiveKit's default), the reply LiveKit generated for the stopped turn is
     never scheduled, and its tokens are counted on a later assistant turn."""
     session_id = f"lk-dropped-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)
     user = ScriptedUser()
     llm = ScriptedLLM({
         "Hello": REPLIES["Hello"],
@@ -533,7 +542,7 @@ async def test_user_turns_livekit_drops_leave_nothing_in_the_next_turn_and_are_s
     options["turn_handling"]["preemptive_generation"] = {"enabled": preemptive}
     session, agent = AgentSession(llm=llm, **options), Gatekeeper(instructions="You are a test agent.")
     user.attach(session)
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-dropped",
+    recording = await record_session(session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit-dropped",
                                      settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     try:
@@ -543,7 +552,7 @@ async def test_user_turns_livekit_drops_leave_nothing_in_the_next_turn_and_are_s
 
         # StopResponse: LiveKit ends the turn and commits nothing.
         await user_says(user, session, "never mind")
-        await eventually(lambda: (t := stored_turn(pipeline, session_id, 2)) and t["status"] == "complete",
+        await eventually(lambda: (t := stored_turn(pipeline, key, 2)) and t["status"] == "complete",
                          what="the stopped turn completed")
 
         # Speech LiveKit does not transcribe, then the agent speaks.
@@ -555,10 +564,10 @@ async def test_user_turns_livekit_drops_leave_nothing_in_the_next_turn_and_are_s
 
         # Speech while an uninterruptible reply plays: LiveKit skips the reply to it.
         notice = session.say(slowly(NOTICE), allow_interruptions=False)
-        await eventually(lambda: (t := stored_turn(pipeline, session_id, 4)) and len(t["text"]) > 20,
+        await eventually(lambda: (t := stored_turn(pipeline, key, 4)) and len(t["text"]) > 20,
                          what="the notice playing")
         await user_says(user, session, "wait, stop")
-        await eventually(lambda: (t := stored_turn(pipeline, session_id, 5)) and t["status"] == "complete",
+        await eventually(lambda: (t := stored_turn(pipeline, key, 5)) and t["status"] == "complete",
                          what="the skipped turn completed")
         assert not notice.interrupted
         await notice
@@ -578,8 +587,8 @@ async def test_user_turns_livekit_drops_leave_nothing_in_the_next_turn_and_are_s
         ("user", "What time is it?", False),
         ("assistant", "It is noon.", False),
     ]
-    row = await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
-    stored = conversation(turns_of(pipeline, session_id))
+    row = await eventually(lambda: finalized(pipeline, key), what="the session finalized")
+    stored = conversation(turns_of(pipeline, key))
     # The turns LiveKit dropped are completed with no text; the untranscribed speech took no turn.
     assert [turn[:5] for turn in stored] == [
         (0, "user", "Hello", "complete", False),
@@ -602,14 +611,14 @@ async def test_user_turns_livekit_drops_leave_nothing_in_the_next_turn_and_are_s
     # Turn by turn, the turns with text are LiveKit's history.
     assert [(speaker, text, barged) for _, speaker, text, _, barged, _, _ in stored if text] == seen
     # No partial of a later turn began with a dropped turn's words.
-    _, events = logged_events(pipeline, session_id)
+    _, events = logged_events(pipeline, key)
     partials = {(e.turn_index, e.text) for e in events if isinstance(e, TurnPartial) and e.speaker == "user"}
     assert {text for index, text in partials if index == 2} <= {"never", "never mind"}
     assert {text for index, text in partials if index == 5} <= {"wait,", "wait, stop"}
     assert {text for index, text in partials if index == 6} <= {"What", "What time is it?"}
     assert {index for index, _ in partials} <= {0, 2, 5, 6}
     # A resume gives the agent LiveKit's conversation.
-    rebuilt = chat_context_from_turns([stored_turn_of(row) for row in turns_of(pipeline, session_id)])
+    rebuilt = chat_context_from_turns([stored_turn_of(row) for row in turns_of(pipeline, key)])
     assert messages(rebuilt) == seen
 
 
@@ -619,11 +628,12 @@ async def test_an_llm_calls_tokens_go_to_the_turn_of_the_speech_livekit_made_it_
     the call's metrics with the reply's speech (``LLMMetrics.speech_id``). Its tokens go to
     the reply's turn, not to the speech that was playing when they were reported."""
     session_id = f"lk-tokens-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)
     session, agent = new_session(ScriptedLLM(REPLIES)), Agent(instructions="You are a test agent.")
     room_text = session.output.transcription = CapturedText()
     reported = []
     session.on("session_usage_updated", lambda ev: reported.append(session.current_speech))
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-tokens",
+    recording = await record_session(session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit-tokens",
                                      settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     try:
@@ -643,8 +653,8 @@ async def test_an_llm_calls_tokens_go_to_the_turn_of_the_speech_livekit_made_it_
     seen = messages(session.history)
     hello = ("assistant", "Hi! How can I help you today?", False)
     assert seen == [("user", "Hello", False), hello, ("assistant", NOTICE, False), hello]
-    await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
-    stored = conversation(turns_of(pipeline, session_id))
+    await eventually(lambda: finalized(pipeline, key), what="the session finalized")
+    stored = conversation(turns_of(pipeline, key))
     assert [(speaker, text, barged) for _, speaker, text, _, barged, _, _ in stored] == seen
     assert [(index, tokens) for index, _, _, _, _, *tokens in stored] == [(0, [0, 0]), (1, [12, 9]), (2, [0, 0]), (3, [12, 9])]
 
@@ -675,7 +685,7 @@ async def test_the_turn_spans_carry_livekits_speech_id_and_the_jobs_room_and_job
     speeches = []
     session.on("speech_created", lambda ev: speeches.append(ev.speech_handle.id))
     with fake_job_context() as job:
-        recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-trace",
+        recording = await record_session(session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit-trace",
                                          settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
         await session.start(agent)
         await session.run(user_input="Hello")
@@ -684,7 +694,7 @@ async def test_the_turn_spans_carry_livekits_speech_id_and_the_jobs_room_and_job
         assert await recording.wait_closed(TIMEOUT) and recording.failures == 0
     room_sid, job_id = job.job.room.sid, job.job.id
 
-    spans = recorder_spans.turns(session_id)
+    spans = recorder_spans.turns(session_key(FLEET, session_id))
     assert sorted(spans) == [0, 1, 2]
     assert room_sid and job_id
     ids = {"lk.room_sid": room_sid, "lk.job_id": job_id, "gen_ai.conversation.id": room_sid}
@@ -713,9 +723,10 @@ async def test_a_realtime_models_tokens_reported_after_its_turn_completed_go_to_
     tag it with a speech. The rule: such tokens go to the next assistant turn completed, so
     the session's totals are LiveKit's."""
     session_id = f"lk-late-tokens-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)
     realtime = LateTranscriptRealtime()
     session, agent = AgentSession(llm=realtime.model, vad=None, user_away_timeout=None), Agent(instructions="You are a test agent.")
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit-realtime",
+    recording = await record_session(session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit-realtime",
                                      settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     try:
@@ -733,8 +744,8 @@ async def test_a_realtime_models_tokens_reported_after_its_turn_completed_go_to_
         await session.aclose()
     assert await recording.wait_closed(TIMEOUT) and recording.failures == 0
 
-    await eventually(lambda: finalized(pipeline, session_id), what="the session finalized")
-    stored = conversation(turns_of(pipeline, session_id))
+    await eventually(lambda: finalized(pipeline, key), what="the session finalized")
+    stored = conversation(turns_of(pipeline, key))
     assert [(speaker, text, tokens_in, tokens_out) for _, speaker, text, _, _, tokens_in, tokens_out in stored] == [
         ("user", "What time is it?", 0, 0),
         ("assistant", "It is noon.", 0, 0),
@@ -766,12 +777,13 @@ def test_an_agent_killed_mid_reply_resumes_with_its_conversation_rebuilt_from_tu
     from tests.adapters.livekit_agent import STORY
 
     session_id = f"lk-crash-{path}-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)
     first = agent_process(pipeline.settings, "first" if path == "text" else "first-voice", session_id, tmp_path / "first.log")
     first.first_with("speaking", TIMEOUT)
     started = time.monotonic()
     # Mid-reply: the agent's partial text is in the store, then the process is SIGKILLed.
     partial = wait_until(
-        lambda: (t := stored_turn(pipeline, session_id, 3)) and t["status"] == "partial" and len(t["text"]) >= 40 and t,
+        lambda: (t := stored_turn(pipeline, key, 3)) and t["status"] == "partial" and len(t["text"]) >= 40 and t,
         timeout=TIMEOUT,
         what="the story's partial text stored",
     )
@@ -808,8 +820,8 @@ def test_an_agent_killed_mid_reply_resumes_with_its_conversation_rebuilt_from_tu
     # And the model saw that conversation on the next turn.
     assert done["llm_saw"] == [*resumed["chat_ctx"], ["user", "What happened next?", False]]
 
-    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="finalized after the restart")
-    assert conversation(turns_of(pipeline, session_id)) == [
+    row = wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="finalized after the restart")
+    assert conversation(turns_of(pipeline, key)) == [
         (0, "user", "Hello", "complete", False, 0, 0),
         (1, "assistant", "Hi! How can I help you today?", "complete", False, 24, 18),  # the tool's step and the reply
         (2, "user", "Tell me a story", "complete", False, 0, 0),
@@ -817,11 +829,11 @@ def test_an_agent_killed_mid_reply_resumes_with_its_conversation_rebuilt_from_tu
         (4, "user", "What happened next?", "complete", False, 0, 0),
         (5, "assistant", "The dragon slept.", "complete", False, 70, 4),
     ]
-    payloads, _ = logged_events(pipeline, session_id)
+    payloads, _ = logged_events(pipeline, key)
     assert fold_events(payloads).seqs == list(range(len(payloads)))
     assert (row["epoch"], row["turn_count"], row["interrupted_turn_count"]) == (1, 6, 1)
     assert (row["input_tokens"], row["output_tokens"]) == (94, 22)
-    assert stored_turn(pipeline, session_id, 1)["tool_calls"] == [
+    assert stored_turn(pipeline, key, 1)["tool_calls"] == [
         {"name": "look_up_caller", "arguments": {}, "result": "The caller is Ada."}
     ]
 
@@ -832,16 +844,17 @@ def test_an_agent_killed_while_the_user_speaks_after_a_dropped_turn_resumes_with
     recognition. The store holds those words alone as the open turn, and the restarted
     agent's context has them, not the dropped ones."""
     session_id = f"lk-crash-dropped-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)
     first = agent_process(pipeline.settings, "first-dropped", session_id, tmp_path / "first.log")
     first.first_with("speaking", TIMEOUT)
     partial = wait_until(
-        lambda: (t := stored_turn(pipeline, session_id, 3)) and t["status"] == "partial" and t,
+        lambda: (t := stored_turn(pipeline, key, 3)) and t["status"] == "partial" and t,
         timeout=TIMEOUT,
         what="the user's words after the dropped turn stored",
     )
     first.process.kill()
     assert (partial["speaker"], partial["text"]) == ("user", "Tell me a")
-    dropped = stored_turn(pipeline, session_id, 2)
+    dropped = stored_turn(pipeline, key, 2)
     assert (dropped["speaker"], dropped["text"], dropped["status"]) == ("user", "", "complete")
 
     second = agent_process(pipeline.settings, "resume", session_id, tmp_path / "second.log")
@@ -856,8 +869,8 @@ def test_an_agent_killed_while_the_user_speaks_after_a_dropped_turn_resumes_with
     assert resumed["history"] == resumed["chat_ctx"]
     assert done["llm_saw"] == [*resumed["chat_ctx"], ["user", "What happened next?", False]]
 
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="finalized after the restart")
-    assert conversation(turns_of(pipeline, session_id)) == [
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="finalized after the restart")
+    assert conversation(turns_of(pipeline, key)) == [
         (0, "user", "Hello", "complete", False, 0, 0),
         (1, "assistant", "Hi! How can I help you today?", "complete", False, 24, 18),
         (2, "user", "", "complete", False, 0, 0),
@@ -871,8 +884,9 @@ async def test_speech_said_outside_the_chat_context_is_stored_but_left_out_of_a_
     """say(..., add_to_chat_ctx=False): spoken to the user, not in LiveKit's history. It stays in
     the transcript, marked out of the LLM's context, and a resumed job's context leaves it out."""
     session_id = f"lk-aside-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)
     session, agent = new_session(ScriptedLLM(REPLIES)), Agent(instructions="You are a test agent.")
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit",
+    recording = await record_session(session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit",
                                      settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     await session.start(agent)
     try:
@@ -885,7 +899,7 @@ async def test_speech_said_outside_the_chat_context_is_stored_but_left_out_of_a_
     assert recording.failures == 0
     seen = messages(session.history)
     assert seen == [("user", "Hello", False), ("assistant", "Hi! How can I help you today?", False)]
-    stored = await eventually(lambda: (rows := turns_of(pipeline, session_id)) and len(rows) == 3
+    stored = await eventually(lambda: (rows := turns_of(pipeline, key)) and len(rows) == 3
                               and all(t["status"] == "complete" for t in rows) and rows, what="three turns stored")
     assert [(t["speaker"], t["text"], t["attributes"]) for t in stored] == [
         ("user", "Hello", None), ("assistant", "Hi! How can I help you today?", None),
@@ -894,7 +908,7 @@ async def test_speech_said_outside_the_chat_context_is_stored_but_left_out_of_a_
 
     llm = ScriptedLLM(REPLIES)
     session, agent = new_session(llm), Agent(instructions="You are a test agent.")
-    recording = await record_session(session, agent, session_id=session_id, fleet="tests", agent_id="livekit",
+    recording = await record_session(session, agent, session_id=session_id, fleet=FLEET, agent_id="livekit",
                                      settings=pipeline.settings, resume_source=resume_source_for(pipeline.settings))
     assert recording.resumed
     assert [t.in_context for t in recording.recorded.turns] == [True, True, False]

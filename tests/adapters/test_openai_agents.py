@@ -34,11 +34,12 @@ from agents.tracing.processors import default_processor
 from sqlalchemy import select
 
 from turnlog.adapters.openai_agents import TurnlogSession
+from turnlog.schemas.session_keys import session_key
 from turnlog.sinks.tables import session_events, transcript_turns
 
 from tests.adapters.openai_agents_fakes import FakeModel, Reply, fake_chat_client
 from tests.adapters.scripted import TURNS_AFTER_A_KILL_MID_ANSWER, kill_mid_answer_then_resume
-from tests.adapters.stored import turns
+from tests.adapters.stored import FLEET, turns
 from tests.integration.test_pipeline import finalized
 from tests.progress import ScriptProcess
 from tests.support import wait_until
@@ -64,15 +65,16 @@ def texts(items):
     return out
 
 
-def held_and_stored(pipeline, session_id, items):
-    """The inner session's (role, text) messages, and turnlog's complete turns the framework
-    holds (a barged-in turn is what the user saw of an answer the run never saved)."""
-    stored = [(t[1], t[2]) for t in turns(pipeline, session_id) if t[3] == "complete" and not t[6]]
+def held_and_stored(pipeline, key, items):
+    """The inner session's (role, text) messages, and the complete turns of the session keyed ``key``
+    that the framework holds (a barged-in turn is what the user saw of an answer the run never saved)."""
+    stored = [(t[1], t[2]) for t in turns(pipeline, key) if t[3] == "complete" and not t[6]]
     return texts(items), stored
 
 
 async def test_runner_run_records_user_and_assistant_turns_with_tokens_and_tool_calls(pipeline):
     session_id = f"oa-run-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     model = FakeModel([
         Reply(call=("order_status", '{"order": "42"}'), input_tokens=11, output_tokens=3),
         Reply(text="Your order 42 ships tomorrow.", input_tokens=25, output_tokens=7),
@@ -81,21 +83,21 @@ async def test_runner_run_records_user_and_assistant_turns_with_tokens_and_tool_
     agent = Agent(name="support", instructions="Help with orders.", model=model, tools=[order_status])
     inner = SQLiteSession(session_id)
     async with recorder_for(pipeline.settings) as recorder:
-        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="support")
+        session = await TurnlogSession.open(recorder, inner, fleet=FLEET, agent_id="support")
         first = await Runner.run(agent, "Where is order 42?", session=session, hooks=session.hooks)
         second = await Runner.run(agent, "Thanks!", session=session, hooks=session.hooks)
         await session.end("completed")
     assert (first.final_output, second.final_output) == ("Your order 42 ships tomorrow.", "You're welcome!")
 
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
     call = {"name": "order_status", "arguments": {"order": "42"}, "result": "order 42 ships tomorrow"}
-    assert turns(pipeline, session_id) == [
+    assert turns(pipeline, key) == [
         (0, "user", "Where is order 42?", "complete", 0, 0, False, None),
         (1, "assistant", "Your order 42 ships tomorrow.", "complete", 36, 10, False, [call]),
         (2, "user", "Thanks!", "complete", 0, 0, False, None),
         (3, "assistant", "You're welcome!", "complete", 40, 4, False, None),
     ]
-    row = finalized(pipeline, session_id)
+    row = finalized(pipeline, key)
     assert (row["turn_count"], row["input_tokens"], row["output_tokens"]) == (4, 76, 14)
     # The inner session holds every item, the tool call and its output included; the model saw the history.
     items = await inner.get_items()
@@ -137,6 +139,7 @@ async def test_the_turn_spans_carry_the_sdks_trace_group_and_response_ids(pipeli
     mid-answer after a tool call: its response never completed, so it has no response id, not
     the tool call's)."""
     session_id = f"oa-trace-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     group_id = f"thread-{uuid.uuid4().hex[:8]}"
     model = FakeModel([
         Reply(call=("order_status", '{"order": "42"}')),  # resp_1: tool calls only, no turn
@@ -151,7 +154,7 @@ async def test_the_turn_spans_carry_the_sdks_trace_group_and_response_ids(pipeli
     set_tracing_disabled(False)
     try:
         async with recorder_for(pipeline.settings) as recorder:
-            session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="support")
+            session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet=FLEET, agent_id="support")
             run_config = RunConfig(group_id=group_id)
             await Runner.run(agent, "Where is order 42?", session=session, hooks=session.hooks, run_config=run_config)
             streamed = Runner.run_streamed(agent, "Thanks!", session=session, hooks=session.hooks, run_config=run_config)
@@ -171,7 +174,7 @@ async def test_the_turn_spans_carry_the_sdks_trace_group_and_response_ids(pipeli
 
     [(first, first_group), (second, second_group), (third, third_group)] = traces.started
     assert len({first, second, third}) == 3 and first_group == second_group == third_group == group_id
-    spans = recorder_spans.turns(session_id)
+    spans = recorder_spans.turns(key)
     ids = ("openai.agents.trace_id", "openai.agents.group_id", "gen_ai.response.id")
     assert [(index, *(spans[index].get(key) for key in ids)) for index in sorted(spans)] == [
         (0, first, group_id, None),
@@ -186,11 +189,12 @@ async def test_the_turn_spans_carry_the_sdks_trace_group_and_response_ids(pipeli
 
 async def test_run_streamed_records_the_partial_then_completes_the_same_turn(pipeline):
     session_id = f"oa-stream-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     answer = "Sure, the premium plan costs twelve euros a month."
     reply = Reply(text=answer, input_tokens=9, output_tokens=11, hold=4)
     agent = Agent(name="sales", model=FakeModel([reply]))
     async with recorder_for(pipeline.settings) as recorder:
-        session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="sales")
+        session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet=FLEET, agent_id="sales")
         result = Runner.run_streamed(agent, "How much is premium?", session=session, hooks=session.hooks)
         deltas = 0
         async for event in session.stream(result):
@@ -199,15 +203,15 @@ async def test_run_streamed_records_the_partial_then_completes_the_same_turn(pip
                 if deltas == 4:  # the model holds here: the partial is what the user saw so far
                     await session.recorded.flush_partial()
                     partial = await asyncio.to_thread(
-                        wait_until, lambda: [t for t in turns(pipeline, session_id) if t[0] == 1],
+                        wait_until, lambda: [t for t in turns(pipeline, key) if t[0] == 1],
                         timeout=TIMEOUT, what="the streamed partial stored",
                     )
                     assert partial == [(1, "assistant", "Sure, the premium plan ", "partial", 0, 0, False, None)]
                     reply.release.set()
         await session.end("completed")
     assert result.final_output == answer
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert turns(pipeline, session_id) == [
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert turns(pipeline, key) == [
         (0, "user", "How much is premium?", "complete", 0, 0, False, None),
         (1, "assistant", answer, "complete", 9, 11, False, None),
     ]
@@ -215,11 +219,12 @@ async def test_run_streamed_records_the_partial_then_completes_the_same_turn(pip
 
 async def test_a_streamed_run_cancelled_mid_answer_keeps_the_words_seen_as_a_barged_in_turn(pipeline):
     session_id = f"oa-cut-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     reply = Reply(text="Let me read you the whole terms and conditions now.", hold=3)
     agent = Agent(name="talker", model=FakeModel([reply, Reply(text="Sorry! Yes?", output_tokens=3)]))
     inner = SQLiteSession(session_id)
     async with recorder_for(pipeline.settings) as recorder:
-        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="talker")
+        session = await TurnlogSession.open(recorder, inner, fleet=FLEET, agent_id="talker")
         result = Runner.run_streamed(agent, "Tell me the terms", session=session, hooks=session.hooks)
         deltas = 0
         async for event in session.stream(result):
@@ -229,8 +234,8 @@ async def test_a_streamed_run_cancelled_mid_answer_keeps_the_words_seen_as_a_bar
                     result.cancel()  # the user stops the answer
         await Runner.run(agent, "Stop, a question", session=session, hooks=session.hooks)
         await session.end("completed")
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert turns(pipeline, session_id) == [
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert turns(pipeline, key) == [
         (0, "user", "Tell me the terms", "complete", 0, 0, False, None),
         (1, "assistant", "Let me read ", "complete", 0, 0, True, None),
         (2, "user", "Stop, a question", "complete", 0, 0, False, None),
@@ -256,10 +261,11 @@ class SlowSession(SQLiteSession):
 async def test_a_run_cancelled_while_the_session_saves_loses_no_turn(pipeline):
     """openai/openai-agents-python#1658: the caller's cancellation lands inside add_items."""
     session_id = f"oa-cancel-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     agent = Agent(name="bot", model=FakeModel([Reply(text="Here is your answer.", input_tokens=5, output_tokens=4), Reply(text="Next.", output_tokens=1)]))
     inner = SlowSession(session_id)
     async with recorder_for(pipeline.settings) as recorder:
-        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
+        session = await TurnlogSession.open(recorder, inner, fleet=FLEET, agent_id="bot")
         run = asyncio.create_task(Runner.run(agent, "A question", session=session, hooks=session.hooks))
         await asyncio.wait_for(inner.saving.wait(), TIMEOUT)
         run.cancel()  # e.g. the client disconnected
@@ -269,8 +275,8 @@ async def test_a_run_cancelled_while_the_session_saves_loses_no_turn(pipeline):
         assert texts(await session.get_items()) == [("user", "A question"), ("assistant", "Here is your answer.")]
         await Runner.run(agent, "Another", session=session, hooks=session.hooks)
         await session.end("completed")
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert turns(pipeline, session_id) == [
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert turns(pipeline, key) == [
         (0, "user", "A question", "complete", 0, 0, False, None),
         (1, "assistant", "Here is your answer.", "complete", 5, 4, False, None),
         (2, "user", "Another", "complete", 0, 0, False, None),
@@ -280,23 +286,24 @@ async def test_a_run_cancelled_while_the_session_saves_loses_no_turn(pipeline):
 
 async def test_open_resumes_and_rebuilds_an_inner_session_that_lost_its_items(pipeline):
     session_id = f"oa-rebuild-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     agent = Agent(name="bot", model=FakeModel([Reply(text="Hello, Ada.", output_tokens=3)]))
     async with recorder_for(pipeline.settings) as recorder:
-        first = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="bot")
+        first = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet=FLEET, agent_id="bot")
         await Runner.run(agent, "I am Ada", session=first, hooks=first.hooks)
     # A new process: the in-memory inner session is gone; turnlog has the conversation.
     model = FakeModel([Reply(text="You are Ada.", output_tokens=3)])
     agent = Agent(name="bot", model=model)
     inner = SQLiteSession(session_id)
     async with recorder_for(pipeline.settings) as recorder:
-        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
+        session = await TurnlogSession.open(recorder, inner, fleet=FLEET, agent_id="bot")
         assert session.recorded.epoch == 1
         assert texts(await inner.get_items()) == [("user", "I am Ada"), ("assistant", "Hello, Ada.")]
         await Runner.run(agent, "Who am I?", session=session, hooks=session.hooks)
         await session.end("completed")
     assert texts(model.calls[0]) == [("user", "I am Ada"), ("assistant", "Hello, Ada."), ("user", "Who am I?")]
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert [t[:4] for t in turns(pipeline, session_id)] == [
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [t[:4] for t in turns(pipeline, key)] == [
         (0, "user", "I am Ada", "complete"),
         (1, "assistant", "Hello, Ada.", "complete"),
         (2, "user", "Who am I?", "complete"),
@@ -307,6 +314,7 @@ async def test_open_resumes_and_rebuilds_an_inner_session_that_lost_its_items(pi
 def test_an_agent_killed_mid_answer_resumes_with_its_history_rebuilt_from_turnlog(new_pipeline, tmp_path):
     pipeline = new_pipeline(("sequencer", "sink"))
     session_id = f"oa-crash-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     report = kill_mid_answer_then_resume("tests.adapters.openai_agents_script", session_id, pipeline.settings, tmp_path, TIMEOUT)
     asked = [("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1"), ("assistant", "answer 1"), ("user", "question 2")]
     assert [tuple(m) for m in report["rebuilt"]] == asked  # the inner session rebuilt from turnlog
@@ -320,10 +328,10 @@ def test_an_agent_killed_mid_answer_resumes_with_its_history_rebuilt_from_turnlo
     assert report["rebuilt_items"] == with_call
     assert report["model_saw_items"] == [*with_call, ["user", "question 3"]]
 
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert [t[:6] for t in turns(pipeline, session_id)] == TURNS_AFTER_A_KILL_MID_ANSWER
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [t[:6] for t in turns(pipeline, key)] == TURNS_AFTER_A_KILL_MID_ANSWER
     stored_call = {"name": "order_status", "arguments": {"order": "1"}, "result": "order 1 ships tomorrow"}
-    assert [(t[0], t[7]) for t in turns(pipeline, session_id) if t[7]] == [(3, [stored_call])]
+    assert [(t[0], t[7]) for t in turns(pipeline, key) if t[7]] == [(3, [stored_call])]
 
 
 async def test_open_appends_what_an_inner_session_lacks_and_leaves_a_different_one_alone(pipeline):
@@ -332,29 +340,30 @@ async def test_open_appends_what_an_inner_session_lacks_and_leaves_a_different_o
     session_id = f"oa-behind-{uuid.uuid4().hex[:8]}"
     agent = Agent(name="bot", model=FakeModel([Reply(text="answer 0"), Reply(text="answer 1")]))
     async with recorder_for(pipeline.settings) as recorder:
-        first = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="bot")
+        first = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet=FLEET, agent_id="bot")
         await Runner.run(agent, "question 0", session=first, hooks=first.hooks)
         await Runner.run(agent, "question 1", session=first, hooks=first.hooks)
         kept = (await first.inner.get_items())[:2]
     behind = SQLiteSession(session_id)
     await behind.add_items(kept)
     async with recorder_for(pipeline.settings) as recorder:
-        await TurnlogSession.open(recorder, behind, fleet="tests", agent_id="bot")
+        await TurnlogSession.open(recorder, behind, fleet=FLEET, agent_id="bot")
     assert texts(await behind.get_items()) == [("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1"), ("assistant", "answer 1")]
 
     other = SQLiteSession(session_id)
     await other.add_items([{"role": "user", "content": "a conversation of its own"}])
     async with recorder_for(pipeline.settings) as recorder:
-        session = await TurnlogSession.open(recorder, other, fleet="tests", agent_id="bot")
+        session = await TurnlogSession.open(recorder, other, fleet=FLEET, agent_id="bot")
         await session.end("completed")
     assert texts(await other.get_items()) == [("user", "a conversation of its own")]
 
 
 async def test_a_popped_item_stays_recorded_and_its_restore_is_not_recorded_twice(pipeline):
     session_id = f"oa-pop-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     agent = Agent(name="bot", model=FakeModel([Reply(text="Paris."), Reply(text="Rome.")]))
     async with recorder_for(pipeline.settings) as recorder:
-        session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="bot")
+        session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet=FLEET, agent_id="bot")
         await Runner.run(agent, "Capital of France?", session=session, hooks=session.hooks)
         answer = await session.pop_item()
         question = await session.pop_item()
@@ -364,8 +373,8 @@ async def test_a_popped_item_stays_recorded_and_its_restore_is_not_recorded_twic
         await Runner.run(agent, "Capital of Italy?", session=session, hooks=session.hooks)
         assert texts(await session.get_items()) == [("user", "Capital of Italy?"), ("assistant", "Rome.")]
         await session.end("completed")
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert [t[:3] for t in turns(pipeline, session_id)] == [
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [t[:3] for t in turns(pipeline, key)] == [
         (0, "user", "Capital of France?"), (1, "assistant", "Paris."), (2, "user", "Capital of Italy?"), (3, "assistant", "Rome."),
     ]
 
@@ -395,20 +404,21 @@ def test_which_items_are_turns_and_their_text():
 
 async def test_a_streamed_run_with_a_tool_call_gives_the_answer_every_tokens_and_the_call(pipeline):
     session_id = f"oa-stream-tool-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     model = FakeModel([
         Reply(call=("order_status", '{"order": "7"}'), input_tokens=12, output_tokens=4),
         Reply(text="Order 7 ships tomorrow.", input_tokens=30, output_tokens=6),
     ])
     agent = Agent(name="support", model=model, tools=[order_status])
     async with recorder_for(pipeline.settings) as recorder:
-        session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet="tests", agent_id="support")
+        session = await TurnlogSession.open(recorder, SQLiteSession(session_id), fleet=FLEET, agent_id="support")
         result = Runner.run_streamed(agent, "Order 7?", session=session, hooks=session.hooks)
         async for _ in session.stream(result):
             pass
         await session.end("completed")
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
     call = {"name": "order_status", "arguments": {"order": "7"}, "result": "order 7 ships tomorrow"}
-    assert turns(pipeline, session_id) == [
+    assert turns(pipeline, key) == [
         (0, "user", "Order 7?", "complete", 0, 0, False, None),
         (1, "assistant", "Order 7 ships tomorrow.", "complete", 42, 10, False, [call]),
     ]
@@ -418,12 +428,13 @@ async def test_a_chat_completions_model_loses_no_answer_after_a_cut_stream(pipel
     """The SDK's OpenAIChatCompletionsModel (as LiteLLM and any-llm models) gives every item
     FAKE_RESPONSES_ID: a cut answer's id is every later answer's id too."""
     session_id = f"oa-fake-id-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     cut = Reply(text="Let me read you the whole terms and conditions now.", input_tokens=4, output_tokens=9, hold=3)
     client = fake_chat_client([cut, Reply(text="Sorry! Yes?", output_tokens=3), Reply(text="It ships today.", output_tokens=4)])
     agent = Agent(name="talker", model=OpenAIChatCompletionsModel("gpt-4o", openai_client=client))
     inner = SQLiteSession(session_id)
     async with recorder_for(pipeline.settings) as recorder:
-        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="talker")
+        session = await TurnlogSession.open(recorder, inner, fleet=FLEET, agent_id="talker")
         result = Runner.run_streamed(agent, "Tell me the terms", session=session, hooks=session.hooks)
         deltas = 0
         async for event in session.stream(result):
@@ -436,8 +447,8 @@ async def test_a_chat_completions_model_loses_no_answer_after_a_cut_stream(pipel
         async for _ in session.stream(streamed):
             pass
         await session.end("completed")
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert [t[:7] for t in turns(pipeline, session_id)] == [
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [t[:7] for t in turns(pipeline, key)] == [
         (0, "user", "Tell me the terms", "complete", 0, 0, False),
         (1, "assistant", "Let me read ", "complete", 0, 0, True),
         (2, "user", "Stop, a question", "complete", 0, 0, False),
@@ -447,7 +458,7 @@ async def test_a_chat_completions_model_loses_no_answer_after_a_cut_stream(pipel
     ]
     items = await inner.get_items()
     assert {item.get("id") for item in items if item.get("role") == "assistant"} == {"__fake_id__"}
-    held, stored = held_and_stored(pipeline, session_id, items)
+    held, stored = held_and_stored(pipeline, key, items)
     assert stored == held  # turn by turn: what the SDK holds is what turnlog holds
 
 
@@ -456,6 +467,7 @@ def test_a_resume_after_a_cut_answer_rebuilds_what_the_inner_session_lacks(new_p
     persistent inner session left one write behind by a SIGKILL."""
     pipeline = new_pipeline(("sequencer", "sink"))
     session_id = f"oa-cut-crash-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     env = pipeline.settings.as_environment()
     args = ("tests.adapters.openai_agents_cut_script", session_id, str(tmp_path / "inner.db"))
     first = ScriptProcess(args[0], "first", *args[1:], env=env, log_path=tmp_path / "first.log", name="agent-first")
@@ -469,8 +481,8 @@ def test_a_resume_after_a_cut_answer_rebuilds_what_the_inner_session_lacks(new_p
              ("assistant", "answer 2")]
     assert [tuple(m) for m in done["rebuilt"]] == asked  # answer 2 appended from turnlog
     assert [tuple(m) for m in done["model_saw"]] == [*asked, ("user", "question 3")]
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert [t[:7] for t in turns(pipeline, session_id)] == [
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert [t[:7] for t in turns(pipeline, key)] == [
         (0, "user", "question 0", "complete", 0, 0, False),
         (1, "assistant", "answer 0 ", "complete", 0, 0, True),
         (2, "user", "question 1", "complete", 0, 0, False),
@@ -480,7 +492,7 @@ def test_a_resume_after_a_cut_answer_rebuilds_what_the_inner_session_lacks(new_p
         (6, "user", "question 3", "complete", 0, 0, False),
         (7, "assistant", "answer 3", "complete", 13, 2, False),
     ]
-    stored = [(t[1], t[2]) for t in turns(pipeline, session_id) if not t[6]]
+    stored = [(t[1], t[2]) for t in turns(pipeline, key) if not t[6]]
     assert stored == [tuple(m) for m in done["held"]]  # turn by turn, after the kill and the resume
 
 
@@ -502,6 +514,7 @@ async def test_a_wrapped_compaction_session_still_compacts_and_every_turn_is_rec
     from agents.memory import OpenAIResponsesCompactionSession
 
     session_id = f"oa-compact-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     responses = FakeCompactions()
     inner = OpenAIResponsesCompactionSession(
         session_id, SQLiteSession(session_id), client=SimpleNamespace(responses=responses),
@@ -510,7 +523,7 @@ async def test_a_wrapped_compaction_session_still_compacts_and_every_turn_is_rec
     model = FakeModel([Reply(text="answer 0", output_tokens=2), Reply(text="answer 1", output_tokens=2)])
     agent = Agent(name="bot", model=model)
     async with recorder_for(pipeline.settings) as recorder:
-        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
+        session = await TurnlogSession.open(recorder, inner, fleet=FLEET, agent_id="bot")
         await Runner.run(agent, "question 0", session=session, hooks=session.hooks)
         assert responses.requests == []  # two items: below the inner session's threshold
         await Runner.run(agent, "question 1", session=session, hooks=session.hooks)
@@ -520,9 +533,9 @@ async def test_a_wrapped_compaction_session_still_compacts_and_every_turn_is_rec
     assert compacted == ["question 0", "question 1"]  # the compaction saw the whole conversation
     assert texts(await inner.get_items()) == [("user", "summary")]  # the SDK's history now: the summary
     assert texts(model.calls[1]) == [("user", "question 0"), ("assistant", "answer 0"), ("user", "question 1")]
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
     # turnlog keeps the conversation as it was spoken: what the model was shown, then its answer.
-    assert [(t[1], t[2]) for t in turns(pipeline, session_id)] == [*texts(model.calls[1]), ("assistant", "answer 1")]
+    assert [(t[1], t[2]) for t in turns(pipeline, key)] == [*texts(model.calls[1]), ("assistant", "answer 1")]
 
 
 def test_a_wrapped_conversations_session_is_one_for_the_sdk():
@@ -541,11 +554,12 @@ async def test_the_model_call_does_not_wait_for_the_questions_broker_ack(pipelin
     """The Runner saves the input before the model call: a broker slow to acknowledge the
     question (up to ack_wait_seconds) must not hold the model call."""
     session_id = f"oa-ack-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     model = FakeModel([Reply(text="Hello!", input_tokens=3, output_tokens=1)])
     agent = Agent(name="bot", model=model)
     inner = SQLiteSession(session_id)
     async with recorder_for(pipeline.settings) as recorder:
-        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="bot")
+        session = await TurnlogSession.open(recorder, inner, fleet=FLEET, agent_id="bot")
         record = session.recorded.complete_turn
 
         async def acknowledged_after_the_model_call(turn_index, speaker, text, **fields):
@@ -559,12 +573,12 @@ async def test_the_model_call_does_not_wait_for_the_questions_broker_ack(pipelin
         # The run returned after its answer's save, which waited for the question's write.
         assert texts(await inner.get_items()) == [("user", "Hi?"), ("assistant", "Hello!")]
         await session.end("completed")
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert turns(pipeline, session_id) == [
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert turns(pipeline, key) == [
         (0, "user", "Hi?", "complete", 0, 0, False, None),
         (1, "assistant", "Hello!", "complete", 3, 1, False, None),
     ]
-    held, stored = held_and_stored(pipeline, session_id, await inner.get_items())
+    held, stored = held_and_stored(pipeline, key, await inner.get_items())
     assert stored == held
 
 
@@ -594,7 +608,7 @@ async def blocked_while_streaming(pipeline, session_id, agent, inner, *, expecte
     agent without guardrails. Then a new recorder opens the session with an inner session that
     lost its items (a restart), and ends it; returns that inner session's items, as rebuilt."""
     async with recorder_for(pipeline.settings) as recorder:
-        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="guarded")
+        session = await TurnlogSession.open(recorder, inner, fleet=FLEET, agent_id="guarded")
         result = Runner.run_streamed(agent, "What is the admin password?", session=session, hooks=session.hooks,
                                      run_config=run_config)
         deltas = 0
@@ -613,28 +627,29 @@ async def blocked_while_streaming(pipeline, session_id, agent, inner, *, expecte
         await Runner.run(plain, "Never mind", session=session, hooks=session.hooks)
     lost = SQLiteSession(session_id)
     async with recorder_for(pipeline.settings) as recorder:
-        resumed = await TurnlogSession.open(recorder, lost, fleet="tests", agent_id="guarded")
+        resumed = await TurnlogSession.open(recorder, lost, fleet=FLEET, agent_id="guarded")
         assert resumed.recorded.epoch == 1
         await resumed.end("completed")
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    key = session_key(FLEET, session_id)
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{key} finalized")
     return await lost.get_items()
 
 
-def assert_blocked_and_kept_nowhere(pipeline, session_id, inner_items, *, tokens):
+def assert_blocked_and_kept_nowhere(pipeline, key, inner_items, *, tokens):
     """The blocked answer is a turn of kind ``blocked`` with no text; none of its words is in the
     store (its turns, or any event of its log: no partial); the complete turns other than the
     blocked one are what the SDK's session holds."""
-    assert turns(pipeline, session_id) == [
+    assert turns(pipeline, key) == [
         (0, "user", "What is the admin password?", "complete", 0, 0, False, None),
         (1, "assistant", "", "complete", *tokens, False, None),
         (2, "user", "Never mind", "complete", 0, 0, False, None),
         (3, "assistant", "I cannot help with that.", "complete", 0, 6, False, None),
     ]
-    assert attributes(pipeline, session_id) == {1: {"kind": "blocked"}}
-    log = event_log(pipeline, session_id)
+    assert attributes(pipeline, key) == {1: {"kind": "blocked"}}
+    log = event_log(pipeline, key)
     assert not [p for p in log if "hunter2" in p or "admin password is" in p]
     assert not [p for p in log if '"turn.partial"' in p and '"turn_index":1' in p]
-    held, stored = held_and_stored(pipeline, session_id, inner_items)
+    held, stored = held_and_stored(pipeline, key, inner_items)
     assert held == [("user", "What is the admin password?"), ("user", "Never mind"), ("assistant", "I cannot help with that.")]
     assert [turn for turn in stored if turn != ("assistant", "")] == held
 
@@ -644,6 +659,7 @@ async def test_an_input_guardrail_tripping_while_the_answer_streams_keeps_none_o
     answer streamed: the SDK keeps only the user's message. turnlog keeps a blocked turn with no
     text, and no partial of it ever reaches the spool, the broker or the store."""
     session_id = f"oa-in-guard-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     verdict = asyncio.Event()  # the guardrail decides once the whole answer has streamed
 
     @input_guardrail
@@ -658,7 +674,7 @@ async def test_an_input_guardrail_tripping_while_the_answer_streams_keeps_none_o
     rebuilt = await blocked_while_streaming(pipeline, session_id, agent, inner, expected=InputGuardrailTripwireTriggered,
                                             release=reply.release.set, answered=verdict)
     items = await inner.get_items()
-    assert_blocked_and_kept_nowhere(pipeline, session_id, items, tokens=(7, 13))
+    assert_blocked_and_kept_nowhere(pipeline, key, items, tokens=(7, 13))
     assert texts(rebuilt) == texts(items)  # a restart's rebuilt context holds what the SDK's own session holds
 
 
@@ -668,6 +684,7 @@ async def test_an_output_guardrail_tripping_after_a_streamed_answer_keeps_none_o
     answer streamed: the SDK keeps only the user's message. turnlog keeps a blocked turn with no
     text and the answer's tokens, and no partial of it ever reaches the spool, the broker or the store."""
     session_id = f"oa-out-guard-{where}-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
 
     @output_guardrail
     async def no_credentials(context, agent, output):
@@ -681,7 +698,7 @@ async def test_an_output_guardrail_tripping_after_a_streamed_answer_keeps_none_o
     rebuilt = await blocked_while_streaming(pipeline, session_id, agent, inner, expected=OutputGuardrailTripwireTriggered,
                                             release=reply.release.set, run_config=run_config)
     items = await inner.get_items()
-    assert_blocked_and_kept_nowhere(pipeline, session_id, items, tokens=(7, 13))
+    assert_blocked_and_kept_nowhere(pipeline, key, items, tokens=(7, 13))
     assert texts(rebuilt) == texts(items)  # a restart's rebuilt context holds what the SDK's own session holds
 
 
@@ -689,6 +706,7 @@ async def test_an_answer_a_passing_guardrail_checks_is_recorded_whole_with_its_p
     """A guardrail that does not trip: the answer is recorded as the SDK saves it; while the
     guardrail could still block it, no partial text was recorded."""
     session_id = f"oa-guard-pass-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
 
     @output_guardrail
     async def no_credentials(context, agent, output):
@@ -699,7 +717,7 @@ async def test_an_answer_a_passing_guardrail_checks_is_recorded_whole_with_its_p
     agent = Agent(name="guarded", model=FakeModel([reply]), output_guardrails=[no_credentials])
     inner = SQLiteSession(session_id)
     async with recorder_for(pipeline.settings) as recorder:
-        session = await TurnlogSession.open(recorder, inner, fleet="tests", agent_id="guarded")
+        session = await TurnlogSession.open(recorder, inner, fleet=FLEET, agent_id="guarded")
         result = Runner.run_streamed(agent, "When does my plan renew?", session=session, hooks=session.hooks)
         deltas = 0
         async for event in session.stream(result):
@@ -709,13 +727,13 @@ async def test_an_answer_a_passing_guardrail_checks_is_recorded_whole_with_its_p
                     assert session.recorded.open_turns == ()  # held: the guardrail has not run yet
                     reply.release.set()
         await session.end("completed")
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
-    assert turns(pipeline, session_id) == [
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
+    assert turns(pipeline, key) == [
         (0, "user", "When does my plan renew?", "complete", 0, 0, False, None),
         (1, "assistant", answer, "complete", 5, 9, False, None),
     ]
-    assert attributes(pipeline, session_id) == {}
-    held, stored = held_and_stored(pipeline, session_id, await inner.get_items())
+    assert attributes(pipeline, key) == {}
+    held, stored = held_and_stored(pipeline, key, await inner.get_items())
     assert stored == held
 
 
@@ -727,6 +745,7 @@ def test_a_tool_approval_across_a_process_restart_records_the_call_as_the_sdk_ho
     SDK's rejection message); so does turnlog's answer turn."""
     pipeline = new_pipeline(("sequencer", "sink"))
     session_id = f"oa-approve-{verdict}-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     env = pipeline.settings.as_environment()
     module = "tests.adapters.openai_agents_approval_script"
     args = (session_id, str(tmp_path), verdict)
@@ -747,9 +766,9 @@ def test_a_tool_approval_across_a_process_restart_records_the_call_as_the_sdk_ho
     assert held == [("user", "Refund order 42"), ("function_call", "refund", {"order": "42"}),
                     ("function_call_output", output), ("assistant", answer)]
     assert [tuple(item) for item in done["model_saw"]] == held[:3]
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized")
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{session_id} finalized")
     call = {"name": "refund", "arguments": {"order": "42"}, "result": output}
-    assert turns(pipeline, session_id) == [
+    assert turns(pipeline, key) == [
         (0, "user", "Refund order 42", "complete", 0, 0, False, None),
         # The tool-calling response's tokens (9, 3) were pending in the killed process: lost.
         (1, "assistant", answer, "complete", 20, 5, False, [call]),

@@ -42,6 +42,7 @@ from sqlalchemy import select
 from turnlog.adapters.pipecat import TurnlogObserver, history_messages
 from turnlog.deploy.processes import ServiceProcess
 from turnlog.producers import StoredTurn
+from turnlog.schemas.session_keys import session_key
 from turnlog.sinks.tables import transcript_turns
 
 from tests.adapters.pipecat_agent import SYSTEM, aggregator_pair
@@ -60,7 +61,7 @@ from tests.adapters.pipecat_services import (
     SpeechStarted,
     SpeechStopped,
 )
-from tests.adapters.stored import turns
+from tests.adapters.stored import FLEET, turns
 from tests.integration.test_pipeline import finalized
 from tests.progress import ScriptProcess
 from tests.support import wait_until
@@ -115,6 +116,7 @@ async def test_the_store_holds_exactly_the_conversation_pipecat_saw(ready_pipeli
     it where the caller stopped hearing it."""
     pipeline = ready_pipeline
     session_id = f"pipecat-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     llm = ScriptedLLM([
         Reply(("Sure,", " what is", " the order number?"), prompt_tokens=42, completion_tokens=7),
         Reply(("Thanks.", " Order 1234 shipped", " on Monday.", " It should arrive by Friday at the latest."),
@@ -123,7 +125,7 @@ async def test_the_store_holds_exactly_the_conversation_pipecat_saw(ready_pipeli
     ])
     speaker = Speaker()
     async with recorder_for(pipeline.settings) as recorder:
-        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        observer = await TurnlogObserver.open(recorder, session_id, fleet=FLEET, agent_id="pipecat", resume_timeout=TIMEOUT)
         assert (observer.resumed, observer.messages) == (False, [])
         context = LLMContext([SYSTEM, *observer.messages])
         aggregators = voice_pair(context)
@@ -141,10 +143,10 @@ async def test_the_store_holds_exactly_the_conversation_pipecat_saw(ready_pipeli
         await observer.wait_closed(TIMEOUT)
         assert observer.session.closed and observer.errors == []
 
-    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the Pipecat session finalized")
+    row = wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="the Pipecat session finalized")
     # Word by word here (Pipecat 1.14 joins the pieces of a streamed reply cut by an
     # interruption with two spaces in its context: the exact text is checked against it below).
-    assert [(i, s, " ".join(t.split()), *rest) for i, s, t, *rest in stored(pipeline, session_id)] == [
+    assert [(i, s, " ".join(t.split()), *rest) for i, s, t, *rest in stored(pipeline, key)] == [
         (0, "user", "Hi there, I need help with my order.", "complete", False, 0, 0),
         (1, "assistant", "Sure, what is the order number?", "complete", False, 42, 7),
         (2, "user", "It is 1234.", "complete", False, 0, 0),
@@ -155,7 +157,7 @@ async def test_the_store_holds_exactly_the_conversation_pipecat_saw(ready_pipeli
     assert (row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == ("completed", 6, 0)
     assert (row["input_tokens"], row["output_tokens"]) == (122, 25)
     # What Pipecat's own context holds is what turnlog stored, turn by turn.
-    assert context.messages[1:] == [{"role": s, "content": t} for _, s, t, *_ in stored(pipeline, session_id)]
+    assert context.messages[1:] == [{"role": s, "content": t} for _, s, t, *_ in stored(pipeline, key)]
     # ... and what the LLM was given for its last reply is that conversation up to the question.
     assert llm.contexts[-1][1:] == context.messages[1:-1]
 
@@ -176,10 +178,11 @@ async def test_a_reply_cut_off_by_a_cancelled_pipeline_is_kept_interrupted_not_b
     the output transport played, not ``barged_in`` (the user did not cut in)."""
     pipeline = ready_pipeline
     session_id = f"pipecat-cancel-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     llm = ScriptedLLM([Reply(("Let me look", " that up for you.", " It will take a few seconds, please hold on."))])
     speaker = Speaker()
     async with recorder_for(pipeline.settings) as recorder:
-        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        observer = await TurnlogObserver.open(recorder, session_id, fleet=FLEET, agent_id="pipecat", resume_timeout=TIMEOUT)
         context = LLMContext([SYSTEM])
         aggregators = voice_pair(context)
         user, assistant = aggregators
@@ -190,14 +193,14 @@ async def test_a_reply_cut_off_by_a_cancelled_pipeline_is_kept_interrupted_not_b
             await call.end(CancelFrame())  # the caller hangs up mid-reply
         await observer.wait_closed(TIMEOUT)
 
-    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the cancelled session finalized")
+    row = wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="the cancelled session finalized")
     assert "".join(speaker.spoken) == "Let me look that up for you."
-    assert stored(pipeline, session_id) == [
+    assert stored(pipeline, key) == [
         (0, "user", "Where is my parcel?", "complete", False, 0, 0),
         (1, "assistant", "Let me look that up for you.", "interrupted", False, 0, 0),
     ]
     assert (row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == ("cancelled", 2, 1)
-    assert context.messages[1:] == [{"role": s, "content": t} for _, s, t, *_ in stored(pipeline, session_id)]
+    assert context.messages[1:] == [{"role": s, "content": t} for _, s, t, *_ in stored(pipeline, key)]
 
 
 @pytest.mark.parametrize("given", [True, False], ids=["given-to-the-worker", "made-up-by-pipecat"])
@@ -217,11 +220,12 @@ async def test_the_turn_spans_carry_pipecats_conversation_id(ready_pipeline, rec
 
     pipeline = ready_pipeline
     session_id = f"pipecat-trace-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     options = {"conversation_id": f"conversation-{uuid.uuid4()}"} if given else {}
     llm = ScriptedLLM([Reply(("Sure,", " what is", " the order number?"))])
     speaker = Speaker()
     async with recorder_for(pipeline.settings) as recorder:
-        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        observer = await TurnlogObserver.open(recorder, session_id, fleet=FLEET, agent_id="pipecat", resume_timeout=TIMEOUT)
         context = LLMContext([SYSTEM])
         aggregators = voice_pair(context)
         user, assistant = aggregators
@@ -237,7 +241,7 @@ async def test_the_turn_spans_carry_pipecats_conversation_id(ready_pipeline, rec
     [conversation] = [span for span in pipecat_spans.get_finished_spans() if span.name == "conversation"]
     conversation_id = conversation.attributes["conversation.id"]
     assert conversation_id == options.get("conversation_id", conversation_id) and conversation_id
-    spans = recorder_spans.turns(session_id)
+    spans = recorder_spans.turns(key)
     assert [(index, spans[index]["turnlog.speaker"], spans[index].get("conversation.id")) for index in sorted(spans)] == [
         (0, "user", conversation_id),
         (1, "assistant", conversation_id),
@@ -251,13 +255,14 @@ async def test_with_stt_llm_and_tts_muted_speech_is_not_recorded_and_tokens_are_
     service reports ``prompt_tokens``."""
     pipeline = ready_pipeline
     session_id = f"pipecat-mute-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     llm = ScriptedLLM([
         Reply(("Sure.", " What is the", " order number you were given?"), prompt_tokens=40, completion_tokens=7, cached=100),
         Reply(("Thanks.", " Order 1234", " shipped on Monday and arrives on Friday."), prompt_tokens=60, completion_tokens=9),
     ])
     speaker = Speaker()
     async with recorder_for(pipeline.settings) as recorder:
-        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        observer = await TurnlogObserver.open(recorder, session_id, fleet=FLEET, agent_id="pipecat", resume_timeout=TIMEOUT)
         context = LLMContext([SYSTEM, *observer.messages])
         aggregators = voice_pair(context, mute=[AlwaysUserMuteStrategy()])
         user, assistant = aggregators
@@ -276,13 +281,13 @@ async def test_with_stt_llm_and_tts_muted_speech_is_not_recorded_and_tokens_are_
         await observer.wait_closed(TIMEOUT)
         assert observer.session.closed and observer.errors == []
 
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the muted session finalized")
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="the muted session finalized")
     # The LLM answered the system prompt and three turns: the muted words never reached it.
     assert [m["role"] for m in llm.contexts[-1]] == ["system", "user", "assistant", "user"]
     assert [m["content"] for m in llm.contexts[-1]][1::2] == ["Hi, I need help with my order.", "It is 1234."]
     # Turn by turn, what Pipecat's context holds is what turnlog stored; the muted speech is in neither.
-    assert [(s, t) for _, s, t, *_ in turns(pipeline, session_id)] == [(m["role"], m["content"]) for m in context.messages[1:]]
-    assert [(i, status, tin, tout) for i, _, _, status, tin, tout, *_ in turns(pipeline, session_id)] == [
+    assert [(s, t) for _, s, t, *_ in turns(pipeline, key)] == [(m["role"], m["content"]) for m in context.messages[1:]]
+    assert [(i, status, tin, tout) for i, _, _, status, tin, tout, *_ in turns(pipeline, key)] == [
         (0, "complete", 0, 0), (1, "complete", 140, 7), (2, "complete", 0, 0), (3, "complete", 60, 9),
     ]
 
@@ -331,6 +336,7 @@ async def test_typed_input_and_a_completed_function_call_are_recorded_as_pipecat
     the assistant turn that asked for it; a context rebuilt from the store is Pipecat's own."""
     pipeline = ready_pipeline
     session_id = f"pipecat-tools-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     llm = ScriptedLLM([
         Reply((), prompt_tokens=30, completion_tokens=5, calls=[FunctionCall("get_order", {"order": "1234"})]),
         Reply(("Order 1234", " shipped on Monday."), prompt_tokens=45, completion_tokens=6),
@@ -343,7 +349,7 @@ async def test_typed_input_and_a_completed_function_call_are_recorded_as_pipecat
     llm.register_function("get_order", get_order)
     speaker = Speaker()
     async with recorder_for(pipeline.settings) as recorder:
-        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        observer = await TurnlogObserver.open(recorder, session_id, fleet=FLEET, agent_id="pipecat", resume_timeout=TIMEOUT)
         context = LLMContext([SYSTEM])
         aggregators = voice_pair(context)
         user, assistant = aggregators
@@ -357,8 +363,8 @@ async def test_typed_input_and_a_completed_function_call_are_recorded_as_pipecat
         await observer.wait_closed(TIMEOUT)
         assert observer.session.closed and observer.errors == [] and observer.failures == 0
 
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the session finalized")
-    found = stored_turns(pipeline, session_id)
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="the session finalized")
+    found = stored_turns(pipeline, key)
     assert [(t.turn_index, t.speaker, t.text, t.status, t.kind, t.tool_calls) for t in found] == [
         (0, "user", "Where is order 1234?", "complete", "spoken", None),
         (1, "assistant", "", "complete", "spoken", (
@@ -383,6 +389,7 @@ async def test_a_function_call_cancelled_by_the_user_speaking_is_recorded_cancel
     the call with its arguments and the cancellation, before the user's next turn, as Pipecat does."""
     pipeline = ready_pipeline
     session_id = f"pipecat-cancelled-call-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     llm = ScriptedLLM([
         Reply((), calls=[FunctionCall("track_parcel", {"parcel": "P-77"})]),
         Reply(("Okay,", " no problem."), prompt_tokens=50, completion_tokens=4),
@@ -396,7 +403,7 @@ async def test_a_function_call_cancelled_by_the_user_speaking_is_recorded_cancel
     llm.register_function("track_parcel", track_parcel, cancel_on_interruption=True)
     speaker = Speaker()
     async with recorder_for(pipeline.settings) as recorder:
-        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        observer = await TurnlogObserver.open(recorder, session_id, fleet=FLEET, agent_id="pipecat", resume_timeout=TIMEOUT)
         context = LLMContext([SYSTEM])
         aggregators = voice_pair(context)
         user, assistant = aggregators
@@ -410,8 +417,8 @@ async def test_a_function_call_cancelled_by_the_user_speaking_is_recorded_cancel
         await observer.wait_closed(TIMEOUT)
         assert observer.session.closed and observer.errors == [] and observer.failures == 0
 
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the session finalized")
-    found = stored_turns(pipeline, session_id)
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="the session finalized")
+    found = stored_turns(pipeline, key)
     assert [(t.turn_index, t.speaker, t.text, t.status, t.tool_calls) for t in found] == [
         (0, "user", "Where is my parcel P-77?", "complete", None),
         (1, "assistant", "", "complete", ({"name": "track_parcel", "arguments": {"parcel": "P-77"},
@@ -429,8 +436,9 @@ async def test_realtime_deltas_and_a_late_transcript_are_recorded_as_pipecat_hol
     is still the turn before the response's, as in Pipecat's context."""
     pipeline = ready_pipeline
     session_id = f"pipecat-realtime-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     async with recorder_for(pipeline.settings) as recorder:
-        observer = await TurnlogObserver.open(recorder, session_id, fleet="tests", agent_id="pipecat", resume_timeout=TIMEOUT)
+        observer = await TurnlogObserver.open(recorder, session_id, fleet=FLEET, agent_id="pipecat", resume_timeout=TIMEOUT)
         context = LLMContext([SYSTEM])
         aggregators = aggregator_pair(context)
         attach_in_run_test(observer, aggregators)
@@ -453,8 +461,8 @@ async def test_realtime_deltas_and_a_late_transcript_are_recorded_as_pipecat_hol
         await observer.wait_closed(TIMEOUT)
         assert observer.session.closed and observer.errors == []
 
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the realtime session finalized")
-    stored_turns = turns(pipeline, session_id)
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="the realtime session finalized")
+    stored_turns = turns(pipeline, key)
     assert context.messages[1:] == [
         {"role": "user", "content": "Where is my order?"}, {"role": "assistant", "content": "It shipped yesterday."},
     ]
@@ -486,6 +494,7 @@ class AgentProcess(ScriptProcess):
 def test_a_pipecat_agent_killed_mid_reply_resumes_with_its_llm_context_rebuilt_from_turnlog(ready_pipeline, tmp_path):
     pipeline = ready_pipeline
     session_id = f"pipecat-crash-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     said_before = [
         {"role": "user", "content": "I'd like to change my delivery address."},
         {"role": "assistant", "content": "Of course. What is the new address?"},
@@ -507,8 +516,8 @@ def test_a_pipecat_agent_killed_mid_reply_resumes_with_its_llm_context_rebuilt_f
     assert second.next_line() == {"ended": True, "errors": []}
     assert second.process.popen.wait(timeout=TIMEOUT) == 0
 
-    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the resumed session finalized")
-    assert stored(pipeline, session_id) == [
+    row = wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="the resumed session finalized")
+    assert stored(pipeline, key) == [
         (0, "user", "I'd like to change my delivery address.", "complete", False, 0, 0),
         (1, "assistant", "Of course. What is the new address?", "complete", False, 20, 8),
         (2, "user", "12 Elm Street, Springfield.", "complete", False, 0, 0),
@@ -528,6 +537,7 @@ def test_a_voice_bot_killed_while_speaking_resumes_with_the_words_the_caller_hea
     in neither."""
     pipeline = ready_pipeline
     session_id = f"pipecat-voice-crash-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     called = [
         {"role": "assistant", "tool_calls": [{"id": "turnlog_1_0", "type": "function", "function": {
             "name": "find_order", "arguments": '{"caller": "caller"}'}}]},
@@ -553,13 +563,13 @@ def test_a_voice_bot_killed_while_speaking_resumes_with_the_words_the_caller_hea
     assert second.first_with("ended", TIMEOUT) == {"ended": True, "errors": []}
     assert second.process.popen.wait(timeout=TIMEOUT) == 0
 
-    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the voice session finalized")
-    rows = stored(pipeline, session_id)
+    row = wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="the voice session finalized")
+    rows = stored(pipeline, key)
     # The restarted bot's context is the stored conversation, exactly: the function call and its
     # result as Pipecat's context held them, and the words played before the kill joined as Pipecat
     # joins them (1.14 puts two spaces between a streamed reply's sentences, in its context too),
     # so the texts below compare word by word.
-    assert resumed["context"] == [SYSTEM, *history_messages(stored_turns(pipeline, session_id)[:5])]
+    assert resumed["context"] == [SYSTEM, *history_messages(stored_turns(pipeline, key)[:5])]
     assert resumed["context"][2:4] == called
     assert [{**m, "content": " ".join(m["content"].split())} if m["role"] != "tool" and "content" in m else m
             for m in resumed["context"]] == [SYSTEM, *said_before, heard]
@@ -573,7 +583,7 @@ def test_a_voice_bot_killed_while_speaking_resumes_with_the_words_the_caller_hea
         (5, "user", "Did it go through?", "complete", False, 0, 0),
         (6, "assistant", "Yes, it ships to 12 Elm Street.", "complete", False, 35, 9),
     ]
-    assert stored_turns(pipeline, session_id)[1].tool_calls == (
+    assert stored_turns(pipeline, key)[1].tool_calls == (
         {"name": "find_order", "arguments": {"caller": "caller"}, "result": {"order": "1234", "address": "3 Oak Lane"}},
     )
     assert (row["epoch"], row["end_reason"], row["turn_count"], row["interrupted_turn_count"]) == (1, "completed", 7, 1)
@@ -582,6 +592,7 @@ def test_a_voice_bot_killed_while_speaking_resumes_with_the_words_the_caller_hea
 def test_the_example_agent_sigkilled_mid_call_resumes_and_its_llm_sees_the_stored_conversation(ready_pipeline, tmp_path):
     pipeline = ready_pipeline
     session_id = f"pipecat-example-{uuid.uuid4().hex[:8]}"
+    key = session_key("support", session_id)  # the example records in fleet support
     env = {**pipeline.settings.as_environment(), "PYTHONPATH": str(ROOT)}
     argv = [sys.executable, str(ROOT / "examples" / "pipecat_agent.py"), session_id]
 
@@ -594,12 +605,12 @@ def test_the_example_agent_sigkilled_mid_call_resumes_and_its_llm_sees_the_store
     line = resumed.popen.stdout.read().decode()
     assert line.startswith(f"session {session_id}: resumed, context of ")
 
-    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the example's session finalized")
+    row = wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="the example's session finalized")
     assert (row["epoch"], row["end_reason"]) == (1, "completed")
     with pipeline.store.engine.connect() as conn:
         turns = conn.execute(
             select(transcript_turns.c.turn_index, transcript_turns.c.speaker, transcript_turns.c.text, transcript_turns.c.epoch)
-            .where(transcript_turns.c.session_id == session_id)
+            .where(transcript_turns.c.session_id == key)
             .order_by(transcript_turns.c.turn_index)
         ).all()
     before = [(speaker, text) for _, speaker, text, epoch in turns if epoch == 0 and text]
@@ -625,6 +636,7 @@ def test_a_realtime_agent_killed_mid_transcript_resumes_with_the_deltas_heard_so
     after the earlier exchange in the order Pipecat's context held it."""
     pipeline = ready_pipeline
     session_id = f"pipecat-realtime-crash-{uuid.uuid4().hex[:8]}"
+    key = session_key(FLEET, session_id)
     env = pipeline.settings.as_environment()
     first = ScriptProcess("tests.adapters.pipecat_realtime_agent", session_id, env=env,
                           log_path=tmp_path / "first.log", name="pipecat-realtime-first")
@@ -643,8 +655,8 @@ def test_a_realtime_agent_killed_mid_transcript_resumes_with_the_deltas_heard_so
     assert second.first_with("ended", TIMEOUT) == {"ended": True}
     assert second.process.popen.wait(timeout=TIMEOUT) == 0
 
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="the realtime session finalized")
-    assert [(i, s, t, status) for i, s, t, status, *_ in turns(pipeline, session_id)] == [
+    wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="the realtime session finalized")
+    assert [(i, s, t, status) for i, s, t, status, *_ in turns(pipeline, key)] == [
         (0, "user", "Where is my order?", "complete"),
         (1, "assistant", "It shipped yesterday.", "complete"),
         (2, "user", "Thanks, that is all.", "interrupted"),

@@ -109,20 +109,18 @@ def test_a_resume_passes_the_barrier_while_its_partition_leader_fails_over(clust
     pipeline = cluster_pipeline(SERVICES)
     pipeline.wait_ready()
     settings = pipeline.settings
-    talk_prefix = f"{settings.topic_prefix}-resume-failover"
-    session_id = f"{talk_prefix}-0"  # Conversations names its sessions <prefix>-<i>
-    partition = partition_for(session_id, settings.partitions)
 
     async def talk_then_leave():
         async with recorder_for(settings) as recorder:
-            talk = Conversations(recorder, 1, talk_prefix)
+            talk = Conversations(recorder, 1, f"{settings.topic_prefix}-resume-failover")
             await talk.open()
             await talk.talk(turns=5)
             assert await talk.sessions[0].wait_acknowledged(TIMEOUT)
             return talk
 
     talk = asyncio.run(talk_then_leave())
-    leader = kafka_cluster.leader_of(settings.topics.events, partition)
+    session_id = talk.sessions[0].session_id  # the session's key, which picks its partition
+    leader = kafka_cluster.leader_of(settings.topics.events, partition_for(session_id, settings.partitions))
 
     async def resume_during_the_failover():
         async with recorder_for(settings) as recorder:

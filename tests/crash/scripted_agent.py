@@ -1,5 +1,7 @@
 """A small agent for crash tests, run as its own process: ``python -m tests.crash.scripted_agent SCENARIO SESSION``.
 
+The session is fleet ``FLEET``'s ``SESSION``, keyed ``session_key(FLEET, SESSION)``.
+
 Settings come from the environment (``TURNLOG_*``). Progress goes to stdout as
 JSON lines, flushed, so a test can SIGKILL the process at a known point.
 
@@ -19,7 +21,10 @@ import json
 import sys
 
 from turnlog.producers import SessionRecorder
+from turnlog.schemas.session_keys import session_key
 from turnlog.settings import TurnlogSettings
+
+FLEET = "tests"
 
 
 def say(**fields: object) -> None:
@@ -28,7 +33,7 @@ def say(**fields: object) -> None:
 
 
 async def talk(recorder: SessionRecorder, session_id: str) -> None:
-    session = await recorder.start_session(session_id, fleet="tests", agent_id="talker")
+    session = await recorder.start_session(session_id, fleet=FLEET, agent_id="talker")
     index = 0
     while True:
         session.update_partial(index, "AB"[index % 2], f"turn {index} so")
@@ -39,7 +44,7 @@ async def talk(recorder: SessionRecorder, session_id: str) -> None:
 
 
 async def overlap(recorder: SessionRecorder, session_id: str) -> None:
-    session = await recorder.start_session(session_id, fleet="tests", agent_id="overlap")
+    session = await recorder.start_session(session_id, fleet=FLEET, agent_id="overlap")
     await session.complete_turn(0, "user", "hello there")
     session.update_partial(1, "agent", "Let me tell you about")
     session.update_partial(2, "user", "wait")
@@ -54,7 +59,7 @@ async def overlap(recorder: SessionRecorder, session_id: str) -> None:
 
 
 async def hold(recorder: SessionRecorder, session_id: str) -> None:
-    say(holding=recorder.spooled_events(session_id), spool=str(recorder.spool_path))
+    say(holding=recorder.spooled_events(session_key(FLEET, session_id)), spool=str(recorder.spool_path))
     await asyncio.Event().wait()  # until SIGKILL
 
 

@@ -13,6 +13,7 @@ import pytest
 
 from turnlog.deploy.processes import ServiceProcess, turnlog_command
 from turnlog.schemas import TurnPartial, decode_event
+from turnlog.schemas.session_keys import session_key
 
 from tests.crash.test_service_crashes import read_topic
 from tests.integration.test_pipeline import finalized, stored_turns
@@ -42,11 +43,16 @@ def write_transcript(path, session_id, turns=8):
 
 
 class Agent:
-    """``turnlog replay-agent`` as a child process, with its progress lines."""
+    """``turnlog replay-agent`` as a child process, with its progress lines: it records fleet
+    ``FLEET``'s session ``session_id``, keyed ``self.key``."""
+
+    FLEET = "tests"
 
     def __init__(self, pipeline, transcript, session_id, tmp_path):
+        self.key = session_key(self.FLEET, session_id)
         env = pipeline.settings.model_copy(update={"flush_interval_seconds": FLUSH}).as_environment()
-        argv = turnlog_command("replay-agent", str(transcript), "--session-id", session_id, "--speed", "1")
+        argv = turnlog_command("replay-agent", str(transcript), "--fleet", self.FLEET, "--session-id", session_id,
+                               "--speed", "1")
         self.process = ServiceProcess("agent", argv, env, tmp_path / f"agent-{uuid.uuid4().hex[:4]}.log", stdout_pipe=True)
         self.turn_started: dict[int, float] = {}
         self.changed = threading.Condition()
@@ -66,11 +72,11 @@ class Agent:
             return self.turn_started[index]
 
 
-def partials_in_log(pipeline, session_id, turn_index):
-    """Texts of the session's partials of ``turn_index`` that the broker holds, in log order."""
+def partials_in_log(pipeline, key, turn_index):
+    """Texts of the partials of ``turn_index`` of the session keyed ``key`` that the broker holds, in log order."""
     events = (decode_event(m.value) for m in read_topic(pipeline.settings, pipeline.settings.topics.events))
     return [e.text for e in events
-            if isinstance(e, TurnPartial) and e.session_id == session_id and e.turn_index == turn_index]
+            if isinstance(e, TurnPartial) and e.session_id == key and e.turn_index == turn_index]
 
 
 def test_an_agent_killed_mid_turn_loses_nothing_the_broker_got_and_its_successor_continues_after_the_turn(
@@ -84,14 +90,14 @@ def test_an_agent_killed_mid_turn_loses_nothing_the_broker_got_and_its_successor
     turns = write_transcript(tmp_path / "t.jsonl", session_id)
     agent = Agent(pipeline, tmp_path / "t.jsonl", session_id, tmp_path)
     agent.wait_for_turn(3)
-    wait_until(lambda: partials_in_log(pipeline, session_id, 3), timeout=TIMEOUT, what="a partial of turn 3 in the log")
+    wait_until(lambda: partials_in_log(pipeline, agent.key, 3), timeout=TIMEOUT, what="a partial of turn 3 in the log")
     threading.Event().wait(random.uniform(0.0, 1.0))  # a random later point in the turn (TURN_SECONDS long)
     agent.process.kill()
-    in_log = partials_in_log(pipeline, session_id, 3)
+    in_log = partials_in_log(pipeline, agent.key, 3)
 
     async def resume_and_end():
         async with recorder_for(pipeline.settings) as recorder:
-            session = await recorder.resume(session_id, timeout=TIMEOUT)
+            session = await recorder.resume(agent.key, timeout=TIMEOUT)
             assert session.next_turn_index == 4
             await session.complete_turn(4, "A", turns[3]["text"])
             await session.end("completed")
@@ -99,8 +105,8 @@ def test_an_agent_killed_mid_turn_loses_nothing_the_broker_got_and_its_successor
     import asyncio
 
     asyncio.run(resume_and_end())
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="finalized after the kill")
-    stored = [tuple(t) for t in stored_turns(pipeline, session_id)]
+    wait_until(lambda: finalized(pipeline, agent.key), timeout=TIMEOUT, what="finalized after the kill")
+    stored = [tuple(t) for t in stored_turns(pipeline, agent.key)]
     assert stored[:3] == [(i, turns[i]["speaker"], turns[i]["text"], "complete") for i in range(3)]
     index, speaker, text, status = stored[3]
     assert (index, speaker, status) == (3, "B", "interrupted")
@@ -119,7 +125,7 @@ def test_a_stopped_agent_that_wakes_after_a_resume_is_fenced_and_the_new_owner_w
 
     async def take_over():
         async with recorder_for(pipeline.settings) as recorder:
-            session = await recorder.resume(session_id, timeout=TIMEOUT)
+            session = await recorder.resume(zombie.key, timeout=TIMEOUT)
             assert session.epoch == 1
             owner_turn = session.next_turn_index
             await session.complete_turn(owner_turn, "owner", "the new owner's turn")
@@ -130,14 +136,14 @@ def test_a_stopped_agent_that_wakes_after_a_resume_is_fenced_and_the_new_owner_w
             return owner_turn
 
     def fenced_records():
-        return [m for m in read_topic(pipeline.settings, pipeline.settings.topics.dlq) if m.key == session_id.encode()]
+        return [m for m in read_topic(pipeline.settings, pipeline.settings.topics.dlq) if m.key == zombie.key.encode()]
 
     import asyncio
 
     owner_turn = asyncio.run(take_over())
     zombie.process.kill()
-    wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="finalized")
-    stored = [tuple(t) for t in stored_turns(pipeline, session_id)]
+    wait_until(lambda: finalized(pipeline, zombie.key), timeout=TIMEOUT, what="finalized")
+    stored = [tuple(t) for t in stored_turns(pipeline, zombie.key)]
     assert stored[owner_turn:] == [(owner_turn, "owner", "the new owner's turn", "complete"),
                                    (owner_turn + 1, "owner", "and another", "complete")]
     assert all(status in ("complete", "interrupted") for _, _, _, status in stored[:owner_turn])

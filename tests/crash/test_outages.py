@@ -43,7 +43,7 @@ def script(name, command):
 
 
 async def record(settings, session_id, turns, outage_after, outage):
-    """Record ``turns`` turns; run ``outage()`` (blocking) after turn ``outage_after``."""
+    """Record ``turns`` turns; run ``outage()`` (blocking) after turn ``outage_after``; returns the session's key."""
     async with SessionRecorder(settings) as recorder:
         session = await recorder.start_session(session_id, fleet="tests", agent_id="outage")
         for index in range(turns):
@@ -51,11 +51,12 @@ async def record(settings, session_id, turns, outage_after, outage):
                 await asyncio.to_thread(outage)
             await session.complete_turn(index, "A", f"turn {index} before and after the outage")
         await session.end("completed")
+        return session.session_id
 
 
-def check(pipeline, session_id, turns):
-    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what=f"{session_id} finalized after the outage")
-    assert [tuple(t) for t in stored_turns(pipeline, session_id)] == [
+def check(pipeline, key, turns):
+    row = wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{key} finalized after the outage")
+    assert [tuple(t) for t in stored_turns(pipeline, key)] == [
         (i, "A", f"turn {i} before and after the outage", "complete") for i in range(turns)
     ]
     assert row["turn_count"] == turns and row["last_seq"] == turns + 1
@@ -68,9 +69,8 @@ def test_the_pipeline_recovers_from_a_broker_killed_with_sigkill(pipeline):
         wait_until(lambda: not Path(f"/proc/{pid}").exists(), timeout=30, what="the broker process gone")
         script("kafka.sh", "start")
 
-    session_id = f"broker-{uuid.uuid4().hex[:6]}"
-    asyncio.run(record(pipeline.settings, session_id, 10, 4, kill_and_restart_broker))
-    check(pipeline, session_id, 10)
+    key = asyncio.run(record(pipeline.settings, f"broker-{uuid.uuid4().hex[:6]}", 10, 4, kill_and_restart_broker))
+    check(pipeline, key, 10)
     assert all(p.alive() for p in pipeline.processes.values()), pipeline.logs()
 
 
@@ -79,7 +79,6 @@ def test_the_sink_stays_in_its_group_through_a_postgres_outage_longer_than_its_p
     # the store would leave its group during this 25 s outage.
     pipeline = new_pipeline(("sequencer", "sink"), sink_max_poll_interval_seconds=10)
     pipeline.wait_ready()
-    session_id = f"postgres-{uuid.uuid4().hex[:6]}"
     admin = kafka.admin(pipeline.settings)
     group = pipeline.settings.sink_group
     members_before = wait_until(lambda: (m := kafka.group_members(admin, group)).stable and m.member_ids and m, timeout=60,
@@ -87,7 +86,7 @@ def test_the_sink_stays_in_its_group_through_a_postgres_outage_longer_than_its_p
 
     async def record_during_outage():
         async with SessionRecorder(pipeline.settings) as recorder:
-            session = await recorder.start_session(session_id, fleet="tests", agent_id="outage")
+            session = await recorder.start_session(f"postgres-{uuid.uuid4().hex[:6]}", fleet="tests", agent_id="outage")
             await session.complete_turn(0, "A", "turn 0 before and after the outage")
             script("postgres.sh", "stop")
             try:
@@ -101,9 +100,10 @@ def test_the_sink_stays_in_its_group_through_a_postgres_outage_longer_than_its_p
             finally:
                 script("postgres.sh", "start")
             await session.end("completed")
+            return session.session_id
 
-    asyncio.run(record_during_outage())
-    check(pipeline, session_id, 8)
+    key = asyncio.run(record_during_outage())
+    check(pipeline, key, 8)
     assert kafka.group_members(admin, group).member_ids == members_before.member_ids
     assert all(p.alive() for p in pipeline.processes.values()), pipeline.logs()
 
@@ -120,6 +120,5 @@ def test_services_started_while_postgres_is_down_wait_for_it(new_pipeline):
             wait_until(exited, timeout=8, what="a service to exit while Postgres is down")
     finally:
         script("postgres.sh", "start")
-    session_id = f"pgstart-{uuid.uuid4().hex[:6]}"
-    asyncio.run(record(pipeline.settings, session_id, 3, -1, lambda: None))
-    check(pipeline, session_id, 3)
+    key = asyncio.run(record(pipeline.settings, f"pgstart-{uuid.uuid4().hex[:6]}", 3, -1, lambda: None))
+    check(pipeline, key, 3)

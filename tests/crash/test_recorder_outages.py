@@ -23,8 +23,10 @@ from sqlalchemy import select
 from turnlog.deploy.local import SCRIPTS
 from turnlog.ops.audit import fold_events
 from turnlog.producers import ResumeBarrierTimeout
+from turnlog.schemas.session_keys import session_key
 from turnlog.sinks.tables import session_events, transcript_turns
 
+from tests.crash.scripted_agent import FLEET
 from tests.integration.test_pipeline import finalized
 from tests.progress import ScriptProcess
 from tests.support import recorder_for, wait_until
@@ -91,6 +93,7 @@ def test_an_agent_killed_during_a_long_broker_outage_loses_no_completed_turn(new
     )
     pipeline.wait_ready()
     session_id = f"outage-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)  # the scripted agent's session
     agent = ScriptedAgent(pipeline.settings, "talk", session_id, tmp_path / "agent.log")
     agent.wait_for(lambda lines: any(line.get("completed") == 3 for line in lines), "turn 3 completed", TIMEOUT)
 
@@ -124,7 +127,7 @@ def test_an_agent_killed_during_a_long_broker_outage_loses_no_completed_turn(new
     async def resume_in_a_new_process():
         # Same host and spool folder: this recorder adopts the dead one's spool and delivers it first.
         async with recorder_for(pipeline.settings) as recorder:
-            session = await recorder.resume(session_id, timeout=TIMEOUT)
+            session = await recorder.resume(key, timeout=TIMEOUT)
             assert session.epoch == 1 and session.next_turn_index in (last_completed + 1, last_completed + 2)
             assert [(t.turn_index, t.text, t.status) for t in session.turns[: last_completed + 1]] == [
                 (i, f"turn {i} said in full", "complete") for i in range(last_completed + 1)
@@ -135,8 +138,8 @@ def test_an_agent_killed_during_a_long_broker_outage_loses_no_completed_turn(new
             return index
 
     resumed_turn = asyncio.run(resume_in_a_new_process())
-    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="finalized after the outage")
-    turns, payloads = store_rows(pipeline, session_id)
+    row = wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="finalized after the outage")
+    turns, payloads = store_rows(pipeline, key)
     completed = [(t["turn_index"], t["speaker"], t["text"]) for t in turns if t["status"] == "complete"]
     assert completed[: last_completed + 1] == [(i, "AB"[i % 2], f"turn {i} said in full") for i in range(last_completed + 1)]
     assert completed[-1] == (resumed_turn, "A", "after the outage")
@@ -150,6 +153,7 @@ def test_an_agent_killed_during_a_long_broker_outage_loses_no_completed_turn(new
 def test_overlapping_open_turns_and_a_barge_in_survive_a_sigkill(new_pipeline, tmp_path):
     pipeline = new_pipeline(("sequencer", "sink", "finalizer"))
     session_id = f"overlap-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)  # the scripted agent's session
     agent = ScriptedAgent(pipeline.settings, "overlap", session_id, tmp_path / "agent.log")
     ready = agent.first_with("ready", TIMEOUT)  # both turns open and acknowledged
     assert ready["open_turns"] == [2, 3]
@@ -157,7 +161,7 @@ def test_overlapping_open_turns_and_a_barge_in_survive_a_sigkill(new_pipeline, t
 
     async def resume_and_end():
         async with recorder_for(pipeline.settings) as recorder:
-            session = await recorder.resume(session_id, timeout=TIMEOUT)
+            session = await recorder.resume(key, timeout=TIMEOUT)
             assert session.next_turn_index == 4
             assert [(t.turn_index, t.text, t.status, t.barged_in) for t in session.turns] == [
                 (0, "hello there", "complete", False),
@@ -169,8 +173,8 @@ def test_overlapping_open_turns_and_a_barge_in_survive_a_sigkill(new_pipeline, t
             await session.end("completed")
 
     asyncio.run(resume_and_end())
-    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="finalized")
-    turns, payloads = store_rows(pipeline, session_id)
+    row = wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="finalized")
+    turns, payloads = store_rows(pipeline, key)
     assert [(t["turn_index"], t["speaker"], t["text"], t["status"], t["barged_in"]) for t in turns] == [
         (0, "user", "hello there", "complete", False),
         (1, "agent", "Let me tell you about our", "complete", True),
@@ -185,6 +189,7 @@ def test_overlapping_open_turns_and_a_barge_in_survive_a_sigkill(new_pipeline, t
 def test_spool_drain_delivers_what_an_agent_that_never_reached_the_broker_left(new_pipeline, tmp_path):
     pipeline = new_pipeline(("sequencer", "sink", "finalizer"))
     session_id = f"nobroker-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)  # the scripted agent's session
     _, last_completed = agent_killed_without_a_broker(pipeline, session_id, tmp_path)
 
     env = {**os.environ, **pipeline.settings.as_environment()}
@@ -196,7 +201,7 @@ def test_spool_drain_delivers_what_an_agent_that_never_reached_the_broker_left(n
     assert not list(Path(pipeline.settings.spool_dir).glob("spool-*.db"))
 
     def stored_complete():
-        turns, _ = store_rows(pipeline, session_id)
+        turns, _ = store_rows(pipeline, key)
         return [(t["turn_index"], t["text"]) for t in turns if t["status"] == "complete"]
 
     wait_until(lambda: len(stored_complete()) > last_completed, timeout=TIMEOUT, what="the drained turns stored")
@@ -209,6 +214,7 @@ def test_a_resume_waits_for_another_live_recorder_that_adopted_the_dead_agents_s
     # epoch before they are delivered, else the old epoch's events land after the resume position.
     pipeline = new_pipeline(("sequencer", "sink", "finalizer"))
     session_id = f"heldelsewhere-{uuid.uuid4().hex[:6]}"
+    key = session_key(FLEET, session_id)  # the scripted agent's session
     unreachable, last_completed = agent_killed_without_a_broker(pipeline, session_id, tmp_path)
     holder = ScriptedAgent(unreachable, "hold", session_id, tmp_path / "holder.log")
     held = holder.first_with("holding", TIMEOUT)["holding"]
@@ -217,10 +223,10 @@ def test_a_resume_waits_for_another_live_recorder_that_adopted_the_dead_agents_s
     async def resume_and_end():
         async with recorder_for(pipeline.settings) as recorder:
             with pytest.raises(ResumeBarrierTimeout) as waited:
-                await recorder.resume(session_id, timeout=3)
+                await recorder.resume(key, timeout=3)
             assert waited.value.undelivered_events == held
-            assert recorder.spooled_events(session_id) == 0, "a live recorder's spool is not adopted"
-            resuming = asyncio.create_task(recorder.resume(session_id, timeout=TIMEOUT))
+            assert recorder.spooled_events(key) == 0, "a live recorder's spool is not adopted"
+            resuming = asyncio.create_task(recorder.resume(key, timeout=TIMEOUT))
             holder.process.kill()  # its spool is an orphan now: the waiting resume adopts and delivers it
             session = await resuming
             assert session.epoch == 1 and session.next_turn_index in (last_completed + 1, last_completed + 2)
@@ -230,8 +236,8 @@ def test_a_resume_waits_for_another_live_recorder_that_adopted_the_dead_agents_s
             return index
 
     resumed_turn = asyncio.run(resume_and_end())
-    row = wait_until(lambda: finalized(pipeline, session_id), timeout=TIMEOUT, what="finalized after the resume")
-    turns, payloads = store_rows(pipeline, session_id)
+    row = wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what="finalized after the resume")
+    turns, payloads = store_rows(pipeline, key)
     completed = [(t["turn_index"], t["speaker"], t["text"]) for t in turns if t["status"] == "complete"]
     assert completed[: last_completed + 1] == [(i, "AB"[i % 2], f"turn {i} said in full") for i in range(last_completed + 1)]
     assert completed[-1] == (resumed_turn, "A", "after the resume")
