@@ -189,9 +189,14 @@ def test_an_agent_killed_mid_answer_resumes_with_its_thread_rebuilt_from_turnlog
     asked = [["human", "question 0"], ["ai", "answer 0"], ["human", "question 1"], ["ai", "answer 1"], ["human", "question 2"]]
     assert report["model_saw"] == [*asked, ["human", "question 3"]]  # the thread rebuilt from turnlog
     assert report["epoch"] == 1
+    # The tool call answer 1 made before the kill is in the rebuilt thread, before the answer, as the graph held it.
+    call = [["tool_call", "order_status", {"order": "1"}], ["tool_result", "order 1 ships tomorrow"]]
+    assert report["model_saw_items"] == [*asked[:3], *call, *asked[3:], ["human", "question 3"]]
 
     wait_until(lambda: finalized(pipeline, key), timeout=TIMEOUT, what=f"{thread} finalized")
     assert [t[:6] for t in turns(pipeline, key)] == TURNS_AFTER_A_KILL_MID_ANSWER
+    stored_call = {"name": "order_status", "arguments": {"order": "1"}, "result": "order 1 ships tomorrow"}
+    assert [(t[0], t[7]) for t in turns(pipeline, key) if t[7]] == [(3, [stored_call])]
 
 
 def test_every_graph_shape_is_recorded_once_across_a_kill_and_resume(new_pipeline, tmp_path):
@@ -203,7 +208,8 @@ def test_every_graph_shape_is_recorded_once_across_a_kill_and_resume(new_pipelin
     report = kill_mid_answer_then_resume("tests.adapters.langgraph_shapes_script", thread, pipeline.settings, tmp_path, TIMEOUT)
     before = [["human", "question 0"], ["ai", "Let me check."], ["ai", "Order 42 ships tomorrow."], ["human", "question 1"]]
     assert report["epoch"] == 1
-    assert report["model_saw"] == [*before, ["human", "question 2"]]  # the thread rebuilt from turnlog
+    # the thread rebuilt from turnlog: the preamble is the message that made the call, its result after it
+    assert report["model_saw"] == [*before[:2], ["tool", "order 42 ships tomorrow"], *before[2:], ["human", "question 2"]]
     graph_holds = [m for m in report["graph_holds"] if m[0] in SPEAKERS and m[1]]
     assert graph_holds == [*before, ["human", "question 2"], ["ai", "answer 2"]]
 

@@ -96,8 +96,10 @@ is off.
 **Resume.** :meth:`LangGraphMirror.open` resumes the session (thread) if
 turnlog has it (``SessionRecorder.resume``: the resume barrier, a new epoch)
 and starts it otherwise; :attr:`LangGraphMirror.history` holds the stored
-complete turns as ``HumanMessage``/``AIMessage`` objects (no summaries, no turn
-kept out of the LLM's context: ``StoredTurn.in_context``). On the first
+complete turns as ``HumanMessage``/``AIMessage`` objects, each assistant turn's
+tool calls before it as the ``AIMessage`` that made them and their
+``ToolMessage`` results (no summaries, no turn kept out of the LLM's context:
+``StoredTurn.in_context``). On the first
 :meth:`LangGraphMirror.astream` after a resume, if the graph has a
 checkpointer and the thread's state holds no messages (the checkpointer lost
 it: an in-memory saver, a new database), the history is put in front of the
@@ -119,6 +121,7 @@ history. Messages recorded already (by message id) are not recorded again.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import uuid
 from collections.abc import AsyncIterator, Collection, Iterable, Mapping, Sequence
@@ -136,12 +139,11 @@ from turnlog.adapters._core import (
     PendingToolCalls,
     PendingUsage,
     after_latest_match,
-    conversation,
     framework_ids,
     open_or_resume,
 )
 from turnlog.producers import RecordedSession, SessionRecorder, StoredTurn
-from turnlog.schemas import ToolCall, TurnKind
+from turnlog.schemas import ToolCall, TurnKind, TurnStatus
 
 __all__ = ["ASSISTANT", "THREAD_ID_ATTRIBUTE", "USER", "LangGraphMirror"]
 
@@ -252,12 +254,28 @@ class LangGraphMirror:
 
     @property
     def history(self) -> list[BaseMessage]:
-        """The complete turns turnlog held at the resume, as ``HumanMessage`` (user) and
-        ``AIMessage`` (assistant) objects with ids ``turnlog-<turn_index>``; other speakers,
-        summaries (kind ``summary``: a summarization middleware summarizes the turns again)
-        and turns kept out of the LLM's context (``StoredTurn.in_context`` False) are left out."""
-        kinds = {USER: HumanMessage, ASSISTANT: AIMessage}
-        return [kinds[t.speaker](content=t.text, id=f"turnlog-{t.turn_index}") for t in _context(self.recorded.turns)]
+        """The complete turns turnlog held at the resume, as the graph's messages: ``HumanMessage``
+        (user) and ``AIMessage`` (assistant) objects with ids ``turnlog-<turn_index>``; other
+        speakers, summaries (kind ``summary``: a summarization middleware summarizes the turns
+        again) and turns kept out of the LLM's context (``StoredTurn.in_context`` False) are left
+        out. An assistant turn's tool calls are one ``AIMessage`` with every call (``tool_calls``, ids
+        ``turnlog-<turn_index>-<n>``; the framework's own are not stored), then a ``ToolMessage`` per
+        call with its stored result (a string as it is, another value as JSON, none as ``""``). They
+        come before the turn's text, as a graph holds a call made before its answer; a turn another
+        assistant turn follows was a preamble ("let me check"): its text is the message that made
+        the calls."""
+        messages: list[BaseMessage] = []
+        context = _context(self.recorded.turns, with_calls=True)
+        for turn, following in zip(context, [*context[1:], None], strict=True):
+            if turn.speaker == ASSISTANT and turn.tool_calls:
+                preamble = following is not None and following.speaker == ASSISTANT
+                messages.extend(_tool_exchange(turn, preamble=preamble))
+                if preamble:
+                    continue
+            if turn.text:
+                kind = HumanMessage if turn.speaker == USER else AIMessage
+                messages.append(kind(content=turn.text, id=f"turnlog-{turn.turn_index}"))
+        return messages
 
     async def astream(
         self,
@@ -593,9 +611,37 @@ def _is_summary(message: BaseMessage) -> bool:
     return isinstance(message, HumanMessage) and message.additional_kwargs.get("lc_source") == _SUMMARY_SOURCE
 
 
-def _context(turns: Iterable[StoredTurn]) -> list[StoredTurn]:
-    """The complete conversation turns a graph is given back: no summaries, none kept out of the LLM's context."""
-    return [t for t in conversation(turns, unfinished=False) if t.kind != TurnKind.SUMMARY and t.in_context]
+def _context(turns: Iterable[StoredTurn], *, with_calls: bool = False) -> list[StoredTurn]:
+    """The complete conversation turns a graph is given back: no summaries, none kept out of the LLM's
+    context; with ``with_calls`` also an assistant turn with tool calls and no text."""
+    kept = [
+        t for t in sorted(turns, key=lambda t: t.turn_index)
+        if t.speaker in (USER, ASSISTANT) and t.status == TurnStatus.COMPLETE
+        and (t.text or (with_calls and t.speaker == ASSISTANT and t.tool_calls))
+    ]
+    return [t for t in kept if t.kind != TurnKind.SUMMARY and t.in_context]
+
+
+def _tool_exchange(turn: StoredTurn, *, preamble: bool) -> list[BaseMessage]:
+    """An assistant turn's stored tool calls as the graph held them: the ``AIMessage`` that made
+    them (with ``preamble``, the turn's own text and id; else no text) and a ``ToolMessage`` with
+    each one's result (:attr:`LangGraphMirror.history`)."""
+    calls = [
+        {"name": str(call.get("name", "")), "args": dict(call.get("arguments") or {}),
+         "id": f"turnlog-{turn.turn_index}-{number}", "type": "tool_call"}
+        for number, call in enumerate(turn.tool_calls or ())
+    ]
+    made: list[BaseMessage] = [
+        AIMessage(content=turn.text, tool_calls=calls, id=f"turnlog-{turn.turn_index}") if preamble
+        else AIMessage(content="", tool_calls=calls, id=f"turnlog-{turn.turn_index}-calls")
+    ]
+    for number, (call, stored) in enumerate(zip(calls, turn.tool_calls or (), strict=True)):
+        result = stored.get("result")
+        if not isinstance(result, str):
+            result = "" if result is None else json.dumps(result, ensure_ascii=False)
+        made.append(ToolMessage(content=result, tool_call_id=call["id"], name=call["name"],
+                                id=f"turnlog-{turn.turn_index}-result-{number}"))
+    return made
 
 
 def _thread_id(config: Mapping[str, Any] | None) -> Any:
