@@ -32,9 +32,8 @@ authenticated, but :func:`note_owner` still keeps the fleet of each session's
 applied ``session.started`` (so sessions started then have their owner once keys
 are turned on), and :func:`admit_open` checks what a record claims
 (``turnlog.signing.claim_headers``): a record claiming another fleet than its
-session's owner is refused (never merged), as is one that would open a new
-session under a key in another fleet's namespace (a recorder claims its fleet
-and writes its own keys), a ``session.started`` must name the fleet it claims, and with an epoch grant key
+session's owner is refused (an honest collision of ids, never merged), a
+``session.started`` must name the fleet it claims, and with an epoch grant key
 an epoch above 0 needs an issued grant as in rule 4.
 
 A refused record goes to the DLQ with the reason returned here; the reasons
@@ -143,9 +142,6 @@ def admit_open(claimed: Mapping[str, bytes], grant_key: bytes | None, state: Ses
             return f"forged fleet: session.started of {session_id} names a fleet other than the one it claims"
         if state.fleet is not None and state.fleet != fleet:
             return f"foreign fleet: session id {session_id} belongs to another fleet"
-        namespace = key_namespace(session_id)
-        if _fresh(state) and namespace is not None and namespace != fleet:
-            return f"foreign fleet: session key {session_id} is in another fleet's namespace"
     if event.epoch > 0 and grant_key is not None and fleet is not None:
         token = claimed.get(EPOCH_GRANT_HEADER)
         if token is None:

@@ -195,15 +195,6 @@ def test_open_mode_refuses_a_record_claiming_another_fleet_than_its_session_s_ow
     assert admit_open({}, None, state, _partial("s1", 3)) is None  # a writer that claims nothing (older release)
 
 
-def test_open_mode_refuses_a_new_session_claimed_by_one_fleet_under_anothers_key():
-    # a record claiming b cannot open a's key before a's own start arrives
-    reason = admit_open(_claims("b"), None, SessionSequence(), _started("a:call-1", "b"))
-    assert reason is not None and reason.startswith("foreign fleet: session key")
-    assert admit_open(_claims("a"), None, SessionSequence(), _started("a:call-1", "a")) is None
-    assert admit_open(_claims("b"), None, SessionSequence(), _started("call-1", "b")) is None  # a bare id
-    assert admit_open({}, None, SessionSequence(), _started("a:call-1", "b")) is None  # claims nothing: unchecked
-
-
 def test_open_mode_with_a_grant_key_admits_only_an_issued_epoch():
     state = SessionSequence(fleet="a", next_seq=5)
     event = _partial("s1", 5, epoch=1)
