@@ -272,3 +272,42 @@ def recorder_for(settings: TurnlogSettings, **kwargs: Any) -> SessionRecorder:
     when ``settings.api_url`` is set, else by running the barrier over the store
     (:func:`~turnlog.resume_barrier.resume_source_for`)."""
     return SessionRecorder(settings, resume_source=resume_source_for(settings), **kwargs)
+
+
+# -- fleet keys, as a deployment has them ---------------------------------------------------
+#: The fleets the integration fixtures (``tests/integration/conftest.py``, ``isolated_settings``)
+#: give a record signing key, as a deployment gives each of its fleets one: every fleet a test
+#: records or writes raw events as.
+FIXTURE_FLEETS = ("tests", "alpha", "beta", "fleet-a", "fleet-b", "fleet-c", "fleet-d", "fleet-page", "fleet-ops",
+                  "ops", "calls", "support", "a", "b", "f")
+#: ``TURNLOG_FLEET_KEYS`` of the fixtures: one distinct key per fleet, at least 32 bytes.
+FIXTURE_FLEET_KEYS = {fleet: f"fixture-key-{fleet}-" + "k" * 32 for fleet in FIXTURE_FLEETS}
+#: ``TURNLOG_EPOCH_GRANT_KEY`` of the fixtures.
+FIXTURE_GRANT_KEY = "fixture-grant-issuer-" + "g" * 32
+
+
+def provenance(settings: TurnlogSettings, key: bytes, value: bytes, *, fleet: str = "tests",
+               session_id: str | None = None, epoch: int = 0) -> list[tuple[str, bytes]] | None:
+    """The provenance headers a raw record of ``<prefix>.events`` needs to be admitted as fleet
+    ``fleet``'s, as its recorder would write it: signed with the fleet's key in ``settings`` and,
+    for ``epoch`` above 0, with an epoch grant for ``session_id`` (any seq) issued with
+    ``settings.epoch_grant_key``. None in open mode (no fleet keys): the record goes unsigned."""
+    from turnlog.signing import EpochGrant, RecordSigner, issue_epoch_grant
+
+    if not settings.fleet_keys:
+        return None
+    grant = None
+    if epoch > 0:
+        assert settings.epoch_grant_key is not None and session_id is not None, "a resumed epoch needs a grant"
+        grant = issue_epoch_grant(settings.epoch_grant_key.get_secret_value(),
+                                  EpochGrant(fleet, session_id, epoch, 0))
+    return list(RecordSigner(settings.fleet_key_rings()).headers(fleet, key, value, grant))
+
+
+def signed_event(settings: TurnlogSettings, event: Any, *, fleet: str | None = None) -> tuple[bytes, bytes, Any]:
+    """``(key, value, headers)`` of ``event`` as a raw record of ``<prefix>.events``, signed as its
+    fleet's (:func:`provenance`): a ``session.started``'s own fleet, else ``fleet`` (default ``tests``,
+    the fleet of :class:`EventFactory`'s starts)."""
+    key, value = event.session_id.encode(), encode_event(event)
+    writer = event.fleet if isinstance(event, SessionStarted) else fleet or "tests"
+    return key, value, provenance(settings, key, value, fleet=writer, session_id=event.session_id, epoch=event.epoch)

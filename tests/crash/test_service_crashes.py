@@ -28,6 +28,7 @@ from tests.support import (
     fenced_batches,
     free_port,
     read_partition,
+    signed_event,
     store_content,
     unfinalize,
     wait_until,
@@ -53,9 +54,10 @@ def produce(settings, sessions_events, *, waves=1):
     longest = max(len(events) for events in sessions_events.values())
     per_wave = -(-longest // waves)
     for start in range(0, longest, per_wave):
-        for session_id, events in sessions_events.items():
+        for events in sessions_events.values():
             for event in events[start : start + per_wave]:
-                producer.produce(settings.topics.events, key=session_id.encode(), value=encode_event(event))
+                key, value, headers = signed_event(settings, event)
+                producer.produce(settings.topics.events, key=key, value=value, headers=headers)
         assert producer.flush(10) == 0
 
 

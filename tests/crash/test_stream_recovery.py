@@ -25,11 +25,11 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from turnlog.deploy.processes import ServiceProcess, turnlog_command
 from turnlog.ops.audit import fold_events
-from turnlog.schemas import decode_event, encode_event
+from turnlog.schemas import decode_event
 
 from tests.crash.test_service_crashes import expected_turns, read_topic, session_events_of
 from tests.integration.test_pipeline import finalized, logged_payloads, stored_turns
-from tests.support import EventFactory, free_port, wait_until
+from tests.support import EventFactory, free_port, signed_event, wait_until
 
 TIMEOUT = 180
 RESTARTS = 4
@@ -73,11 +73,12 @@ def _caught_up(settings) -> bool:
 def _produce(settings, sessions: dict[str, list]) -> int:
     producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "partitioner": "murmur2_random", "enable.idempotence": True, "linger.ms": 20})
     count = 0
-    for session_id, events in sessions.items():
+    for events in sessions.values():
         for event in events:
             while True:
                 try:
-                    producer.produce(settings.topics.events, key=session_id.encode(), value=encode_event(event))
+                    key, value, headers = signed_event(settings, event)
+                    producer.produce(settings.topics.events, key=key, value=value, headers=headers)
                     break
                 except BufferError:
                     producer.poll(0.1)
@@ -192,7 +193,8 @@ class _Agents:
             factories = {sid: EventFactory(sid) for sid in self.sent}
 
             def send(sid: str, event) -> None:
-                producer.produce(self.settings.topics.events, key=sid.encode(), value=encode_event(event))
+                key, value, headers = signed_event(self.settings, event)
+                producer.produce(self.settings.topics.events, key=key, value=value, headers=headers)
                 self.sent[sid].append(event)
 
             for sid, f in factories.items():

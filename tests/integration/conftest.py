@@ -24,12 +24,22 @@ from turnlog.sinks import SqlStore, open_store
 from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.service import SinkService
 
+from tests.support import FIXTURE_FLEET_KEYS, FIXTURE_GRANT_KEY
+
 
 def isolated_settings(kafka_bootstrap: str, database_url: str, tmp: Path, **overrides: object) -> TurnlogSettings:
     """Settings with their own topics, consumer groups and Faust data dir, and a KEK keyring of their
     own (``tmp/keyring``): every recorder seals content and every reader opens it, as in a new
-    deployment (``encryption="off"`` or ``keyring_file=None`` in ``overrides`` leaves content in clear)."""
+    deployment (``encryption="off"`` or ``keyring_file=None`` in ``overrides`` leaves content in clear);
+    fleet keys for ``FIXTURE_FLEETS`` and an epoch grant key, so every record is authenticated
+    (``insecure_open_fleets=True`` in ``overrides`` runs open, ``fleet_keys`` gives other keys)."""
     run = uuid.uuid4().hex[:10]
+    # Fleet keys and an epoch grant key, as a deployment has them (tests/support.py: every fleet the
+    # tests write as; provenance() signs a raw record), unless a test gives its own keys or runs open.
+    keys: dict[str, object] = (
+        {} if "fleet_keys" in overrides or overrides.get("insecure_open_fleets")
+        else {"fleet_keys": FIXTURE_FLEET_KEYS, "epoch_grant_key": FIXTURE_GRANT_KEY}
+    )
     keyring = tmp / "keyring"
     if not keyring.exists():
         create_keyring_file(keyring)
@@ -45,10 +55,7 @@ def isolated_settings(kafka_bootstrap: str, database_url: str, tmp: Path, **over
         flush_interval_seconds=0.2,
         finalizer_sweep_seconds=0.5,
         faust_data_dir=str(tmp / "faust"),
-        # Open mode unless a test gives fleet keys: most tests write raw, unsigned events to drive the
-        # sequencer; write-side isolation is tried with keys in test_hostile_input.py and beside it.
-        **{"spool_dir": str(tmp / "spool"), "keyring_file": str(keyring),
-           "insecure_open_fleets": not overrides.get("fleet_keys"), **overrides},
+        **{"spool_dir": str(tmp / "spool"), "keyring_file": str(keyring), **keys, **overrides},
     )
 
 

@@ -10,9 +10,8 @@ import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
 from turnlog import kafka
-from turnlog.schemas import encode_event
 
-from tests.support import EventFactory, free_port, sse_events, wait_until
+from tests.support import EventFactory, free_port, signed_event, sse_events, wait_until
 
 TIMEOUT = 90
 TOKEN = "tok-metrics"
@@ -39,7 +38,8 @@ async def test_the_api_counts_the_live_streams_it_holds_open(new_pipeline):
     f = EventFactory(f"live-{uuid.uuid4().hex[:8]}")
     producer = kafka.producer(settings, client_id="test-live", delivery_timeout_seconds=10)
     for event in (f.started(), f.completed(1, 0, "hello")):  # not ended: the stream stays open
-        producer.produce(settings.topics.events, key=f.session_id.encode(), value=encode_event(event))
+        key, value, headers = signed_event(settings, event)
+        producer.produce(settings.topics.events, key=key, value=value, headers=headers)
     assert producer.flush(10) == 0
     base = f"http://127.0.0.1:{settings.api_port}"
     headers = {"Authorization": f"Bearer {TOKEN}"}

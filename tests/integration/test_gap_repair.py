@@ -8,11 +8,10 @@ import pytest
 from confluent_kafka import Consumer, Producer, TopicPartition
 
 from turnlog.producers import partition_for
-from turnlog.schemas import encode_event
 from turnlog.stream_processors.log_ranges import LogRangeReader
 
 from tests.integration.test_pipeline import finalized, stored_turns
-from tests.support import EventFactory, wait_until
+from tests.support import EventFactory, signed_event, wait_until
 
 TIMEOUT = 90
 
@@ -22,12 +21,14 @@ def pipeline_without_sequencer(new_pipeline):
     return new_pipeline(("sink",))  # the sink finalizes the session in the batch that closes its gap
 
 
-def produce(settings, session_id, events):
+def produce(settings, events):
+    """``events`` on the events topic, signed as their fleet's; their offsets."""
     producer = Producer({"bootstrap.servers": settings.bootstrap_servers, "partitioner": "murmur2_random"})
     offsets = []
     for event in events:
+        key, value, headers = signed_event(settings, event)
         producer.produce(
-            settings.topics.events, key=session_id.encode(), value=encode_event(event),
+            settings.topics.events, key=key, value=value, headers=headers,
             on_delivery=lambda err, msg: offsets.append(msg.offset()),
         )
     assert producer.flush(10) == 0
@@ -40,7 +41,7 @@ def test_records_the_sequencer_group_committed_past_are_re_read_and_stored(pipel
     settings = pipeline.settings
     f = EventFactory(f"gap-{uuid.uuid4().hex[:8]}")
     events = [f.started(), f.completed(1, 0, "zero"), f.completed(2, 1, "one"), f.completed(3, 2, "two"), f.ended(4, last_turn=2)]
-    offsets = produce(settings, f.session_id, events)
+    offsets = produce(settings, events)
     # As if a stream processor had dropped seq 0..2 and committed past them:
     partition = partition_for(f.session_id, settings.partitions)
     committer = Consumer({"bootstrap.servers": settings.bootstrap_servers, "group.id": settings.sequencer_group, "enable.auto.commit": False})
@@ -58,7 +59,7 @@ def test_records_the_sequencer_group_committed_past_are_re_read_and_stored(pipel
 def test_the_range_reader_returns_only_the_sessions_records_in_the_range(pipeline_without_sequencer):
     settings = pipeline_without_sequencer.settings
     f = EventFactory(f"range-{uuid.uuid4().hex[:8]}")
-    offsets = produce(settings, f.session_id, [f.started(), f.completed(1, 0, "a"), f.completed(2, 1, "b")])
+    offsets = produce(settings, [f.started(), f.completed(1, 0, "a"), f.completed(2, 1, "b")])
     reader = LogRangeReader(settings, settings.topics.events, settings.sequencer_group)
     partition = partition_for(f.session_id, settings.partitions)
     try:

@@ -20,11 +20,10 @@ from turnlog import kafka
 from turnlog.deploy.processes import ServiceProcess, stop_all, turnlog_command
 from turnlog.kafka.lag import LagMonitor, pipeline_groups
 from turnlog.metrics import CONSUMER_LAG_RECORDS, CONSUMER_LAG_SECONDS
-from turnlog.schemas import encode_event
 from turnlog.sinks.offsets import stored_group_offsets
 from turnlog.sinks.tables import sink_offsets
 
-from tests.support import EventFactory, free_port, wait_until
+from tests.support import EventFactory, free_port, signed_event, wait_until
 
 TIMEOUT = 90
 #: Longer than Postgres' idle_in_transaction_session_timeout (10 s, sinks/postgres.py).
@@ -87,7 +86,8 @@ def record_sessions(settings, count: int) -> None:
         events = [f.started(), *(f.completed(1 + t, t, f"turn {t}") for t in range(TURNS)),
                   f.ended(1 + TURNS, last_turn=TURNS - 1)]
         for event in events:
-            producer.produce(settings.topics.events, key=f.session_id.encode(), value=encode_event(event))
+            key, value, headers = signed_event(settings, event)
+            producer.produce(settings.topics.events, key=key, value=value, headers=headers)
     assert producer.flush(10) == 0
 
 

@@ -8,17 +8,31 @@ from __future__ import annotations
 import uuid
 
 import msgspec
+import pytest
 from confluent_kafka import Producer
 
+from turnlog.deploy.processes import stop_all
 from turnlog.dlq import REASON_HEADER, reason_class
 from turnlog.producers import partition_for
 from turnlog.schemas import encode_event
 from turnlog.signing import claim_headers
 
+from tests.integration.conftest import drop_topics, make_pipeline
 from tests.integration.test_pipeline import finalized, stored_turns
 from tests.support import EventFactory, partition_records, recorder_for, wait_until
 
 TIMEOUT = 90
+
+
+@pytest.fixture(scope="module")
+def pipeline(kafka_bootstrap, postgres_databases, tmp_path_factory):
+    """The sequencer and the sink, run open: no fleet keys, ``insecure_open_fleets``."""
+    running = make_pipeline(kafka_bootstrap, postgres_databases.create(), tmp_path_factory.mktemp("open"),
+                            ("sequencer", "sink"), insecure_open_fleets=True)
+    yield running
+    stop_all(running.processes)
+    running.store.engine.dispose()
+    drop_topics(running.settings)
 
 
 def write_claiming(pipeline, session_id: str, fleet: str) -> None:

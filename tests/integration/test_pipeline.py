@@ -16,7 +16,7 @@ from turnlog.schemas import decode_event, encode_event
 from turnlog.schemas.session_keys import session_key
 from turnlog.sinks.tables import session_events, sessions, transcript_turns
 
-from tests.support import EventFactory, partition_records, wait_until
+from tests.support import EventFactory, partition_records, provenance, signed_event, wait_until
 
 TIMEOUT = 90
 
@@ -115,7 +115,8 @@ def test_an_app_level_resend_with_a_fresh_produce_is_stored_once(pipeline):
     producer = kafka.producer(pipeline.settings, client_id="test-resend", delivery_timeout_seconds=10)
     topic = pipeline.settings.topics.events
     for event in [events[0], events[1], events[1], events[1], events[2]]:  # three separate produce() calls of seq 1
-        producer.produce(topic, key=f.session_id.encode(), value=encode_event(event))
+        key, value, headers = signed_event(pipeline.settings, event)
+        producer.produce(topic, key=key, value=value, headers=headers)
     assert producer.flush(10) == 0
 
     wait_until(lambda: finalized(pipeline, f.session_id), timeout=TIMEOUT, what="the session finalized")
@@ -132,11 +133,12 @@ def test_invalid_and_fenced_events_go_to_the_dlq_and_the_pipeline_goes_on(pipeli
     producer = Producer({"bootstrap.servers": pipeline.settings.bootstrap_servers, "partitioner": "murmur2_random"})
     topic = pipeline.settings.topics.events
     key = f.session_id.encode()
-    producer.produce(topic, key=key, value=b"{this is not json")
-    producer.produce(topic, key=key, value=encode_event(f.started()))
-    producer.produce(topic, key=key, value=encode_event(f.completed(1, 0, "owner", epoch=1)))
-    producer.produce(topic, key=key, value=encode_event(f.completed(2, 1, "zombie", epoch=0)))
-    producer.produce(topic, key=key, value=encode_event(f.ended(2, epoch=1, last_turn=0)))
+    junk = b"{this is not json"
+    producer.produce(topic, key=key, value=junk, headers=provenance(pipeline.settings, key, junk))
+    for event in (f.started(), f.completed(1, 0, "owner", epoch=1), f.completed(2, 1, "zombie", epoch=0),
+                  f.ended(2, epoch=1, last_turn=0)):
+        key, value, headers = signed_event(pipeline.settings, event)
+        producer.produce(topic, key=key, value=value, headers=headers)
     assert producer.flush(10) == 0
 
     wait_until(lambda: finalized(pipeline, f.session_id), timeout=TIMEOUT, what="the session finalized after bad input")

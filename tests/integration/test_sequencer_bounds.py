@@ -15,11 +15,11 @@ from confluent_kafka.admin import AdminClient, AlterConfigOpType, ConfigEntry, C
 
 from turnlog import kafka
 from turnlog.producers import partition_for
-from turnlog.schemas import MAX_TEXT_CHARS, decode_event, encode_event
+from turnlog.schemas import MAX_TEXT_CHARS, decode_event
 from turnlog.stream_processors.sequencer import MAX_STATE_BYTES, TABLE_NAME
 
 from tests.integration.test_pipeline import finalized, read_partition, stored_turns
-from tests.support import EventFactory, wait_until
+from tests.support import EventFactory, signed_event, wait_until
 
 pytestmark = pytest.mark.integration
 TIMEOUT = 120
@@ -71,10 +71,10 @@ def test_a_gap_behind_megabytes_of_partials_keeps_the_worker_running_and_its_sta
     sent: dict[int, bytes] = {}
 
     def produce(event) -> None:
-        value = encode_event(event)
+        key, value, headers = signed_event(settings, event)
         if event.session_id == big_id:
             sent[event.seq] = value
-        producer.produce(topic, key=event.session_id.encode(), value=value)
+        producer.produce(topic, key=key, value=value, headers=headers)
 
     produce(big.started())
     # seq 1 is late: 13 partials of a long turn (~256 KiB of barely compressible text each, 3.4 MB
@@ -132,7 +132,8 @@ def test_records_the_sequencer_cannot_send_go_to_the_dlq_as_references_and_the_w
         *healthy_events(healthy[2]), *healthy_events(healthy[3]),
     ]
     for event in events:
-        writer.produce(topic, key=event.session_id.encode(), value=encode_event(event))
+        key, value, headers = signed_event(settings, event)
+        writer.produce(topic, key=key, value=value, headers=headers)
     assert writer.flush(30) == 0
 
     assert_stored_intact(pipeline, healthy)

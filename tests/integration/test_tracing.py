@@ -10,11 +10,10 @@ import uuid
 from confluent_kafka import Producer
 
 from turnlog.producers import SessionRecorder
-from turnlog.schemas import encode_event
 
 from tests.integration.test_pipeline import finalized, stored_turns
 from tests.otlp import OtlpReceiver, journey, timeline
-from tests.support import EventFactory, wait_until
+from tests.support import EventFactory, signed_event, wait_until
 
 TIMEOUT = 90
 
@@ -107,8 +106,8 @@ async def test_hostile_trace_headers_are_ignored_and_the_events_stored(new_pipel
         ]
         producer = Producer({"bootstrap.servers": pipeline.settings.bootstrap_servers, "partitioner": "murmur2_random"})
         for event, headers in zip(events, hostile, strict=True):
-            producer.produce(pipeline.settings.topics.events, encode_event(event), f.session_id.encode(),
-                             headers=headers)
+            key, value, signed = signed_event(pipeline.settings, event)
+            producer.produce(pipeline.settings.topics.events, value, key, headers=headers + (signed or []))
         assert producer.flush(30) == 0
         wait_until(lambda: finalized(pipeline, f.session_id), timeout=TIMEOUT, what=f"{f.session_id} finalized")
         assert [tuple(t)[:3] for t in stored_turns(pipeline, f.session_id)] == [(0, "A", "hello")]

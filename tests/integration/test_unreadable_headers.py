@@ -23,7 +23,7 @@ from turnlog.stream_processors.log_ranges import LogRangeReader
 
 from tests.integration.test_pipeline import finalized, stored_turns
 from tests.integration.test_poison_records import dead_letters
-from tests.support import EventFactory, wait_until
+from tests.support import EventFactory, signed_event, wait_until
 from tests.unreadable_headers import send_unreadable
 
 pytestmark = pytest.mark.integration
@@ -43,7 +43,8 @@ def produce(settings, events) -> None:
     """Write ``events`` to the events topic as the recorder does (idempotent, keyed by session)."""
     producer = kafka.producer(settings, client_id="test-unreadable", delivery_timeout_seconds=30)
     for event in events:
-        producer.produce(settings.topics.events, key=event.session_id.encode(), value=encode_event(event))
+        key, value, headers = signed_event(settings, event)
+        producer.produce(settings.topics.events, key=key, value=value, headers=headers)
     assert producer.flush(30) == 0
 
 
