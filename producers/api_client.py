@@ -63,6 +63,7 @@ from turnlog.producers.grant import (
     decode_turn_page,
 )
 from turnlog.redact import redact, redact_url
+from turnlog.schemas.session_keys import grants_as
 
 __all__ = ["ApiResumeSource", "resume_via_api", "resume_via_api_async", "RESPONSE_MARGIN_SECONDS",
            "CONNECT_TIMEOUT_SECONDS"]
@@ -298,7 +299,7 @@ def _grant_from(response: httpx.Response, session_id: str) -> ResumeGrant:
         grant = decode_grant(response.content)
     except msgspec.DecodeError as e:
         raise ResumeApiError(f"resume of {session_id}: the API's answer is not a resume grant: {e}", status) from e
-    if grant.session_id != session_id:
+    if not grants_as(session_id, grant.session_id, grant.fleet):
         raise ResumeApiError(f"resume of {session_id}: the API granted {grant.session_id!r} instead", status)
     logger.info("resume of %s granted by the API: epoch %d, %d stored turns%s", session_id, grant.epoch,
                 len(grant.turns), "" if grant.next_after_turn is None else " in its first page")

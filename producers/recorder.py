@@ -86,7 +86,7 @@ from turnlog.schemas import (
 )
 from turnlog.schemas.erasure import Erasure
 from turnlog.schemas.events import EARLIEST_YEAR, LATEST_YEAR
-from turnlog.schemas.session_keys import SessionKeyError, session_key
+from turnlog.schemas.session_keys import SessionKeyError, grants_as, key_namespace, local_id, session_key
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import RecordSigner, claim_headers
 from turnlog.tracing import (
@@ -643,9 +643,10 @@ class SessionRecorder:
         """Continue a session another process was recording, in a new epoch.
 
         ``session_id``: with ``fleet``, the id the agent gave :meth:`start_session` (the session
-        resumed is ``"<fleet>:<session_id>"``); without it, the session's key (as
+        resumed is ``"<fleet>:<session_id>"``, or, if the store has none, that fleet's session
+        ``session_id`` from before per-fleet keys); without it, the session's key (as
         :attr:`RecordedSession.session_id` and the store name it; a session started before
-        per-fleet keys: its bare id).
+        per-fleet keys: its bare id). The returned session's ``session_id`` says which.
 
         First delivers what this host's spools hold of the session (a recorder
         that died here left it behind; this recorder adopts it), and waits for
@@ -663,8 +664,9 @@ class SessionRecorder:
             ResumeBarrierTimeout: this host's spools did not deliver the session's events
                 (``undelivered_events`` says how many were left), or the pipeline did not
                 catch up, within ``timeout`` seconds (default ``settings.resume_timeout_seconds``).
-            SessionNotFoundError: the store has no such session (or the API token
-                does not cover its fleet).
+            SessionNotFoundError: the store has no such session (or none of ``fleet``, or the API
+                token does not cover its fleet).
+            InvalidTurnError: with ``fleet``, an id or a fleet that cannot make a session key.
             SessionErasedError: the session is being forgotten, or was (through the API).
             SessionClosedError: the session has ended.
             ConfigurationError: the recorder has no resume source (no ``resume_source`` and no
@@ -692,7 +694,12 @@ class SessionRecorder:
         except TimeoutError as e:
             raise ResumeBarrierTimeout(f"resume of {session_id}: adopting this host's orphaned spools took over"
                                        f" {wait:.0f} s") from e
-        held = await self._delivered(session_id, deadline)
+        # the key's events, and the bare id's a recorder of an earlier release may have left here
+        held: dict[Path, int] = {}
+        namespace = key_namespace(session_id)
+        for spooled_id in {session_id, local_id(namespace, session_id) if namespace is not None else session_id}:
+            for path, count in (await self._delivered(spooled_id, deadline)).items():
+                held[path] = held.get(path, 0) + count
         if held:
             where = ", ".join(f"{count} in {path}" for path, count in held.items())
             raise ResumeBarrierTimeout(
@@ -701,8 +708,11 @@ class SessionRecorder:
                 undelivered_events=sum(held.values()),
             )
         grant = await source.grant(session_id, max(0.1, deadline - time.monotonic()))
-        if grant is None:
+        if grant is None or (fleet is not None and grant.fleet != fleet):
             raise SessionNotFoundError(f"no session {session_id} in the store")
+        if not grants_as(session_id, grant.session_id, grant.fleet):
+            raise RecorderError(f"resume of {session_id}: the resume source granted another session")
+        session_id = grant.session_id  # the key, or the bare id of a session from before per-fleet keys
         if not grant.resumable:
             raise SessionClosedError(f"session {session_id} is {grant.status}; it cannot be resumed")
         if self._signer.enabled:

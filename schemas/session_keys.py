@@ -26,7 +26,7 @@ import re
 from typing import Final
 
 __all__ = ["MAX_AGENT_SESSION_ID", "MAX_FLEET_IN_KEY", "MAX_SESSION_KEY", "FLEET_IN_KEY_PATTERN",
-           "AGENT_SESSION_ID_PATTERN", "SessionKeyError", "session_key", "in_namespace", "key_namespace", "local_id"]
+           "AGENT_SESSION_ID_PATTERN", "SessionKeyError", "session_key", "in_namespace", "key_namespace", "grants_as", "local_id"]
 
 #: Longest id an agent gives a session (characters).
 MAX_AGENT_SESSION_ID: Final = 200
@@ -80,6 +80,16 @@ def key_namespace(key: str) -> str | None:
     key: only a fleet of that name could start such a session."""
     fleet, colon, rest = key.partition(":")
     return fleet if colon and fleet and rest else None
+
+
+def grants_as(key: str, granted: str, fleet: str | None) -> bool:
+    """Whether a resume of ``key`` may continue the session ``granted`` of fleet ``fleet``: the same
+    key, or the bare id ``key`` names in its fleet's namespace, held by that fleet (a session from
+    before per-fleet keys; the resume barrier resolves ``<fleet>:<id>`` to it)."""
+    if granted == key:
+        return True
+    namespace = key_namespace(key)
+    return namespace is not None and fleet == namespace and granted == local_id(namespace, key)
 
 
 def local_id(fleet: str, key: str) -> str:

@@ -28,8 +28,8 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Callable, Collection
-from typing import TypeVar
+from collections.abc import Callable, Collection, Mapping
+from typing import Any, TypeVar
 
 from tenacity import RetryCallState, Retrying, retry_if_exception_type, retry_if_result, wait_exponential, wait_fixed
 
@@ -40,6 +40,7 @@ from turnlog.producers.exceptions import ResumeBarrierTimeout, SessionErasedErro
 from turnlog.producers.grant import ResumeGrant, ResumeSource, StoredTurn
 from turnlog.producers.partitioning import partition_for
 from turnlog.schemas import SessionStatus
+from turnlog.schemas.session_keys import grants_as, key_namespace, local_id
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import EpochGrant, issue_epoch_grant
 from turnlog.sinks import SessionPosition, SqlStore, StoreError, StoreUnavailableError, open_store
@@ -173,7 +174,10 @@ class ResumeBarrier:
 
         Returns None if the store has no such session (or none within
         ``fleets``; None: every fleet). A grant whose ``status`` is not
-        ``active`` claimed nothing: the session cannot be resumed.
+        ``active`` claimed nothing: the session cannot be resumed. A key
+        ``<fleet>:<id>`` the store does not hold stands for that fleet's session
+        ``<id>`` from before per-fleet keys, when the store holds one: the grant
+        then names the bare id (``schemas/session_keys.py``, ``grants_as``).
 
         Each call is recorded in ``turnlog_resume_seconds`` (:func:`record_resume`) with its
         outcome: ``granted``, ``timeout``, ``erased`` (an erasure of the session is in the
@@ -228,11 +232,20 @@ class ResumeBarrier:
             return claim_resume(writes, session_id, fleets=fleets, grant_key=grant_key,
                                 turn_limit=turn_limit, max_bytes=max_bytes)
 
-        known = self._in_store(
-            deadline, lambda writes: writes.session(session_id, fleets=fleets, include_metadata=False)
-        )
+        def stored(key: str) -> Callable[[StoreWrites], Mapping[str, Any] | None]:
+            return lambda writes: writes.session(key, fleets=fleets, include_metadata=False)
+
+        known = self._in_store(deadline, stored(session_id))
         if known is None or known["status"] == SessionStatus.ACTIVE:
             self._catch_up(session_id, deadline)
+        if known is None and self._in_store(deadline, stored(session_id)) is None:
+            # Not under its key: a session from before per-fleet keys, under its bare id, may be it.
+            bare = _bare_id(session_id)
+            legacy = self._in_store(deadline, stored(bare)) if bare is not None else None
+            if bare is not None and legacy is not None and grants_as(session_id, bare, legacy["fleet"]):
+                session_id = bare
+                if legacy["status"] == SessionStatus.ACTIVE:
+                    self._catch_up(session_id, deadline)
         return self._in_store(deadline, claim)
 
     def wait(self, session_id: str, timeout: float) -> tuple[int, SessionPosition] | None:
@@ -347,6 +360,12 @@ class ResumeBarrier:
         """``read()`` until it gives an offset (it gives -1 for "not yet"); ``failure`` says
         what timed out."""
         return _poll(read, lambda value: value < 0, deadline, failure)
+
+
+def _bare_id(key: str) -> str | None:
+    """The bare id ``key`` names in its fleet's namespace (``schemas/session_keys.py``), or None."""
+    namespace = key_namespace(key)
+    return local_id(namespace, key) if namespace is not None else None
 
 
 def _or_unavailable(read: Callable[[], int]) -> int:

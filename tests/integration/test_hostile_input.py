@@ -26,7 +26,7 @@ from turnlog.deploy.processes import stop_all
 from turnlog.dlq import REASON_HEADER
 from turnlog.ops.erasure import request_erasure
 from turnlog.ops.replay import replay_events
-from turnlog.producers import InvalidTurnError, partition_for
+from turnlog.producers import InvalidTurnError, SessionNotFoundError, partition_for
 from turnlog.schemas import encode_event
 from turnlog.schemas.session_keys import session_key
 from turnlog.signing import EpochGrant, RecordSigner, issue_epoch_grant
@@ -393,8 +393,12 @@ async def test_a_session_from_before_session_keys_is_resumed_read_replayed_and_f
     send(pipeline, [replace(before.started(), fleet="alpha"), before.completed(1, 0, "said before the upgrade")],
          fleet="alpha")
     wait_until(lambda: stored_turns(pipeline, bare), timeout=TIMEOUT, what=f"{bare} stored")
+    async with recorder_for(fleet_settings(pipeline, "beta")) as recorder:
+        with pytest.raises(SessionNotFoundError):  # beta's agent with the same id: not beta's session
+            await recorder.resume(bare, fleet="beta", timeout=60)
+    # alpha's agent (an adapter) resumes it as it starts every session, by its fleet and its id
     async with recorder_for(fleet_settings(pipeline, "alpha")) as recorder:
-        resumed = await recorder.resume(bare, timeout=60)
+        resumed = await recorder.resume(bare, fleet="alpha", timeout=60)
         assert (resumed.session_id, resumed.fleet, resumed.next_turn_index) == (bare, "alpha", 1)
         await resumed.complete_turn(1, "agent", "said after it")
         await resumed.end("done")

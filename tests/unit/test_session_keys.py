@@ -9,6 +9,7 @@ from turnlog.schemas.session_keys import (
     MAX_FLEET_IN_KEY,
     MAX_SESSION_KEY,
     SessionKeyError,
+    grants_as,
     in_namespace,
     key_namespace,
     local_id,
@@ -50,3 +51,10 @@ def test_namespaces_of_keys_and_of_bare_ids():
     assert in_namespace("a", "a:x") and not in_namespace("a", "ab:x") and not in_namespace("a", "a:")
     assert key_namespace("x") is None and key_namespace(":x") is None and key_namespace("a:") is None
     assert local_id("b", "a:x") == "a:x"  # not b's key: shown as it is
+
+
+def test_a_resume_of_a_key_may_continue_that_fleets_session_from_before_keys_only():
+    assert grants_as("a:x", "a:x", "a")
+    assert grants_as("a:x", "x", "a")  # the bare id of fleet a's session from before keys
+    assert not grants_as("a:x", "x", "b")  # another fleet's bare x
+    assert not grants_as("a:x", "y", "a") and not grants_as("x", "a:x", "a")
