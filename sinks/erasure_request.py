@@ -86,9 +86,11 @@ def request_erasure(
 ) -> ErasureOutcome:
     """Forget ``session_id`` everywhere (module docstring).
 
-    ``session_id``: the session's key; with ``fleet``, also the id the fleet's agent gave it
-    (the key is then ``<fleet>:<session_id>``, or the bare id of a session the store holds
-    from before per-fleet keys). ``fleets``: the fleets the caller may erase in (None: any);
+    ``session_id``: the session's key; with ``fleet``, also the id the fleet's agent gave it:
+    then every session of the fleet it names is forgotten, its key ``<fleet>:<session_id>`` and
+    the bare id of one from before per-fleet keys (:func:`_targets_in_fleet`), and the outcome is
+    the first one still pending, else the first (the stored bare id before the key).
+    ``fleets``: the fleets the caller may erase in (None: any);
     ``fleet``: the session's fleet, used when the store does not answer, and, with ``unstored``,
     when the store does not hold the session (it may be only in agents' spools or
     in flight: the CLI's ``--fleet``; the API never does this). ``wait_seconds``
@@ -102,13 +104,35 @@ def request_erasure(
         ErasureNotFound: the store has neither the session within ``fleets`` nor an erasure of it.
         StoreUnavailableError: the store does not answer and ``fleet`` was not given.
     """
-    now = dt.datetime.now(dt.UTC)
     deadline = time.monotonic() + wait_seconds
+    targets = _targets_in_fleet(store, fleet, session_id) if fleet is not None else [session_id]
+    outcomes = [
+        _erase(settings, store, target, requested_by=requested_by, fleets=fleets, fleet=fleet, reason=reason,
+               deadline=deadline, producer=producer, on_recorded=on_recorded, unstored=unstored)
+        for target in targets
+    ]
+    return next((outcome for outcome in outcomes if outcome.status != "done"), outcomes[0])
+
+
+def _erase(
+    settings: TurnlogSettings,
+    store: SqlStore,
+    session_id: str,
+    *,
+    requested_by: str,
+    fleets: Collection[str] | None,
+    fleet: str | None,
+    reason: ErasureReason,
+    deadline: float,
+    producer: Producer | None,
+    on_recorded: Callable[[ErasureOutcome], object] | None,
+    unstored: bool,
+) -> ErasureOutcome:
+    """:func:`request_erasure` of the one session keyed ``session_id``, waiting up to ``deadline`` (monotonic)."""
+    now = dt.datetime.now(dt.UTC)
     signer = ledger_signer(settings)
     if signer is not None:
         requested_by = signer.requested_by(requested_by)
-    if fleet is not None:
-        session_id = _key_in_fleet(store, fleet, session_id)
     store_answered = True
     try:
         erasure, published = _recorded(store, session_id, fleets, requested_by, reason, now,
@@ -158,26 +182,29 @@ def request_erasure(
                           completed_at)
 
 
-def _key_in_fleet(store: SqlStore, fleet: str, session_id: str) -> str:
-    """The key of ``fleet``'s session named ``session_id`` (``schemas/session_keys.py``): ``session_id``
-    itself when it is a key of ``fleet`` or the bare id of ``fleet``'s session from before per-fleet
-    keys in the store; else ``<fleet>:<session_id>`` (a session only in spools or in flight is under
-    that key). A store that does not answer counts as holding no bare id."""
+def _targets_in_fleet(store: SqlStore, fleet: str, session_id: str) -> list[str]:
+    """The keys of ``fleet``'s sessions that ``session_id`` names (``schemas/session_keys.py``), the
+    stored ones first.
+
+    ``session_id`` that begins with ``<fleet>:`` is a key, named as it is. Any other is the id the
+    fleet's agent gave: its key ``<fleet>:<session_id>``, and the bare id of the fleet's session from
+    before per-fleet keys, so both are forgotten. The store says which of them it holds; an unstored
+    session (only in spools or in flight) is under its key. A store that does not answer: both, each
+    bound to ``fleet`` (forgetting one that never existed changes nothing of another fleet's)."""
     if in_namespace(fleet, session_id):
-        return session_id
+        return [session_id]
+    try:
+        key = session_key(fleet, session_id)
+    except SessionKeyError:
+        return [session_id]  # no key of the fleet can be this id: only a bare id from before keys can
     try:
         with store_errors(), store.engine.connect() as conn:
-            legacy = conn.execute(
-                select(sessions.c.id).where(sessions.c.id == session_id, sessions.c.fleet == fleet)
-            ).first()
+            held = set(conn.execute(
+                select(sessions.c.id).where(sessions.c.id.in_([session_id, key]), sessions.c.fleet == fleet)
+            ).scalars())
     except StoreUnavailableError:
-        legacy = None
-    if legacy is not None:
-        return session_id
-    try:
-        return session_key(fleet, session_id)
-    except SessionKeyError:
-        return session_id  # no key of the fleet can be this id: looked up as given, and not found
+        return [key, session_id]
+    return [target for target in (session_id, key) if target in held] or [key]
 
 
 def _tell(on_recorded: Callable[[ErasureOutcome], object] | None, erasure: Erasure, published: bool) -> None:
