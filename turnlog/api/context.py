@@ -140,8 +140,9 @@ class ApiContext:
 
 
 def may_exist(identifier: str) -> bool:
-    """Whether the store could hold this session or fleet id: none holds a NUL (Postgres text
-    cannot) or is longer than the column."""
+    """Whether the store could hold this session key or fleet name: none holds a NUL (Postgres
+    text cannot) or is longer than :data:`MAX_ID_LENGTH` (the longest key; a fleet's column is
+    shorter, and a longer fleet is simply not found)."""
     return "\x00" not in identifier and len(identifier) <= MAX_ID_LENGTH
 
 
