@@ -24,6 +24,20 @@ def apply(store, batch, group=GROUP):
         return store.apply_batch(conn, group, batch)
 
 
+def downgrade(store, revision: str) -> None:
+    """Take ``store``'s schema down to the Alembic ``revision`` (``store.upgrade_schema()`` brings it back)."""
+    from alembic import command
+    from alembic.config import Config
+
+    from turnlog.sinks.migrate import MIGRATIONS_DIR
+
+    config = Config()
+    config.set_main_option("script_location", str(MIGRATIONS_DIR))
+    with store.engine.begin() as conn:
+        config.attributes["connection"] = conn
+        command.downgrade(config, revision)
+
+
 def whole_session(f):
     return [
         f.started(),
@@ -326,17 +340,11 @@ def test_verify_digests_tell_a_barged_in_turn_from_a_whole_one(store):
 
 
 def test_migration_0005_reads_earlier_turns_as_not_barged_in_and_downgrades(store):
-    from alembic import command
-    from alembic.config import Config
     from sqlalchemy import inspect
 
-    from turnlog.sinks.migrate import MIGRATIONS_DIR, upgrade_to_head
+    from turnlog.sinks.migrate import upgrade_to_head
 
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with store.engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.downgrade(config, "0004")
+    downgrade(store, "0004")
     assert "barged_in" not in {c["name"] for c in inspect(store.engine).get_columns("transcript_turns")}
     f = EventFactory()
     with store.engine.begin() as conn:  # a turn as a sink before 0005 wrote it
@@ -374,19 +382,11 @@ def test_a_turns_stored_attributes_reach_the_readers_the_resume_and_the_audit_fo
 
 
 def test_migration_0009_adds_turn_attributes_as_null_and_downgrades(store):
-    from alembic import command
-    from alembic.config import Config
     from sqlalchemy import inspect
 
-    from turnlog.sinks.migrate import MIGRATIONS_DIR
-
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
     f = EventFactory()
     apply(store, messages([f.started(), f.completed(1, 0, "kept")]))
-    with store.engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.downgrade(config, "0008")
+    downgrade(store, "0008")
     assert "attributes" not in {c["name"] for c in inspect(store.engine).get_columns("transcript_turns")}
     store.upgrade_schema()
     with store.reading() as reads:
@@ -394,17 +394,9 @@ def test_migration_0009_adds_turn_attributes_as_null_and_downgrades(store):
 
 
 def test_migration_0011_keeps_bare_ids_and_takes_the_longest_session_key(store):
-    from alembic import command
-    from alembic.config import Config
-
     from turnlog.schemas.session_keys import MAX_AGENT_SESSION_ID, MAX_FLEET_IN_KEY, session_key
-    from turnlog.sinks.migrate import MIGRATIONS_DIR
 
-    config = Config()
-    config.set_main_option("script_location", str(MIGRATIONS_DIR))
-    with store.engine.begin() as conn:
-        config.attributes["connection"] = conn
-        command.downgrade(config, "0010")
+    downgrade(store, "0010")
     bare = EventFactory()  # a session as the release before keys wrote it: its bare id
     apply(store, messages([bare.started(), bare.completed(1, 0, "kept")]))
     store.upgrade_schema()
