@@ -611,6 +611,7 @@ class SessionRecorder:
                 agent id or metadata (not JSON-able, nested deeper than ``MAX_VALUE_DEPTH`` or over
                 ``MAX_METADATA_BYTES`` encoded: ``turnlog.schemas.events``).
             SessionClosedError: this recorder already records the session.
+            SessionErasedError: the session was forgotten (the erasure ledger named it).
             SpoolFullError, SpoolError: as :meth:`RecordedSession.complete_turn`.
         """
         self._require_started()
@@ -620,8 +621,7 @@ class SessionRecorder:
             key = session_key(fleet, session_id)
         except SessionKeyError as e:
             raise InvalidTurnError(f"start_session: {e}") from None
-        if key in self._sessions:
-            raise SessionClosedError(f"session {key} is already being recorded here")
+        self._check_not_recorded(key)
         self._check_signable(fleet, key)
         session = RecordedSession(
             self, key, fleet=fleet, epoch=0, next_seq=0, next_turn_index=0, kek=self._kek
@@ -685,8 +685,7 @@ class SessionRecorder:
                 "through turnlog's API, or, on a host that holds the store, pass "
                 "SessionRecorder(resume_source=StoreResumeSource(settings)) from turnlog.resume_barrier"
             )
-        if session_id in self._sessions:
-            raise SessionClosedError(f"session {session_id} is being recorded by this recorder already")
+        self._check_not_recorded(session_id)
         wait = timeout if timeout is not None else self.settings.resume_timeout_seconds
         deadline = time.monotonic() + wait
         try:
@@ -792,6 +791,19 @@ class SessionRecorder:
     def _require_started(self) -> None:
         if self._timer is None:
             raise RecorderError("the recorder is not started: use `async with SessionRecorder(...)` or await start()")
+
+    def _check_not_recorded(self, session_id: str) -> None:
+        """Refuse to open ``session_id`` again while this recorder holds it.
+
+        Raises:
+            SessionErasedError: it was forgotten (the erasure ledger named it; it is being dropped).
+            SessionClosedError: it is being recorded here.
+        """
+        held = self._sessions.get(session_id)
+        if held is not None and held.erased:
+            raise SessionErasedError(session_id)
+        if held is not None:
+            raise SessionClosedError(f"session {session_id} is already being recorded here")
 
     def _check_signable(self, fleet: str, session_id: str) -> None:
         """With fleet keys configured, refuse a session of a fleet whose key this recorder lacks: the

@@ -12,14 +12,15 @@ decoding, so junk is refused at the cheapest point):
 :func:`admit`, once it is decoded, against the session's state:
 
 2. a ``session.started`` names the fleet that signed it;
-3. a session belongs to one fleet, its *owner*: the signer of its admitted
-   ``session.started`` (seq 0, epoch 0). A key in a fleet's namespace
-   (``<fleet>:<id>``, ``schemas/session_keys.py``) is started by that fleet
-   only, so no fleet can take another's session id; a bare id (a recorder
-   from before per-fleet keys) goes to whoever starts it first. A session with no owner yet admits
-   nothing else, so no record can take an id by arriving first with a later
-   seq; any other fleet's record of an owned session is refused (never
-   merged). A session whose state predates fleet keys (no owner, but
+3. a session belongs to one fleet, its *owner*. A key in a fleet's namespace
+   (``<fleet>:<id>``, ``schemas/session_keys.py``) is that fleet's from its
+   first record on, whichever seq comes first (a range the consumer skipped
+   and the gap re-read brings back later, a replay from a time), and no other
+   fleet can write it. A bare id (a recorder from before per-fleet keys) is
+   owned by the signer of its admitted ``session.started`` (seq 0, epoch 0);
+   until then nothing else of it is admitted, so no record can take an id by
+   arriving first with a later seq. Any other fleet's record of an owned
+   session is refused (never merged). A bare-id session whose state predates fleet keys (no owner, but
    sequenced) is taken over only through a resume, whose epoch grant names
    the fleet the store holds for it;
 4. an epoch above 0 carries an epoch grant issued for exactly this fleet,
@@ -98,6 +99,10 @@ def admit(verified: VerifiedRecord, state: SessionSequence, event: Event, *, fle
     session_id = event.session_id
     if isinstance(event, SessionStarted) and event.fleet != verified.fleet:
         return f"forged fleet: session.started of {session_id} names a fleet other than its signer"
+    namespace = key_namespace(session_id)
+    keyed_by = namespace if namespace is not None and namespace in fleets else None
+    if keyed_by is not None and keyed_by != verified.fleet:
+        return f"foreign fleet: session key {session_id} is in another fleet's namespace"
     if state.fleet is not None and state.fleet != verified.fleet:
         return f"foreign fleet: session id {session_id} belongs to another fleet"
     if event.epoch > 0:
@@ -112,16 +117,15 @@ def admit(verified: VerifiedRecord, state: SessionSequence, event: Event, *, fle
                 f"the first granted to epoch {event.epoch}"
             )
     if state.fleet is None:
-        if _fresh(state):
+        # A key in a fleet's namespace names its owner, the signer (checked above): any of its
+        # records may come first. A bare id is opened by its start, or taken over by a resume.
+        if keyed_by is None and _fresh(state):
             if not (isinstance(event, SessionStarted) and event.seq == 0 and event.epoch == 0):
                 return (
                     f"no owner: {session_id} has no admitted session.started; seq {event.seq} "
                     f"(epoch {event.epoch}) cannot open it"
                 )
-            namespace = key_namespace(session_id)
-            if namespace is not None and namespace != verified.fleet and namespace in fleets:
-                return f"foreign fleet: session key {session_id} is in another fleet's namespace"
-        elif verified.grant is None:
+        elif keyed_by is None and verified.grant is None:
             return f"no owner: {session_id} was started before fleet keys; it continues only through a resume"
         state.fleet = verified.fleet
     return None

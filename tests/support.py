@@ -279,7 +279,7 @@ def recorder_for(settings: TurnlogSettings, **kwargs: Any) -> SessionRecorder:
 #: give a record signing key, as a deployment gives each of its fleets one: every fleet a test
 #: records or writes raw events as.
 FIXTURE_FLEETS = ("tests", "alpha", "beta", "fleet-a", "fleet-b", "fleet-c", "fleet-d", "fleet-page", "fleet-ops",
-                  "ops", "calls", "support", "a", "b", "f")
+                  "ops", "calls", "brief", "support", "demo", "a", "b", "f")
 #: ``TURNLOG_FLEET_KEYS`` of the fixtures: one distinct key per fleet, at least 32 bytes.
 FIXTURE_FLEET_KEYS = {fleet: f"fixture-key-{fleet}-" + "k" * 32 for fleet in FIXTURE_FLEETS}
 #: ``TURNLOG_EPOCH_GRANT_KEY`` of the fixtures.

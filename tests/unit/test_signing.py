@@ -134,6 +134,18 @@ def test_a_key_in_a_fleets_namespace_is_started_by_that_fleet_only(verifier):
     assert _admit(verifier, SessionSequence(), "b", KEY_B, _started("sip:call-1", "b")) is None
 
 
+def test_a_later_seq_of_a_key_may_come_first_from_its_fleet_only(verifier):
+    """A range the consumer skipped (read again by the gap repair) or a replay from a time: the
+    session's start comes after later seqs. The key names its owner, so they are admitted."""
+    state = SessionSequence()
+    assert _admit(verifier, state, "a", KEY_A, _partial("a:call-1", 3)) is None and state.fleet == "a"
+    reason = _admit(verifier, SessionSequence(), "b", KEY_B, _partial("a:call-1", 3))
+    assert reason is not None and reason.startswith("foreign fleet")
+    # a bare id still waits for its start
+    reason = _admit(verifier, SessionSequence(), "a", KEY_A, _partial("call-1", 3))
+    assert reason is not None and reason.startswith("no owner")
+
+
 def test_the_admitted_start_makes_its_signer_the_owner_and_another_fleet_is_refused(verifier):
     state = SessionSequence()
     assert _admit(verifier, state, "a", KEY_A, _started("s1", "a")) is None
