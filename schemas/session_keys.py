@@ -26,7 +26,8 @@ import re
 from typing import Final
 
 __all__ = ["MAX_AGENT_SESSION_ID", "MAX_FLEET_IN_KEY", "MAX_SESSION_KEY", "FLEET_IN_KEY_PATTERN",
-           "AGENT_SESSION_ID_PATTERN", "SessionKeyError", "session_key", "in_namespace", "key_namespace", "grants_as", "local_id"]
+           "AGENT_SESSION_ID_PATTERN", "SessionKeyError", "session_key", "in_namespace", "key_namespace",
+           "grants_as", "local_id"]
 
 #: Longest id an agent gives a session (characters).
 MAX_AGENT_SESSION_ID: Final = 200

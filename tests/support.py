@@ -6,9 +6,11 @@ import datetime as dt
 import time
 import urllib.request
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import partial
+from pathlib import Path
 from typing import Any, TypeVar
 
 from sqlalchemy import select, update
@@ -18,7 +20,8 @@ from turnlog.producers import SessionRecorder
 from turnlog.resume_barrier import resume_source_for
 from turnlog.schemas import SessionEnded, SessionStarted, TurnCompleted, TurnPartial, encode_event
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import SourceMessage, SqlStore
+from turnlog.sinks import SourceMessage, SqlStore, open_store
+from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import metadata, sessions
 
 T = TypeVar("T")
@@ -68,6 +71,17 @@ class EventFactory:
 
 def messages(events: list[Any], *, topic: str = "t.transcript", partition: int = 0, first_offset: int = 0) -> list[SourceMessage]:
     return [SourceMessage(topic, partition, first_offset + i, encode_event(e)) for i, e in enumerate(events)]
+
+
+@contextmanager
+def sqlite_store(path: Path) -> Iterator[SqlStore]:
+    """A migrated SQLite store in the file ``path``, its engine disposed at the end."""
+    store = open_store(f"sqlite:///{path}")
+    upgrade_to_head(store.engine)
+    try:
+        yield store
+    finally:
+        store.engine.dispose()
 
 
 def dump_store(store: SqlStore, *, skip_columns: tuple[str, ...] = ("finalized_at",)) -> dict[str, list[tuple[Any, ...]]]:

@@ -26,12 +26,11 @@ from turnlog.producers.grant import ResumeGrant
 from turnlog.schemas.erasure import Erasure
 from turnlog.schemas.session_keys import MAX_SESSION_KEY
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import SqlStore, open_store
-from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.sinks import SqlStore
 from turnlog.sinks.reads import StoredEvent
 
 from tests.api_server import serve
-from tests.support import EventFactory, messages, wait_until
+from tests.support import EventFactory, messages, sqlite_store, wait_until
 
 TOKENS = {"tok-a": ["fleet-a"], "tok-b": ["fleet-b"], "tok-c": ["fleet-a"], "tok-all": ["*"]}
 TIMEOUT = 30
@@ -43,10 +42,8 @@ def auth(token: str) -> dict[str, str]:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[SqlStore]:
-    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
-    upgrade_to_head(store.engine)
-    yield store
-    store.engine.dispose()
+    with sqlite_store(tmp_path / "store.db") as store:
+        yield store
 
 
 def settings(**overrides: object) -> TurnlogSettings:

@@ -24,12 +24,11 @@ from fastapi.testclient import TestClient
 from turnlog.api.app import create_app
 from turnlog.api.ops import MAX_PROMETHEUS_ANSWER_BYTES, PROMETHEUS_QUERIES, OpsBoard, PrometheusReader
 from turnlog.settings import TurnlogSettings
-from turnlog.sinks import SqlStore, open_store
-from turnlog.sinks.migrate import upgrade_to_head
+from turnlog.sinks import SqlStore
 from turnlog.sinks.tables import erasures
 
 from tests.api_server import serve
-from tests.support import EventFactory, free_port, messages, wait_until
+from tests.support import EventFactory, free_port, messages, sqlite_store, wait_until
 
 TOKENS = {"tok-a": ["fleet-a"], "tok-all": ["*"]}
 HANG_SECONDS = 30  # how long a hung stand-in waits for its test to release it
@@ -42,10 +41,8 @@ def auth(token: str) -> dict[str, str]:
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[SqlStore]:
-    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
-    upgrade_to_head(store.engine)
-    yield store
-    store.engine.dispose()
+    with sqlite_store(tmp_path / "store.db") as store:
+        yield store
 
 
 def record(store: SqlStore, session_id: str, *, ended: bool = False) -> None:

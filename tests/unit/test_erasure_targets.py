@@ -7,19 +7,18 @@ from pathlib import Path
 import pytest
 from sqlalchemy import insert
 
-from turnlog.sinks import SqlStore, open_store
+from turnlog.sinks import SqlStore
 from turnlog.sinks.erasure_request import _targets_in_fleet
 from turnlog.sinks.exceptions import StoreUnavailableError
-from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.tables import sessions
+
+from tests.support import sqlite_store
 
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[SqlStore]:
-    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
-    upgrade_to_head(store.engine)
-    yield store
-    store.engine.dispose()
+    with sqlite_store(tmp_path / "store.db") as store:
+        yield store
 
 
 def stored(store: SqlStore, *rows: tuple[str, str]) -> None:

@@ -15,15 +15,14 @@ import pytest
 from sqlalchemy import event, select
 from sqlalchemy.engine import Connection
 
-from turnlog.sinks import SqlStore, open_store
+from turnlog.sinks import SqlStore
 from turnlog.sinks.batch import WriteResult
-from turnlog.sinks.migrate import upgrade_to_head
 from turnlog.sinks.offsets import offsets_to_store
 from turnlog.sinks.source_records import SourceMessage
 from turnlog.sinks.tables import session_events, sessions, sink_offsets
 from turnlog.sinks.transcript import TranscriptWriter
 
-from tests.support import EventFactory, messages
+from tests.support import EventFactory, messages, sqlite_store
 
 GROUP = "g"
 TOPIC = "t.transcript"
@@ -31,10 +30,8 @@ TOPIC = "t.transcript"
 
 @pytest.fixture
 def store(tmp_path: Path) -> Iterator[SqlStore]:
-    store = open_store(f"sqlite:///{tmp_path / 'store.db'}")
-    upgrade_to_head(store.engine)
-    yield store
-    store.engine.dispose()
+    with sqlite_store(tmp_path / "store.db") as store:
+        yield store
 
 
 def test_offsets_only_move_forward_in_partition_order():
