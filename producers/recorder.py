@@ -86,7 +86,7 @@ from turnlog.schemas import (
 )
 from turnlog.schemas.erasure import Erasure
 from turnlog.schemas.events import EARLIEST_YEAR, LATEST_YEAR
-from turnlog.schemas.session_keys import SessionKeyError, grants_as, key_namespace, local_id, session_key
+from turnlog.schemas.session_keys import SessionKeyError, bare_id, grants_as, session_key
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import RecordSigner, claim_headers
 from turnlog.tracing import (
@@ -695,8 +695,7 @@ class SessionRecorder:
                                        f" {wait:.0f} s") from e
         # the key's events, and the bare id's a recorder of an earlier release may have left here
         held: dict[Path, int] = {}
-        namespace = key_namespace(session_id)
-        for spooled_id in {session_id, local_id(namespace, session_id) if namespace is not None else session_id}:
+        for spooled_id in {session_id, bare_id(session_id) or session_id}:
             for path, count in (await self._delivered(spooled_id, deadline)).items():
                 held[path] = held.get(path, 0) + count
         if held:

@@ -27,7 +27,7 @@ from typing import Final
 
 __all__ = ["MAX_AGENT_SESSION_ID", "MAX_FLEET_IN_KEY", "MAX_SESSION_KEY", "FLEET_IN_KEY_PATTERN",
            "AGENT_SESSION_ID_PATTERN", "SessionKeyError", "session_key", "in_namespace", "key_namespace",
-           "grants_as", "local_id"]
+           "bare_id", "grants_as", "local_id"]
 
 #: Longest id an agent gives a session (characters).
 MAX_AGENT_SESSION_ID: Final = 200
@@ -83,14 +83,18 @@ def key_namespace(key: str) -> str | None:
     return fleet if colon and fleet and rest else None
 
 
+def bare_id(key: str) -> str | None:
+    """The id ``key`` names in its fleet's namespace (``key`` without ``<fleet>:``), or None for a key
+    in no namespace: the bare id a session of that fleet had before per-fleet keys."""
+    namespace = key_namespace(key)
+    return local_id(namespace, key) if namespace is not None else None
+
+
 def grants_as(key: str, granted: str, fleet: str | None) -> bool:
     """Whether a resume of ``key`` may continue the session ``granted`` of fleet ``fleet``: the same
     key, or the bare id ``key`` names in its fleet's namespace, held by that fleet (a session from
     before per-fleet keys; the resume barrier resolves ``<fleet>:<id>`` to it)."""
-    if granted == key:
-        return True
-    namespace = key_namespace(key)
-    return namespace is not None and fleet == namespace and granted == local_id(namespace, key)
+    return granted == key or (fleet == key_namespace(key) and granted == bare_id(key))
 
 
 def local_id(fleet: str, key: str) -> str:

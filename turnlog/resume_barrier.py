@@ -40,7 +40,7 @@ from turnlog.producers.exceptions import ResumeBarrierTimeout, SessionErasedErro
 from turnlog.producers.grant import ResumeGrant, ResumeSource, StoredTurn
 from turnlog.producers.partitioning import partition_for
 from turnlog.schemas import SessionStatus
-from turnlog.schemas.session_keys import grants_as, key_namespace, local_id
+from turnlog.schemas.session_keys import bare_id, grants_as
 from turnlog.settings import TurnlogSettings
 from turnlog.signing import EpochGrant, issue_epoch_grant
 from turnlog.sinks import SessionPosition, SqlStore, StoreError, StoreUnavailableError, open_store
@@ -228,9 +228,9 @@ class ResumeBarrier:
         key = self._settings.epoch_grant_key
         grant_key = key.get_secret_value() if key is not None else None
 
-        def claim(writes: StoreWrites) -> ResumeGrant | None:
-            return claim_resume(writes, session_id, fleets=fleets, grant_key=grant_key,
-                                turn_limit=turn_limit, max_bytes=max_bytes)
+        def claim(key: str) -> Callable[[StoreWrites], ResumeGrant | None]:
+            return lambda writes: claim_resume(writes, key, fleets=fleets, grant_key=grant_key,
+                                               turn_limit=turn_limit, max_bytes=max_bytes)
 
         def stored(key: str) -> Callable[[StoreWrites], Mapping[str, Any] | None]:
             return lambda writes: writes.session(key, fleets=fleets, include_metadata=False)
@@ -238,15 +238,16 @@ class ResumeBarrier:
         known = self._in_store(deadline, stored(session_id))
         if known is None or known["status"] == SessionStatus.ACTIVE:
             self._catch_up(session_id, deadline)
-        if known is None and self._in_store(deadline, stored(session_id)) is None:
+        granted = self._in_store(deadline, claim(session_id))
+        bare = bare_id(session_id) if granted is None and known is None else None
+        if bare is not None:
             # Not under its key: a session from before per-fleet keys, under its bare id, may be it.
-            bare = _bare_id(session_id)
-            legacy = self._in_store(deadline, stored(bare)) if bare is not None else None
-            if bare is not None and legacy is not None and grants_as(session_id, bare, legacy["fleet"]):
-                session_id = bare
+            legacy = self._in_store(deadline, stored(bare))
+            if legacy is not None and grants_as(session_id, bare, legacy["fleet"]):
                 if legacy["status"] == SessionStatus.ACTIVE:
-                    self._catch_up(session_id, deadline)
-        return self._in_store(deadline, claim)
+                    self._catch_up(bare, deadline)
+                granted = self._in_store(deadline, claim(bare))
+        return granted
 
     def wait(self, session_id: str, timeout: float) -> tuple[int, SessionPosition] | None:
         """Pass the barrier for ``session_id``, claim its next epoch, and return
@@ -360,12 +361,6 @@ class ResumeBarrier:
         """``read()`` until it gives an offset (it gives -1 for "not yet"); ``failure`` says
         what timed out."""
         return _poll(read, lambda value: value < 0, deadline, failure)
-
-
-def _bare_id(key: str) -> str | None:
-    """The bare id ``key`` names in its fleet's namespace (``schemas/session_keys.py``), or None."""
-    namespace = key_namespace(key)
-    return local_id(namespace, key) if namespace is not None else None
 
 
 def _or_unavailable(read: Callable[[], int]) -> int:

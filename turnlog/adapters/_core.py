@@ -378,14 +378,15 @@ def _attributes_bytes(attributes: Mapping[str, object]) -> int:
 
 
 # -- the rebuilt history ---------------------------------------------------------------
-def conversation(turns: Iterable[StoredTurn], *, unfinished: bool) -> list[StoredTurn]:
+def conversation(turns: Iterable[StoredTurn], *, unfinished: bool, with_calls: bool = False) -> list[StoredTurn]:
     """The stored turns a framework is given back after a resume, in ``turn_index`` order:
-    turns of speaker ``"user"`` or ``"assistant"`` with text; with ``unfinished``
-    also those a crash left open (status ``partial`` or ``interrupted``), else only
-    ``complete`` ones."""
+    turns of speaker ``"user"`` or ``"assistant"`` with text (with ``with_calls``, also an
+    assistant turn with tool calls and no text); with ``unfinished`` also those a crash left
+    open (status ``partial`` or ``interrupted``), else only ``complete`` ones."""
     return [
         t for t in sorted(turns, key=lambda t: t.turn_index)
-        if t.speaker in (USER, ASSISTANT) and t.text and (unfinished or t.status == TurnStatus.COMPLETE)
+        if t.speaker in (USER, ASSISTANT) and (unfinished or t.status == TurnStatus.COMPLETE)
+        and (t.text or (with_calls and t.speaker == ASSISTANT and t.tool_calls))
     ]
 
 

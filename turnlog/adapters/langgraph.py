@@ -139,11 +139,12 @@ from turnlog.adapters._core import (
     PendingToolCalls,
     PendingUsage,
     after_latest_match,
+    conversation,
     framework_ids,
     open_or_resume,
 )
 from turnlog.producers import RecordedSession, SessionRecorder, StoredTurn
-from turnlog.schemas import ToolCall, TurnKind, TurnStatus
+from turnlog.schemas import ToolCall, TurnKind
 
 __all__ = ["ASSISTANT", "THREAD_ID_ATTRIBUTE", "USER", "LangGraphMirror"]
 
@@ -614,12 +615,8 @@ def _is_summary(message: BaseMessage) -> bool:
 def _context(turns: Iterable[StoredTurn], *, with_calls: bool = False) -> list[StoredTurn]:
     """The complete conversation turns a graph is given back: no summaries, none kept out of the LLM's
     context; with ``with_calls`` also an assistant turn with tool calls and no text."""
-    kept = [
-        t for t in sorted(turns, key=lambda t: t.turn_index)
-        if t.speaker in (USER, ASSISTANT) and t.status == TurnStatus.COMPLETE
-        and (t.text or (with_calls and t.speaker == ASSISTANT and t.tool_calls))
-    ]
-    return [t for t in kept if t.kind != TurnKind.SUMMARY and t.in_context]
+    return [t for t in conversation(turns, unfinished=False, with_calls=with_calls)
+            if t.kind != TurnKind.SUMMARY and t.in_context]
 
 
 def _tool_exchange(turn: StoredTurn, *, preamble: bool) -> list[BaseMessage]:
